@@ -1,0 +1,98 @@
+// Fault injection for tests: make chosen or random I/O fail, come back short, or come back late.
+//
+// A FaultInjector holds rules and decides, for each transfer it is asked about, whether to inject
+// a fault. It is used at two levels:
+//   * Inside a backend (uring, posix, memory: pass it to the backend's Create function). Each
+//     physical transfer is offered to it just before it is issued. An error makes the transfer
+//     complete with -errno as if the kernel had returned it; a short transfer really issues fewer
+//     bytes, so the backend's resubmission of the remainder runs for real. This is how the error
+//     and short-transfer paths of every backend are tested.
+//   * Around any BlockStore (FaultInjectingStore below). Each logical request is offered to it at
+//     Submit. Errors complete the request with that error without reaching the inner store;
+//     latency delays the request before it is passed on. Short-transfer rules do not apply here.
+//
+// Thread safety: all methods may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/block_store.h"
+
+namespace strata::io {
+
+enum class FaultKind : uint8_t {
+  kError,          // complete with `error` (an errno value: EIO, ENOSPC, EAGAIN, ...)
+  kShortTransfer,  // move only part of the bytes (backend level)
+  kLatency,        // delay by `latency` (wrapper level)
+};
+
+struct FaultRule {
+  FaultKind kind = FaultKind::kError;
+  int error = 5;  // EIO
+  // Which transfers the rule considers (all must hold):
+  std::optional<IoOp> op;           // only reads or only writes
+  std::string path_contains;        // only paths containing this text ("" = any)
+  uint64_t offset_begin = 0;        // only transfers overlapping [offset_begin, offset_end)
+  uint64_t offset_end = UINT64_MAX;
+  // Among the considered transfers, which ones get the fault: the listed ordinals (0-based, in
+  // the order the injector saw them), or, if `ordinals` is empty, each with `probability`.
+  std::vector<uint64_t> ordinals;
+  double probability = 1.0;
+  int64_t max_hits = -1;            // stop after this many injections (-1 = no limit)
+  // kShortTransfer: bytes actually moved; 0 means half of the request. Rounded down to the
+  // file's alignment; a transfer too small to shorten is left alone.
+  uint64_t short_bytes = 0;
+  // kLatency:
+  std::chrono::microseconds latency{0};
+};
+
+struct FaultDecision {
+  int error = 0;               // non-zero: fail with this errno
+  uint64_t length = 0;         // bytes to actually transfer (== request length unless short)
+  std::chrono::microseconds latency{0};
+  bool injected() const { return error != 0 || latency.count() > 0; }
+};
+
+class FaultInjector {
+ public:
+  explicit FaultInjector(uint64_t seed = 1);
+
+  // Adds a rule; returns its index (for hits()).
+  size_t AddRule(FaultRule rule);
+  void Clear();
+
+  // Asked once per transfer. `alignment` is the file's alignment (a short transfer keeps it).
+  FaultDecision Decide(IoOp op, std::string_view path, uint64_t offset, uint64_t length,
+                       uint32_t alignment);
+
+  // How many faults rule `index` injected, and in total.
+  uint64_t hits(size_t index) const;
+  uint64_t total_hits() const;
+
+ private:
+  struct RuleState {
+    FaultRule rule;
+    uint64_t seen = 0;  // transfers this rule considered
+    uint64_t hits = 0;
+  };
+  mutable std::mutex mu_;
+  std::vector<RuleState> rules_;
+  std::mt19937_64 rng_;
+};
+
+// Wraps a store and injects request-level errors and latency from `faults`.
+// Errors complete the request (on the wrapper's own thread) with a Status that names the path,
+// offset and length and says the fault was injected.
+std::unique_ptr<BlockStore> CreateFaultInjectingStore(std::unique_ptr<BlockStore> inner,
+                                                      std::shared_ptr<FaultInjector> faults);
+
+}  // namespace strata::io
