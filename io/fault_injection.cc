@@ -1,1 +1,250 @@
-// placeholder: implemented in a following commit
+#include "io/fault_injection.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <queue>
+#include <thread>
+#include <unordered_map>
+
+#include "common/errno.h"
+#include "io/io_internal.h"
+
+namespace strata::io {
+
+FaultInjector::FaultInjector(uint64_t seed) : rng_(seed) {}
+
+size_t FaultInjector::AddRule(FaultRule rule) {
+  std::lock_guard lock(mu_);
+  rules_.push_back({std::move(rule), 0, 0});
+  return rules_.size() - 1;
+}
+
+void FaultInjector::Clear() {
+  std::lock_guard lock(mu_);
+  rules_.clear();
+}
+
+FaultDecision FaultInjector::Decide(IoOp op, std::string_view path, uint64_t offset,
+                                    uint64_t length, uint32_t alignment) {
+  FaultDecision d;
+  d.length = length;
+  std::lock_guard lock(mu_);
+  for (RuleState& rs : rules_) {
+    const FaultRule& r = rs.rule;
+    if (r.op && *r.op != op) continue;
+    if (!r.path_contains.empty() && path.find(r.path_contains) == std::string_view::npos) continue;
+    if (offset + length <= r.offset_begin || offset >= r.offset_end) continue;
+    if (r.max_hits >= 0 && rs.hits >= static_cast<uint64_t>(r.max_hits)) continue;
+    const uint64_t ordinal = rs.seen++;
+    bool hit;
+    if (!r.ordinals.empty()) {
+      hit = std::find(r.ordinals.begin(), r.ordinals.end(), ordinal) != r.ordinals.end();
+    } else if (r.probability >= 1.0) {
+      hit = true;
+    } else {
+      hit = std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < r.probability;
+    }
+    if (!hit) continue;
+    switch (r.kind) {
+      case FaultKind::kError:
+        if (d.error == 0) {
+          d.error = r.error;
+          ++rs.hits;
+        }
+        break;
+      case FaultKind::kShortTransfer: {
+        const uint64_t a = std::max<uint32_t>(alignment, 1);
+        uint64_t n = r.short_bytes > 0 ? r.short_bytes : length / 2;
+        n = n / a * a;
+        if (n > 0 && n < length) {
+          d.length = std::min(d.length, n);
+          ++rs.hits;
+        }
+        break;
+      }
+      case FaultKind::kLatency:
+        d.latency = std::max(d.latency, r.latency);
+        ++rs.hits;
+        break;
+    }
+  }
+  return d;
+}
+
+uint64_t FaultInjector::hits(size_t index) const {
+  std::lock_guard lock(mu_);
+  return index < rules_.size() ? rules_[index].hits : 0;
+}
+
+uint64_t FaultInjector::total_hits() const {
+  std::lock_guard lock(mu_);
+  uint64_t total = 0;
+  for (const RuleState& rs : rules_)
+    total += rs.hits;
+  return total;
+}
+
+namespace {
+
+// Delays or fails requests on their way to the inner store. A single timer thread runs the
+// scheduled actions in deadline order; callbacks of failed requests run on it.
+class FaultInjectingStore final : public BlockStore {
+ public:
+  FaultInjectingStore(std::unique_ptr<BlockStore> inner, std::shared_ptr<FaultInjector> faults)
+      : inner_(std::move(inner)),
+        faults_(std::move(faults)),
+        name_(fmt::format("faulty({})", inner_->name())),
+        timer_([this] { TimerLoop(); }) {}
+
+  ~FaultInjectingStore() override {
+    {
+      std::unique_lock lock(mu_);
+      idle_cv_.wait(lock, [&] { return scheduled_.empty() && running_ == 0; });
+      stop_ = true;
+    }
+    cv_.notify_all();
+    timer_.join();
+    inner_.reset();  // waits for the inner store's requests
+  }
+
+  std::string_view name() const override { return name_; }
+  Result<FileId> Open(const FileSpec& spec) override { return inner_->Open(spec); }
+
+  Status Close(FileId file) override {
+    {
+      std::lock_guard lock(mu_);
+      auto it = held_.find(file);
+      if (it != held_.end() && it->second > 0) {
+        return FailedPreconditionError(
+            fmt::format("cannot close file id {}: {} delayed request(s) on it have not completed",
+                        file, it->second));
+      }
+    }
+    return inner_->Close(file);
+  }
+
+  Result<FileInfo> Info(FileId file) const override { return inner_->Info(file); }
+  Status Sync(FileId file) override { return inner_->Sync(file); }
+  Status RegisterBuffers(std::span<const BufferRange> ranges) override {
+    return inner_->RegisterBuffers(ranges);
+  }
+  StoreStats stats() const override { return inner_->stats(); }
+
+  Status Submit(std::span<IoRequest> requests) override {
+    // Validate everything first so that acceptance stays all-or-nothing.
+    std::vector<FileInfo> infos;
+    infos.reserve(requests.size());
+    for (const IoRequest& r : requests) {
+      STRATA_ASSIGN_OR_RETURN(FileInfo info, inner_->Info(r.file));
+      STRATA_RETURN_IF_ERROR(internal::ValidateRequest(r, info, internal::DescribePaths(info)));
+      infos.push_back(std::move(info));
+    }
+    std::vector<IoRequest> now;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      IoRequest& r = requests[i];
+      const std::string& path = infos[i].paths.front();
+      FaultDecision d = faults_->Decide(r.op, path, r.offset, r.length, infos[i].alignment);
+      if (d.error == 0 && d.latency.count() == 0) {
+        now.push_back(std::move(r));
+        continue;
+      }
+      Action a;
+      a.deadline = t0 + d.latency;
+      a.request = std::move(r);
+      if (d.error != 0) {
+        a.error = ErrnoToStatus(
+            d.error, internal::DescribeTransfer(a.request.op, internal::DescribePaths(infos[i]),
+                                                a.request.offset, a.request.length) +
+                         " (injected fault)");
+      }
+      Schedule(std::move(a));
+    }
+    if (!now.empty()) {
+      Status st = inner_->Submit(now);
+      if (!st.ok()) return st;  // cannot happen after validation, short of a failed store
+    }
+    return Status::Ok();
+  }
+
+ private:
+  struct Action {
+    std::chrono::steady_clock::time_point deadline;
+    IoRequest request;
+    Status error;  // non-OK: complete with it instead of forwarding
+  };
+  struct Later {
+    bool operator()(const std::shared_ptr<Action>& a, const std::shared_ptr<Action>& b) const {
+      return a->deadline > b->deadline;
+    }
+  };
+
+  void Schedule(Action a) {
+    {
+      std::lock_guard lock(mu_);
+      ++held_[a.request.file];
+      scheduled_.push(std::make_shared<Action>(std::move(a)));
+    }
+    cv_.notify_all();
+  }
+
+  void TimerLoop() {
+    std::unique_lock lock(mu_);
+    while (true) {
+      if (scheduled_.empty()) {
+        if (stop_) return;
+        cv_.wait(lock);
+        continue;
+      }
+      auto next = scheduled_.top();
+      if (std::chrono::steady_clock::now() < next->deadline) {
+        cv_.wait_until(lock, next->deadline);
+        continue;
+      }
+      scheduled_.pop();
+      ++running_;
+      lock.unlock();
+      Run(*next);
+      lock.lock();
+      --running_;
+      if (--held_[next->request.file] == 0) held_.erase(next->request.file);
+      if (scheduled_.empty() && running_ == 0) idle_cv_.notify_all();
+    }
+  }
+
+  void Run(Action& a) {
+    if (!a.error.ok()) {
+      a.request.done(a.error);
+      return;
+    }
+    IoCallback done = a.request.done;  // kept in case the inner store refuses the request
+    Status st = inner_->Submit(a.request);
+    if (!st.ok()) done(st);
+  }
+
+  std::unique_ptr<BlockStore> inner_;
+  std::shared_ptr<FaultInjector> faults_;
+  std::string name_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::priority_queue<std::shared_ptr<Action>, std::vector<std::shared_ptr<Action>>, Later>
+      scheduled_;
+  std::unordered_map<FileId, int64_t> held_;
+  int running_ = 0;
+  bool stop_ = false;
+  std::thread timer_;
+};
+
+}  // namespace
+
+std::unique_ptr<BlockStore> CreateFaultInjectingStore(std::unique_ptr<BlockStore> inner,
+                                                      std::shared_ptr<FaultInjector> faults) {
+  return std::make_unique<FaultInjectingStore>(std::move(inner), std::move(faults));
+}
+
+}  // namespace strata::io

@@ -39,15 +39,15 @@ struct FaultRule {
   FaultKind kind = FaultKind::kError;
   int error = 5;  // EIO
   // Which transfers the rule considers (all must hold):
-  std::optional<IoOp> op;           // only reads or only writes
-  std::string path_contains;        // only paths containing this text ("" = any)
-  uint64_t offset_begin = 0;        // only transfers overlapping [offset_begin, offset_end)
+  std::optional<IoOp> op;     // only reads or only writes
+  std::string path_contains;  // only paths containing this text ("" = any)
+  uint64_t offset_begin = 0;  // only transfers overlapping [offset_begin, offset_end)
   uint64_t offset_end = UINT64_MAX;
   // Among the considered transfers, which ones get the fault: the listed ordinals (0-based, in
   // the order the injector saw them), or, if `ordinals` is empty, each with `probability`.
   std::vector<uint64_t> ordinals;
   double probability = 1.0;
-  int64_t max_hits = -1;            // stop after this many injections (-1 = no limit)
+  int64_t max_hits = -1;  // stop after this many injections (-1 = no limit)
   // kShortTransfer: bytes actually moved; 0 means half of the request. Rounded down to the
   // file's alignment; a transfer too small to shorten is left alone.
   uint64_t short_bytes = 0;
@@ -56,8 +56,8 @@ struct FaultRule {
 };
 
 struct FaultDecision {
-  int error = 0;               // non-zero: fail with this errno
-  uint64_t length = 0;         // bytes to actually transfer (== request length unless short)
+  int error = 0;        // non-zero: fail with this errno
+  uint64_t length = 0;  // bytes to actually transfer (== request length unless short)
   std::chrono::microseconds latency{0};
   bool injected() const { return error != 0 || latency.count() > 0; }
 };

@@ -26,8 +26,8 @@ TempDir::TempDir() {
   for (char& c : name) {
     if (c == '/' || c == ' ') c = '_';
   }
-  path_ = TestRoot() / (name + "." + std::to_string(getpid()) + "." +
-                        std::to_string(counter.fetch_add(1)));
+  path_ = TestRoot() /
+          (name + "." + std::to_string(getpid()) + "." + std::to_string(counter.fetch_add(1)));
   std::filesystem::remove_all(path_);
   std::filesystem::create_directories(path_);
 }
@@ -70,8 +70,12 @@ std::vector<char> ReadWholeFile(const std::string& path) {
   return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-std::filesystem::path SourceDir() { return STRATA_SOURCE_DIR; }
+std::filesystem::path SourceDir() {
+  return STRATA_SOURCE_DIR;
+}
 
-bool IsRoot() { return geteuid() == 0; }
+bool IsRoot() {
+  return geteuid() == 0;
+}
 
 }  // namespace strata::testing

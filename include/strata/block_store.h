@@ -16,7 +16,8 @@
 //
 // Direct I/O: when a file is opened with O_DIRECT (the default where the filesystem allows it),
 // every request's offset, length and buffer address must be multiples of FileInfo::alignment
-// (4096). A misaligned request is rejected by Submit with InvalidArgument before anything is issued.
+// (4096). A misaligned request is rejected by Submit with InvalidArgument before anything is
+// issued.
 //
 // Threading: all methods may be called from any thread. Callbacks run on the store's I/O threads;
 // they must not block for long and must not call Close or destroy the store, but they may call
@@ -56,9 +57,9 @@ struct FileSpec {
   std::vector<std::string> paths;  // at least one
   uint64_t stripe_unit = 1 << 20;  // bytes per stripe; a multiple of 4096; unused for one path
   DirectMode direct = DirectMode::kAuto;
-  bool create = true;     // create missing files (mode 0644)
-  bool truncate = false;  // truncate existing files to zero length first
-  bool read_only = false; // open read-only; writes are rejected by Submit
+  bool create = true;      // create missing files (mode 0644)
+  bool truncate = false;   // truncate existing files to zero length first
+  bool read_only = false;  // open read-only; writes are rejected by Submit
   // Logical bytes to preallocate with fallocate at Open (0 = none). Free space is checked first:
   // a shortage is ResourceExhausted naming the path, the bytes needed and the bytes free.
   uint64_t preallocate = 0;
@@ -83,10 +84,10 @@ using IoCallback = std::function<void(const Status&)>;
 struct IoRequest {
   IoOp op = IoOp::kRead;
   FileId file = 0;
-  uint64_t offset = 0;      // logical byte offset in the file
-  uint64_t length = 0;      // bytes; > 0
-  void* buffer = nullptr;   // `length` bytes; owned by the caller until the callback runs
-  IoCallback done;          // required
+  uint64_t offset = 0;     // logical byte offset in the file
+  uint64_t length = 0;     // bytes; > 0
+  void* buffer = nullptr;  // `length` bytes; owned by the caller until the callback runs
+  IoCallback done;         // required
 };
 
 // A memory range to register with the store for faster I/O (io_uring fixed buffers). Requests

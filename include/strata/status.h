@@ -96,7 +96,8 @@ class [[nodiscard]] Status {
   std::unique_ptr<Rep> rep_;
 };
 
-// Constructors for each code, e.g. InvalidArgumentError("stripe unit 1000 is not a multiple of 4096").
+// Constructors for each code, e.g. InvalidArgumentError("stripe unit 1000 is not a multiple of
+// 4096").
 Status CancelledError(std::string_view message);
 Status UnknownError(std::string_view message);
 Status InvalidArgumentError(std::string_view message);
@@ -123,7 +124,8 @@ class [[nodiscard]] Result {
  public:
   // From an error. Passing an OK status is a bug; it is turned into an Internal error.
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
-    if (status_.ok()) status_ = InternalError("Result constructed from an OK status without a value");
+    if (status_.ok())
+      status_ = InternalError("Result constructed from an OK status without a value");
   }
   Result(const T& value) : has_value_(true) {  // NOLINT(google-explicit-constructor)
     new (&storage_) T(value);
@@ -132,10 +134,10 @@ class [[nodiscard]] Result {
     new (&storage_) T(std::move(value));
   }
   template <typename U>
-    requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
-             !std::is_same_v<std::decay_t<U>, Status> &&
-             !std::is_same_v<std::decay_t<U>, Result<T>>)
-  Result(U&& value) : has_value_(true) {  // NOLINT(google-explicit-constructor)
+  requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
+           !std::is_same_v<std::decay_t<U>, Status> && !std::is_same_v<std::decay_t<U>, Result<T>>)
+      Result(U&& value)
+      : has_value_(true) {  // NOLINT(google-explicit-constructor)
     new (&storage_) T(std::forward<U>(value));
   }
 
@@ -214,7 +216,9 @@ class [[nodiscard]] Result {
 };
 
 namespace internal {
-inline const Status& AsStatus(const Status& s) { return s; }
+inline const Status& AsStatus(const Status& s) {
+  return s;
+}
 template <typename T>
 const Status& AsStatus(const Result<T>& r) {
   return r.status();
@@ -228,12 +232,12 @@ const Status& AsStatus(const Result<T>& r) {
 
 // Evaluates `expr` (a Status or a Result<T>) and returns its Status from the enclosing function if
 // it is an error.
-#define STRATA_RETURN_IF_ERROR(expr)                                                  \
-  do {                                                                                \
-    const auto& strata_status_or_result_ = (expr);                                    \
-    if (!::strata::internal::AsStatus(strata_status_or_result_).ok()) [[unlikely]] {  \
-      return ::strata::internal::AsStatus(strata_status_or_result_);                  \
-    }                                                                                 \
+#define STRATA_RETURN_IF_ERROR(expr)                                                 \
+  do {                                                                               \
+    const auto& strata_status_or_result_ = (expr);                                   \
+    if (!::strata::internal::AsStatus(strata_status_or_result_).ok()) [[unlikely]] { \
+      return ::strata::internal::AsStatus(strata_status_or_result_);                 \
+    }                                                                                \
   } while (false)
 
 // `STRATA_ASSIGN_OR_RETURN(auto x, MakeX());` or `STRATA_ASSIGN_OR_RETURN(existing, MakeX());`
@@ -242,5 +246,6 @@ const Status& AsStatus(const Result<T>& r) {
   STRATA_ASSIGN_OR_RETURN_IMPL_(STRATA_STATUS_CONCAT_(strata_result_, __LINE__), lhs, expr)
 #define STRATA_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                  \
-  if (!tmp.ok()) [[unlikely]] return tmp.status();    \
+  if (!tmp.ok()) [[unlikely]]                         \
+    return tmp.status();                              \
   lhs = std::move(tmp).value()

@@ -9,7 +9,8 @@ namespace strata {
 std::string_view ErrnoName(int err) {
   switch (err) {
 #define STRATA_ERRNO_CASE_(e) \
-  case e: return #e;
+  case e:                     \
+    return #e;
     STRATA_ERRNO_CASE_(EPERM)
     STRATA_ERRNO_CASE_(ENOENT)
     STRATA_ERRNO_CASE_(EINTR)
@@ -46,7 +47,8 @@ std::string_view ErrnoName(int err) {
     STRATA_ERRNO_CASE_(ERANGE)
     STRATA_ERRNO_CASE_(ENOTTY)
 #undef STRATA_ERRNO_CASE_
-    default: return "errno";
+    default:
+      return "errno";
   }
 }
 
@@ -60,19 +62,23 @@ std::string ErrnoText(int err) {
 namespace {
 StatusCode CodeForErrno(int err) {
   switch (err) {
-    case 0: return StatusCode::kInternal;
+    case 0:
+      return StatusCode::kInternal;
     case ENOENT:
     case ENXIO:
-    case ENODEV: return StatusCode::kNotFound;
+    case ENODEV:
+      return StatusCode::kNotFound;
     case EACCES:
     case EPERM:
-    case EROFS: return StatusCode::kPermissionDenied;
+    case EROFS:
+      return StatusCode::kPermissionDenied;
     case ENOSPC:
     case EDQUOT:
     case ENOMEM:
     case EMFILE:
     case ENFILE:
-    case EFBIG: return StatusCode::kResourceExhausted;
+    case EFBIG:
+      return StatusCode::kResourceExhausted;
     case EINVAL:
     case EBADF:
     case EFAULT:
@@ -81,20 +87,29 @@ StatusCode CodeForErrno(int err) {
     case EISDIR:
     case ELOOP:
     case ESPIPE:
-    case EOVERFLOW: return StatusCode::kInvalidArgument;
+    case EOVERFLOW:
+      return StatusCode::kInvalidArgument;
     case EIO:
-    case ENODATA: return StatusCode::kDataLoss;
+    case ENODATA:
+      return StatusCode::kDataLoss;
     case EAGAIN:
     case EBUSY:
-    case EINTR: return StatusCode::kUnavailable;
+    case EINTR:
+      return StatusCode::kUnavailable;
     case EEXIST:
-    case ENOTEMPTY: return StatusCode::kAlreadyExists;
+    case ENOTEMPTY:
+      return StatusCode::kAlreadyExists;
     case ENOSYS:
-    case EOPNOTSUPP: return StatusCode::kUnimplemented;
-    case ETIMEDOUT: return StatusCode::kDeadlineExceeded;
-    case ECANCELED: return StatusCode::kCancelled;
-    case ERANGE: return StatusCode::kOutOfRange;
-    default: return StatusCode::kUnknown;
+    case EOPNOTSUPP:
+      return StatusCode::kUnimplemented;
+    case ETIMEDOUT:
+      return StatusCode::kDeadlineExceeded;
+    case ECANCELED:
+      return StatusCode::kCancelled;
+    case ERANGE:
+      return StatusCode::kOutOfRange;
+    default:
+      return StatusCode::kUnknown;
   }
 }
 }  // namespace

@@ -12,8 +12,8 @@ namespace strata {
 // "open /mnt/nvme0/x: No such file or directory (ENOENT)".
 // The code follows the errno: ENOENT -> NotFound, EACCES/EPERM/EROFS -> PermissionDenied,
 // ENOSPC/EDQUOT/ENOMEM/EMFILE -> ResourceExhausted, EINVAL -> InvalidArgument, EIO -> DataLoss,
-// EAGAIN/EBUSY/EINTR -> Unavailable, EEXIST -> AlreadyExists, ENOSYS/EOPNOTSUPP -> Unimplemented, ...
-// err == 0 returns an Internal error (a caller asked to convert success).
+// EAGAIN/EBUSY/EINTR -> Unavailable, EEXIST -> AlreadyExists, ENOSYS/EOPNOTSUPP -> Unimplemented,
+// ... err == 0 returns an Internal error (a caller asked to convert success).
 Status ErrnoToStatus(int err, std::string_view context);
 
 // The symbolic name of an errno value ("ENOENT"), or "errno <n>" when unknown.

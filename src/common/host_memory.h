@@ -12,8 +12,12 @@
 //   2. anonymous memory aligned to 2 MiB with madvise(MADV_HUGEPAGE) (transparent huge pages, when
 //      /sys/kernel/mm/transparent_hugepage/enabled is "always" or "madvise");
 //   3. plain 4 KiB pages.
-// The region is pre-faulted (every page touched) so its backing is settled before I/O starts,
-// and huge_page_bytes() reports how much of it really is on huge pages (from /proc/self/smaps).
+// The region is pre-faulted (MADV_POPULATE_WRITE, or every page touched on kernels before 5.14)
+// so its backing is settled before I/O starts, and huge_page_bytes() reports how much of it
+// really is on huge pages (from /proc/self/smaps). When THP left part of the region on small
+// pages, MADV_COLLAPSE (Linux 6.1+) is tried once before measuring. HugePages::kOff asks for
+// MADV_NOHUGEPAGE so that THP "always" does not apply either.
+// The memory is private to the process, zero-filled, and unmapped by the destructor.
 //
 // Thread safety: a HostRegion is not shared-mutable; its memory may be used from any thread.
 #pragma once
@@ -73,16 +77,25 @@ class HostRegion {
   size_t huge_bytes_ = 0;
 };
 
-// Facts about huge pages on this machine, for `strata env` and the logs.
+// Facts about huge pages on this machine, for `strata env` and the logs. The hugetlb counts are
+// those of the 2 MiB pool (/sys/kernel/mm/hugepages/hugepages-2048kB, else /proc/meminfo when the
+// default huge page size is 2 MiB).
 struct HugePageInfo {
   std::string thp_mode = "unknown";  // "always", "madvise", "never" or "unknown"
-  uint64_t hugetlb_total = 0;  // reserved 2 MiB pages
-  uint64_t hugetlb_free = 0;
+  uint64_t hugetlb_total = 0;        // 2 MiB pages in the pool (vm.nr_hugepages)
+  uint64_t hugetlb_free = 0;         // of those, not yet faulted in by any mapping
+  uint64_t hugetlb_reserved = 0;     // of the free ones, promised to existing mappings
+  // Pages a new mapping can still get.
+  uint64_t hugetlb_available() const {
+    return hugetlb_free > hugetlb_reserved ? hugetlb_free - hugetlb_reserved : 0;
+  }
 };
 HugePageInfo QueryHugePages();
 
 // Bytes of [addr, addr+len) backed by huge pages according to /proc/self/smaps (AnonHugePages
-// for THP; the whole VMA for hugetlbfs mappings). 0 when it cannot be told.
+// for THP; the whole overlap for hugetlbfs mappings). 0 when it cannot be told. smaps reports
+// AnonHugePages per mapping (VMA), not per byte: when a VMA extends beyond the range (the kernel
+// merged it with a neighbour), its count is capped at the overlap, so the result can overstate.
 size_t HugePageBytesInRange(const void* addr, size_t len);
 
 }  // namespace strata

@@ -18,12 +18,12 @@ std::atomic<bool> g_initialized{false};
 namespace {
 
 constexpr std::array<std::string_view, static_cast<int>(Subsystem::kCount)> kSubsystemNames = {
-    "core", "config", "io", "device", "comm", "offload", "zero", "optim", "model", "train", "cli",
-    "bench"};
+    "core", "config", "io",    "device", "comm", "offload",
+    "zero", "optim",  "model", "train",  "cli",  "bench"};
 
-std::mutex g_mu;                 // guards the logger and the rank prefix
+std::mutex g_mu;  // guards the logger and the rank prefix
 std::shared_ptr<spdlog::logger> g_logger;
-std::string g_rank_prefix;       // "r0/2 " or ""
+std::string g_rank_prefix;  // "r0/2 " or ""
 
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -49,7 +49,8 @@ std::string RankPrefixFromEnv() {
 }
 
 // Parses the STRATA_LOG_LEVEL syntax into `levels` without touching the globals.
-Status ParseSpec(std::string_view spec, std::array<int, static_cast<int>(Subsystem::kCount)>* levels) {
+Status ParseSpec(std::string_view spec,
+                 std::array<int, static_cast<int>(Subsystem::kCount)>* levels) {
   levels->fill(static_cast<int>(Level::info));
   std::vector<std::pair<Subsystem, Level>> overrides;
   size_t pos = 0;
@@ -57,17 +58,20 @@ Status ParseSpec(std::string_view spec, std::array<int, static_cast<int>(Subsyst
     size_t comma = spec.find(',', pos);
     if (comma == std::string_view::npos) comma = spec.size();
     std::string_view part = spec.substr(pos, comma - pos);
-    while (!part.empty() && part.front() == ' ') part.remove_prefix(1);
-    while (!part.empty() && part.back() == ' ') part.remove_suffix(1);
+    while (!part.empty() && part.front() == ' ')
+      part.remove_prefix(1);
+    while (!part.empty() && part.back() == ' ')
+      part.remove_suffix(1);
     pos = comma + 1;
     if (part.empty()) continue;
     size_t eq = part.find('=');
     if (eq == std::string_view::npos) {
       auto level = ParseLevel(part);
       if (!level) {
-        return InvalidArgumentError(fmt::format(
-            "STRATA_LOG_LEVEL: '{}' is not a level; expected trace, debug, info, warn, error or off",
-            part));
+        return InvalidArgumentError(
+            fmt::format("STRATA_LOG_LEVEL: '{}' is not a level; expected trace, debug, info, warn, "
+                        "error or off",
+                        part));
       }
       levels->fill(static_cast<int>(*level));
     } else {
@@ -76,7 +80,8 @@ Status ParseSpec(std::string_view spec, std::array<int, static_cast<int>(Subsyst
       auto sub = ParseSubsystem(sub_name);
       if (!sub) {
         std::string names;
-        for (auto n : kSubsystemNames) names += (names.empty() ? "" : ", ") + std::string(n);
+        for (auto n : kSubsystemNames)
+          names += (names.empty() ? "" : ", ") + std::string(n);
         return InvalidArgumentError(fmt::format(
             "STRATA_LOG_LEVEL: '{}' is not a subsystem; expected one of {}", sub_name, names));
       }
@@ -91,7 +96,8 @@ Status ParseSpec(std::string_view spec, std::array<int, static_cast<int>(Subsyst
     }
   }
   // Subsystem overrides win over a global level wherever they appear in the spec.
-  for (auto [sub, level] : overrides) (*levels)[static_cast<int>(sub)] = static_cast<int>(level);
+  for (auto [sub, level] : overrides)
+    (*levels)[static_cast<int>(sub)] = static_cast<int>(level);
   return Status::Ok();
 }
 
@@ -108,12 +114,18 @@ void CreateLoggerLocked() {
 
 std::string_view LevelName(Level level) {
   switch (level) {
-    case Level::trace: return "trace";
-    case Level::debug: return "debug";
-    case Level::info: return "info";
-    case Level::warn: return "warn";
-    case Level::error: return "error";
-    case Level::off: return "off";
+    case Level::trace:
+      return "trace";
+    case Level::debug:
+      return "debug";
+    case Level::info:
+      return "info";
+    case Level::warn:
+      return "warn";
+    case Level::error:
+      return "error";
+    case Level::off:
+      return "off";
   }
   return "?";
 }
@@ -166,12 +178,23 @@ void Write(Subsystem subsystem, Level level, std::string_view message) {
   internal::EnsureInitialized();
   spdlog::level::level_enum sl = spdlog::level::info;
   switch (level) {
-    case Level::trace: sl = spdlog::level::trace; break;
-    case Level::debug: sl = spdlog::level::debug; break;
-    case Level::info: sl = spdlog::level::info; break;
-    case Level::warn: sl = spdlog::level::warn; break;
-    case Level::error: sl = spdlog::level::err; break;
-    case Level::off: return;
+    case Level::trace:
+      sl = spdlog::level::trace;
+      break;
+    case Level::debug:
+      sl = spdlog::level::debug;
+      break;
+    case Level::info:
+      sl = spdlog::level::info;
+      break;
+    case Level::warn:
+      sl = spdlog::level::warn;
+      break;
+    case Level::error:
+      sl = spdlog::level::err;
+      break;
+    case Level::off:
+      return;
   }
   std::lock_guard lock(g_mu);
   g_logger->log(sl, "{}[{}] {}", g_rank_prefix, SubsystemName(subsystem), message);

@@ -75,7 +75,8 @@ inline bool Enabled(Subsystem subsystem, Level level) {
 void Write(Subsystem subsystem, Level level, std::string_view message);
 
 // Replaces the current levels with those described by `spec` (the STRATA_LOG_LEVEL syntax).
-// On a malformed spec, returns InvalidArgument naming the bad part and leaves the levels as they were.
+// On a malformed spec, returns InvalidArgument naming the bad part and leaves the levels as they
+// were.
 Status Configure(std::string_view spec);
 
 // Sets the rank shown in the prefix (world <= 1 hides it).
@@ -83,18 +84,18 @@ void SetRank(int rank, int world);
 
 }  // namespace strata::log
 
-#define STRATA_LOG(level, subsystem, ...)                                                  \
-  do {                                                                                     \
-    if (::strata::log::Enabled(::strata::log::Subsystem::subsystem,                        \
-                               ::strata::log::Level::level)) {                             \
+#define STRATA_LOG(level, subsystem, ...)                                                    \
+  do {                                                                                       \
+    if (::strata::log::Enabled(::strata::log::Subsystem::subsystem,                          \
+                               ::strata::log::Level::level)) {                               \
       ::strata::log::Write(::strata::log::Subsystem::subsystem, ::strata::log::Level::level, \
-                           ::fmt::format(__VA_ARGS__));                                    \
-    }                                                                                      \
+                           ::fmt::format(__VA_ARGS__));                                      \
+    }                                                                                        \
   } while (false)
 
 // Logs at most once per call site for the life of the process.
-#define STRATA_LOG_ONCE(level, subsystem, ...)                                 \
-  do {                                                                         \
-    static ::std::once_flag strata_log_once_flag_;                             \
+#define STRATA_LOG_ONCE(level, subsystem, ...)                                                   \
+  do {                                                                                           \
+    static ::std::once_flag strata_log_once_flag_;                                               \
     ::std::call_once(strata_log_once_flag_, [&] { STRATA_LOG(level, subsystem, __VA_ARGS__); }); \
   } while (false)

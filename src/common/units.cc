@@ -33,11 +33,11 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   if (text.empty()) return BadSize(text);
   // Split into the numeric part and the unit suffix.
   size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' ||
-                             ((text[i] == 'e' || text[i] == 'E') && i > 0 && i + 1 < text.size() &&
-                              (std::isdigit(static_cast<unsigned char>(text[i + 1])) ||
-                               text[i + 1] == '+')) ||
-                             (text[i] == '+' && i > 0 && (text[i - 1] == 'e' || text[i - 1] == 'E')))) {
+  while (i < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' ||
+          ((text[i] == 'e' || text[i] == 'E') && i > 0 && i + 1 < text.size() &&
+           (std::isdigit(static_cast<unsigned char>(text[i + 1])) || text[i + 1] == '+')) ||
+          (text[i] == '+' && i > 0 && (text[i - 1] == 'e' || text[i - 1] == 'E')))) {
     ++i;
   }
   std::string number(text.substr(0, i));
@@ -51,13 +51,20 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
     bool exact_case;
   };
   static constexpr UnitDef kUnits[] = {
-      {"", 1, false},          {"B", 1, false},
-      {"K", 1024.0L, false},   {"KiB", 1024.0L, false},
-      {"M", 1048576.0L, false}, {"MiB", 1048576.0L, false},
-      {"G", 1073741824.0L, false}, {"GiB", 1073741824.0L, false},
-      {"T", 1099511627776.0L, false}, {"TiB", 1099511627776.0L, false},
-      {"kB", 1e3L, false},     {"MB", 1e6L, false},
-      {"GB", 1e9L, false},     {"TB", 1e12L, false},
+      {"", 1, false},
+      {"B", 1, false},
+      {"K", 1024.0L, false},
+      {"KiB", 1024.0L, false},
+      {"M", 1048576.0L, false},
+      {"MiB", 1048576.0L, false},
+      {"G", 1073741824.0L, false},
+      {"GiB", 1073741824.0L, false},
+      {"T", 1099511627776.0L, false},
+      {"TiB", 1099511627776.0L, false},
+      {"kB", 1e3L, false},
+      {"MB", 1e6L, false},
+      {"GB", 1e9L, false},
+      {"TB", 1e12L, false},
   };
   bool found = false;
   for (const auto& u : kUnits) {

@@ -30,6 +30,8 @@ std::string FormatBytesExact(uint64_t bytes);
 constexpr uint64_t RoundUp(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
-constexpr bool IsAligned(uint64_t value, uint64_t alignment) { return value % alignment == 0; }
+constexpr bool IsAligned(uint64_t value, uint64_t alignment) {
+  return value % alignment == 0;
+}
 
 }  // namespace strata

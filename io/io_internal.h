@@ -1,0 +1,28 @@
+// Pieces shared by the BlockStore backends: request validation and error messages, so that every
+// backend rejects the same requests with the same words.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "strata/block_store.h"
+
+namespace strata::io::internal {
+
+// Checks one request against the file it targets: non-zero length, buffer and callback present,
+// not a write to a read-only file, and under direct I/O offset, length and buffer address all
+// multiples of the alignment. `where` names the file in messages (its path, or its paths).
+Status ValidateRequest(const IoRequest& request, const FileInfo& info, std::string_view where);
+
+// "read of 1048576 bytes at offset 4096 in /mnt/nvme0/x" (plus the logical offset for stripes).
+std::string DescribeTransfer(IoOp op, std::string_view path, uint64_t offset, uint64_t length);
+
+// A logical file's paths for messages: "/a/x" or "/a/x (striped with /b/x, /c/x)".
+std::string DescribePaths(const FileInfo& info);
+
+// Checks a FileSpec's shape (at least one path, no empty path, a stripe unit that is a positive
+// multiple of 4096 when striping, no path given twice).
+Status ValidateFileSpec(const FileSpec& spec);
+
+}  // namespace strata::io::internal

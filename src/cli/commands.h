@@ -1,0 +1,17 @@
+// The `strata` subcommands. Each Register* function adds one subcommand to `app` with its options
+// and a callback that runs it after a successful parse; the callback stores the command's exit
+// code in `*exit_code` (see cli/cli_util.h for the codes). `app` and `exit_code` must outlive
+// the parse. The callbacks report their own errors (ReportError) and do not throw.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace strata::cli {
+
+// `strata env`: what this machine offers Strata (CPU, memory, GPUs, io_uring, storage paths).
+void RegisterEnvCommand(CLI::App& app, int* exit_code);
+
+// `strata nvme-bench`: measures and tunes NVMe paths for offload.
+void RegisterNvmeBenchCommand(CLI::App& app, int* exit_code);
+
+}  // namespace strata::cli

@@ -1,0 +1,617 @@
+// Behaviour every BlockStore backend must share, run against each backend with direct I/O on and
+// off: data round-trips byte for byte, bad requests are rejected with clear errors, faults injected
+// below the backend (EIO, ENOSPC, EAGAIN, short transfers) are handled or surfaced with context,
+// and a concurrent stress of random reads and writes stays consistent.
+#include "strata/block_store.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/host_memory.h"
+#include "io/fault_injection.h"
+#include "io/memory_store.h"
+#include "io/posix_store.h"
+#include "io/uring_probe.h"
+#include "io/uring_store.h"
+#include "test_support.h"
+
+namespace strata::io {
+namespace {
+
+using strata::testing::FillPattern;
+using strata::testing::PatternBytes;
+using strata::testing::ReadWholeFile;
+using strata::testing::TempDir;
+
+// A 4 KiB-aligned heap buffer.
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(size_t size)
+      : size_(size), data_(static_cast<char*>(std::aligned_alloc(4096, RoundUp(size)))) {
+    std::memset(data_, 0, RoundUp(size));
+  }
+  ~AlignedBuffer() { std::free(data_); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  static size_t RoundUp(size_t n) { return (n + 4095) / 4096 * 4096 + 4096; }
+  size_t size_;
+  char* data_;
+};
+
+struct Param {
+  Backend backend;
+  DirectMode direct;
+};
+
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << BackendName(p.backend) << "/direct=" << DirectModeName(p.direct);
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
+  return std::string(BackendName(info.param.backend)) + "_direct_" +
+         std::string(DirectModeName(info.param.direct));
+}
+
+Result<std::unique_ptr<BlockStore>> MakeStore(Backend backend,
+                                              std::shared_ptr<FaultInjector> faults,
+                                              int threads = 2, int depth = 16) {
+  StoreOptions options;
+  options.backend = backend;
+  options.threads = threads;
+  options.queue_depth = depth;
+  switch (backend) {
+    case Backend::kUring:
+      return CreateUringStore(options, std::move(faults));
+    case Backend::kPosix:
+      return CreatePosixStore(options, std::move(faults));
+    case Backend::kMemory:
+      return CreateMemoryStore(options, std::move(faults));
+    case Backend::kAuto:
+      break;
+  }
+  return CreateBlockStore(options);
+}
+
+class BlockStoreTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    if (GetParam().backend == Backend::kUring) {
+      UringSupport support = ProbeUring();
+      if (!support.available) GTEST_SKIP() << "io_uring is not available here: " << support.error;
+    }
+    faults_ = std::make_shared<FaultInjector>(7);
+    auto store = MakeStore(GetParam().backend, faults_);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(store).value();
+  }
+
+  FileSpec Spec(const std::string& name, uint64_t preallocate = 0) {
+    FileSpec spec;
+    spec.paths = {dir_.file(name)};
+    spec.direct = GetParam().direct;
+    spec.preallocate = preallocate;
+    return spec;
+  }
+
+  FileId OpenOrDie(const FileSpec& spec) {
+    Result<FileId> id = store_->Open(spec);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : 0;
+  }
+
+  bool direct() const { return GetParam().direct != DirectMode::kOff; }
+  bool on_disk() const { return GetParam().backend != Backend::kMemory; }
+
+  TempDir dir_;
+  std::shared_ptr<FaultInjector> faults_;
+  std::unique_ptr<BlockStore> store_;
+};
+
+TEST_P(BlockStoreTest, WriteThenReadBackIsByteIdentical) {
+  FileId f = OpenOrDie(Spec("data", 8 << 20));
+  Result<FileInfo> info = store_->Info(f);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->direct, direct());
+  EXPECT_EQ(info->alignment, direct() ? kDirectIoAlignment : 1u);
+  // Sizes: one block, odd multiples, 1 MiB and a bit, one request larger than a device command.
+  const std::vector<size_t> sizes = {4096, 3 * 4096, (1 << 20) + 4096, 5 << 20};
+  uint64_t offset = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    AlignedBuffer out(sizes[i]);
+    FillPattern(out.data(), sizes[i], i + 1);
+    ASSERT_TRUE(store_->Write(f, offset, sizes[i], out.data()).ok());
+    AlignedBuffer in(sizes[i]);
+    Status st = store_->Read(f, offset, sizes[i], in.data());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(std::memcmp(out.data(), in.data(), sizes[i]), 0) << "size " << sizes[i];
+    offset += sizes[i];
+  }
+  EXPECT_TRUE(store_->Sync(f).ok());
+  StoreStats stats = store_->stats();
+  EXPECT_EQ(stats.writes, sizes.size());
+  EXPECT_EQ(stats.reads, sizes.size());
+  EXPECT_EQ(stats.errors, 0u);
+  ASSERT_TRUE(store_->Close(f).ok());
+  if (on_disk()) {
+    // What reached the file is exactly what was written.
+    std::vector<char> file = ReadWholeFile(dir_.file("data"));
+    ASSERT_GE(file.size(), offset);
+    EXPECT_EQ(std::memcmp(file.data(), PatternBytes(4096, 1).data(), 4096), 0);
+  }
+}
+
+TEST_P(BlockStoreTest, UnalignedBytesWorkOnlyWithoutDirectIo) {
+  FileId f = OpenOrDie(Spec("odd"));
+  std::vector<char> out = PatternBytes(1000, 3);
+  Status st = store_->Write(f, 123, out.size(), out.data() + 0);
+  if (direct()) {
+    ASSERT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("offset 0x7b (123) is not a multiple of 4096"), std::string::npos)
+        << st.message();
+    EXPECT_NE(st.message().find(dir_.file("odd")), std::string::npos) << st.message();
+  } else {
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    std::vector<char> in(out.size());
+    ASSERT_TRUE(store_->Read(f, 123, in.size(), in.data()).ok());
+    EXPECT_EQ(in, out);
+  }
+}
+
+// Tests that only make sense with direct I/O on.
+using DirectStoreTest = BlockStoreTest;
+
+TEST_P(DirectStoreTest, AlignmentErrorsNameWhatIsWrong) {
+  FileId f = OpenOrDie(Spec("align"));
+  AlignedBuffer buf(3 * 4096);
+  auto never = [](const Status&) { ADD_FAILURE() << "a rejected request must not complete"; };
+  IoRequest bad_length{IoOp::kWrite, f, 0, 4000, buf.data(), never};
+  Status st = store_->Submit(bad_length);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("length 0xfa0 (4000) is not a multiple of 4096"), std::string::npos)
+      << st.message();
+  IoRequest bad_buffer{IoOp::kRead, f, 0, 4096, buf.data() + 512, never};
+  st = store_->Submit(bad_buffer);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("buffer address"), std::string::npos) << st.message();
+  // A batch with one bad request is rejected whole.
+  std::vector<IoRequest> batch = {{IoOp::kWrite, f, 0, 4096, buf.data(), never},
+                                  {IoOp::kWrite, f, 4096, 4096, buf.data() + 1, never}};
+  EXPECT_EQ(store_->Submit(batch).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->stats().writes, 0u);
+}
+
+TEST_P(BlockStoreTest, RejectsBadRequests) {
+  FileId f = OpenOrDie(Spec("bad"));
+  AlignedBuffer buf(4096);
+  auto never = [](const Status&) { ADD_FAILURE() << "a rejected request must not complete"; };
+  EXPECT_EQ(store_->Submit(IoRequest{IoOp::kRead, f + 99, 0, 4096, buf.data(), never}).code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(store_->Submit(IoRequest{IoOp::kRead, f, 0, 0, buf.data(), never}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Submit(IoRequest{IoOp::kRead, f, 0, 4096, nullptr, never}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Submit(IoRequest{IoOp::kRead, f, 0, 4096, buf.data(), nullptr}).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store_->Write(f, 0, 4096, buf.data()).ok());
+  ASSERT_TRUE(store_->Close(f).ok());
+  FileSpec ro = Spec("bad");
+  ro.read_only = true;
+  FileId r = OpenOrDie(ro);
+  Status st = store_->Write(r, 0, 4096, buf.data());
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("read-only"), std::string::npos) << st.message();
+  EXPECT_TRUE(store_->Read(r, 0, 4096, buf.data()).ok());
+}
+
+TEST_P(BlockStoreTest, ReadPastEndOfFileIsOutOfRange) {
+  FileId f = OpenOrDie(Spec("short"));
+  AlignedBuffer buf(8192);
+  ASSERT_TRUE(store_->Write(f, 0, 4096, buf.data()).ok());
+  Status st = store_->Read(f, 0, 8192, buf.data());
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+  EXPECT_NE(st.message().find("end of file"), std::string::npos) << st.message();
+}
+
+TEST_P(BlockStoreTest, ShortTransfersAreResubmitted) {
+  FileId f = OpenOrDie(Spec("shortx", 1 << 20));
+  FaultRule rule;
+  rule.kind = FaultKind::kShortTransfer;
+  rule.short_bytes = 4096;  // every transfer moves one block at a time
+  size_t idx = faults_->AddRule(rule);
+  AlignedBuffer out(64 << 10), in(64 << 10);
+  FillPattern(out.data(), out.size(), 11);
+  ASSERT_TRUE(store_->Write(f, 8192, out.size(), out.data()).ok());
+  ASSERT_TRUE(store_->Read(f, 8192, in.size(), in.data()).ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), out.size()), 0);
+  // 16 blocks each way: 15 short completions per direction.
+  EXPECT_GE(faults_->hits(idx), 30u);
+  EXPECT_GE(store_->stats().short_transfers, 30u);
+}
+
+TEST_P(BlockStoreTest, EioIsReportedWithPathOffsetAndLength) {
+  FileId f = OpenOrDie(Spec("eio", 1 << 20));
+  FaultRule rule;
+  rule.error = EIO;
+  rule.op = IoOp::kRead;
+  rule.ordinals = {0};
+  faults_->AddRule(rule);
+  AlignedBuffer buf(8192);
+  ASSERT_TRUE(store_->Write(f, 4096, 8192, buf.data()).ok());
+  Status st = store_->Read(f, 4096, 8192, buf.data());
+  ASSERT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  EXPECT_NE(st.message().find("read of 8192 bytes at offset 4096 in " + dir_.file("eio")),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("Input/output error (EIO)"), std::string::npos) << st.message();
+  // The store stays usable after the error.
+  EXPECT_TRUE(store_->Read(f, 4096, 8192, buf.data()).ok());
+  EXPECT_EQ(store_->stats().errors, 1u);
+}
+
+TEST_P(BlockStoreTest, EnospcIsResourceExhausted) {
+  FileId f = OpenOrDie(Spec("enospc"));
+  FaultRule rule;
+  rule.error = ENOSPC;
+  rule.op = IoOp::kWrite;
+  rule.offset_begin = 1 << 20;
+  faults_->AddRule(rule);
+  AlignedBuffer buf(4096);
+  EXPECT_TRUE(store_->Write(f, 0, 4096, buf.data()).ok());
+  Status st = store_->Write(f, 1 << 20, 4096, buf.data());
+  ASSERT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find("write of 4096 bytes at offset 1048576"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("No space left on device (ENOSPC)"), std::string::npos)
+      << st.message();
+}
+
+TEST_P(BlockStoreTest, EagainAndEintrAreRetried) {
+  FileId f = OpenOrDie(Spec("again"));
+  FaultRule again;
+  again.error = EAGAIN;
+  again.max_hits = 3;
+  faults_->AddRule(again);
+  FaultRule intr;
+  intr.error = EINTR;
+  intr.max_hits = 2;
+  faults_->AddRule(intr);
+  AlignedBuffer out(16384), in(16384);
+  FillPattern(out.data(), out.size(), 5);
+  ASSERT_TRUE(store_->Write(f, 0, out.size(), out.data()).ok());
+  ASSERT_TRUE(store_->Read(f, 0, in.size(), in.data()).ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), out.size()), 0);
+  EXPECT_GE(store_->stats().retries, 4u);
+}
+
+TEST_P(BlockStoreTest, CallbacksMaySubmitMoreWork) {
+  // A chain of writes, each submitted from the previous one's completion callback.
+  FileId f = OpenOrDie(Spec("chain", 1 << 20));
+  constexpr int kLinks = 64;
+  AlignedBuffer buf(kLinks * 4096);
+  FillPattern(buf.data(), buf.size(), 9);
+  std::promise<Status> finished;
+  std::function<void(int)> link = [&](int i) {
+    IoRequest r{IoOp::kWrite,
+                f,
+                static_cast<uint64_t>(i) * 4096,
+                4096,
+                buf.data() + i * 4096,
+                [&, i](const Status& s) {
+                  if (!s.ok() || i + 1 == kLinks) {
+                    finished.set_value(s);
+                  } else {
+                    link(i + 1);
+                  }
+                }};
+    Status st = store_->Submit(r);
+    if (!st.ok()) finished.set_value(st);
+  };
+  link(0);
+  ASSERT_TRUE(finished.get_future().get().ok());
+  AlignedBuffer in(kLinks * 4096);
+  ASSERT_TRUE(store_->Read(f, 0, in.size(), in.data()).ok());
+  EXPECT_EQ(std::memcmp(buf.data(), in.data(), in.size()), 0);
+}
+
+TEST_P(BlockStoreTest, RegisteredHugePageBuffersRoundTrip) {
+  Result<HostRegion> region = HostRegion::Allocate(8 << 20, HugePages::kAuto);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  BufferRange range{region->data(), region->size(), region->fully_huge()};
+  ASSERT_TRUE(store_->RegisterBuffers({&range, 1}).ok());
+  FileId f = OpenOrDie(Spec("fixed", 4 << 20));
+  FillPattern(region->data(), 4 << 20, 21);
+  ASSERT_TRUE(store_->Write(f, 0, 4 << 20, region->data()).ok());
+  ASSERT_TRUE(store_->Read(f, 0, 4 << 20, region->data() + (4 << 20)).ok());
+  EXPECT_EQ(std::memcmp(region->data(), region->data() + (4 << 20), 4 << 20), 0);
+}
+
+TEST_P(BlockStoreTest, StripesOverThreeDirectories) {
+  TempDir a, b, c;
+  FileSpec spec;
+  spec.paths = {a.file("s"), b.file("s"), c.file("s")};
+  spec.stripe_unit = 64 << 10;
+  spec.direct = GetParam().direct;
+  spec.preallocate = 1 << 20;
+  FileId f = OpenOrDie(spec);
+  Result<FileInfo> info = store_->Info(f);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->paths.size(), 3u);
+  EXPECT_EQ(info->stripe_unit, 64u << 10);
+  // 10 stripes, starting in the middle of stripe 0: crosses every path several times.
+  const size_t len = 10 * (64 << 10);
+  AlignedBuffer out(len), in(len);
+  FillPattern(out.data(), len, 77);
+  ASSERT_TRUE(store_->Write(f, 32 << 10, len, out.data()).ok());
+  ASSERT_TRUE(store_->Read(f, 32 << 10, len, in.data()).ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), len), 0);
+  ASSERT_TRUE(store_->Close(f).ok());
+  if (on_disk()) {
+    // Logical byte x lives in path (x / unit) % 3 at ((x / unit) / 3) * unit + x % unit.
+    std::vector<std::vector<char>> files = {ReadWholeFile(a.file("s")), ReadWholeFile(b.file("s")),
+                                            ReadWholeFile(c.file("s"))};
+    const uint64_t unit = 64 << 10;
+    for (uint64_t x = 32 << 10; x < (32 << 10) + len; x += 4093) {
+      const uint64_t stripe = x / unit;
+      const auto& file = files[stripe % 3];
+      const uint64_t off = (stripe / 3) * unit + x % unit;
+      ASSERT_LT(off, file.size());
+      ASSERT_EQ(file[off], out.data()[x - (32 << 10)]) << "logical byte " << x;
+    }
+    // Preallocation split the logical megabyte over the three paths.
+    EXPECT_GE(std::filesystem::file_size(a.file("s")) + std::filesystem::file_size(b.file("s")) +
+                  std::filesystem::file_size(c.file("s")),
+              1u << 20);
+  }
+}
+
+// Tests of file-backed stores only (the memory store has no filesystem).
+using DiskStoreTest = BlockStoreTest;
+
+// Thousands of random reads and writes from several threads, each verified against a shadow copy.
+// Requests never overlap in flight (a block is locked while a request on it is outstanding).
+void RunStress(BlockStore* store, FileId f, int ops_per_thread, int threads, uint64_t seed) {
+  constexpr size_t kBlocks = 512;
+  constexpr size_t kBlock = 4096;
+  std::vector<char> shadow(kBlocks * kBlock, 0);
+  std::vector<std::atomic<bool>> busy(kBlocks);
+  AlignedBuffer init(kBlocks * kBlock);
+  ASSERT_TRUE(store->Write(f, 0, init.size(), init.data()).ok());
+  std::mutex shadow_mu;
+  std::atomic<int> failures{0};
+  auto worker = [&](int tid) {
+    std::mt19937_64 rng(seed + tid);
+    AlignedBuffer buf(8 * kBlock);
+    for (int i = 0; i < ops_per_thread; ++i) {
+      const size_t nblocks = 1 + rng() % 8;
+      const size_t first = rng() % (kBlocks - nblocks + 1);
+      // Lock the blocks (in order, so threads cannot deadlock).
+      size_t locked = 0;
+      for (; locked < nblocks; ++locked) {
+        bool expected = false;
+        if (!busy[first + locked].compare_exchange_strong(expected, true)) break;
+      }
+      if (locked < nblocks) {
+        for (size_t k = 0; k < locked; ++k)
+          busy[first + k] = false;
+        continue;
+      }
+      const size_t len = nblocks * kBlock;
+      const uint64_t off = first * kBlock;
+      if (rng() % 2 == 0) {
+        FillPattern(buf.data(), len, rng());
+        Status st = store->Write(f, off, len, buf.data());
+        if (!st.ok()) {
+          ++failures;
+          ADD_FAILURE() << st.ToString();
+        }
+        std::lock_guard lock(shadow_mu);
+        std::memcpy(shadow.data() + off, buf.data(), len);
+      } else {
+        Status st = store->Read(f, off, len, buf.data());
+        if (!st.ok()) {
+          ++failures;
+          ADD_FAILURE() << st.ToString();
+        }
+        std::lock_guard lock(shadow_mu);
+        if (std::memcmp(shadow.data() + off, buf.data(), len) != 0) {
+          ++failures;
+          ADD_FAILURE() << "read of blocks " << first << ".." << first + nblocks
+                        << " differs from what was written";
+        }
+      }
+      for (size_t k = 0; k < nblocks; ++k)
+        busy[first + k] = false;
+      if (failures > 10) return;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back(worker, t);
+  for (auto& t : pool)
+    t.join();
+  // Finally the whole file equals the shadow.
+  AlignedBuffer all(kBlocks * kBlock);
+  ASSERT_TRUE(store->Read(f, 0, all.size(), all.data()).ok());
+  EXPECT_EQ(std::memcmp(all.data(), shadow.data(), shadow.size()), 0);
+}
+
+TEST_P(BlockStoreTest, ConcurrentRandomReadsAndWritesStayConsistent) {
+  FileId f = OpenOrDie(Spec("stress", 2 << 20));
+  RunStress(store_.get(), f, 1000, 4, 1234);  // 4000 requests
+}
+
+TEST_P(BlockStoreTest, SlowConcurrentStressWithFaults) {
+  // Longer, with short transfers and retried EAGAINs sprinkled in at random.
+  FaultRule shorts;
+  shorts.kind = FaultKind::kShortTransfer;
+  shorts.probability = 0.2;
+  faults_->AddRule(shorts);
+  FaultRule again;
+  again.error = EAGAIN;
+  again.probability = 0.05;
+  faults_->AddRule(again);
+  FileId f = OpenOrDie(Spec("stress-slow", 2 << 20));
+  RunStress(store_.get(), f, 10000, 4, 99);  // 40000 requests
+  EXPECT_GT(store_->stats().short_transfers, 0u);
+}
+
+TEST_P(DiskStoreTest, PreallocationShortageNamesPathAndBytes) {
+  FileSpec spec = Spec("huge", uint64_t{1} << 60);  // an exbibyte
+  Result<FileId> id = store_->Open(spec);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(id.status().message().find(dir_.file("huge")), std::string::npos)
+      << id.status().message();
+  EXPECT_NE(id.status().message().find("bytes are free"), std::string::npos)
+      << id.status().message();
+  EXPECT_NE(id.status().message().find("1152921504606846976"), std::string::npos)
+      << id.status().message();
+  // The file this failed Open created is gone again.
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("huge")));
+}
+
+TEST_P(DiskStoreTest, PreallocationSizesTheFile) {
+  FileId f = OpenOrDie(Spec("pre", 3 << 20));
+  EXPECT_EQ(std::filesystem::file_size(dir_.file("pre")), 3u << 20);
+  ASSERT_TRUE(store_->Close(f).ok());
+}
+
+TEST_P(DiskStoreTest, MissingDirectoryIsNotFound) {
+  FileSpec spec = Spec("x");
+  spec.paths = {dir_.file("no/such/dir/x")};
+  Result<FileId> id = store_->Open(spec);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(id.status().message().find(dir_.file("no/such/dir/x")), std::string::npos);
+  EXPECT_NE(id.status().message().find("ENOENT"), std::string::npos) << id.status().message();
+}
+
+TEST_P(BlockStoreTest, DurableWritesAndSync) {
+  FileSpec spec = Spec("durable");
+  spec.durable_writes = true;
+  FileId f = OpenOrDie(spec);
+  AlignedBuffer out(8192), in(8192);
+  FillPattern(out.data(), out.size(), 4);
+  ASSERT_TRUE(store_->Write(f, 0, out.size(), out.data()).ok());
+  ASSERT_TRUE(store_->Sync(f).ok());
+  ASSERT_TRUE(store_->Read(f, 0, in.size(), in.data()).ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), in.size()), 0);
+}
+
+TEST_P(BlockStoreTest, CloseReopenKeepsData) {
+  FileId f = OpenOrDie(Spec("reopen"));
+  AlignedBuffer out(4096), in(4096);
+  FillPattern(out.data(), 4096, 8);
+  ASSERT_TRUE(store_->Write(f, 0, 4096, out.data()).ok());
+  ASSERT_TRUE(store_->Close(f).ok());
+  EXPECT_EQ(store_->Close(f).code(), StatusCode::kNotFound);
+  FileId g = OpenOrDie(Spec("reopen"));
+  ASSERT_TRUE(store_->Read(g, 0, 4096, in.data()).ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), 4096), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, BlockStoreTest,
+                         ::testing::Values(Param{Backend::kUring, DirectMode::kOn},
+                                           Param{Backend::kUring, DirectMode::kOff},
+                                           Param{Backend::kPosix, DirectMode::kOn},
+                                           Param{Backend::kPosix, DirectMode::kOff},
+                                           Param{Backend::kMemory, DirectMode::kOn},
+                                           Param{Backend::kMemory, DirectMode::kOff}),
+                         ParamName);
+INSTANTIATE_TEST_SUITE_P(DirectBackends, DirectStoreTest,
+                         ::testing::Values(Param{Backend::kUring, DirectMode::kOn},
+                                           Param{Backend::kPosix, DirectMode::kOn},
+                                           Param{Backend::kMemory, DirectMode::kOn}),
+                         ParamName);
+INSTANTIATE_TEST_SUITE_P(FileBackends, DiskStoreTest,
+                         ::testing::Values(Param{Backend::kUring, DirectMode::kOn},
+                                           Param{Backend::kUring, DirectMode::kOff},
+                                           Param{Backend::kPosix, DirectMode::kOn},
+                                           Param{Backend::kPosix, DirectMode::kOff}),
+                         ParamName);
+
+// --- Backend selection and filesystems without O_DIRECT ---------------------------------------
+
+TEST(BlockStoreFactoryTest, AutoPicksUringWhereAvailable) {
+  StoreOptions options;
+  auto store = CreateBlockStore(options);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  if (ProbeUring().available) {
+    EXPECT_EQ((*store)->name(), "uring");
+  } else {
+    EXPECT_EQ((*store)->name(), "posix");
+  }
+  options.threads = 0;
+  EXPECT_EQ(CreateBlockStore(options).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A ramfs mount refuses O_DIRECT at open (EINVAL), like tmpfs on older kernels.
+class NoDirectIoFilesystem : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::mount("strata-test", dir_.path().c_str(), "ramfs", 0, nullptr) != 0) {
+      GTEST_SKIP() << "cannot mount a ramfs here (" << std::strerror(errno)
+                   << "); needs root or CAP_SYS_ADMIN";
+    }
+    mounted_ = true;
+  }
+  void TearDown() override {
+    if (mounted_) ::umount2(dir_.path().c_str(), MNT_DETACH);
+  }
+  TempDir dir_;
+  bool mounted_ = false;
+};
+
+TEST_F(NoDirectIoFilesystem, AutoFallsBackToBufferedIo) {
+  for (Backend backend : {Backend::kUring, Backend::kPosix}) {
+    if (backend == Backend::kUring && !ProbeUring().available) continue;
+    auto store = MakeStore(backend, nullptr);
+    ASSERT_TRUE(store.ok());
+    FileSpec spec;
+    spec.paths = {dir_.file(std::string(BackendName(backend)))};
+    spec.direct = DirectMode::kAuto;
+    Result<FileId> f = (*store)->Open(spec);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    EXPECT_FALSE((*store)->Info(*f)->direct);
+    EXPECT_EQ((*store)->Info(*f)->alignment, 1u);
+    std::vector<char> out = PatternBytes(1000, 1), in(1000);
+    ASSERT_TRUE((*store)->Write(*f, 7, out.size(), out.data()).ok());
+    ASSERT_TRUE((*store)->Read(*f, 7, in.size(), in.data()).ok());
+    EXPECT_EQ(in, out);
+  }
+}
+
+TEST_F(NoDirectIoFilesystem, DirectOnIsAClearError) {
+  auto store = MakeStore(Backend::kPosix, nullptr);
+  ASSERT_TRUE(store.ok());
+  FileSpec spec;
+  spec.paths = {dir_.file("demand")};
+  spec.direct = DirectMode::kOn;
+  Result<FileId> f = (*store)->Open(spec);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(f.status().message().find("O_DIRECT"), std::string::npos) << f.status().message();
+  EXPECT_NE(f.status().message().find("ramfs"), std::string::npos) << f.status().message();
+  EXPECT_NE(f.status().message().find(dir_.file("demand")), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::io
