@@ -83,7 +83,7 @@ Result<std::unique_ptr<BlockStore>> CreateBlockStore(const StoreOptions& options
     case Backend::kAuto: {
       Result<std::unique_ptr<BlockStore>> uring = CreateUringStore(options);
       if (uring.ok()) {
-        STRATA_LOG_ONCE(info, io, "I/O backend: io_uring ({} thread(s), queue depth {})",
+        STRATA_LOG_ONCE(debug, io, "I/O backend: io_uring ({} thread(s), queue depth {})",
                         options.threads, options.queue_depth);
         return uring;
       }

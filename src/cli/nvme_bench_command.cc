@@ -1,16 +1,485 @@
-// Placeholder until the nvme-bench command lands: the subcommand exists (so `strata --help` lists
-// it) and reports that it is not implemented yet.
+// `strata nvme-bench`: measures the storage behind one or more paths the way Strata's offload
+// uses it, sweeps block size x queue depth x threads, and writes the best settings as a
+// DeepSpeed-compatible "aio" section plus Strata's own "strata.io" settings (--tune).
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "common/errno.h"
+#include "common/units.h"
+#include "io/nvme_bench.h"
+#include "io/path_info.h"
+#include "strata/version.h"
 
 namespace strata::cli {
+namespace {
+
+using io::BenchConfig;
+using io::BenchPattern;
+using io::BenchPhaseResult;
+using io::BenchResult;
+using nlohmann::json;
+
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void OnInterrupt(int) {
+  g_interrupted.store(true);
+}
+
+struct NvmeBenchArgs {
+  std::vector<std::string> paths;
+  std::string rw = "both";
+  std::string pattern = "seq";
+  std::vector<uint64_t> blocks = {1 << 20};
+  std::vector<int> depths = {32};
+  std::vector<int> threads = {1};
+  uint64_t size = uint64_t{1} << 30;
+  double runtime = 0;
+  std::string backend = "auto";
+  std::string direct = "auto";
+  std::string huge_pages = "auto";
+  uint64_t stripe_unit = 1 << 20;
+  bool sqpoll = false;
+  bool no_register = false;
+  bool sweep = false;
+  bool tune = false;
+  std::string tune_file = "strata-io-tuned.json";
+  bool verify = false;
+  bool keep = false;
+  bool json_output = false;
+  uint64_t seed = 1;
+  // Which list options were given on the command line (a sweep fills the others with defaults).
+  bool blocks_given = false, depths_given = false, threads_given = false;
+};
+
+// The grid a sweep uses for a dimension the user did not list.
+const std::vector<uint64_t> kSweepBlocks = {256 << 10, 1 << 20, 4 << 20};
+const std::vector<int> kSweepDepths = {4, 16, 64};
+const std::vector<int> kSweepThreads = {1, 2};
+
+Status Validate(const NvmeBenchArgs& a) {
+  for (const std::string& p : a.paths) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) return ErrnoToStatus(errno, fmt::format("--path {}", p));
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+      return InvalidArgumentError(fmt::format("--path {}: not a directory or a regular file", p));
+    }
+  }
+  for (uint64_t b : a.blocks) {
+    if (b == 0 || b % 4096 != 0) {
+      return InvalidArgumentError(
+          fmt::format("--block {}: must be a positive multiple of 4 KiB (4096 bytes)", b));
+    }
+  }
+  for (int d : a.depths) {
+    if (d < 1 || d > 4096) {
+      return InvalidArgumentError(fmt::format("--qd {}: must be between 1 and 4096", d));
+    }
+  }
+  for (int t : a.threads) {
+    if (t < 1 || t > 256) {
+      return InvalidArgumentError(fmt::format("--threads {}: must be between 1 and 256", t));
+    }
+  }
+  if (a.stripe_unit == 0 || a.stripe_unit % 4096 != 0) {
+    return InvalidArgumentError(fmt::format(
+        "--stripe-unit {}: must be a positive multiple of 4 KiB (4096 bytes)", a.stripe_unit));
+  }
+  if (a.runtime < 0) return InvalidArgumentError("--runtime: must not be negative");
+  const bool several = a.blocks.size() > 1 || a.depths.size() > 1 || a.threads.size() > 1;
+  if (several && !a.sweep && !a.tune) {
+    return InvalidArgumentError(
+        "several values for --block, --qd or --threads need --sweep (or --tune)");
+  }
+  const uint64_t largest = *std::max_element(a.blocks.begin(), a.blocks.end());
+  if (a.size < largest) {
+    return InvalidArgumentError(fmt::format("--size {} is smaller than --block {}",
+                                            FormatBytes(a.size), FormatBytesExact(largest)));
+  }
+  return Status::Ok();
+}
+
+struct Config {
+  uint64_t block;
+  int depth;
+  int threads;
+};
+
+std::vector<Config> Grid(const NvmeBenchArgs& a) {
+  const bool grid = a.sweep || a.tune;
+  const auto& blocks = grid && !a.blocks_given ? kSweepBlocks : a.blocks;
+  const auto& depths = grid && !a.depths_given ? kSweepDepths : a.depths;
+  const auto& threads = grid && !a.threads_given ? kSweepThreads : a.threads;
+  std::vector<Config> out;
+  for (int t : threads) {
+    for (uint64_t b : blocks) {
+      for (int d : depths)
+        out.push_back({b, d, t});
+    }
+  }
+  return out;
+}
+
+double PhaseRate(const BenchResult& r, io::IoOp op) {
+  for (const BenchPhaseResult& p : r.phases) {
+    if (p.op == op) return p.gb_per_second();
+  }
+  return 0;
+}
+
+// What --tune optimises: the harmonic mean of read and write throughput when both were run (an
+// offload step reads and writes), else the one that was run.
+double Score(const BenchResult& r) {
+  const double rd = PhaseRate(r, io::IoOp::kRead);
+  const double wr = PhaseRate(r, io::IoOp::kWrite);
+  if (rd > 0 && wr > 0) return 2 / (1 / rd + 1 / wr);
+  return std::max(rd, wr);
+}
+
+// The best configuration: the highest score, or among those within 3% of it, the one that pins
+// the least buffer memory (threads x depth x block), then the fewest threads.
+size_t PickBest(const std::vector<BenchResult>& results) {
+  double best = 0;
+  for (const auto& r : results)
+    best = std::max(best, Score(r));
+  size_t pick = 0;
+  bool found = false;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& c = results[i].config;
+    if (Score(results[i]) < 0.97 * best) continue;
+    if (!found) {
+      pick = i;
+      found = true;
+      continue;
+    }
+    const auto& p = results[pick].config;
+    const uint64_t mem = c.block * static_cast<uint64_t>(c.queue_depth * c.threads);
+    const uint64_t pmem = p.block * static_cast<uint64_t>(p.queue_depth * p.threads);
+    if (mem < pmem || (mem == pmem && c.threads < p.threads)) pick = i;
+  }
+  return pick;
+}
+
+json PhaseJson(const BenchPhaseResult& p) {
+  return json{{"op", std::string(io::IoOpName(p.op))},
+              {"bytes", p.bytes},
+              {"requests", p.requests},
+              {"seconds", p.seconds},
+              {"gb_per_s", p.gb_per_second()},
+              {"gib_per_s", p.gib_per_second()},
+              {"iops", p.iops()},
+              {"latency_us",
+               {{"mean", p.latency.mean_us},
+                {"p50", p.latency.p50_us},
+                {"p99", p.latency.p99_us},
+                {"max", p.latency.max_us}}},
+              {"device_requests", p.device_requests}};
+}
+
+json ResultJson(const BenchResult& r) {
+  json phases = json::array();
+  for (const auto& p : r.phases)
+    phases.push_back(PhaseJson(p));
+  return json{{"block", r.config.block},
+              {"queue_depth", r.config.queue_depth},
+              {"threads", r.config.threads},
+              {"pattern", std::string(io::BenchPatternName(r.config.pattern))},
+              {"backend", r.backend},
+              {"direct", r.direct},
+              {"buffers", r.buffer_backing},
+              {"phases", phases}};
+}
+
+// The --tune file: a DeepSpeed "aio" section and Strata's "strata.io" settings, loadable as (part
+// of) a DeepSpeed config.
+json TuneJson(const NvmeBenchArgs& a, const BenchResult& best) {
+  const BenchConfig& c = best.config;
+  json io = {{"backend", best.backend}, {"direct", best.direct ? "on" : "off"},
+             {"threads", c.threads},    {"queue_depth", c.queue_depth},
+             {"block_size", c.block},   {"huge_pages", a.huge_pages}};
+  json paths = json::array();
+  bool all_dirs = true;
+  for (const auto& p : a.paths) {
+    struct stat st {};
+    all_dirs = all_dirs && ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    paths.push_back(p);
+  }
+  if (all_dirs) io["nvme_paths"] = paths;
+  if (a.paths.size() > 1) io["stripe_unit"] = a.stripe_unit;
+  return json{{"aio",
+               {{"block_size", c.block},
+                {"queue_depth", c.queue_depth},
+                {"intra_op_parallelism", c.threads},
+                {"single_submit", false},
+                {"overlap_events", true},
+                {"use_gds", false}}},
+              {"strata", {{"io", io}}}};
+}
+
+std::string Rate(double gbps) {
+  return fmt::format("{:.2f}", gbps);
+}
+std::string Micros(double us) {
+  return fmt::format("{:.0f}", us);
+}
+
+void PrintTable(const std::vector<BenchResult>& results, std::FILE* out) {
+  Table t({"op", "pattern", "block", "qd", "threads", "GB/s", "GiB/s", "IOPS", "p50 µs", "p99 µs",
+           "dev req"},
+          {Table::kLeft, Table::kLeft, Table::kRight, Table::kRight, Table::kRight, Table::kRight,
+           Table::kRight, Table::kRight, Table::kRight, Table::kRight, Table::kRight});
+  for (const auto& r : results) {
+    for (const auto& p : r.phases) {
+      const double per_req =
+          p.requests > 0 ? static_cast<double>(p.device_requests) / static_cast<double>(p.requests)
+                         : 0;
+      t.AddRow({std::string(io::IoOpName(p.op)),
+                std::string(io::BenchPatternName(r.config.pattern)),
+                FormatBytesExact(r.config.block), std::to_string(r.config.queue_depth),
+                std::to_string(r.config.threads), Rate(p.gb_per_second()), Rate(p.gib_per_second()),
+                fmt::format("{:.0f}", p.iops()), Micros(p.latency.p50_us), Micros(p.latency.p99_us),
+                fmt::format("{:.2f}", per_req)});
+    }
+  }
+  t.Print(out);
+  std::fprintf(out,
+               "GB/s is 10^9 bytes per second, GiB/s 2^30; dev req = device requests per request "
+               "(after striping and queue-limit splitting).\n");
+}
+
+int Run(NvmeBenchArgs a) {
+  Status valid = Validate(a);
+  if (!valid.ok()) return ReportError("nvme-bench", valid);
+
+  std::FILE* human = a.json_output ? stderr : stdout;
+  const std::vector<Config> grid = Grid(a);
+
+  BenchConfig base;
+  base.paths = a.paths;
+  base.file_name = fmt::format("strata-nvme-bench-{}.dat", ::getpid());
+  base.size = a.size;
+  base.write = a.rw != "read";
+  base.read = a.rw != "write";
+  base.pattern = a.pattern == "rand" ? BenchPattern::kRandom : BenchPattern::kSequential;
+  base.backend = a.backend == "uring"   ? io::Backend::kUring
+                 : a.backend == "posix" ? io::Backend::kPosix
+                                        : io::Backend::kAuto;
+  base.direct = a.direct == "on"    ? io::DirectMode::kOn
+                : a.direct == "off" ? io::DirectMode::kOff
+                                    : io::DirectMode::kAuto;
+  base.huge_pages = a.huge_pages == "on"    ? HugePages::kOn
+                    : a.huge_pages == "off" ? HugePages::kOff
+                                            : HugePages::kAuto;
+  base.stripe_unit = a.stripe_unit;
+  base.sqpoll = a.sqpoll;
+  base.register_buffers = !a.no_register;
+  base.verify = a.verify;
+  base.runtime = a.runtime;
+  base.seed = a.seed;
+  // Intermediate configurations of a sweep keep the file; it is removed after the last one.
+  base.keep = true;
+
+  {
+    std::string where;
+    for (const auto& p : a.paths) {
+      Result<io::PathInfo> info = io::DescribePath(p, /*probe_direct=*/false);
+      where += fmt::format("{}{} ({})", where.empty() ? "" : ", ", p,
+                           info.ok() ? info->filesystem : "?");
+    }
+    std::fprintf(human, "strata nvme-bench: %s; file %s%s; %s, %s; %zu configuration(s)\n",
+                 where.c_str(),
+                 FormatBytes(a.size / grid.front().block * grid.front().block).c_str(),
+                 a.paths.size() > 1
+                     ? fmt::format(" striped in {} units", FormatBytesExact(a.stripe_unit)).c_str()
+                     : "",
+                 a.rw == "both" ? "write then read" : a.rw.c_str(),
+                 a.pattern == "rand" ? "random" : "sequential", grid.size());
+    std::fflush(human);
+  }
+
+  std::signal(SIGINT, OnInterrupt);
+  std::signal(SIGTERM, OnInterrupt);
+  ProgressLine progress_line(stderr, std::chrono::seconds(5));
+  std::vector<BenchResult> results;
+  Status failure;
+  for (size_t i = 0; i < grid.size(); ++i) {
+    BenchConfig c = base;
+    c.block = grid[i].block;
+    c.queue_depth = grid[i].depth;
+    c.threads = grid[i].threads;
+    const std::string label = fmt::format("[{}/{}] block {} qd {} threads {}", i + 1, grid.size(),
+                                          FormatBytesExact(c.block), c.queue_depth, c.threads);
+    auto progress = [&](const io::BenchProgress& p) {
+      std::string pct = p.bytes_total > 0
+                            ? fmt::format("{:3.0f}%", 100.0 * static_cast<double>(p.bytes_done) /
+                                                          static_cast<double>(p.bytes_total))
+                            : fmt::format("{:.0f}s", p.elapsed);
+      progress_line.Update(
+          fmt::format("{} {:>7} {} {:.2f} GB/s", label, p.phase, pct, p.rate / 1e9));
+    };
+    Result<BenchResult> r = io::RunBench(c, progress, &g_interrupted);
+    if (!r.ok()) {
+      failure = r.status();
+      break;
+    }
+    std::string summary;
+    for (const auto& p : r->phases) {
+      summary += fmt::format(" {} {:.2f} GB/s (p99 {:.0f} µs)", io::IoOpName(p.op),
+                             p.gb_per_second(), p.latency.p99_us);
+    }
+    progress_line.Finish(label + ":" + summary);
+    results.push_back(std::move(r).value());
+  }
+  // Remove the bench files (one per directory path) unless asked to keep them.
+  if (!a.keep) {
+    for (const auto& p : a.paths) {
+      struct stat st {};
+      if (::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+        ::unlink((p + (p.back() == '/' ? "" : "/") + base.file_name).c_str());
+      }
+    }
+  }
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (!failure.ok()) {
+    if (failure.code() == StatusCode::kCancelled) {
+      std::fprintf(stderr, "strata nvme-bench: interrupted%s\n",
+                   a.keep ? "" : "; bench files removed");
+      return 130;
+    }
+    return ReportError("nvme-bench", failure);
+  }
+
+  std::fprintf(human, "\n");
+  PrintTable(results, human);
+  if (!results.empty()) {
+    std::fprintf(human, "backend %s, direct I/O %s, buffers %s\n", results[0].backend.c_str(),
+                 results[0].direct ? "on" : "off (buffered)", results[0].buffer_backing.c_str());
+  }
+
+  json out = {{"strata_version", std::string(Version())},
+              {"paths", a.paths},
+              {"size", a.size},
+              {"rw", a.rw},
+              {"pattern", a.pattern},
+              {"units", {{"gb_per_s", "1e9 bytes/s"}, {"gib_per_s", "2^30 bytes/s"}}}};
+  json all = json::array();
+  for (const auto& r : results)
+    all.push_back(ResultJson(r));
+  out["results"] = all;
+
+  if (a.tune && !results.empty()) {
+    const BenchResult& best = results[PickBest(results)];
+    json tuned = TuneJson(a, best);
+    std::ofstream f(a.tune_file);
+    f << tuned.dump(2) << "\n";
+    f.close();
+    if (!f) {
+      return ReportError("nvme-bench",
+                         ErrnoToStatus(errno, fmt::format("cannot write {}", a.tune_file)));
+    }
+    std::fprintf(human,
+                 "best: block %s, queue depth %d, threads %d (score %.2f GB/s); wrote %s "
+                 "(merge its \"aio\" and \"strata\" sections into your DeepSpeed config)\n",
+                 FormatBytesExact(best.config.block).c_str(), best.config.queue_depth,
+                 best.config.threads, Score(best), a.tune_file.c_str());
+    out["best"] = ResultJson(best);
+    out["tune_file"] = a.tune_file;
+    out["tuned"] = tuned;
+  }
+  if (a.json_output) std::printf("%s\n", out.dump(2).c_str());
+  return kExitOk;
+}
+
+}  // namespace
 
 void RegisterNvmeBenchCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<NvmeBenchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "nvme-bench",
-      "Benchmark NVMe paths for offload and suggest aio settings (not implemented yet)");
-  cmd->callback([exit_code] {
-    *exit_code = ReportError("nvme-bench", UnimplementedError("nvme-bench is not implemented yet"));
+      "Measure NVMe (or any storage) for offload: throughput, IOPS and latency with large aligned "
+      "requests, as Strata issues them; sweep settings and write the best as a DeepSpeed \"aio\" "
+      "section (--tune)");
+  cmd->add_option("--path", args->paths,
+                  "A directory (a bench file is created in it and removed afterwards) or an "
+                  "existing file. Several --path are striped into one logical file, one stripe "
+                  "unit per path in turn (RAID-0 style)")
+      ->required();
+  cmd->add_option("--rw", args->rw, "What to measure: write, read, or both (write, then read)")
+      ->check(CLI::IsMember({"read", "write", "both"}))
+      ->capture_default_str();
+  cmd->add_option("--pattern", args->pattern,
+                  "Request order: seq (sequential) or rand (each block once, in random order)")
+      ->check(CLI::IsMember({"seq", "rand"}))
+      ->capture_default_str();
+  cmd->add_option("--block", args->blocks,
+                  "Bytes per request, a multiple of 4 KiB (e.g. 1M, 256K); a comma-separated "
+                  "list with --sweep [default: 1M]")
+      ->delimiter(',')
+      ->transform(ByteSize());
+  cmd->add_option("--qd", args->depths,
+                  "Requests in flight per thread; a list with --sweep [default: 32]")
+      ->delimiter(',');
+  cmd->add_option("--threads", args->threads,
+                  "I/O threads, each with its own io_uring ring; a list with --sweep [default: 1]")
+      ->delimiter(',');
+  cmd->add_option("--size", args->size,
+                  "Size of the bench file (e.g. 4GiB); each phase moves it once [default: 1GiB]")
+      ->transform(ByteSize());
+  cmd->add_option("--runtime", args->runtime,
+                  "Seconds per phase, repeating over the file (0: one pass) [default: 0]");
+  cmd->add_option("--backend", args->backend,
+                  "I/O backend: uring, posix (pread/pwrite threads) or auto (uring if usable)")
+      ->check(CLI::IsMember({"auto", "uring", "posix"}))
+      ->capture_default_str();
+  cmd->add_option("--direct", args->direct,
+                  "O_DIRECT: on (required), off (page cache), auto (on where the filesystem "
+                  "allows it)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--huge-pages", args->huge_pages,
+                  "Back the I/O buffers with huge pages: auto, on (required) or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--stripe-unit", args->stripe_unit,
+                  "Bytes per path before moving to the next, with several --path [default: 1M]")
+      ->transform(ByteSize());
+  cmd->add_flag("--sqpoll", args->sqpoll, "Ask io_uring for a kernel submission-polling thread");
+  cmd->add_flag("--no-register", args->no_register,
+                "Do not register buffers and files with io_uring (for comparison)");
+  cmd->add_flag("--sweep", args->sweep,
+                "Run every combination of --block x --qd x --threads (a dimension not listed "
+                "uses 256K,1M,4M / 4,16,64 / 1,2)");
+  cmd->add_flag("--tune", args->tune,
+                "Sweep, then write the best settings to --tune-file as a DeepSpeed \"aio\" "
+                "section plus Strata's \"strata.io\" settings");
+  cmd->add_option("--tune-file", args->tune_file, "Where --tune writes its JSON")
+      ->capture_default_str();
+  cmd->add_flag("--verify", args->verify,
+                "Write a pattern and check every block read back (slower: data is generated and "
+                "compared)");
+  cmd->add_flag("--keep", args->keep, "Keep the bench file(s) instead of removing them");
+  cmd->add_flag("--json", args->json_output,
+                "Print the results as JSON on stdout (the table and progress go to stderr)");
+  cmd->add_option("--seed", args->seed, "Seed for the random order and the verify pattern")
+      ->capture_default_str();
+  cmd->callback([cmd, args, exit_code] {
+    args->blocks_given = cmd->count("--block") > 0;
+    args->depths_given = cmd->count("--qd") > 0;
+    args->threads_given = cmd->count("--threads") > 0;
+    *exit_code = Run(*args);
   });
 }
 
