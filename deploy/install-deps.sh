@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs every Debian package Strata needs to build, test and benchmark. Idempotent: packages
+# already installed are left alone, and apt-get runs only when something is missing.
+#
+#   deploy/install-deps.sh            # as root, or with sudo available
+#   STRATA_DEPS_DRY_RUN=1 deploy/install-deps.sh   # print what would be installed
+#
+# Not installed here: the CUDA toolkit and NCCL (from NVIDIA's repositories or images). CMake
+# detects them when present (nvcc on PATH or in /usr/local/cuda) and builds the CUDA targets;
+# without them everything else builds and passes.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config git
+  # libraries
+  liburing-dev          # io_uring
+  libhwloc-dev          # NUMA placement of I/O threads
+  libspdlog-dev libfmt-dev
+  nlohmann-json3-dev    # configuration
+  libcli11-dev          # the strata command line
+  libopenmpi-dev openmpi-bin  # multi-rank runs (optional at build time)
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev
+  fio                   # benchmarks/nvme_vs_fio.py compares against it
+  python3               # benchmark scripts
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages are installed"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+if [ -n "${STRATA_DEPS_DRY_RUN:-}" ]; then
+  exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+  sudo=()
+elif command -v sudo >/dev/null 2>&1; then
+  sudo=(sudo)
+else
+  echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2
+  exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -q
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install-deps: done"

@@ -1,0 +1,207 @@
+// `strata nvme-bench` end to end: real runs on small files (results, verify, striping, cleanup,
+// the --tune file loading as a config) and bad input (one clear line, a usage exit code, never a
+// crash or a hang).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_test_util.h"
+#include "strata/config.h"
+#include "test_support.h"
+
+namespace strata::testing {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+size_t CountEntries(const std::filesystem::path& dir) {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    (void)entry;
+    ++n;
+  }
+  return n;
+}
+
+// Exactly one non-empty line on stderr, starting with the command's prefix.
+void ExpectOneErrorLine(const CommandResult& r, const std::string& needle) {
+  std::vector<std::string> lines = NonEmptyLines(r.err);
+  ASSERT_EQ(lines.size(), 1u) << r.err;
+  EXPECT_THAT(lines[0], HasSubstr("strata nvme-bench: error: ")) << r.err;
+  EXPECT_THAT(lines[0], HasSubstr(needle)) << r.err;
+}
+
+TEST(NvmeBenchTest, SmallRunReportsBothPhasesAndCleansUp) {
+  TempDir dir;
+  CommandResult r = RunStrata({"nvme-bench", "--path", dir.path().string(), "--size", "8M",
+                               "--block", "1M", "--qd", "4", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json out = json::parse(r.out);
+  ASSERT_EQ(out["results"].size(), 1u);
+  const json& res = out["results"][0];
+  EXPECT_EQ(res["block"], 1 << 20);
+  EXPECT_EQ(res["queue_depth"], 4);
+  ASSERT_EQ(res["phases"].size(), 2u);
+  EXPECT_EQ(res["phases"][0]["op"], "write");
+  EXPECT_EQ(res["phases"][1]["op"], "read");
+  for (const json& p : res["phases"]) {
+    EXPECT_EQ(p["bytes"], 8 << 20);
+    EXPECT_EQ(p["requests"], 8);
+    EXPECT_GT(p["gb_per_s"].get<double>(), 0);
+    EXPECT_GT(p["latency_us"]["p99"].get<double>(), 0);
+    EXPECT_GE(p["latency_us"]["p99"].get<double>(), p["latency_us"]["p50"].get<double>());
+  }
+  // The table went to stderr (stdout is only JSON), and the bench file is gone.
+  EXPECT_THAT(r.err, HasSubstr("GB/s is 10^9 bytes per second"));
+  EXPECT_EQ(CountEntries(dir.path()), 0u);
+}
+
+TEST(NvmeBenchTest, HumanTableOnStdout) {
+  TempDir dir;
+  CommandResult r = RunStrata(
+      {"nvme-bench", "--path", dir.path().string(), "--size", "4M", "--rw", "write", "--qd", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("GB/s"));
+  EXPECT_THAT(r.out, HasSubstr("p99 µs"));
+  EXPECT_THAT(r.out, HasSubstr("write  seq"));
+}
+
+TEST(NvmeBenchTest, VerifyRandomOrderStripedOverThreeDirectories) {
+  TempDir a, b, c;
+  CommandResult r =
+      RunStrata({"nvme-bench", "--path", a.path().string(), "--path", b.path().string(), "--path",
+                 c.path().string(), "--size", "6M", "--block", "256K", "--stripe-unit", "128K",
+                 "--qd", "8", "--pattern", "rand", "--verify", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json out = json::parse(r.out);
+  const json& phases = out["results"][0]["phases"];
+  ASSERT_EQ(phases.size(), 2u);
+  // 256 KiB requests over 128 KiB stripes: two device requests each.
+  EXPECT_EQ(phases[1]["device_requests"], 2 * phases[1]["requests"].get<int>());
+  EXPECT_EQ(CountEntries(a.path()) + CountEntries(b.path()) + CountEntries(c.path()), 0u);
+}
+
+TEST(NvmeBenchTest, ReadOnlyRunLaysTheFileOutFirstAndVerifies) {
+  TempDir dir;
+  CommandResult r = RunStrata({"nvme-bench", "--path", dir.path().string(), "--size", "4M", "--rw",
+                               "read", "--verify", "--backend", "posix", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json out = json::parse(r.out);
+  EXPECT_EQ(out["results"][0]["backend"], "posix");
+  ASSERT_EQ(out["results"][0]["phases"].size(), 1u);
+  EXPECT_EQ(out["results"][0]["phases"][0]["op"], "read");
+}
+
+TEST(NvmeBenchTest, KeepLeavesTheFileAndAnExistingFileIsReused) {
+  TempDir dir;
+  CommandResult r = RunStrata(
+      {"nvme-bench", "--path", dir.path().string(), "--size", "2M", "--rw", "write", "--keep"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(CountEntries(dir.path()), 1u);
+  const std::string file = std::filesystem::directory_iterator(dir.path())->path().string();
+  EXPECT_EQ(std::filesystem::file_size(file), 2u << 20);
+  // A file given as --path is used as it is and never removed.
+  r = RunStrata({"nvme-bench", "--path", file, "--size", "2M", "--rw", "read"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(file));
+}
+
+TEST(NvmeBenchTest, TuneWritesALoadableConfig) {
+  TempDir dir;
+  const std::string tuned = dir.file("tuned.json");
+  TempDir data;
+  CommandResult r =
+      RunStrata({"nvme-bench", "--path", data.path().string(), "--size", "4M", "--block", "256K,1M",
+                 "--qd", "2,4", "--threads", "1", "--tune", "--tune-file", tuned, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json out = json::parse(r.out);
+  EXPECT_EQ(out["results"].size(), 4u);  // 2 blocks x 2 depths x 1 thread
+  ASSERT_TRUE(out.contains("best"));
+  Result<Config> config = LoadConfigFile(tuned);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->aio.block_size, out["best"]["block"].get<uint64_t>());
+  EXPECT_EQ(static_cast<int64_t>(config->aio.queue_depth),
+            out["best"]["queue_depth"].get<int64_t>());
+  EXPECT_EQ(static_cast<int64_t>(config->strata.io.threads), 1);
+  EXPECT_THAT(r.err, HasSubstr("best: block"));
+}
+
+TEST(NvmeBenchTest, MissingPathIsOneLine) {
+  CommandResult r = RunStrata({"nvme-bench", "--path", "/nonexistent/strata-bench"});
+  EXPECT_EQ(r.exit_code, 2);
+  ExpectOneErrorLine(r, "--path /nonexistent/strata-bench: No such file or directory");
+}
+
+TEST(NvmeBenchTest, SizeThatIsNotANumberIsOneLine) {
+  TempDir dir;
+  CommandResult r = RunStrata({"nvme-bench", "--path", dir.path().string(), "--size", "lots"});
+  EXPECT_EQ(r.exit_code, 2);
+  std::vector<std::string> lines = NonEmptyLines(r.err);
+  ASSERT_EQ(lines.size(), 1u) << r.err;
+  EXPECT_THAT(lines[0], HasSubstr("--size"));
+  EXPECT_THAT(lines[0], HasSubstr("'lots' is not a byte size"));
+}
+
+TEST(NvmeBenchTest, BlockNotAMultipleOf4KiBIsOneLine) {
+  TempDir dir;
+  CommandResult r = RunStrata({"nvme-bench", "--path", dir.path().string(), "--block", "1000"});
+  EXPECT_EQ(r.exit_code, 2);
+  ExpectOneErrorLine(r, "--block 1000: must be a positive multiple of 4 KiB (4096 bytes)");
+}
+
+TEST(NvmeBenchTest, SeveralValuesNeedSweep) {
+  TempDir dir;
+  CommandResult r = RunStrata({"nvme-bench", "--path", dir.path().string(), "--qd", "4,8"});
+  EXPECT_EQ(r.exit_code, 2);
+  ExpectOneErrorLine(r, "need --sweep");
+}
+
+TEST(NvmeBenchTest, SizeSmallerThanBlockIsOneLine) {
+  TempDir dir;
+  CommandResult r =
+      RunStrata({"nvme-bench", "--path", dir.path().string(), "--size", "64K", "--block", "1M"});
+  EXPECT_EQ(r.exit_code, 2);
+  ExpectOneErrorLine(r, "is smaller than --block 1 MiB");
+}
+
+TEST(NvmeBenchTest, BadChoiceIsUsageError) {
+  TempDir dir;
+  CommandResult r = RunStrata({"nvme-bench", "--path", dir.path().string(), "--rw", "sideways"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(NonEmptyLines(r.err).size(), 1u) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--rw"));
+}
+
+TEST(NvmeBenchTest, ReadOnlyDirectoryIsOneLine) {
+  TempDir dir;
+  bool mounted = false;
+  if (IsRoot()) {
+    // Root writes through permission bits, so use a read-only mount instead.
+    if (::mount("strata-ro", dir.path().c_str(), "tmpfs", MS_RDONLY, nullptr) != 0) {
+      GTEST_SKIP() << "cannot mount a read-only tmpfs here: " << std::strerror(errno);
+    }
+    mounted = true;
+  } else {
+    std::filesystem::permissions(
+        dir.path(), std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+  }
+  CommandResult r = RunStrata({"nvme-bench", "--path", dir.path().string(), "--size", "4M"});
+  if (mounted) ::umount2(dir.path().c_str(), MNT_DETACH);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  ExpectOneErrorLine(r, "cannot open " + dir.path().string());
+  EXPECT_TRUE(r.err.find("Read-only file system") != std::string::npos ||
+              r.err.find("Permission denied") != std::string::npos)
+      << r.err;
+}
+
+}  // namespace
+}  // namespace strata::testing
