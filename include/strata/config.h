@@ -347,6 +347,9 @@ struct ConfigDiagnostics {
   std::vector<std::string> auto_keys;
   // Deprecated spellings that were accepted, e.g. "zero_optimization.cpu_offload".
   std::vector<std::string> deprecated_keys;
+  // Settings that are valid but have no effect in this combination, each a full sentence naming
+  // the key (e.g. offload_param below stage 3, which DeepSpeed ignores too). Each is logged.
+  std::vector<std::string> warnings;
 
   // The single warning logged for ignored_keys (empty when there are none).
   std::string IgnoredKeysMessage(std::string_view source_name) const;

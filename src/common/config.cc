@@ -976,12 +976,15 @@ class ConfigParser {
       param_offload_key = "zero_optimization.cpu_offload_param";
     }
 
-    // Offload and stage. DeepSpeed documents offload_param as stage-3 only but silently ignores
-    // it below; Strata refuses rather than quietly keep the parameters on the device.
+    // Offload and stage. DeepSpeed documents offload_param as stage-3 only and ignores it below;
+    // many real configs (e.g. generated for several stages) carry it at stage 1 or 2, so Strata
+    // accepts it there too, says that it has no effect, and keeps the parameters on the device.
     if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
-      return InvalidArgumentError(fmt::format(
-          "{}: parameter offload to {} requires zero_optimization.stage 3, got stage {}",
+      config_.diagnostics.warnings.push_back(fmt::format(
+          "{}: parameter offload to {} needs zero_optimization.stage 3 and has no effect at stage "
+          "{} (DeepSpeed ignores it too); parameters stay on the device",
           param_offload_key, OffloadDeviceName(z.offload_param.device), z.stage));
+      z.offload_param.device = OffloadDevice::kNone;
     }
     if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
       return InvalidArgumentError(fmt::format(
@@ -1244,6 +1247,9 @@ Result<Config> ParseConfig(std::string_view json_text, std::string_view source_n
   config.diagnostics.deprecated_keys = std::move(state.deprecated_keys);
   if (!config.diagnostics.ignored_keys.empty()) {
     STRATA_LOG(warn, config, "{}", config.diagnostics.IgnoredKeysMessage(source_name));
+  }
+  for (const std::string& warning : config.diagnostics.warnings) {
+    STRATA_LOG(warn, config, "{}: {}", source_name, warning);
   }
   if (!config.diagnostics.deprecated_keys.empty()) {
     STRATA_LOG(warn, config, "{}: deprecated DeepSpeed spellings accepted: {}", source_name,

@@ -611,10 +611,19 @@ TEST(ConfigOffloadTest, NvmePathsDefaultFromOffloadSections) {
   EXPECT_TRUE(c.strata.io.nvme_paths.empty());
 }
 
-TEST(ConfigOffloadTest, ParamOffloadNeedsStage3) {
-  EXPECT_EQ(ErrorOf(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"),
-            "test.json: zero_optimization.offload_param.device: parameter offload to cpu requires "
-            "zero_optimization.stage 3, got stage 2");
+TEST(ConfigOffloadTest, ParamOffloadBelowStage3IsIgnoredWithAWarning) {
+  Config c = Ok(R"({"zero_optimization": {"stage": 2,
+      "offload_param": {"device": "nvme", "nvme_path": "/p"}}})");
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
+  EXPECT_TRUE(c.strata.io.nvme_paths.empty());
+  EXPECT_THAT(c.diagnostics.warnings,
+              ElementsAre("zero_optimization.offload_param.device: parameter offload to nvme "
+                          "needs zero_optimization.stage 3 and has no effect at stage 2 "
+                          "(DeepSpeed ignores it too); parameters stay on the device"));
+  // At stage 3 it takes effect and nothing is said.
+  c = Ok(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})");
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kCpu);
+  EXPECT_TRUE(c.diagnostics.warnings.empty());
   // "none" is no offload and fine at any stage.
   EXPECT_EQ(Ok(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "none"}}})")
                 .zero.offload_param.device,
@@ -647,9 +656,10 @@ TEST(ConfigOffloadTest, DeprecatedCpuOffloadBooleans) {
   EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"stage": 2, "cpu_offload": true,
                           "offload_optimizer": {"device": "cpu"}}})"),
               StartsWith("test.json: zero_optimization.cpu_offload: cannot be combined with"));
-  EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"stage": 2, "cpu_offload_param": true}})"),
-              StartsWith("test.json: zero_optimization.cpu_offload_param: parameter offload to cpu "
-                         "requires zero_optimization.stage 3"));
+  EXPECT_THAT(Ok(R"({"zero_optimization": {"stage": 2, "cpu_offload_param": true}})")
+                  .diagnostics.warnings,
+              ElementsAre(StartsWith("zero_optimization.cpu_offload_param: parameter offload to "
+                                     "cpu needs zero_optimization.stage 3")));
 }
 
 TEST(ConfigOffloadTest, OffloadSettings) {
