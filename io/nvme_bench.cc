@@ -22,6 +22,7 @@
 #include "common/errno.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "io/numa.h"
 #include "io/stripe.h"
 
 namespace strata::io {
@@ -384,6 +385,12 @@ Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn
   options.queue_depth = config.queue_depth;
   options.sqpoll = config.sqpoll;
   options.register_buffers = config.register_buffers;
+  // Bind the I/O threads near the drives: thread i to the NUMA node of path i (round-robin).
+  for (const std::string& p : config.paths) {
+    const int node = NumaNodeOfPath(p);
+    if (node >= 0) options.numa_nodes.push_back(node);
+  }
+  if (options.numa_nodes.size() != config.paths.size()) options.numa_nodes.clear();
   Result<std::unique_ptr<BlockStore>> store_or = CreateBlockStore(options);
   if (!store_or.ok()) return store_or.status();
   std::unique_ptr<BlockStore> store = std::move(store_or).value();
