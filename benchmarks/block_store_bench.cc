@@ -43,6 +43,10 @@ void PipelinedReads(benchmark::State& state, Backend backend) {
   }
   std::unique_ptr<BlockStore> store = std::move(store_or).value();
   const std::string path = BenchFile();
+  struct RemoveOnExit {
+    std::string path;
+    ~RemoveOnExit() { std::filesystem::remove(path); }
+  } remove_on_exit{path};
   FileSpec spec;
   spec.paths = {path};
   spec.direct = DirectMode::kOff;  // page cache: measure the engine, not the drive
@@ -76,24 +80,40 @@ void PipelinedReads(benchmark::State& state, Backend backend) {
         if (++retired == depth) cv.notify_all();
         return;
       }
-      IoRequest r{IoOp::kRead, *file, static_cast<uint64_t>(i * 4096) % kFile, 4096,
-                  buffers.data() + slot * 4096, [&issue, slot](const Status&) { issue(slot); }};
+      IoRequest r{IoOp::kRead,
+                  *file,
+                  static_cast<uint64_t>(i * 4096) % kFile,
+                  4096,
+                  buffers.data() + slot * 4096,
+                  [&issue, slot](const Status&) { issue(slot); }};
       (void)store->Submit(r);
     };
     state.ResumeTiming();
-    for (int s = 0; s < depth; ++s) issue(s);
+    for (int s = 0; s < depth; ++s)
+      issue(s);
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return retired == depth; });
     state.SetItemsProcessed(state.items_processed() + total);
   }
   (void)store->Close(*file);
-  std::filesystem::remove(path);
 }
 
-void BM_UringPipelined4KiBReads(benchmark::State& state) { PipelinedReads(state, Backend::kUring); }
-void BM_PosixPipelined4KiBReads(benchmark::State& state) { PipelinedReads(state, Backend::kPosix); }
-BENCHMARK(BM_UringPipelined4KiBReads)->Arg(1)->Arg(32)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PosixPipelined4KiBReads)->Arg(1)->Arg(32)->UseRealTime()->Unit(benchmark::kMillisecond);
+void BM_UringPipelined4KiBReads(benchmark::State& state) {
+  PipelinedReads(state, Backend::kUring);
+}
+void BM_PosixPipelined4KiBReads(benchmark::State& state) {
+  PipelinedReads(state, Backend::kPosix);
+}
+BENCHMARK(BM_UringPipelined4KiBReads)
+    ->Arg(1)
+    ->Arg(32)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PosixPipelined4KiBReads)
+    ->Arg(1)
+    ->Arg(32)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // A blocking write + read of one block through the memory store: the cost of a round trip
 // through an I/O thread.

@@ -16,7 +16,8 @@ Huge pages for fio's shmhuge buffers are reserved (vm.nr_hugepages) for the run 
 setting is restored afterwards, also on error or Ctrl-C. Needs root for that; without it the
 fio-huge form is skipped and said so.
 
-Output: a table on stderr and, with --json FILE, the raw runs and medians as JSON.
+Output: progress on stderr, the table of medians on stdout and, with --json FILE, the raw runs
+and medians as JSON.
 Usage: benchmarks/nvme_vs_fio.py --strata build/default/strata --dir /mnt/nvme0 [--size 2G]
        [--rounds 5] [--depths 8,32,128] [--json out.json]
 """
@@ -95,14 +96,16 @@ def main():
     forms = ["strata", "fio-default", "fio-huge", "fio-libaio"]
 
     # Reserve huge pages for fio's shmhuge buffers (depth x 1 MiB, plus slack), restore later.
+    # `saved` is set only when this script changed the setting, so only then is it restored.
     saved = None
     try:
         with open(NR_HUGEPAGES) as f:
-            saved = int(f.read())
+            before = int(f.read())
         want = max(depths) // 2 + 16
-        if saved < want:
+        if before < want:
             with open(NR_HUGEPAGES, "w") as f:
                 f.write(str(want))
+            saved = before
         with open(NR_HUGEPAGES) as f:
             got = int(f.read())
         if got < max(depths) // 2 + 1:
@@ -110,8 +113,8 @@ def main():
             forms.remove("fio-huge")
     except OSError as e:
         log("cannot reserve huge pages (%s); skipping the fio-huge form" % e)
-        forms.remove("fio-huge")
-        saved = None
+        if "fio-huge" in forms:
+            forms.remove("fio-huge")
 
     runs = {}  # (op, depth, form) -> [GB/s]
     info = {}
@@ -136,11 +139,14 @@ def main():
                         rnd + 1, args.rounds, op, depth,
                         "  ".join("%s %.2f" % (f, runs[(op, depth, f)][-1]) for f in forms)))
     finally:
-        if saved is not None:
-            with open(NR_HUGEPAGES, "w") as f:
-                f.write(str(saved))
         if os.path.exists(path):
             os.unlink(path)
+        if saved is not None:
+            try:
+                with open(NR_HUGEPAGES, "w") as f:
+                    f.write(str(saved))
+            except OSError as e:
+                log("could not restore vm.nr_hugepages to %d: %s" % (saved, e))
 
     rows = []
     for op in ops:

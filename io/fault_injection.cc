@@ -91,6 +91,11 @@ namespace {
 
 // Delays or fails requests on their way to the inner store. A single timer thread runs the
 // scheduled actions in deadline order; callbacks of failed requests run on it.
+//
+// Every request the wrapper accepted is counted until its callback has returned: `scheduled_`
+// (waiting for its deadline), `running_` (its action running now) and `forwarded_` (passed to the
+// inner store). The destructor waits for all three to be zero at once, which also covers
+// callbacks that submit more work, and only then stops the timer and destroys the inner store.
 class FaultInjectingStore final : public BlockStore {
  public:
   FaultInjectingStore(std::unique_ptr<BlockStore> inner, std::shared_ptr<FaultInjector> faults)
@@ -102,12 +107,12 @@ class FaultInjectingStore final : public BlockStore {
   ~FaultInjectingStore() override {
     {
       std::unique_lock lock(mu_);
-      idle_cv_.wait(lock, [&] { return scheduled_.empty() && running_ == 0; });
+      idle_cv_.wait(lock, [&] { return scheduled_.empty() && running_ == 0 && forwarded_ == 0; });
       stop_ = true;
     }
     cv_.notify_all();
     timer_.join();
-    inner_.reset();  // waits for the inner store's requests
+    inner_.reset();
   }
 
   std::string_view name() const override { return name_; }
@@ -131,6 +136,7 @@ class FaultInjectingStore final : public BlockStore {
   Status RegisterBuffers(std::span<const BufferRange> ranges) override {
     return inner_->RegisterBuffers(ranges);
   }
+  Status UnregisterBuffers(const void* base) override { return inner_->UnregisterBuffers(base); }
   StoreStats stats() const override { return inner_->stats(); }
 
   Status Submit(std::span<IoRequest> requests) override {
@@ -143,29 +149,44 @@ class FaultInjectingStore final : public BlockStore {
       infos.push_back(std::move(info));
     }
     std::vector<IoRequest> now;
-    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<size_t> later;
+    std::vector<FaultDecision> decisions(requests.size());
     for (size_t i = 0; i < requests.size(); ++i) {
-      IoRequest& r = requests[i];
-      const std::string& path = infos[i].paths.front();
-      FaultDecision d = faults_->Decide(r.op, path, r.offset, r.length, infos[i].alignment);
-      if (d.error == 0 && d.latency.count() == 0) {
-        now.push_back(std::move(r));
-        continue;
+      const IoRequest& r = requests[i];
+      decisions[i] =
+          faults_->Decide(r.op, infos[i].paths.front(), r.offset, r.length, infos[i].alignment);
+      if (decisions[i].error == 0 && decisions[i].latency.count() == 0) {
+        now.push_back(Forwarded(r));  // a copy: the caller's request stays intact on failure
+      } else {
+        later.push_back(i);
       }
-      Action a;
-      a.deadline = t0 + d.latency;
-      a.request = std::move(r);
-      if (d.error != 0) {
-        a.error = ErrnoToStatus(
-            d.error, internal::DescribeTransfer(a.request.op, internal::DescribePaths(infos[i]),
-                                                a.request.offset, a.request.length) +
-                         " (injected fault)");
-      }
-      Schedule(std::move(a));
     }
     if (!now.empty()) {
+      {
+        std::lock_guard lock(mu_);
+        forwarded_ += static_cast<int64_t>(now.size());
+      }
       Status st = inner_->Submit(now);
-      if (!st.ok()) return st;  // cannot happen after validation, short of a failed store
+      if (!st.ok()) {
+        std::lock_guard lock(mu_);
+        forwarded_ -= static_cast<int64_t>(now.size());
+        if (Idle()) idle_cv_.notify_all();
+        return st;
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i : later) {
+      Action a;
+      a.deadline = t0 + decisions[i].latency;
+      a.request = std::move(requests[i]);
+      if (decisions[i].error != 0) {
+        a.error = ErrnoToStatus(
+            decisions[i].error,
+            internal::DescribeTransfer(a.request.op, internal::DescribePaths(infos[i]),
+                                       a.request.offset, a.request.length) +
+                " (injected fault)");
+      }
+      Schedule(std::move(a));
     }
     return Status::Ok();
   }
@@ -181,6 +202,19 @@ class FaultInjectingStore final : public BlockStore {
       return a->deadline > b->deadline;
     }
   };
+
+  bool Idle() const { return scheduled_.empty() && running_ == 0 && forwarded_ == 0; }
+
+  // A copy of `r` whose callback also counts the request done once the caller's callback returns.
+  IoRequest Forwarded(const IoRequest& r) {
+    IoRequest copy = r;
+    copy.done = [this, user = r.done](const Status& s) {
+      user(s);
+      std::lock_guard lock(mu_);
+      if (--forwarded_ == 0 && Idle()) idle_cv_.notify_all();
+    };
+    return copy;
+  }
 
   void Schedule(Action a) {
     {
@@ -211,7 +245,7 @@ class FaultInjectingStore final : public BlockStore {
       lock.lock();
       --running_;
       if (--held_[next->request.file] == 0) held_.erase(next->request.file);
-      if (scheduled_.empty() && running_ == 0) idle_cv_.notify_all();
+      if (Idle()) idle_cv_.notify_all();
     }
   }
 
@@ -220,9 +254,19 @@ class FaultInjectingStore final : public BlockStore {
       a.request.done(a.error);
       return;
     }
-    IoCallback done = a.request.done;  // kept in case the inner store refuses the request
-    Status st = inner_->Submit(a.request);
-    if (!st.ok()) done(st);
+    IoRequest forwarded = Forwarded(a.request);
+    {
+      std::lock_guard lock(mu_);
+      ++forwarded_;
+    }
+    Status st = inner_->Submit(forwarded);
+    if (!st.ok()) {
+      {
+        std::lock_guard lock(mu_);
+        --forwarded_;
+      }
+      a.request.done(st);  // e.g. the file was closed meanwhile
+    }
   }
 
   std::unique_ptr<BlockStore> inner_;
@@ -236,6 +280,7 @@ class FaultInjectingStore final : public BlockStore {
       scheduled_;
   std::unordered_map<FileId, int64_t> held_;
   int running_ = 0;
+  int64_t forwarded_ = 0;
   bool stop_ = false;
   std::thread timer_;
 };

@@ -4,11 +4,11 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <set>
 #include <utility>
 
 #include "common/errno.h"
@@ -22,16 +22,24 @@ namespace strata::io::internal {
 
 namespace {
 
-// The filesystem type of an open descriptor, for messages.
+// The filesystem type of a path, for messages.
 std::string FilesystemOf(const std::string& path) {
   Result<PathInfo> info = DescribePath(path, /*probe_direct=*/false);
   return info.ok() ? info->filesystem : "unknown";
 }
 
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
 }  // namespace
 
 FileStore::FileStore(const StoreOptions& options, std::shared_ptr<FaultInjector> faults)
-    : options_(options), faults_(std::move(faults)) {}
+    : options_(options), faults_(std::move(faults)) {
+  for (int i = kMaxBufferSlots - 1; i >= 0; --i)
+    free_buffer_slots_.push_back(i);
+}
 
 FileStore::~FileStore() {
   // The backend has stopped its threads (after draining) before this runs.
@@ -42,14 +50,67 @@ FileStore::~FileStore() {
   }
 }
 
+Status FileStore::OpenPart(const FileSpec& spec, PhysicalFile* part, bool* created) const {
+  *created = false;
+  const std::string& path = part->path;
+  const bool existed = Exists(path);
+  int flags = O_CLOEXEC | (spec.read_only ? O_RDONLY : O_RDWR);
+  // O_EXCL tells for certain whether this Open created the file (and may remove it on failure).
+  const bool may_create = spec.create && !spec.read_only && !existed;
+  const bool want_direct = spec.direct != DirectMode::kOff;
+  part->direct = want_direct;
+  int fd = ::open(path.c_str(),
+                  flags | (may_create ? O_CREAT | O_EXCL : 0) | (want_direct ? O_DIRECT : 0), 0644);
+  if (fd >= 0) {
+    *created = may_create;
+  } else if (may_create && errno == EEXIST) {
+    // Created by someone else in between: open it as it is.
+    fd = ::open(path.c_str(), flags | (want_direct ? O_DIRECT : 0));
+  }
+  if (fd < 0 && errno == EINVAL && want_direct) {
+    // The filesystem refuses O_DIRECT. Linux creates the file before it checks O_DIRECT, so a
+    // file that did not exist may exist now: it is ours.
+    *created = may_create && Exists(path);
+    const std::string fs = FilesystemOf(path);
+    if (spec.direct == DirectMode::kOn) {
+      return InvalidArgumentError(fmt::format(
+          "cannot open {} with O_DIRECT: its filesystem ({}) does not support direct I/O, and "
+          "direct I/O was required (direct: on); use direct: auto to fall back to buffered I/O, "
+          "or put the file on a filesystem that supports O_DIRECT (ext4, xfs)",
+          path, fs));
+    }
+    fd = ::open(path.c_str(), flags | (may_create && !*created ? O_CREAT : 0), 0644);
+    part->direct = false;
+    if (fd >= 0) {
+      if (may_create) *created = true;
+      STRATA_LOG(warn, io,
+                 "{}: the filesystem ({}) does not support O_DIRECT; using buffered I/O through "
+                 "the page cache (slower, and it competes with the model for host memory)",
+                 path, fs);
+    }
+  }
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("cannot open {}", path));
+  part->fd = fd;
+  return Status::Ok();
+}
+
 void FileStore::CloseParts(std::vector<PhysicalFile>& parts, const std::vector<bool>& created) {
   for (size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i].fd < 0) continue;
-    OnFileClosing(parts[i]);
-    ::close(parts[i].fd);
-    parts[i].fd = -1;
-    // A file this Open created is removed again when the Open fails; existing files are kept.
-    if (i < created.size() && created[i]) ::unlink(parts[i].path.c_str());
+    struct stat by_fd {};
+    const bool have_fd = parts[i].fd >= 0 && ::fstat(parts[i].fd, &by_fd) == 0;
+    if (parts[i].fd >= 0) {
+      OnFileClosing(parts[i]);
+      ::close(parts[i].fd);
+      parts[i].fd = -1;
+    }
+    // A file this Open created is removed again when the Open fails; files that existed before
+    // are never removed. With a descriptor, only if the path still names the same file.
+    if (i < created.size() && created[i]) {
+      struct stat by_path {};
+      if (::stat(parts[i].path.c_str(), &by_path) != 0) continue;
+      if (have_fd && (by_path.st_dev != by_fd.st_dev || by_path.st_ino != by_fd.st_ino)) continue;
+      ::unlink(parts[i].path.c_str());
+    }
   }
 }
 
@@ -69,104 +130,103 @@ Result<FileId> FileStore::Open(const FileSpec& spec) {
     return status;
   };
 
-  bool all_direct = true;
-  bool any_direct = false;
+  // 1. Open every path (nothing is truncated or allocated yet, so a failure loses nothing).
+  std::set<std::pair<dev_t, ino_t>> inodes;
   for (uint32_t i = 0; i < num_paths; ++i) {
     PhysicalFile part;
     part.path = spec.paths[i];
+    bool was_created = false;
+    Status opened = OpenPart(spec, &part, &was_created);
+    file->parts.push_back(part);
+    created.push_back(was_created);
+    if (!opened.ok()) return fail(opened);
     struct stat st {};
-    const bool existed = ::stat(part.path.c_str(), &st) == 0;
-    if (existed && S_ISDIR(st.st_mode)) {
+    if (::fstat(part.fd, &st) != 0) {
+      return fail(ErrnoToStatus(errno, fmt::format("cannot stat {}", part.path)));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return fail(InvalidArgumentError(fmt::format("{} is not a regular file", part.path)));
+    }
+    if (!inodes.insert({st.st_dev, st.st_ino}).second) {
       return fail(InvalidArgumentError(
-          fmt::format("cannot open {}: it is a directory, not a file", part.path)));
+          fmt::format("{} is the same file as another path of this striped file", part.path)));
     }
-    int flags = O_CLOEXEC | (spec.read_only ? O_RDONLY : O_RDWR);
-    if (spec.create && !spec.read_only) flags |= O_CREAT;
-    if (spec.truncate && !spec.read_only) flags |= O_TRUNC;
-    const bool want_direct = spec.direct != DirectMode::kOff;
-    int fd = ::open(part.path.c_str(), flags | (want_direct ? O_DIRECT : 0), 0644);
-    part.direct = want_direct;
-    if (fd < 0 && errno == EINVAL && want_direct) {
-      const std::string fs = FilesystemOf(part.path);
-      if (spec.direct == DirectMode::kOn) {
-        return fail(InvalidArgumentError(fmt::format(
-            "cannot open {} with O_DIRECT: its filesystem ({}) does not support direct I/O, and "
-            "direct I/O was required (direct: on); use direct: auto to fall back to buffered I/O, "
-            "or put the file on a filesystem that supports O_DIRECT (ext4, xfs)",
-            part.path, fs)));
-      }
-      fd = ::open(part.path.c_str(), flags, 0644);
-      part.direct = false;
-      if (fd >= 0) {
-        STRATA_LOG(warn, io,
-                   "{}: the filesystem ({}) does not support O_DIRECT; using buffered I/O through "
-                   "the page cache (slower, and it competes with the model for host memory)",
-                   part.path, fs);
-      }
-    }
-    if (fd < 0) {
-      return fail(ErrnoToStatus(errno, fmt::format("cannot open {}", part.path)));
-    }
-    part.fd = fd;
-    created.push_back(!existed && spec.create);
-    all_direct = all_direct && part.direct;
-    any_direct = any_direct || part.direct;
+  }
 
-    const uint64_t want = file->layout.PathBytes(i, spec.preallocate);
-    if (want > 0 && !spec.read_only) {
-      struct stat fst {};
-      if (::fstat(fd, &fst) != 0) {
-        file->parts.push_back(part);
+  // 2. Check that the preallocation fits on every path before changing anything.
+  std::vector<uint64_t> wants(num_paths, 0);
+  if (!spec.read_only) {
+    for (uint32_t i = 0; i < num_paths; ++i) {
+      PhysicalFile& part = file->parts[i];
+      wants[i] = file->layout.PathBytes(i, spec.preallocate);
+      if (wants[i] == 0) continue;
+      struct stat st {};
+      struct statvfs vfs {};
+      if (::fstat(part.fd, &st) != 0 || ::fstatvfs(part.fd, &vfs) != 0) {
         return fail(ErrnoToStatus(errno, fmt::format("cannot stat {}", part.path)));
       }
-      const uint64_t allocated = static_cast<uint64_t>(fst.st_blocks) * 512;
-      if (allocated < want) {
-        const uint64_t need = want - allocated;
-        struct statvfs vfs {};
-        uint64_t free_bytes = UINT64_MAX;
-        if (::fstatvfs(fd, &vfs) == 0) free_bytes = uint64_t{vfs.f_bavail} * vfs.f_frsize;
-        auto shortage = [&](uint64_t free_now) {
-          return ResourceExhaustedError(fmt::format(
-              "not enough space to preallocate {} ({} bytes) for {}: {} more bytes are needed but "
-              "only {} bytes are free on its filesystem ({})",
-              FormatBytes(want), want, part.path, need, free_now, FormatBytes(free_now)));
-        };
-        if (free_bytes < need) {
-          file->parts.push_back(part);
-          return fail(shortage(free_bytes));
-        }
-        if (::fallocate(fd, 0, 0, static_cast<off_t>(want)) != 0) {
-          const int err = errno;
-          if (err == EOPNOTSUPP || err == ENOSYS) {
-            // No fallocate here (some network filesystems): extend the file instead.
-            if (static_cast<uint64_t>(fst.st_size) < want &&
-                ::ftruncate(fd, static_cast<off_t>(want)) != 0) {
-              file->parts.push_back(part);
-              return fail(ErrnoToStatus(
-                  errno, fmt::format("cannot extend {} to {} bytes", part.path, want)));
-            }
-          } else if (err == ENOSPC || err == EDQUOT) {
-            if (::fstatvfs(fd, &vfs) == 0) free_bytes = uint64_t{vfs.f_bavail} * vfs.f_frsize;
-            file->parts.push_back(part);
-            return fail(shortage(free_bytes));
-          } else {
-            file->parts.push_back(part);
-            return fail(ErrnoToStatus(
-                err, fmt::format("cannot preallocate {} bytes for {}", want, part.path)));
-          }
-        }
+      // Filesystems without block accounting (ramfs) report no blocks at all: nothing to check.
+      if (vfs.f_blocks == 0) continue;
+      const uint64_t allocated = static_cast<uint64_t>(st.st_blocks) * 512;
+      const uint64_t kept = spec.truncate ? 0 : std::min(allocated, wants[i]);
+      const uint64_t need = wants[i] - kept;
+      const uint64_t free_bytes =
+          uint64_t{vfs.f_bavail} * vfs.f_frsize + (spec.truncate ? allocated : 0);
+      if (free_bytes < need) {
+        return fail(ResourceExhaustedError(fmt::format(
+            "not enough space to preallocate {} ({} bytes) for {}: {} more bytes are needed but "
+            "only {} bytes are free on its filesystem ({})",
+            FormatBytes(wants[i]), wants[i], part.path, need, free_bytes,
+            FormatBytes(free_bytes))));
       }
     }
+  }
 
+  // 3. Truncate and preallocate.
+  for (uint32_t i = 0; i < num_paths && !spec.read_only; ++i) {
+    PhysicalFile& part = file->parts[i];
+    if (spec.truncate && ::ftruncate(part.fd, 0) != 0) {
+      return fail(ErrnoToStatus(errno, fmt::format("cannot truncate {}", part.path)));
+    }
+    if (wants[i] == 0) continue;
+    if (::fallocate(part.fd, 0, 0, static_cast<off_t>(wants[i])) != 0) {
+      const int err = errno;
+      if (err == EOPNOTSUPP || err == ENOSYS) {
+        // No fallocate here (ramfs, some network filesystems): extend the file instead.
+        struct stat st {};
+        if (::fstat(part.fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < wants[i] &&
+            ::ftruncate(part.fd, static_cast<off_t>(wants[i])) != 0) {
+          return fail(ErrnoToStatus(
+              errno, fmt::format("cannot extend {} to {} bytes", part.path, wants[i])));
+        }
+      } else if (err == ENOSPC || err == EDQUOT) {
+        struct statvfs vfs {};
+        const uint64_t free_now =
+            ::fstatvfs(part.fd, &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
+        return fail(ResourceExhaustedError(fmt::format(
+            "not enough space to preallocate {} ({} bytes) for {}: the filesystem ran out with "
+            "{} bytes free ({})",
+            FormatBytes(wants[i]), wants[i], part.path, free_now, FormatBytes(free_now))));
+      } else {
+        return fail(ErrnoToStatus(
+            err, fmt::format("cannot preallocate {} bytes for {}", wants[i], part.path)));
+      }
+    }
+  }
+
+  // 4. Device limits and backend registration.
+  bool all_direct = true;
+  bool any_direct = false;
+  for (PhysicalFile& part : file->parts) {
+    all_direct = all_direct && part.direct;
+    any_direct = any_direct || part.direct;
     if (options_.respect_queue_limits && part.direct) {
       if (std::optional<QueueLimits> q = QueueLimitsForPath(part.path)) {
         part.max_request_small = q->MaxRequestBytes(4096);
         part.max_request_huge = q->MaxRequestBytes(kHugePageSize);
       }
     }
-    Status hooked = OnFileOpened(part);
-    file->parts.push_back(part);
-    if (!hooked.ok()) return fail(hooked.WithContext(fmt::format("cannot open {}", part.path)));
+    OnFileOpened(part);
   }
   file->info.direct = all_direct;
   file->info.alignment = any_direct ? kDirectIoAlignment : 1;
@@ -190,8 +250,8 @@ Status FileStore::Close(FileId id) {
     const int64_t outstanding = it->second->outstanding.load(std::memory_order_acquire);
     if (outstanding != 0) {
       return FailedPreconditionError(
-          fmt::format("cannot close {}: {} request(s) on it have not completed", it->second->where,
-                      outstanding));
+          fmt::format("cannot close {}: {} request(s) or sync(s) on it have not completed",
+                      it->second->where, outstanding));
     }
     file = std::move(it->second);
     files_.erase(it);
@@ -246,12 +306,11 @@ void FileStore::BuildTransfers(const IoRequest& request, OpenFile* file,
       t.first_offset = t.offset;
       t.total_length = n;
       t.request = state;
-      if (range != nullptr && range->first_index >= 0) {
+      if (range != nullptr && !range->indices.empty()) {
         const size_t first_chunk = static_cast<size_t>(t.buffer - range->base) / kBufferChunk;
         const size_t last_chunk =
             static_cast<size_t>(t.buffer + n - 1 - range->base) / kBufferChunk;
-        if (first_chunk == last_chunk)
-          t.buf_index = range->first_index + static_cast<int>(first_chunk);
+        if (first_chunk == last_chunk) t.buf_index = range->indices[first_chunk];
       }
       state->transfers.push_back(t);
       done += n;
@@ -308,6 +367,12 @@ int64_t FileStore::ConsultFaults(const Transfer& t, uint64_t* issue_length) {
 
 FileStore::Next FileStore::OnResult(Transfer* t, int64_t res) {
   const std::string_view path = t->file->path;
+  auto describe = [&] { return DescribeTransfer(t->op, path, t->first_offset, t->total_length); };
+  auto end_of_file = [&] {
+    return OutOfRangeError(
+        fmt::format("{}: end of file at offset {} (the file is shorter than the range)", describe(),
+                    t->offset));
+  };
   if (res < 0) {
     const int err = static_cast<int>(-res);
     if (err == EAGAIN || err == EINTR) {
@@ -315,39 +380,38 @@ FileStore::Next FileStore::OnResult(Transfer* t, int64_t res) {
         retries_.fetch_add(1, std::memory_order_relaxed);
         return Next::kResubmit;
       }
-      FinishTransfer(t, UnavailableError(fmt::format(
-                            "{}: still {} after {} retries",
-                            DescribeTransfer(t->op, path, t->first_offset, t->total_length),
-                            ErrnoName(err), kMaxRetries)));
+      FinishTransfer(t, UnavailableError(fmt::format("{}: still {} after {} retries", describe(),
+                                                     ErrnoName(err), kMaxRetries)));
       return Next::kFinished;
     }
-    std::string context = DescribeTransfer(t->op, path, t->first_offset, t->total_length);
+    std::string context = describe();
     if (t->remaining != t->total_length) {
       context += fmt::format(" (failed at offset {} after {} bytes)", t->offset,
                              t->total_length - t->remaining);
     }
-    FinishTransfer(t, ErrnoToStatus(err, context));
+    Status st = ErrnoToStatus(err, context);
+    if (err == EINVAL && t->alignment > 1) {
+      // The request was aligned (Submit checked), so the filesystem refused direct I/O itself.
+      st = Status(st.code(), std::string(st.message()) +
+                                 "; the filesystem may not support O_DIRECT for this file (open "
+                                 "it with direct I/O off)");
+    }
+    FinishTransfer(t, std::move(st));
     return Next::kFinished;
   }
   const auto moved = static_cast<uint64_t>(res);
   if (moved > t->remaining) {
     FinishTransfer(t, InternalError(fmt::format(
                           "{}: the kernel reported {} bytes moved, more than the {} asked",
-                          DescribeTransfer(t->op, path, t->first_offset, t->total_length), moved,
-                          t->remaining)));
+                          describe(), moved, t->remaining)));
     return Next::kFinished;
   }
   if (moved == 0) {
     if (t->op == IoOp::kRead) {
-      FinishTransfer(
-          t, OutOfRangeError(fmt::format(
-                 "{}: end of file at offset {} (the file is shorter than the range)",
-                 DescribeTransfer(t->op, path, t->first_offset, t->total_length), t->offset)));
+      FinishTransfer(t, end_of_file());
     } else {
-      FinishTransfer(
-          t, DataLossError(fmt::format(
-                 "{}: the write made no progress at offset {}",
-                 DescribeTransfer(t->op, path, t->first_offset, t->total_length), t->offset)));
+      FinishTransfer(t, DataLossError(fmt::format("{}: the write made no progress at offset {}",
+                                                  describe(), t->offset)));
     }
     return Next::kFinished;
   }
@@ -362,15 +426,11 @@ FileStore::Next FileStore::OnResult(Transfer* t, int64_t res) {
   if (t->alignment > 1 && t->offset % t->alignment != 0) {
     // A direct transfer that stopped mid-block can only mean the end of the file.
     if (t->op == IoOp::kRead) {
-      FinishTransfer(
-          t, OutOfRangeError(fmt::format(
-                 "{}: end of file at offset {} (the file is shorter than the range)",
-                 DescribeTransfer(t->op, path, t->first_offset, t->total_length), t->offset)));
+      FinishTransfer(t, end_of_file());
     } else {
       FinishTransfer(
-          t, DataLossError(fmt::format(
-                 "{}: the device accepted only part of a block at offset {}",
-                 DescribeTransfer(t->op, path, t->first_offset, t->total_length), t->offset)));
+          t, DataLossError(fmt::format("{}: the device accepted only part of a block at offset {}",
+                                       describe(), t->offset)));
     }
     return Next::kFinished;
   }
@@ -393,6 +453,13 @@ void FileStore::CompleteRequest(RequestState* state) {
   Status status = failed ? std::move(state->error) : Status::Ok();
   if (failed) {
     errors_.fetch_add(1, std::memory_order_relaxed);
+    // A piece of a larger request (striped or split) failed: say which request it was part of.
+    const bool whole = state->transfers.size() == 1 && state->file->parts.size() == 1 &&
+                       state->transfers[0].total_length == state->length;
+    if (!whole) {
+      status = status.WithContext(
+          DescribeTransfer(state->op, state->file->where, state->offset, state->length));
+    }
   } else if (state->op == IoOp::kRead) {
     reads_.fetch_add(1, std::memory_order_relaxed);
     bytes_read_.fetch_add(state->length, std::memory_order_relaxed);
@@ -400,6 +467,7 @@ void FileStore::CompleteRequest(RequestState* state) {
     writes_.fetch_add(1, std::memory_order_relaxed);
     bytes_written_.fetch_add(state->length, std::memory_order_relaxed);
   }
+  OnRequestComplete(state);
   state->file->outstanding.fetch_sub(1, std::memory_order_acq_rel);
   IoCallback done = std::move(state->done);
   delete state;
@@ -424,16 +492,30 @@ void FileStore::SetFatal(const Status& status) {
 }
 
 Status FileStore::Sync(FileId id) {
-  std::shared_lock lock(table_mu_);
-  auto it = files_.find(id);
-  if (it == files_.end())
-    return NotFoundError(fmt::format("cannot sync file id {}: it is not open", id));
-  for (const PhysicalFile& part : it->second->parts) {
-    if (::fdatasync(part.fd) != 0) {
-      return ErrnoToStatus(errno, fmt::format("fdatasync {}", part.path));
+  // The descriptors are used outside the lock; counting the sync as outstanding keeps Close from
+  // closing them underneath it.
+  OpenFile* file = nullptr;
+  std::vector<std::pair<int, std::string>> fds;
+  {
+    std::shared_lock lock(table_mu_);
+    auto it = files_.find(id);
+    if (it == files_.end()) {
+      return NotFoundError(fmt::format("cannot sync file id {}: it is not open", id));
+    }
+    file = it->second.get();
+    file->outstanding.fetch_add(1, std::memory_order_acq_rel);
+    for (const PhysicalFile& part : file->parts)
+      fds.emplace_back(part.fd, part.path);
+  }
+  Status result;
+  for (const auto& [fd, path] : fds) {
+    if (::fdatasync(fd) != 0) {
+      result = ErrnoToStatus(errno, fmt::format("fdatasync {}", path));
+      break;
     }
   }
-  return Status::Ok();
+  file->outstanding.fetch_sub(1, std::memory_order_acq_rel);
+  return result;
 }
 
 Status FileStore::RegisterBuffers(std::span<const BufferRange> ranges) {
@@ -442,19 +524,67 @@ Status FileStore::RegisterBuffers(std::span<const BufferRange> ranges) {
     if (r.base == nullptr || r.length == 0) {
       return InvalidArgumentError("cannot register an empty buffer range");
     }
-    std::vector<struct iovec> chunks;
-    for (size_t off = 0; off < r.length; off += kBufferChunk) {
-      chunks.push_back({static_cast<char*>(r.base) + off, std::min(kBufferChunk, r.length - off)});
+    {
+      std::shared_lock lock(table_mu_);
+      for (const RegisteredRange& existing : ranges_) {
+        const char* b = static_cast<const char*>(r.base);
+        if (b < existing.base + existing.length && existing.base < b + r.length) {
+          return InvalidArgumentError(
+              fmt::format("buffer range {} (+{} bytes) overlaps a registered range at {}", r.base,
+                          r.length, static_cast<const void*>(existing.base)));
+        }
+      }
     }
-    int first = -1;
-    if (options_.register_buffers &&
-        next_buffer_index_ + static_cast<int>(chunks.size()) <= kMaxBufferSlots &&
-        RegisterBufferChunks(chunks, next_buffer_index_)) {
-      first = next_buffer_index_;
-      next_buffer_index_ += static_cast<int>(chunks.size());
+    RegisteredRange range{static_cast<char*>(r.base), r.length, r.huge_pages, {}};
+    const size_t chunks = (r.length + kBufferChunk - 1) / kBufferChunk;
+    if (options_.register_buffers && chunks <= free_buffer_slots_.size()) {
+      std::vector<int> indices;
+      bool ok = true;
+      for (size_t c = 0; c < chunks && ok; ++c) {
+        const int index = free_buffer_slots_.back();
+        const size_t off = c * kBufferChunk;
+        ok = RegisterBufferChunk(range.base + off, std::min(kBufferChunk, r.length - off), index);
+        if (ok) {
+          free_buffer_slots_.pop_back();
+          indices.push_back(index);
+        }
+      }
+      if (ok) {
+        range.indices = std::move(indices);
+      } else {
+        for (int index : indices) {
+          RegisterBufferChunk(nullptr, 0, index);
+          free_buffer_slots_.push_back(index);
+        }
+      }
+    } else if (options_.register_buffers) {
+      STRATA_LOG(warn, io,
+                 "the registered-buffer table is full ({} slots); {} bytes at {} are used as "
+                 "plain buffers",
+                 kMaxBufferSlots, r.length, r.base);
     }
     std::unique_lock lock(table_mu_);
-    ranges_.push_back({static_cast<char*>(r.base), r.length, r.huge_pages, first});
+    ranges_.push_back(std::move(range));
+  }
+  return Status::Ok();
+}
+
+Status FileStore::UnregisterBuffers(const void* base) {
+  std::lock_guard reg(register_mu_);
+  RegisteredRange range;
+  {
+    std::unique_lock lock(table_mu_);
+    auto it = std::find_if(ranges_.begin(), ranges_.end(),
+                           [&](const RegisteredRange& r) { return r.base == base; });
+    if (it == ranges_.end()) {
+      return NotFoundError(fmt::format("no registered buffer range starts at {}", base));
+    }
+    range = std::move(*it);
+    ranges_.erase(it);
+  }
+  for (int index : range.indices) {
+    RegisterBufferChunk(nullptr, 0, index);
+    free_buffer_slots_.push_back(index);
   }
   return Status::Ok();
 }
@@ -469,6 +599,7 @@ StoreStats FileStore::stats() const {
   s.device_requests = device_requests_.load(std::memory_order_relaxed);
   s.short_transfers = short_transfers_.load(std::memory_order_relaxed);
   s.retries = retries_.load(std::memory_order_relaxed);
+  AddBackendStats(&s);
   return s;
 }
 

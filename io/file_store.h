@@ -27,8 +27,6 @@
 #include "io/stripe.h"
 #include "strata/block_store.h"
 
-struct iovec;
-
 namespace strata::io::internal {
 
 // One opened path of a logical file.
@@ -49,7 +47,7 @@ struct OpenFile {
   StripeLayout layout{1, 1};
   bool durable = false;
   std::vector<PhysicalFile> parts;
-  std::atomic<int64_t> outstanding{0};  // logical requests not yet completed
+  std::atomic<int64_t> outstanding{0};  // logical requests (and Syncs) not yet completed
 };
 
 struct RequestState;
@@ -65,6 +63,7 @@ struct Transfer {
   bool durable = false;    // write with RWF_DSYNC
   uint32_t alignment = 1;
   uint32_t retries = 0;
+  int backend_slot = -1;      // for the backend's own bookkeeping while issued
   uint64_t first_offset = 0;  // as issued originally, for messages
   uint64_t total_length = 0;
   RequestState* request = nullptr;
@@ -79,6 +78,7 @@ struct RequestState {
   IoOp op = IoOp::kRead;
   uint64_t offset = 0;
   uint64_t length = 0;
+  bool admitted = false;  // backend bookkeeping: counted against the queue depth
   std::vector<Transfer> transfers;
 };
 
@@ -87,7 +87,7 @@ struct RegisteredRange {
   char* base = nullptr;
   size_t length = 0;
   bool huge_pages = false;
-  int first_index = -1;  // backend index of chunk 0; -1 when the backend did not register it
+  std::vector<int> indices;  // backend index of each kBufferChunk-sized chunk; empty: none
 };
 
 class FileStore : public BlockStore {
@@ -100,6 +100,7 @@ class FileStore : public BlockStore {
   Status Submit(std::span<IoRequest> requests) override;
   Status Sync(FileId file) override;
   Status RegisterBuffers(std::span<const BufferRange> ranges) override;
+  Status UnregisterBuffers(const void* base) override;
   StoreStats stats() const override;
 
   // Registered buffers are split into chunks of at most this size (io_uring's limit is 1 GiB).
@@ -109,28 +110,36 @@ class FileStore : public BlockStore {
   // EAGAIN / EINTR resubmissions of one transfer before giving up with Unavailable.
   static constexpr uint32_t kMaxRetries = 10000;
 
+  enum class Next { kFinished, kResubmit };
+
  protected:
   FileStore(const StoreOptions& options, std::shared_ptr<FaultInjector> faults);
 
   // Issues transfers. Each must eventually be passed to OnResult until it returns kFinished.
-  // Called without any FileStore lock held, from Submit's caller or from an I/O thread.
+  // Called without any FileStore lock held, from Submit's caller or from an I/O thread. All
+  // transfers of one request are consecutive in `transfers`.
   virtual void Execute(std::span<Transfer*> transfers) = 0;
 
   // Hooks around a path's life (e.g. registering its descriptor). Called without FileStore locks
-  // held (a backend may wait for its I/O threads, whose callbacks may call Submit).
-  virtual Status OnFileOpened(PhysicalFile& /*file*/) { return Status::Ok(); }
+  // held; they must not wait for the I/O threads (callbacks may be calling Open or Close).
+  virtual void OnFileOpened(PhysicalFile& /*file*/) {}
   virtual void OnFileClosing(PhysicalFile& /*file*/) {}
 
-  // Registers buffer chunks at table indices [first_index, first_index + count). Returns false if
-  // the backend cannot (the chunks are then used as plain buffers).
-  virtual bool RegisterBufferChunks(std::span<const struct iovec> /*chunks*/, int /*first_index*/) {
+  // Registers one buffer chunk (at most kBufferChunk bytes) at table index `index`, or clears the
+  // index (base == nullptr). Must not wait for the I/O threads; the backend applies it before it
+  // issues any transfer submitted afterwards, and uses a chunk as a fixed buffer only where its
+  // registration succeeded. Returns false when the backend does not register buffers at all.
+  virtual bool RegisterBufferChunk(void* /*base*/, size_t /*length*/, int /*index*/) {
     return false;
   }
 
- public:
-  enum class Next { kFinished, kResubmit };
+  // Called on the completing thread just before a request's callback runs (and before its state
+  // is deleted).
+  virtual void OnRequestComplete(RequestState* /*state*/) {}
 
- protected:
+  // Adds backend-specific counters.
+  virtual void AddBackendStats(StoreStats* /*stats*/) const {}
+
   // Interprets the result of one issue of `t`: `res` is the bytes moved (>= 0) or -errno.
   // kResubmit: `t` was adjusted (short transfer, EAGAIN, EINTR) and must be issued again.
   // kFinished: `t` is done (success or error); the request may have completed and `t` must not be
@@ -155,6 +164,8 @@ class FileStore : public BlockStore {
   // Appends the transfers of `request` on `file` to `state`.
   void BuildTransfers(const IoRequest& request, OpenFile* file, RequestState* state) const;
   const RegisteredRange* FindRange(const char* p, size_t n) const;
+  // Opens one path of a FileSpec (O_DIRECT detection included); records whether it was created.
+  Status OpenPart(const FileSpec& spec, PhysicalFile* part, bool* created) const;
   void CloseParts(std::vector<PhysicalFile>& parts, const std::vector<bool>& created);
 
   StoreOptions options_;
@@ -163,8 +174,8 @@ class FileStore : public BlockStore {
   mutable std::shared_mutex table_mu_;  // guards files_, ranges_, next_id_, fatal_
   std::unordered_map<FileId, std::unique_ptr<OpenFile>> files_;
   std::vector<RegisteredRange> ranges_;
-  std::mutex register_mu_;  // serialises RegisterBuffers; guards next_buffer_index_
-  int next_buffer_index_ = 0;
+  std::mutex register_mu_;              // serialises (Un)RegisterBuffers; guards free_buffer_slots_
+  std::vector<int> free_buffer_slots_;  // free backend buffer indices (lowest at the back)
   FileId next_id_ = 1;
   Status fatal_;
   std::atomic<bool> has_fatal_{false};

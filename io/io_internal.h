@@ -15,7 +15,8 @@ namespace strata::io::internal {
 // multiples of the alignment. `where` names the file in messages (its path, or its paths).
 Status ValidateRequest(const IoRequest& request, const FileInfo& info, std::string_view where);
 
-// "read of 1048576 bytes at offset 4096 in /mnt/nvme0/x" (plus the logical offset for stripes).
+// "read of 1048576 bytes at offset 4096 in /mnt/nvme0/x". For a piece of a striped or split
+// request, FileStore prefixes the error with the same description of the whole request.
 std::string DescribeTransfer(IoOp op, std::string_view path, uint64_t offset, uint64_t length);
 
 // A logical file's paths for messages: "/a/x" or "/a/x (striped with /b/x, /c/x)".

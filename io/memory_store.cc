@@ -9,7 +9,9 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -22,10 +24,18 @@ namespace {
 
 class MemoryStore final : public BlockStore {
  public:
-  MemoryStore(const StoreOptions& options, std::shared_ptr<FaultInjector> faults)
-      : faults_(std::move(faults)) {
-    for (int i = 0; i < options.threads; ++i)
-      threads_.emplace_back([this] { Run(); });
+  explicit MemoryStore(std::shared_ptr<FaultInjector> faults) : faults_(std::move(faults)) {}
+
+  Status Init(int threads) {
+    for (int i = 0; i < threads; ++i) {
+      try {
+        threads_.emplace_back([this] { Run(); });
+      } catch (const std::system_error& e) {
+        return ResourceExhaustedError(
+            fmt::format("cannot start memory-store thread: {}", e.what()));
+      }
+    }
+    return Status::Ok();
   }
 
   ~MemoryStore() override {
@@ -119,6 +129,10 @@ class MemoryStore final : public BlockStore {
       }
     }
     {
+      std::lock_guard stats_lock(stats_mu_);
+      stats_.device_requests += jobs.size();
+    }
+    {
       std::lock_guard lock(queue_mu_);
       for (Job& j : jobs)
         queue_.push_back(std::move(j));
@@ -128,7 +142,24 @@ class MemoryStore final : public BlockStore {
   }
 
   Status Sync(FileId id) override { return Info(id).status(); }
-  Status RegisterBuffers(std::span<const BufferRange>) override { return Status::Ok(); }
+  // Nothing to register in memory; the ranges are remembered only to honour the contract.
+  Status RegisterBuffers(std::span<const BufferRange> ranges) override {
+    std::lock_guard lock(stats_mu_);
+    for (const BufferRange& r : ranges) {
+      if (r.base == nullptr || r.length == 0) {
+        return InvalidArgumentError("cannot register an empty buffer range");
+      }
+      registered_.insert(r.base);
+    }
+    return Status::Ok();
+  }
+  Status UnregisterBuffers(const void* base) override {
+    std::lock_guard lock(stats_mu_);
+    if (registered_.erase(base) == 0) {
+      return NotFoundError(fmt::format("no registered buffer range starts at {}", base));
+    }
+    return Status::Ok();
+  }
 
   StoreStats stats() const override {
     std::lock_guard lock(stats_mu_);
@@ -198,10 +229,6 @@ class MemoryStore final : public BlockStore {
     char* buf = static_cast<char*>(r.buffer);
     while (done < r.length) {
       uint64_t n = r.length - done;
-      {
-        std::lock_guard lock(stats_mu_);
-        ++stats_.device_requests;
-      }
       if (faults_) {
         FaultDecision d = faults_->Decide(r.op, path, r.offset + done, n, job.file->info.alignment);
         if (d.error == EAGAIN || d.error == EINTR) {
@@ -250,8 +277,9 @@ class MemoryStore final : public BlockStore {
   int running_ = 0;
   bool stop_ = false;
 
-  mutable std::mutex stats_mu_;
+  mutable std::mutex stats_mu_;  // guards stats_ and registered_
   StoreStats stats_;
+  std::set<const void*> registered_;
 
   std::vector<std::thread> threads_;
 };
@@ -261,7 +289,9 @@ class MemoryStore final : public BlockStore {
 Result<std::unique_ptr<BlockStore>> CreateMemoryStore(const StoreOptions& options,
                                                       std::shared_ptr<FaultInjector> faults) {
   if (options.threads < 1) return InvalidArgumentError("I/O threads must be at least 1");
-  return std::unique_ptr<BlockStore>(new MemoryStore(options, std::move(faults)));
+  auto store = std::make_unique<MemoryStore>(std::move(faults));
+  STRATA_RETURN_IF_ERROR(store->Init(options.threads));
+  return std::unique_ptr<BlockStore>(std::move(store));
 }
 
 }  // namespace strata::io

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "common/errno.h"
@@ -117,9 +118,10 @@ bool CheckBlock(const char* buf, uint64_t block_bytes, uint64_t block_index, uin
   return true;
 }
 
-// True when [0, size) of `path` is backed by written data: no holes and no unwritten
-// (preallocated) extents, which read back as zeros without touching the device.
-bool FullyWritten(const std::string& path, uint64_t size) {
+// Whether [0, size) of `path` is backed by written data: no holes and no unwritten
+// (preallocated) extents, which read back as zeros without touching the device. nullopt when the
+// filesystem cannot tell (no FIEMAP).
+std::optional<bool> FullyWritten(const std::string& path, uint64_t size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
@@ -131,32 +133,38 @@ bool FullyWritten(const std::string& path, uint64_t size) {
   std::vector<char> storage(sizeof(fiemap) + kExtents * sizeof(fiemap_extent));
   auto* fm = reinterpret_cast<fiemap*>(storage.data());
   uint64_t covered = 0;  // bytes from 0 known to be written
-  bool ok = true;
-  while (covered < size && ok) {
+  std::optional<bool> answer;
+  while (!answer) {
+    if (covered >= size) {
+      answer = true;
+      break;
+    }
     std::memset(storage.data(), 0, storage.size());
     fm->fm_start = covered;
     fm->fm_length = size - covered;
     fm->fm_extent_count = kExtents;
-    if (::ioctl(fd, FS_IOC_FIEMAP, fm) != 0 || fm->fm_mapped_extents == 0) {
-      ok = false;
+    if (::ioctl(fd, FS_IOC_FIEMAP, fm) != 0) {
+      answer = std::nullopt;  // cannot tell
       break;
     }
+    if (fm->fm_mapped_extents == 0) {
+      answer = false;  // a hole up to the end
+      break;
+    }
+    bool last = false;
     for (unsigned i = 0; i < fm->fm_mapped_extents; ++i) {
       const fiemap_extent& e = fm->fm_extents[i];
       if (e.fe_logical > covered || (e.fe_flags & FIEMAP_EXTENT_UNWRITTEN)) {
-        ok = false;  // a hole before this extent, or a preallocated one
+        answer = false;  // a hole before this extent, or a preallocated one
         break;
       }
       covered = std::max<uint64_t>(covered, e.fe_logical + e.fe_length);
-      if (e.fe_flags & FIEMAP_EXTENT_LAST) break;
+      last = last || (e.fe_flags & FIEMAP_EXTENT_LAST);
     }
-    if (ok && covered < size &&
-        (fm->fm_extents[fm->fm_mapped_extents - 1].fe_flags & FIEMAP_EXTENT_LAST)) {
-      ok = false;  // the file's extents end before `size`
-    }
+    if (!answer && covered < size && last) answer = false;  // the extents end before `size`
   }
   ::close(fd);
-  return ok && covered >= size;
+  return answer;
 }
 
 // Drops the page cache of the files (buffered mode), as fio does before each job.
@@ -174,8 +182,13 @@ void InvalidateCache(const std::vector<std::string>& files) {
 // `slots` requests in flight, each completion submitting the next block.
 class Phase {
  public:
+  // `written`: one flag per block, set when a write phase with `check` wrote the verify
+  // pattern to it; a read phase with `check` verifies exactly the blocks flagged.
+  // `sync_at_end`: the phase ends with an fdatasync that is part of its time (buffered writes,
+  // which otherwise only reach the page cache).
   Phase(BlockStore* store, FileId file, IoOp op, const BenchConfig& config, char* region,
-        uint64_t nblocks, std::vector<uint64_t> order, bool check)
+        uint64_t nblocks, std::vector<uint64_t> order, bool check,
+        std::vector<std::atomic<uint8_t>>* written, bool sync_at_end)
       : store_(store),
         file_(file),
         op_(op),
@@ -183,7 +196,9 @@ class Phase {
         region_(region),
         nblocks_(nblocks),
         order_(std::move(order)),
-        check_(check) {}
+        check_(check),
+        written_(written),
+        sync_at_end_(sync_at_end) {}
 
   Status Run(const std::string& name, const BenchProgressFn& progress,
              const std::atomic<bool>* cancel, BenchPhaseResult* result) {
@@ -225,6 +240,12 @@ class Phase {
         lock.lock();
       }
     }
+    lock.unlock();
+    if (sync_at_end_ && error_.ok()) {
+      Status synced = store_->Sync(file_);
+      end_ = Clock::now();
+      if (!synced.ok()) return synced;
+    }
     result->op = op_;
     result->bytes = bytes_done_.load();
     result->requests = completed_.load();
@@ -232,6 +253,7 @@ class Phase {
     result->latency = latency_.Summarize();
     result->device_requests = store_->stats().device_requests - before;
     result->verify_mismatches = mismatches_.load();
+    result->verified_blocks = verified_.load();
     if (cancel_ != nullptr && cancel_->load()) return CancelledError("interrupted");
     return error_;
   }
@@ -273,9 +295,13 @@ class Phase {
     if (!s.ok()) {
       Fail(s);
     } else {
-      if (op_ == IoOp::kRead && check_ &&
-          !CheckBlock(region_ + slot * config_.block, config_.block, block, config_.seed)) {
-        mismatches_.fetch_add(1, std::memory_order_relaxed);
+      if (check_ && op_ == IoOp::kWrite) {
+        (*written_)[block].store(1, std::memory_order_relaxed);
+      } else if (check_ && (*written_)[block].load(std::memory_order_relaxed) != 0) {
+        verified_.fetch_add(1, std::memory_order_relaxed);
+        if (!CheckBlock(region_ + slot * config_.block, config_.block, block, config_.seed)) {
+          mismatches_.fetch_add(1, std::memory_order_relaxed);
+        }
       }
       bytes_done_.fetch_add(config_.block, std::memory_order_relaxed);
       completed_.fetch_add(1, std::memory_order_relaxed);
@@ -307,11 +333,14 @@ class Phase {
   uint64_t nblocks_;
   std::vector<uint64_t> order_;
   bool check_;
+  std::vector<std::atomic<uint8_t>>* written_;
+  bool sync_at_end_;
   const std::atomic<bool>* cancel_ = nullptr;
 
   Clock::time_point start_, deadline_;
   Clock::time_point end_{};  // guarded by mu_
-  std::atomic<uint64_t> cursor_{0}, bytes_done_{0}, completed_{0}, mismatches_{0}, active_{0};
+  std::atomic<uint64_t> cursor_{0}, bytes_done_{0}, completed_{0}, mismatches_{0}, verified_{0},
+      active_{0};
   std::atomic<bool> stop_{false};
   LatencyHistogram latency_;
   std::mutex mu_;
@@ -385,6 +414,7 @@ Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn
   options.queue_depth = config.queue_depth;
   options.sqpoll = config.sqpoll;
   options.register_buffers = config.register_buffers;
+  options.register_files = config.register_files;
   // Bind the I/O threads near the drives: thread i to the NUMA node of path i (round-robin).
   for (const std::string& p : config.paths) {
     const int node = NumaNodeOfPath(p);
@@ -434,36 +464,46 @@ Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn
     std::shuffle(order.begin(), order.end(), std::mt19937_64(config.seed));
   }
 
+  // Which blocks hold the verify pattern written by this run (the read phase checks those).
+  std::vector<std::atomic<uint8_t>> written(config.verify ? nblocks : 0);
   auto run_phase = [&](const BenchConfig& phase_config, IoOp op, const std::string& name,
-                       bool record, bool check,
-                       const std::vector<uint64_t>& phase_order) -> Status {
+                       bool record, const std::vector<uint64_t>& phase_order) -> Status {
     if (!result.direct) InvalidateCache(files);
-    Phase phase(store.get(), file, op, phase_config, region.data(), nblocks, phase_order, check);
+    const bool sync_at_end = !result.direct && op == IoOp::kWrite;
+    Phase phase(store.get(), file, op, phase_config, region.data(), nblocks, phase_order,
+                config.verify, &written, sync_at_end);
     BenchPhaseResult r;
     STRATA_RETURN_IF_ERROR(phase.Run(name, progress, cancel, &r));
     if (record) result.phases.push_back(r);
     return Status::Ok();
   };
 
-  Status st;
-  if (config.write) {
-    st = run_phase(config, IoOp::kWrite, "write", true, config.verify, order);
-  } else {
-    // Reading needs written data: lay the file out unless every byte of it already is, or the
-    // verify pattern must be written anyway.
-    bool laid_out = !config.verify;
-    const StripeLayout layout(static_cast<uint32_t>(files.size()), config.stripe_unit);
-    for (size_t i = 0; i < files.size() && laid_out; ++i) {
-      laid_out = FullyWritten(files[i], layout.PathBytes(static_cast<uint32_t>(i), config.size));
-    }
-    if (!laid_out) {
-      BenchConfig prep = config;
-      prep.runtime = 0;  // one whole pass, however long
-      st = run_phase(prep, IoOp::kWrite, "prepare", false, config.verify, {});
-    }
+  // Every measured phase works on a laid-out file: reads of unwritten (preallocated) extents
+  // never touch the device, and first writes into them cost extent conversions that later
+  // writes do not pay. So unless every byte is already written, one untimed pass writes the
+  // file first. A file given by the user is only rewritten when it is known to have holes or
+  // unwritten extents (which read as zeros anyway), or to hold the verify pattern.
+  const StripeLayout layout(static_cast<uint32_t>(files.size()), config.stripe_unit);
+  bool laid_out = true;
+  for (size_t i = 0; i < files.size() && laid_out; ++i) {
+    const bool ours = std::find(created.begin(), created.end(), files[i]) != created.end();
+    std::optional<bool> full =
+        FullyWritten(files[i], layout.PathBytes(static_cast<uint32_t>(i), config.size));
+    laid_out = full.value_or(!ours);
   }
-  if (st.ok() && config.read) {
-    st = run_phase(config, IoOp::kRead, "read", true, config.verify, order);
+  Status st;
+  if (!laid_out || (config.verify && !config.write)) {
+    BenchConfig prep = config;
+    prep.runtime = 0;  // one whole pass, however long
+    st = run_phase(prep, IoOp::kWrite, "prepare", false, {});
+  }
+  if (st.ok() && config.write) st = run_phase(config, IoOp::kWrite, "write", true, order);
+  if (st.ok() && config.read) st = run_phase(config, IoOp::kRead, "read", true, order);
+  {
+    const StoreStats stats = store->stats();
+    result.registered_buffer_bytes = stats.registered_buffer_bytes;
+    result.fixed_buffer_transfers = stats.fixed_buffer_transfers;
+    result.transfers = stats.device_requests;
   }
   Status closed = store->Close(file);
   if (st.ok()) st = closed;

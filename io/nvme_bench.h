@@ -7,8 +7,11 @@
 // given paths. Each phase moves the whole file once (or repeats it until `runtime` has passed),
 // sequentially or in a random permutation of its blocks, keeping threads x queue_depth requests
 // in flight: a completion callback immediately submits the next block from the I/O thread, so
-// requests stay batched and in order. A read phase with no write phase before it first lays the
-// file out (untimed), because preallocated extents read as zeros without touching the device.
+// requests stay batched and in order. Unless the file is already fully written, an untimed pass
+// lays it out first, because preallocated extents read as zeros without touching the device and
+// first writes into them pay for extent conversion. With `verify`, reads check every block this
+// run wrote the pattern to; in buffered mode (direct I/O off) a write phase ends with an
+// fdatasync that is part of its time.
 //
 // The engine never prints; it reports progress through a callback and returns results. The CLI
 // (`strata nvme-bench`) builds sweeps, tables, JSON and the --tune file on top of it.
@@ -48,7 +51,8 @@ struct BenchConfig {
   DirectMode direct = DirectMode::kAuto;
   HugePages huge_pages = HugePages::kAuto;
   uint64_t stripe_unit = 1 << 20;
-  bool register_buffers = true;
+  bool register_buffers = true;  // io_uring: register the buffer region (fixed buffers)
+  bool register_files = true;    // io_uring: register the file descriptors
   bool sqpoll = false;
   bool verify = false;  // write a pattern and check every byte read back
   bool keep = false;    // keep created files
@@ -77,6 +81,7 @@ struct BenchPhaseResult {
   LatencySummary latency;
   uint64_t device_requests = 0;    // physical requests after striping and queue-limit splitting
   uint64_t verify_mismatches = 0;  // blocks that read back different from what was written
+  uint64_t verified_blocks = 0;    // blocks checked against the verify pattern
 
   double bytes_per_second() const { return seconds > 0 ? static_cast<double>(bytes) / seconds : 0; }
   double gb_per_second() const { return bytes_per_second() / 1e9; }            // 10^9
@@ -90,6 +95,9 @@ struct BenchResult {
   bool direct = false;         // O_DIRECT was in effect
   std::string buffer_backing;  // "hugetlbfs", "thp", "4k"
   uint64_t buffer_huge_bytes = 0;
+  uint64_t registered_buffer_bytes = 0;  // registered with every ring (io_uring fixed buffers)
+  uint64_t fixed_buffer_transfers = 0;   // transfers that used them
+  uint64_t transfers = 0;                // all device transfers of the run (prepare included)
   std::vector<BenchPhaseResult> phases;
 };
 

@@ -19,10 +19,23 @@
 // (4096). A misaligned request is rejected by Submit with InvalidArgument before anything is
 // issued.
 //
-// Threading: all methods may be called from any thread. Callbacks run on the store's I/O threads;
-// they must not block for long and must not call Close or destroy the store, but they may call
-// Submit (that is the fast path: a request submitted from a completion callback joins the next
-// batch of that I/O thread without a wake-up).
+// Threading: all methods may be called from any thread, and none of them waits for an I/O thread
+// to reach a particular point, so they may be called while holding a lock that callbacks also
+// take. Callbacks run on the store's I/O threads. A callback may call Submit (the fast path: a
+// request submitted from a completion callback joins the next batch of that I/O thread without a
+// wake-up), Open, Info, RegisterBuffers and UnregisterBuffers. It must not block for long, and
+// must not call the blocking conveniences (Read, Write, SubmitAsync(...).get()) or Sync: with one
+// I/O thread, the request they wait for would queue behind the callback itself.
+//
+// Flow control: Submit never blocks and never refuses for lack of room; requests beyond the
+// queue depth wait in the store's queue. Callers that can produce unbounded work must bound what
+// they have outstanding themselves.
+//
+// One request is served by one I/O thread (all of its pieces, on every path of a stripe);
+// parallelism comes from several requests in flight.
+//
+// Destruction waits for every submitted request to complete and its callback to return,
+// including requests those callbacks submit in turn.
 #pragma once
 
 #include <cstdint>
@@ -105,9 +118,15 @@ struct StoreStats {
   uint64_t reads = 0, writes = 0;              // logical requests completed
   uint64_t bytes_read = 0, bytes_written = 0;  // logical bytes completed successfully
   uint64_t errors = 0;                         // logical requests completed with an error
-  uint64_t device_requests = 0;  // physical requests issued (after striping and splitting)
+  // Physical transfers a request was split into (after striping and queue-limit splitting),
+  // counted once each; resubmissions of the remainder are counted in short_transfers / retries.
+  uint64_t device_requests = 0;
   uint64_t short_transfers = 0;  // completions that moved fewer bytes than asked (resubmitted)
   uint64_t retries = 0;          // EAGAIN / EINTR resubmissions
+  // io_uring only: issues that used a registered buffer / a registered file.
+  uint64_t fixed_buffer_transfers = 0;
+  uint64_t fixed_file_transfers = 0;
+  uint64_t registered_buffer_bytes = 0;  // bytes registered with every ring (0: none)
 };
 
 class BlockStore {
@@ -140,10 +159,17 @@ class BlockStore {
   // Makes completed writes to `file` durable (fdatasync on each of its paths).
   virtual Status Sync(FileId file) = 0;
 
-  // Registers memory for faster I/O. Call before submitting requests that use it; ranges stay
-  // registered for the life of the store. Registration that the backend cannot do (e.g. the
-  // memlock limit is too low) is not an error: the store logs it once and uses plain buffers.
+  // Registers memory for faster I/O. Call before submitting requests that use it. A range stays
+  // registered until UnregisterBuffers or the end of the store, and its memory must stay mapped
+  // until then: freeing it and mapping new memory at the same address while it is registered
+  // would make I/O use the old pages. Registration that the backend cannot do (e.g. the memlock
+  // limit is too low; with io_uring it is charged once per I/O thread) is not an error: the store
+  // logs it once and uses the memory as plain buffers (see StoreStats::registered_buffer_bytes).
   virtual Status RegisterBuffers(std::span<const BufferRange> ranges) = 0;
+
+  // Forgets the range registered with base address `base`. No request using it may be
+  // outstanding. NotFound if no registered range starts at `base`.
+  virtual Status UnregisterBuffers(const void* base) = 0;
 
   virtual StoreStats stats() const = 0;
 
@@ -169,7 +195,8 @@ struct StoreOptions {
   Backend backend = Backend::kAuto;
   // I/O threads (uring: one ring each; posix: pool size).
   int threads = 1;
-  // Requests in flight per I/O thread (uring: ring depth; posix: ignored, one per thread).
+  // Requests in flight per I/O thread. A request split into several device transfers (striping,
+  // queue limits) counts once. The posix backend runs threads x queue_depth blocking workers.
   int queue_depth = 32;
   // io_uring: ask for a kernel submission-polling thread (falls back without it).
   bool sqpoll = false;

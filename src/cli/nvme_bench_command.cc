@@ -103,11 +103,6 @@ Status Validate(const NvmeBenchArgs& a) {
     return InvalidArgumentError(
         "several values for --block, --qd or --threads need --sweep (or --tune)");
   }
-  const uint64_t largest = *std::max_element(a.blocks.begin(), a.blocks.end());
-  if (a.size < largest) {
-    return InvalidArgumentError(fmt::format("--size {} is smaller than --block {}",
-                                            FormatBytes(a.size), FormatBytesExact(largest)));
-  }
   return Status::Ok();
 }
 
@@ -185,7 +180,8 @@ json PhaseJson(const BenchPhaseResult& p) {
                 {"p50", p.latency.p50_us},
                 {"p99", p.latency.p99_us},
                 {"max", p.latency.max_us}}},
-              {"device_requests", p.device_requests}};
+              {"device_requests", p.device_requests},
+              {"verified_blocks", p.verified_blocks}};
 }
 
 json ResultJson(const BenchResult& r) {
@@ -199,6 +195,10 @@ json ResultJson(const BenchResult& r) {
               {"backend", r.backend},
               {"direct", r.direct},
               {"buffers", r.buffer_backing},
+              {"buffer_huge_page_bytes", r.buffer_huge_bytes},
+              {"registered_buffer_bytes", r.registered_buffer_bytes},
+              {"fixed_buffer_transfers", r.fixed_buffer_transfers},
+              {"transfers", r.transfers},
               {"phases", phases}};
 }
 
@@ -206,25 +206,27 @@ json ResultJson(const BenchResult& r) {
 // of) a DeepSpeed config.
 json TuneJson(const NvmeBenchArgs& a, const BenchResult& best) {
   const BenchConfig& c = best.config;
-  json io = {{"backend", best.backend}, {"direct", best.direct ? "on" : "off"},
-             {"threads", c.threads},    {"queue_depth", c.queue_depth},
-             {"block_size", c.block},   {"huge_pages", a.huge_pages}};
-  json paths = json::array();
-  bool all_dirs = true;
+  // Backend, O_DIRECT and huge pages as they were asked for ("auto" stays "auto"), so the file
+  // does not pin a choice that only held on the bench machine.
+  json io = {{"backend", a.backend},         {"direct", a.direct},    {"threads", c.threads},
+             {"queue_depth", c.queue_depth}, {"block_size", c.block}, {"huge_pages", a.huge_pages}};
+  // Several directories: the striping that was measured. One path is left to the offload
+  // sections' nvme_path.
+  bool all_dirs = a.paths.size() > 1;
   for (const auto& p : a.paths) {
     struct stat st {};
     all_dirs = all_dirs && ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-    paths.push_back(p);
   }
-  if (all_dirs) io["nvme_paths"] = paths;
-  if (a.paths.size() > 1) io["stripe_unit"] = a.stripe_unit;
+  if (all_dirs) {
+    io["nvme_paths"] = a.paths;
+    io["stripe_unit"] = a.stripe_unit;
+  }
   return json{{"aio",
                {{"block_size", c.block},
                 {"queue_depth", c.queue_depth},
                 {"intra_op_parallelism", c.threads},
                 {"single_submit", false},
-                {"overlap_events", true},
-                {"use_gds", false}}},
+                {"overlap_events", true}}},
               {"strata", {{"io", io}}}};
 }
 
@@ -265,6 +267,15 @@ int Run(NvmeBenchArgs a) {
 
   std::FILE* human = a.json_output ? stderr : stdout;
   const std::vector<Config> grid = Grid(a);
+  // Checked against the whole grid, so that a sweep cannot fail halfway on its largest block.
+  uint64_t largest = 0;
+  for (const Config& c : grid)
+    largest = std::max(largest, c.block);
+  if (a.size < largest) {
+    return ReportError("nvme-bench", InvalidArgumentError(fmt::format(
+                                         "--size {} is smaller than --block {}",
+                                         FormatBytes(a.size), FormatBytesExact(largest))));
+  }
 
   BenchConfig base;
   base.paths = a.paths;
@@ -285,6 +296,7 @@ int Run(NvmeBenchArgs a) {
   base.stripe_unit = a.stripe_unit;
   base.sqpoll = a.sqpoll;
   base.register_buffers = !a.no_register;
+  base.register_files = !a.no_register;
   base.verify = a.verify;
   base.runtime = a.runtime;
   base.seed = a.seed;
@@ -309,8 +321,12 @@ int Run(NvmeBenchArgs a) {
     std::fflush(human);
   }
 
+  // Interrupted or hung up: stop, and still remove the bench files. A closed pipe on stdout must
+  // not kill the process before it cleans up either.
   std::signal(SIGINT, OnInterrupt);
   std::signal(SIGTERM, OnInterrupt);
+  std::signal(SIGHUP, OnInterrupt);
+  std::signal(SIGPIPE, SIG_IGN);
   ProgressLine progress_line(stderr, std::chrono::seconds(5));
   std::vector<BenchResult> results;
   Status failure;
@@ -353,7 +369,14 @@ int Run(NvmeBenchArgs a) {
   }
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGHUP, SIG_DFL);
   if (!failure.ok()) {
+    // What was measured before the failure is still worth seeing.
+    if (!results.empty()) {
+      std::fprintf(stderr, "\nresults before the %s:\n",
+                   failure.code() == StatusCode::kCancelled ? "interruption" : "error");
+      PrintTable(results, stderr);
+    }
     if (failure.code() == StatusCode::kCancelled) {
       std::fprintf(stderr, "strata nvme-bench: interrupted%s\n",
                    a.keep ? "" : "; bench files removed");
@@ -365,8 +388,11 @@ int Run(NvmeBenchArgs a) {
   std::fprintf(human, "\n");
   PrintTable(results, human);
   if (!results.empty()) {
-    std::fprintf(human, "backend %s, direct I/O %s, buffers %s\n", results[0].backend.c_str(),
-                 results[0].direct ? "on" : "off (buffered)", results[0].buffer_backing.c_str());
+    const BenchResult& r0 = results[0];
+    std::fprintf(human, "backend %s, direct I/O %s, buffers %s (%s on huge pages, %s registered)\n",
+                 r0.backend.c_str(), r0.direct ? "on" : "off (buffered)", r0.buffer_backing.c_str(),
+                 FormatBytes(r0.buffer_huge_bytes).c_str(),
+                 FormatBytes(r0.registered_buffer_bytes).c_str());
   }
 
   json out = {{"strata_version", std::string(Version())},
@@ -414,8 +440,9 @@ void RegisterNvmeBenchCommand(CLI::App& app, int* exit_code) {
       "section (--tune)");
   cmd->add_option("--path", args->paths,
                   "A directory (a bench file is created in it and removed afterwards) or an "
-                  "existing file. Several --path are striped into one logical file, one stripe "
-                  "unit per path in turn (RAID-0 style)")
+                  "existing file (written by write phases, and laid out first if it has holes "
+                  "or unwritten extents). Several --path are striped into one logical file, one "
+                  "stripe unit per path in turn (RAID-0 style)")
       ->required();
   cmd->add_option("--rw", args->rw, "What to measure: write, read, or both (write, then read)")
       ->check(CLI::IsMember({"read", "write", "both"}))
@@ -469,7 +496,8 @@ void RegisterNvmeBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--verify", args->verify,
                 "Write a pattern and check every block read back (slower: data is generated and "
-                "compared)");
+                "compared). It writes the file even with --rw read, so an existing file given "
+                "as --path is overwritten");
   cmd->add_flag("--keep", args->keep, "Keep the bench file(s) instead of removing them");
   cmd->add_flag("--json", args->json_output,
                 "Print the results as JSON on stdout (the table and progress go to stderr)");

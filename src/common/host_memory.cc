@@ -59,7 +59,8 @@ Result<Mapping> MapAnonymous(size_t size, int extra_flags, std::string_view what
     int err = errno;
     Status st = ErrnoToStatus(
         err, fmt::format("mmap of {} for a host region ({})", FormatBytes(size), what));
-    // Whatever the errno, not getting the memory means the memory is exhausted for our purpose.
+    // ENOMEM is ResourceExhausted already; EINVAL (e.g. no huge pages of that size) and EAGAIN
+    // (locked-memory limits) also mean the memory cannot be had, so they are reported the same way.
     if (err == EINVAL || err == EAGAIN) st = ResourceExhaustedError(st.message());
     return st;
   }

@@ -12,9 +12,9 @@
 //   STRATA_LOG_LEVEL=off                   nothing
 // Levels: trace, debug, info (the default), warn, error, off. Subsystems: see Subsystem below.
 //
-// Lines go to stderr as "HH:MM:SS.mmm L [r<rank>/<world>] [subsystem] message"; the rank part
+// Lines go to stderr as "HH:MM:SS.mmm L r<rank>/<world> [subsystem] message"; the rank part
 // appears when the process is one of several ranks (from OMPI_COMM_WORLD_RANK, PMI_RANK,
-// SLURM_PROCID or RANK, or from SetRank()).
+// PMIX_RANK, SLURM_PROCID or RANK, or from SetRank()).
 //
 // Thread safety: every function here may be called from any thread.
 #pragma once

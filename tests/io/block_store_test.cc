@@ -151,10 +151,15 @@ TEST_P(BlockStoreTest, WriteThenReadBackIsByteIdentical) {
   EXPECT_EQ(stats.errors, 0u);
   ASSERT_TRUE(store_->Close(f).ok());
   if (on_disk()) {
-    // What reached the file is exactly what was written.
+    // What reached the file is exactly what was written, every byte of it.
     std::vector<char> file = ReadWholeFile(dir_.file("data"));
     ASSERT_GE(file.size(), offset);
-    EXPECT_EQ(std::memcmp(file.data(), PatternBytes(4096, 1).data(), 4096), 0);
+    uint64_t at = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_EQ(std::memcmp(file.data() + at, PatternBytes(sizes[i], i + 1).data(), sizes[i]), 0)
+          << "range " << i;
+      at += sizes[i];
+    }
   }
 }
 
@@ -177,6 +182,8 @@ TEST_P(BlockStoreTest, UnalignedBytesWorkOnlyWithoutDirectIo) {
 
 // Tests that only make sense with direct I/O on.
 using DirectStoreTest = BlockStoreTest;
+// Tests of file-backed stores only (the memory store has no filesystem or physical paths).
+using DiskStoreTest = BlockStoreTest;
 
 TEST_P(DirectStoreTest, AlignmentErrorsNameWhatIsWrong) {
   FileId f = OpenOrDie(Spec("align"));
@@ -382,9 +389,6 @@ TEST_P(BlockStoreTest, StripesOverThreeDirectories) {
   }
 }
 
-// Tests of file-backed stores only (the memory store has no filesystem).
-using DiskStoreTest = BlockStoreTest;
-
 // Thousands of random reads and writes from several threads, each verified against a shadow copy.
 // Requests never overlap in flight (a block is locked while a request on it is outstanding).
 void RunStress(BlockStore* store, FileId f, int ops_per_thread, int threads, uint64_t seed) {
@@ -488,6 +492,75 @@ TEST_P(DiskStoreTest, PreallocationShortageNamesPathAndBytes) {
   EXPECT_FALSE(std::filesystem::exists(dir_.file("huge")));
 }
 
+TEST_P(DiskStoreTest, FailedOpenKeepsExistingData) {
+  // An existing file, then a striped Open with truncate whose second path cannot be opened:
+  // the Open fails and the existing file still holds every byte.
+  const std::string existing = dir_.file("existing");
+  {
+    FileId f = OpenOrDie(Spec("existing"));
+    AlignedBuffer buf(8192);
+    FillPattern(buf.data(), buf.size(), 3);
+    ASSERT_TRUE(store_->Write(f, 0, buf.size(), buf.data()).ok());
+    ASSERT_TRUE(store_->Close(f).ok());
+  }
+  const std::vector<char> before = ReadWholeFile(existing);
+  FileSpec spec = Spec("existing");
+  spec.paths.push_back(dir_.file("missing-dir/x"));
+  spec.truncate = true;
+  Result<FileId> id = store_->Open(spec);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(ReadWholeFile(existing), before);
+  // Same with a preallocation that cannot fit.
+  spec = Spec("existing", uint64_t{1} << 60);
+  spec.truncate = true;
+  EXPECT_EQ(store_->Open(spec).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReadWholeFile(existing), before);
+}
+
+TEST_P(DiskStoreTest, SameFileTwiceInOneStripeIsRejected) {
+  FileSpec spec = Spec("twice");
+  spec.paths.push_back(dir_.path().string() + "/./twice");
+  spec.stripe_unit = 4096;
+  Result<FileId> id = store_->Open(spec);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("same file"), std::string::npos) << id.status().message();
+}
+
+TEST_P(DiskStoreTest, CloseWithRequestsOutstandingIsRefused) {
+  // One I/O thread of depth 1: the second request cannot complete while the first one's
+  // callback is held, so it is outstanding when Close is called.
+  StoreOptions options;
+  options.backend = GetParam().backend;
+  options.threads = 1;
+  options.queue_depth = 1;
+  auto store =
+      GetParam().backend == Backend::kUring ? CreateUringStore(options) : CreatePosixStore(options);
+  ASSERT_TRUE(store.ok());
+  Result<FileId> f = (*store)->Open(Spec("busy"));
+  ASSERT_TRUE(f.ok());
+  AlignedBuffer buf(8192);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> first_running;
+  std::promise<Status> second_done;
+  std::vector<IoRequest> batch = {{IoOp::kWrite, *f, 0, 4096, buf.data(),
+                                   [&](const Status&) {
+                                     first_running.set_value();
+                                     released.wait();
+                                   }},
+                                  {IoOp::kWrite, *f, 4096, 4096, buf.data() + 4096,
+                                   [&](const Status& s) { second_done.set_value(s); }}};
+  ASSERT_TRUE((*store)->Submit(batch).ok());
+  first_running.get_future().wait();
+  Status closing = (*store)->Close(*f);
+  EXPECT_EQ(closing.code(), StatusCode::kFailedPrecondition) << closing.ToString();
+  EXPECT_NE(closing.message().find("have not completed"), std::string::npos);
+  release.set_value();
+  EXPECT_TRUE(second_done.get_future().get().ok());
+  EXPECT_TRUE((*store)->Close(*f).ok());
+}
+
 TEST_P(DiskStoreTest, PreallocationSizesTheFile) {
   FileId f = OpenOrDie(Spec("pre", 3 << 20));
   EXPECT_EQ(std::filesystem::file_size(dir_.file("pre")), 3u << 20);
@@ -526,6 +599,115 @@ TEST_P(BlockStoreTest, CloseReopenKeepsData) {
   FileId g = OpenOrDie(Spec("reopen"));
   ASSERT_TRUE(store_->Read(g, 0, 4096, in.data()).ok());
   EXPECT_EQ(std::memcmp(out.data(), in.data(), 4096), 0);
+}
+
+TEST_P(BlockStoreTest, OneBatchFarDeeperThanTheQueue) {
+  // 1000 requests in one Submit on a store of depth 16: most wait in the store's queue.
+  FileId f = OpenOrDie(Spec("deep", 4 << 20));
+  constexpr int kRequests = 1000;
+  AlignedBuffer out(kRequests * 4096);
+  FillPattern(out.data(), out.size(), 31);
+  std::atomic<int> done{0}, failed{0};
+  std::promise<void> all;
+  std::vector<IoRequest> batch;
+  for (int i = 0; i < kRequests; ++i) {
+    batch.push_back({IoOp::kWrite, f, static_cast<uint64_t>(i) * 4096, 4096,
+                     out.data() + static_cast<size_t>(i) * 4096, [&](const Status& s) {
+                       if (!s.ok()) ++failed;
+                       if (++done == kRequests) all.set_value();
+                     }});
+  }
+  ASSERT_TRUE(store_->Submit(batch).ok());
+  all.get_future().wait();
+  EXPECT_EQ(failed.load(), 0);
+  AlignedBuffer in(kRequests * 4096);
+  ASSERT_TRUE(store_->Read(f, 0, in.size(), in.data()).ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), in.size()), 0);
+}
+
+TEST_P(DiskStoreTest, ErrorInAStripeNamesTheRequestAndThePath) {
+  TempDir a, b;
+  FileSpec spec;
+  spec.paths = {a.file("s"), b.file("s")};
+  spec.stripe_unit = 64 << 10;
+  spec.direct = GetParam().direct;
+  FileId f = OpenOrDie(spec);
+  AlignedBuffer buf(256 << 10);
+  ASSERT_TRUE(store_->Write(f, 0, buf.size(), buf.data()).ok());
+  FaultRule rule;
+  rule.error = EIO;
+  rule.op = IoOp::kRead;
+  rule.path_contains = b.path().string();
+  faults_->AddRule(rule);
+  Status st = store_->Read(f, 0, buf.size(), buf.data());
+  ASSERT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  // The caller's request (the whole logical range) and the piece that failed (on path b).
+  EXPECT_NE(st.message().find("read of 262144 bytes at offset 0 in " + a.file("s") +
+                              " (striped with " + b.file("s") + ")"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("read of 65536 bytes at offset 0 in " + b.file("s")),
+            std::string::npos)
+      << st.message();
+}
+
+TEST_P(BlockStoreTest, OpenAndCloseWhileCallbacksTakeTheCallersLock) {
+  // The caller holds a mutex that completion callbacks also take, and opens and closes files
+  // meanwhile: nothing in Open or Close may wait for the I/O threads.
+  FileId f = OpenOrDie(Spec("locked", 1 << 20));
+  std::mutex m;
+  AlignedBuffer buf(64 * 4096);
+  std::atomic<int> done{0};
+  std::vector<IoRequest> batch;
+  for (int i = 0; i < 64; ++i) {
+    batch.push_back({IoOp::kWrite, f, static_cast<uint64_t>(i) * 4096, 4096,
+                     buf.data() + static_cast<size_t>(i) * 4096, [&](const Status&) {
+                       std::lock_guard lock(m);
+                       ++done;
+                     }});
+  }
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 300 && !finished; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!finished) {
+      std::fprintf(stderr, "deadlock: Open/Close waited for the I/O threads\n");
+      std::abort();
+    }
+  });
+  {
+    std::lock_guard lock(m);
+    ASSERT_TRUE(store_->Submit(batch).ok());
+    for (int i = 0; i < 20; ++i) {
+      FileId g = OpenOrDie(Spec("other" + std::to_string(i)));
+      ASSERT_TRUE(store_->Close(g).ok());
+    }
+  }
+  while (done < 64)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  finished = true;
+  watchdog.join();
+}
+
+TEST_P(BlockStoreTest, UnregisteredAddressCanBeRegisteredAgainWithNewMemory) {
+  // Register a region, unregister and free it, then register new memory (often at the same
+  // address): I/O must use the new memory, never the old pages.
+  FileId f = OpenOrDie(Spec("rereg", 1 << 20));
+  for (int round = 0; round < 3; ++round) {
+    Result<HostRegion> region = HostRegion::Allocate(4 << 20, HugePages::kAuto);
+    ASSERT_TRUE(region.ok());
+    std::memset(region->data(), 'A' + round, region->size());
+    BufferRange range{region->data(), region->size(), region->fully_huge()};
+    ASSERT_TRUE(store_->RegisterBuffers({&range, 1}).ok());
+    ASSERT_TRUE(store_->Write(f, 0, 4096, region->data()).ok());
+    AlignedBuffer back(4096);
+    ASSERT_TRUE(store_->Read(f, 0, 4096, back.data()).ok());
+    EXPECT_EQ(back.data()[0], 'A' + round);
+    EXPECT_EQ(back.data()[4095], 'A' + round);
+    ASSERT_TRUE(store_->UnregisterBuffers(region->data()).ok());
+  }
+  char dummy;
+  EXPECT_EQ(store_->UnregisterBuffers(&dummy).code(), StatusCode::kNotFound);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, BlockStoreTest,
@@ -611,6 +793,97 @@ TEST_F(NoDirectIoFilesystem, DirectOnIsAClearError) {
   EXPECT_NE(f.status().message().find("O_DIRECT"), std::string::npos) << f.status().message();
   EXPECT_NE(f.status().message().find("ramfs"), std::string::npos) << f.status().message();
   EXPECT_NE(f.status().message().find(dir_.file("demand")), std::string::npos);
+  // The failed Open removed the file it created.
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("demand")));
+}
+
+TEST_F(NoDirectIoFilesystem, PreallocationWorksWithoutBlockAccounting) {
+  // ramfs reports no blocks and no free space; preallocation must not be refused for that.
+  auto store = MakeStore(Backend::kPosix, nullptr);
+  ASSERT_TRUE(store.ok());
+  FileSpec spec;
+  spec.paths = {dir_.file("pre")};
+  spec.preallocate = 1 << 20;
+  Result<FileId> f = (*store)->Open(spec);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(std::filesystem::file_size(dir_.file("pre")), 1u << 20);
+}
+
+// --- io_uring registration -----------------------------------------------------------------
+
+class UringRegistrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    UringSupport support = ProbeUring();
+    if (!support.available) GTEST_SKIP() << "io_uring is not available here: " << support.error;
+    if (!support.register_buffers) GTEST_SKIP() << "buffer registration is not permitted here";
+  }
+  TempDir dir_;
+};
+
+TEST_F(UringRegistrationTest, RegisteredBuffersAreReallyUsed) {
+  StoreOptions options;
+  options.threads = 2;
+  auto store = CreateUringStore(options);
+  ASSERT_TRUE(store.ok());
+  Result<HostRegion> region = HostRegion::Allocate(4 << 20, HugePages::kAuto);
+  ASSERT_TRUE(region.ok());
+  BufferRange range{region->data(), region->size(), region->fully_huge()};
+  ASSERT_TRUE((*store)->RegisterBuffers({&range, 1}).ok());
+  FileSpec spec;
+  spec.paths = {dir_.file("fixed")};
+  Result<FileId> f = (*store)->Open(spec);
+  ASSERT_TRUE(f.ok());
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE((*store)->Write(*f, static_cast<uint64_t>(i) << 20, 1 << 20, region->data()).ok());
+  }
+  StoreStats stats = (*store)->stats();
+  EXPECT_EQ(stats.registered_buffer_bytes, region->size());
+  EXPECT_EQ(stats.fixed_buffer_transfers, stats.device_requests);
+  EXPECT_GT(stats.fixed_file_transfers, 0u);
+  // Heap memory outside the registered range goes as a plain buffer.
+  AlignedBuffer heap(4096);
+  ASSERT_TRUE((*store)->Write(*f, 0, 4096, heap.data()).ok());
+  EXPECT_EQ((*store)->stats().fixed_buffer_transfers, stats.fixed_buffer_transfers);
+}
+
+TEST_F(UringRegistrationTest, RequestsOnEitherSideOfAGibibyteChunkBoundary) {
+  // Registered memory is split into 1 GiB chunks, one buffer index each. A request inside the
+  // second chunk uses that chunk's index; one that straddles the boundary goes unregistered.
+  StoreOptions options;
+  auto store = CreateUringStore(options);
+  ASSERT_TRUE(store.ok());
+  const size_t kGiB = size_t{1} << 30;
+  Result<HostRegion> region = HostRegion::Allocate(kGiB + (8 << 20), HugePages::kAuto);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  BufferRange range{region->data(), region->size(), region->fully_huge()};
+  ASSERT_TRUE((*store)->RegisterBuffers({&range, 1}).ok());
+  FileSpec spec;
+  spec.paths = {dir_.file("chunks")};
+  Result<FileId> f = (*store)->Open(spec);
+  ASSERT_TRUE(f.ok());
+  char* first = region->data() + (1 << 20);           // chunk 0
+  char* second = region->data() + kGiB + (1 << 20);   // chunk 1
+  char* across = region->data() + kGiB - (64 << 10);  // both
+  FillPattern(first, 64 << 10, 1);
+  FillPattern(second, 64 << 10, 2);
+  FillPattern(across, 128 << 10, 3);
+  const std::vector<char> want_first(first, first + (64 << 10));
+  const std::vector<char> want_second(second, second + (64 << 10));
+  const std::vector<char> want_across(across, across + (128 << 10));
+  ASSERT_TRUE((*store)->Write(*f, 0, 64 << 10, first).ok());
+  ASSERT_TRUE((*store)->Write(*f, 64 << 10, 64 << 10, second).ok());
+  ASSERT_TRUE((*store)->Write(*f, 128 << 10, 128 << 10, across).ok());
+  EXPECT_EQ((*store)->stats().fixed_buffer_transfers, 2u);  // the straddling one is not fixed
+  std::memset(first, 0, 64 << 10);
+  std::memset(second, 0, 64 << 10);
+  std::memset(across, 0, 128 << 10);
+  ASSERT_TRUE((*store)->Read(*f, 0, 64 << 10, second).ok());
+  ASSERT_TRUE((*store)->Read(*f, 64 << 10, 64 << 10, first).ok());
+  ASSERT_TRUE((*store)->Read(*f, 128 << 10, 128 << 10, across).ok());
+  EXPECT_TRUE(std::equal(want_first.begin(), want_first.end(), second));
+  EXPECT_TRUE(std::equal(want_second.begin(), want_second.end(), first));
+  EXPECT_TRUE(std::equal(want_across.begin(), want_across.end(), across));
 }
 
 }  // namespace
