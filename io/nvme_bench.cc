@@ -408,6 +408,23 @@ Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn
       ::unlink(f.c_str());
   };
 
+  // The buffers are allocated before the store so that they outlive it: registered memory must
+  // stay mapped until the store is gone.
+  const uint64_t slots =
+      static_cast<uint64_t>(config.threads) * static_cast<uint64_t>(config.queue_depth);
+  Result<HostRegion> region_or = HostRegion::Allocate(slots * config.block, config.huge_pages);
+  if (!region_or.ok()) return region_or.status();
+  HostRegion region = std::move(region_or).value();
+  result.buffer_backing = std::string(HostBackingName(region.backing()));
+  result.buffer_huge_bytes = region.huge_page_bytes();
+  // Incompressible contents for writes that are not verified.
+  {
+    std::mt19937_64 rng(config.seed);
+    for (size_t i = 0; i + 8 <= region.size(); i += 8) {
+      const uint64_t word = rng();
+      std::memcpy(region.data() + i, &word, 8);
+    }
+  }
   StoreOptions options;
   options.backend = config.backend;
   options.threads = config.threads;
@@ -426,21 +443,6 @@ Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn
   std::unique_ptr<BlockStore> store = std::move(store_or).value();
   result.backend = std::string(store->name());
 
-  const uint64_t slots =
-      static_cast<uint64_t>(config.threads) * static_cast<uint64_t>(config.queue_depth);
-  Result<HostRegion> region_or = HostRegion::Allocate(slots * config.block, config.huge_pages);
-  if (!region_or.ok()) return region_or.status();
-  HostRegion region = std::move(region_or).value();
-  result.buffer_backing = std::string(HostBackingName(region.backing()));
-  result.buffer_huge_bytes = region.huge_page_bytes();
-  // Incompressible contents for writes that are not verified.
-  {
-    std::mt19937_64 rng(config.seed);
-    for (size_t i = 0; i + 8 <= region.size(); i += 8) {
-      const uint64_t word = rng();
-      std::memcpy(region.data() + i, &word, 8);
-    }
-  }
   BufferRange range{region.data(), region.size(), region.fully_huge()};
   STRATA_RETURN_IF_ERROR(store->RegisterBuffers({&range, 1}));
 

@@ -203,11 +203,14 @@ class UringStore final : public FileStore {
   void RegistrationFailed(int err, size_t bytes) {
     bool expected = false;
     if (warned_registration_.compare_exchange_strong(expected, true)) {
+      const bool memlock = err == ENOMEM || err == EPERM;
       STRATA_LOG(warn, io,
-                 "io_uring: registering {} bytes of buffers failed ({}); such buffers are used "
-                 "unregistered. Registered memory counts against RLIMIT_MEMLOCK once per I/O "
-                 "thread: raise it (e.g. `ulimit -l unlimited`) to register",
-                 bytes, ErrnoText(err));
+                 "io_uring: registering {} bytes of buffers failed ({}); they are used as "
+                 "plain buffers{}",
+                 bytes, ErrnoText(err),
+                 memlock ? ". Registered memory counts against RLIMIT_MEMLOCK once per I/O "
+                           "thread: raise it (e.g. `ulimit -l unlimited`) to register"
+                         : "");
     }
   }
 

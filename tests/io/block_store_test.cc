@@ -348,6 +348,8 @@ TEST_P(BlockStoreTest, RegisteredHugePageBuffersRoundTrip) {
   ASSERT_TRUE(store_->Write(f, 0, 4 << 20, region->data()).ok());
   ASSERT_TRUE(store_->Read(f, 0, 4 << 20, region->data() + (4 << 20)).ok());
   EXPECT_EQ(std::memcmp(region->data(), region->data() + (4 << 20), 4 << 20), 0);
+  // The region is freed before the store: it must be unregistered first.
+  EXPECT_TRUE(store_->UnregisterBuffers(region->data()).ok());
 }
 
 TEST_P(BlockStoreTest, StripesOverThreeDirectories) {
@@ -845,6 +847,7 @@ TEST_F(UringRegistrationTest, RegisteredBuffersAreReallyUsed) {
   AlignedBuffer heap(4096);
   ASSERT_TRUE((*store)->Write(*f, 0, 4096, heap.data()).ok());
   EXPECT_EQ((*store)->stats().fixed_buffer_transfers, stats.fixed_buffer_transfers);
+  EXPECT_TRUE((*store)->UnregisterBuffers(region->data()).ok());
 }
 
 TEST_F(UringRegistrationTest, RequestsOnEitherSideOfAGibibyteChunkBoundary) {
@@ -884,6 +887,7 @@ TEST_F(UringRegistrationTest, RequestsOnEitherSideOfAGibibyteChunkBoundary) {
   EXPECT_TRUE(std::equal(want_first.begin(), want_first.end(), second));
   EXPECT_TRUE(std::equal(want_second.begin(), want_second.end(), first));
   EXPECT_TRUE(std::equal(want_across.begin(), want_across.end(), across));
+  EXPECT_TRUE((*store)->UnregisterBuffers(region->data()).ok());
 }
 
 }  // namespace
