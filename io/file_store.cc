@@ -182,36 +182,45 @@ Result<FileId> FileStore::Open(const FileSpec& spec) {
     }
   }
 
-  // 3. Truncate and preallocate.
+  // 3. Preallocate, then truncate. Allocation comes first because it changes no content: if it
+  // fails on one path, no path has lost anything yet. Truncating then frees at least as much as
+  // the second allocation needs.
+  auto preallocate = [&](PhysicalFile& part, uint64_t want) -> Status {
+    if (::fallocate(part.fd, 0, 0, static_cast<off_t>(want)) == 0) return Status::Ok();
+    const int err = errno;
+    if (err == EOPNOTSUPP || err == ENOSYS) {
+      // No fallocate here (ramfs, some network filesystems): extend the file instead.
+      struct stat st {};
+      if (::fstat(part.fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < want &&
+          ::ftruncate(part.fd, static_cast<off_t>(want)) != 0) {
+        return ErrnoToStatus(errno, fmt::format("cannot extend {} to {} bytes", part.path, want));
+      }
+      return Status::Ok();
+    }
+    if (err == ENOSPC || err == EDQUOT) {
+      struct statvfs vfs {};
+      const uint64_t free_now =
+          ::fstatvfs(part.fd, &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
+      return ResourceExhaustedError(fmt::format(
+          "not enough space to preallocate {} ({} bytes) for {}: the filesystem ran out with "
+          "{} bytes free ({})",
+          FormatBytes(want), want, part.path, free_now, FormatBytes(free_now)));
+    }
+    return ErrnoToStatus(err, fmt::format("cannot preallocate {} bytes for {}", want, part.path));
+  };
   for (uint32_t i = 0; i < num_paths && !spec.read_only; ++i) {
+    if (wants[i] == 0) continue;
+    Status st = preallocate(file->parts[i], wants[i]);
+    if (!st.ok()) return fail(st);
+  }
+  for (uint32_t i = 0; i < num_paths && spec.truncate && !spec.read_only; ++i) {
     PhysicalFile& part = file->parts[i];
-    if (spec.truncate && ::ftruncate(part.fd, 0) != 0) {
+    if (::ftruncate(part.fd, 0) != 0) {
       return fail(ErrnoToStatus(errno, fmt::format("cannot truncate {}", part.path)));
     }
     if (wants[i] == 0) continue;
-    if (::fallocate(part.fd, 0, 0, static_cast<off_t>(wants[i])) != 0) {
-      const int err = errno;
-      if (err == EOPNOTSUPP || err == ENOSYS) {
-        // No fallocate here (ramfs, some network filesystems): extend the file instead.
-        struct stat st {};
-        if (::fstat(part.fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < wants[i] &&
-            ::ftruncate(part.fd, static_cast<off_t>(wants[i])) != 0) {
-          return fail(ErrnoToStatus(
-              errno, fmt::format("cannot extend {} to {} bytes", part.path, wants[i])));
-        }
-      } else if (err == ENOSPC || err == EDQUOT) {
-        struct statvfs vfs {};
-        const uint64_t free_now =
-            ::fstatvfs(part.fd, &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
-        return fail(ResourceExhaustedError(fmt::format(
-            "not enough space to preallocate {} ({} bytes) for {}: the filesystem ran out with "
-            "{} bytes free ({})",
-            FormatBytes(wants[i]), wants[i], part.path, free_now, FormatBytes(free_now))));
-      } else {
-        return fail(ErrnoToStatus(
-            err, fmt::format("cannot preallocate {} bytes for {}", wants[i], part.path)));
-      }
-    }
+    Status st = preallocate(part, wants[i]);
+    if (!st.ok()) return fail(st);
   }
 
   // 4. Device limits and backend registration.

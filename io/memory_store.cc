@@ -149,7 +149,16 @@ class MemoryStore final : public BlockStore {
       if (r.base == nullptr || r.length == 0) {
         return InvalidArgumentError("cannot register an empty buffer range");
       }
-      registered_.insert(r.base);
+      const char* b = static_cast<const char*>(r.base);
+      for (const auto& [base, length] : registered_) {
+        const char* e = static_cast<const char*>(base);
+        if (b < e + length && e < b + r.length) {
+          return InvalidArgumentError(
+              fmt::format("buffer range {} (+{} bytes) overlaps a registered range at {}", r.base,
+                          r.length, base));
+        }
+      }
+      registered_.emplace(r.base, r.length);
     }
     return Status::Ok();
   }
@@ -279,7 +288,7 @@ class MemoryStore final : public BlockStore {
 
   mutable std::mutex stats_mu_;  // guards stats_ and registered_
   StoreStats stats_;
-  std::set<const void*> registered_;
+  std::map<const void*, size_t> registered_;  // base -> length
 
   std::vector<std::thread> threads_;
 };

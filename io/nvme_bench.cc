@@ -518,8 +518,9 @@ Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn
   for (const BenchPhaseResult& p : result.phases) {
     if (p.verify_mismatches > 0) {
       return DataLossError(
-          fmt::format("verify: {} of {} blocks read back differently from what was written to {}",
-                      p.verify_mismatches, p.requests, fmt::join(files, ", ")));
+          fmt::format("verify: {} of {} checked blocks read back differently from what was "
+                      "written to {}",
+                      p.verify_mismatches, p.verified_blocks, fmt::join(files, ", ")));
     }
   }
   return result;

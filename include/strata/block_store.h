@@ -31,8 +31,9 @@
 // queue depth wait in the store's queue. Callers that can produce unbounded work must bound what
 // they have outstanding themselves.
 //
-// One request is served by one I/O thread (all of its pieces, on every path of a stripe);
-// parallelism comes from several requests in flight.
+// With io_uring, one request is served by one I/O thread (all of its pieces, on every path of a
+// stripe); parallelism comes from several requests in flight. The posix backend hands each piece
+// to whichever worker is free.
 //
 // Destruction waits for every submitted request to complete and its callback to return,
 // including requests those callbacks submit in turn.
@@ -193,10 +194,11 @@ std::string_view BackendName(Backend backend);  // "auto", "uring", "posix", "me
 
 struct StoreOptions {
   Backend backend = Backend::kAuto;
-  // I/O threads (uring: one ring each; posix: pool size).
+  // I/O threads (uring: one ring each; posix: see queue_depth).
   int threads = 1;
-  // Requests in flight per I/O thread. A request split into several device transfers (striping,
-  // queue limits) counts once. The posix backend runs threads x queue_depth blocking workers.
+  // Requests in flight per I/O thread. With io_uring a request split into several device
+  // transfers (striping, queue limits) counts once. The posix backend runs threads x queue_depth
+  // blocking workers (at most 1024), each moving one piece at a time.
   int queue_depth = 32;
   // io_uring: ask for a kernel submission-polling thread (falls back without it).
   bool sqpoll = false;

@@ -426,6 +426,10 @@ int Run(NvmeBenchArgs a) {
     out["tuned"] = tuned;
   }
   if (a.json_output) std::printf("%s\n", out.dump(2).c_str());
+  // SIGPIPE is ignored (to clean up): a closed stdout shows up here instead.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    return ReportError("nvme-bench", ErrnoToStatus(errno, "writing the results to stdout"));
+  }
   return kExitOk;
 }
 
@@ -495,9 +499,9 @@ void RegisterNvmeBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--tune-file", args->tune_file, "Where --tune writes its JSON")
       ->capture_default_str();
   cmd->add_flag("--verify", args->verify,
-                "Write a pattern and check every block read back (slower: data is generated and "
-                "compared). It writes the file even with --rw read, so an existing file given "
-                "as --path is overwritten");
+                "Write a pattern and check it in every block read back that this run wrote "
+                "(slower: data is generated and compared). It writes the file even with --rw "
+                "read, so an existing file given as --path is overwritten");
   cmd->add_flag("--keep", args->keep, "Keep the bench file(s) instead of removing them");
   cmd->add_flag("--json", args->json_output,
                 "Print the results as JSON on stdout (the table and progress go to stderr)");
