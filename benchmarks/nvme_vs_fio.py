@@ -80,6 +80,10 @@ def main():
     ap.add_argument("--depths", default="8,32,128", help="queue depths (default 8,32,128)")
     ap.add_argument("--ops", default="read,write", help="read,write (default both)")
     ap.add_argument("--json", help="write raw runs and medians here")
+    ap.add_argument("--settle", type=float, default=5.0,
+                    help="seconds to wait (after a sync) before each op's rounds (default 5)")
+    ap.add_argument("--pause", type=float, default=1.0,
+                    help="seconds to wait (after a sync) before each run (default 1)")
     args = ap.parse_args()
 
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -123,12 +127,21 @@ def main():
         run(["fio", "--name=layout", "--filename=" + path, "--size=%d" % size, "--rw=write",
              "--bs=1M", "--iodepth=32", "--ioengine=io_uring", "--direct=1",
              "--output-format=json"])
-        for rnd in range(args.rounds):
-            for op in ops:
+        # Reads first, then writes: a read measured right after gigabytes of writes would mostly
+        # measure the device (or the host, on a VM) flushing them. Within each op, the forms
+        # alternate round by round.
+        for op in ops:
+            subprocess.run(["sync"])
+            time.sleep(args.settle)
+            for rnd in range(args.rounds):
                 for depth in depths:
-                    # Rotate the order so no form always runs first (or right after a write).
+                    # Rotate the order so that no form always runs first.
                     order = forms[rnd % len(forms):] + forms[:rnd % len(forms)]
                     for form in order:
+                        # Each run starts from the same state: earlier writes flushed (on a VM
+                        # this reaches the host's cache too), then a short pause.
+                        subprocess.run(["sync"])
+                        time.sleep(args.pause)
                         if form == "strata":
                             gbps, meta = strata_gbps(args.strata, path, size, op, depth)
                             info.update(meta)
