@@ -114,12 +114,7 @@ std::optional<dev_t> MountSourceDevice(dev_t anonymous) {
   if (!text) return std::nullopt;
   const std::string want = fmt::format("{}:{}", major(anonymous), minor(anonymous));
   std::string_view all = *text;
-  size_t pos = 0;
-  while (pos < all.size()) {
-    size_t eol = all.find('\n', pos);
-    if (eol == std::string_view::npos) eol = all.size();
-    std::string_view line = all.substr(pos, eol - pos);
-    pos = eol + 1;
+  for (std::string_view line : procfs::Lines(all)) {
     // "36 35 0:45 / /mnt rw,relatime shared:1 - btrfs /dev/sdb1 rw,..."
     size_t f1 = line.find(' ');
     size_t f2 = f1 == std::string_view::npos ? f1 : line.find(' ', f1 + 1);

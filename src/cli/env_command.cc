@@ -99,12 +99,7 @@ std::string CpuModel() {
   if (!text) return "unknown";
   for (const char* key : {"model name", "Model", "Processor", "cpu model"}) {
     std::string_view all = *text;
-    size_t pos = 0;
-    while (pos < all.size()) {
-      size_t eol = all.find('\n', pos);
-      if (eol == std::string_view::npos) eol = all.size();
-      std::string_view line = all.substr(pos, eol - pos);
-      pos = eol + 1;
+    for (std::string_view line : procfs::Lines(all)) {
       size_t colon = line.find(':');
       if (colon == std::string_view::npos) continue;
       if (procfs::Trim(line.substr(0, colon)) == key) {

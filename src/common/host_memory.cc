@@ -181,12 +181,7 @@ size_t HugePageBytesInRange(const void* addr, size_t len) {
   std::string_view text = *smaps;
   Vma vma;
   bool in_vma = false;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string_view::npos) eol = text.size();
-    std::string_view line = text.substr(pos, eol - pos);
-    pos = eol + 1;
+  for (std::string_view line : procfs::Lines(text)) {
     size_t space = line.find(' ');
     std::string_view first = line.substr(0, space);
     if (first.empty()) continue;

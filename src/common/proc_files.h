@@ -87,14 +87,49 @@ inline std::optional<std::string> ActiveChoice(std::string_view text) {
   return std::string(text);
 }
 
+// The lines of a text, without their newlines, for a range-for:
+//   for (std::string_view line : Lines(text)) { ... }
+// `text` must outlive the loop.
+class Lines {
+ public:
+  explicit Lines(std::string_view text) : text_(text) {}
+
+  class iterator {
+   public:
+    iterator(std::string_view text, size_t pos) : text_(text), pos_(pos) { Find(); }
+    std::string_view operator*() const { return text_.substr(pos_, eol_ - pos_); }
+    iterator& operator++() {
+      pos_ = eol_ + 1;
+      Find();
+      return *this;
+    }
+    bool operator!=(const iterator& other) const { return pos_ != other.pos_; }
+
+   private:
+    void Find() {
+      if (pos_ >= text_.size()) {
+        pos_ = text_.size();
+        eol_ = pos_;
+        return;
+      }
+      eol_ = text_.find('\n', pos_);
+      if (eol_ == std::string_view::npos) eol_ = text_.size();
+    }
+    std::string_view text_;
+    size_t pos_;
+    size_t eol_ = 0;
+  };
+
+  iterator begin() const { return iterator(text_, 0); }
+  iterator end() const { return iterator(text_, text_.size()); }
+
+ private:
+  std::string_view text_;
+};
+
 // The value of "Key:   123 kB" in a /proc/meminfo-style text, in the file's units (no scaling).
 inline std::optional<uint64_t> MeminfoField(std::string_view text, std::string_view key) {
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string_view::npos) eol = text.size();
-    std::string_view line = text.substr(pos, eol - pos);
-    pos = eol + 1;
+  for (std::string_view line : Lines(text)) {
     if (line.size() > key.size() && line.substr(0, key.size()) == key && line[key.size()] == ':') {
       std::string_view rest = Trim(line.substr(key.size() + 1));
       size_t space = rest.find(' ');
