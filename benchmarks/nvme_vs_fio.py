@@ -76,7 +76,7 @@ def main():
     ap.add_argument("--strata", default="build/default/strata", help="the strata binary")
     ap.add_argument("--dir", required=True, help="directory on the drive to measure")
     ap.add_argument("--size", default="2G", help="file size: 1G..4G (default 2G)")
-    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    ap.add_argument("--rounds", type=int, default=9, help="alternating rounds (default 9)")
     ap.add_argument("--depths", default="8,32,128", help="queue depths (default 8,32,128)")
     ap.add_argument("--ops", default="read,write", help="read,write (default both)")
     ap.add_argument("--json", help="write raw runs and medians here")
