@@ -46,6 +46,7 @@ std::string_view ErrnoName(int err) {
     STRATA_ERRNO_CASE_(ENODATA)
     STRATA_ERRNO_CASE_(ERANGE)
     STRATA_ERRNO_CASE_(ENOTTY)
+    STRATA_ERRNO_CASE_(EPIPE)
 #undef STRATA_ERRNO_CASE_
     default:
       return "errno";
