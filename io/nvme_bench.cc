@@ -377,6 +377,16 @@ Status ValidateConfig(const BenchConfig& c) {
 
 }  // namespace
 
+Result<BenchFile> ResolveBenchFile(const std::string& path, const std::string& file_name) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, path);
+  if (S_ISDIR(st.st_mode)) {
+    return BenchFile{path + (path.back() == '/' ? "" : "/") + file_name, true};
+  }
+  if (S_ISREG(st.st_mode)) return BenchFile{path, false};
+  return InvalidArgumentError(fmt::format("{} is neither a directory nor a regular file", path));
+}
+
 Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn& progress,
                              const std::atomic<bool>* cancel) {
   STRATA_RETURN_IF_ERROR(ValidateConfig(config_in));
@@ -390,17 +400,9 @@ Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn
   std::vector<std::string> files;
   std::vector<std::string> created;  // files this run may remove
   for (const std::string& p : config.paths) {
-    struct stat st {};
-    if (::stat(p.c_str(), &st) != 0) return ErrnoToStatus(errno, p);
-    if (S_ISDIR(st.st_mode)) {
-      std::string f = p + (p.back() == '/' ? "" : "/") + config.file_name;
-      files.push_back(f);
-      created.push_back(f);
-    } else if (S_ISREG(st.st_mode)) {
-      files.push_back(p);
-    } else {
-      return InvalidArgumentError(fmt::format("{} is neither a directory nor a regular file", p));
-    }
+    STRATA_ASSIGN_OR_RETURN(BenchFile f, ResolveBenchFile(p, config.file_name));
+    files.push_back(f.path);
+    if (f.bench_owned) created.push_back(f.path);
   }
   auto cleanup = [&] {
     if (config.keep) return;

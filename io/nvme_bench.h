@@ -106,6 +106,16 @@ struct BenchResult {
 // a read-only directory, DataLoss/ResourceExhausted/... from the I/O itself (with path and
 // offset). Created files are removed on error too (unless `keep`). `cancel`, when set to true
 // from another thread (e.g. a signal handler's flag), stops the run early with Cancelled.
+// The file benchmarked for one entry of BenchConfig::paths: `file_name` inside it when the entry
+// is a directory (then `bench_owned`: the bench created it and removes it unless `keep`), or the
+// entry itself when it is a regular file. Errors: stat's errno naming the path, InvalidArgument
+// for anything that is neither.
+struct BenchFile {
+  std::string path;
+  bool bench_owned = false;
+};
+Result<BenchFile> ResolveBenchFile(const std::string& path, const std::string& file_name);
+
 Result<BenchResult> RunBench(const BenchConfig& config, const BenchProgressFn& progress = nullptr,
                              const std::atomic<bool>* cancel = nullptr);
 

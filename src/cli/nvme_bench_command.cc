@@ -361,10 +361,8 @@ int Run(NvmeBenchArgs a) {
   // Remove the bench files (one per directory path) unless asked to keep them.
   if (!a.keep) {
     for (const auto& p : a.paths) {
-      struct stat st {};
-      if (::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-        ::unlink((p + (p.back() == '/' ? "" : "/") + base.file_name).c_str());
-      }
+      Result<io::BenchFile> f = io::ResolveBenchFile(p, base.file_name);
+      if (f.ok() && f->bench_owned) ::unlink(f->path.c_str());
     }
   }
   std::signal(SIGINT, SIG_DFL);
