@@ -156,7 +156,7 @@ class FaultInjectingStore final : public BlockStore {
       decisions[i] =
           faults_->Decide(r.op, infos[i].paths.front(), r.offset, r.length, infos[i].alignment);
       if (decisions[i].error == 0 && decisions[i].latency.count() == 0) {
-        now.push_back(Forwarded(r));  // a copy: the caller's request stays intact on failure
+        now.push_back(Forwarded(r, false));  // a copy: the caller's request stays intact on failure
       } else {
         later.push_back(i);
       }
@@ -205,10 +205,22 @@ class FaultInjectingStore final : public BlockStore {
 
   bool Idle() const { return scheduled_.empty() && running_ == 0 && forwarded_ == 0; }
 
+  // A request scheduled by the wrapper counts as held (for Close) until just before its callback
+  // runs; `mu_` must be held.
+  void ReleaseHeld(FileId file) {
+    if (--held_[file] == 0) held_.erase(file);
+  }
+
   // A copy of `r` whose callback also counts the request done once the caller's callback returns.
-  IoRequest Forwarded(const IoRequest& r) {
+  // With `held`, the request was delayed by the wrapper, and stops counting as held before the
+  // caller's callback runs (so a caller that closes the file from there, or after, may).
+  IoRequest Forwarded(const IoRequest& r, bool held) {
     IoRequest copy = r;
-    copy.done = [this, user = r.done](const Status& s) {
+    copy.done = [this, user = r.done, held, file = r.file](const Status& s) {
+      if (held) {
+        std::lock_guard lock(mu_);
+        ReleaseHeld(file);
+      }
       user(s);
       std::lock_guard lock(mu_);
       if (--forwarded_ == 0 && Idle()) idle_cv_.notify_all();
@@ -244,17 +256,20 @@ class FaultInjectingStore final : public BlockStore {
       Run(*next);
       lock.lock();
       --running_;
-      if (--held_[next->request.file] == 0) held_.erase(next->request.file);
       if (Idle()) idle_cv_.notify_all();
     }
   }
 
   void Run(Action& a) {
     if (!a.error.ok()) {
+      {
+        std::lock_guard lock(mu_);
+        ReleaseHeld(a.request.file);
+      }
       a.request.done(a.error);
       return;
     }
-    IoRequest forwarded = Forwarded(a.request);
+    IoRequest forwarded = Forwarded(a.request, true);
     {
       std::lock_guard lock(mu_);
       ++forwarded_;
@@ -264,8 +279,9 @@ class FaultInjectingStore final : public BlockStore {
       {
         std::lock_guard lock(mu_);
         --forwarded_;
+        ReleaseHeld(a.request.file);
       }
-      a.request.done(st);  // e.g. the file was closed meanwhile
+      a.request.done(st);  // e.g. the inner store failed meanwhile
     }
   }
 
