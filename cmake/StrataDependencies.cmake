@@ -12,6 +12,17 @@ find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 
+# OpenBLAS (cblas_sgemm) for CPU compute. Debian's libopenblas-dev provides cblas.h and
+# libopenblas through the BLAS alternatives; find it directly so the pthread variant is used.
+find_path(OPENBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas-pthread openblas)
+find_library(OPENBLAS_LIBRARY NAMES openblas PATH_SUFFIXES openblas-pthread)
+if(NOT OPENBLAS_INCLUDE_DIR OR NOT OPENBLAS_LIBRARY)
+  message(FATAL_ERROR "OpenBLAS not found: install libopenblas-dev (deploy/install-deps.sh)")
+endif()
+add_library(strata_openblas INTERFACE)
+target_include_directories(strata_openblas SYSTEM INTERFACE ${OPENBLAS_INCLUDE_DIR})
+target_link_libraries(strata_openblas INTERFACE ${OPENBLAS_LIBRARY})
+
 if(STRATA_BUILD_TESTS)
   find_package(GTest REQUIRED)
   include(GoogleTest)

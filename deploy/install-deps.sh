@@ -20,6 +20,7 @@ packages=(
   nlohmann-json3-dev    # configuration
   libcli11-dev          # the strata command line
   libopenmpi-dev openmpi-bin  # multi-rank runs (optional at build time)
+  libopenblas-dev       # CPU GEMMs (the overlap benchmark's compute; the CPU model kernels)
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   fio                   # benchmarks/nvme_vs_fio.py compares against it

@@ -1,0 +1,1126 @@
+#include "offload/tier_manager.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/log.h"
+#include "common/units.h"
+
+namespace strata::offload {
+
+namespace {
+
+constexpr uint64_t kInvalidVersion = std::numeric_limits<uint64_t>::max();
+
+bool IsUp(Tier from, Tier to) { return static_cast<int>(from) > static_cast<int>(to); }
+
+}  // namespace
+
+std::string_view TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice: return "device";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+std::string_view PrefetchOutcomeName(PrefetchOutcome outcome) {
+  switch (outcome) {
+    case PrefetchOutcome::kResident: return "resident";
+    case PrefetchOutcome::kInFlight: return "in-flight";
+    case PrefetchOutcome::kIssued: return "issued";
+    case PrefetchOutcome::kNoRoom: return "no-room";
+  }
+  return "?";
+}
+
+// One tier's copy of a shard. See the state diagram in tier_manager.h.
+struct TierManager::Copy {
+  enum class State : uint8_t { kAbsent, kFilling, kReady };
+  State state = State::kAbsent;
+  void* data = nullptr;
+  device::PinnedBlock block;  // host copies
+  uint64_t reserved = 0;      // bytes charged to the tier
+  // kReady: the version held (kInvalidVersion: garbage, e.g. after a failed write into a home
+  // copy). kFilling: the version the transfer will deliver.
+  uint64_t version = 0;
+  bool overwrite = false;         // acquired with kOverwrite and not yet released
+  int pins = 0;                   // consumer leases
+  int source_pins = 0;            // transfers reading from this copy
+  std::vector<std::string> owners;
+  uint64_t last_use = 0;
+  bool transfer_started = false;  // kFilling: issued, or still waiting for its source
+  Tier source = Tier::kNvme;
+  bool free_after_writeback = false;  // evicting: free once the tier below holds it current
+  std::shared_ptr<device::Event> in_use;  // recorded on the consumer's stream at release
+  bool in_use_pending = false;
+};
+
+struct TierManager::Shard {
+  ShardId id = 0;
+  uint64_t bytes = 0;
+  Tier home = Tier::kNvme;
+  std::string name;
+  std::string state_class;
+  uint64_t version = 0;
+  Copy copies[kNumTiers];
+  const NvmeSlot* slot = nullptr;
+  Status fill_error;       // a failed fill (or prefetch); returned by the next Acquire
+  Status writeback_error;  // failed write-back started to make room; for that caller
+  Copy& at(Tier t) { return copies[static_cast<int>(t)]; }
+  const Copy& at(Tier t) const { return copies[static_cast<int>(t)]; }
+};
+
+// ---- Lease ---------------------------------------------------------------------------------------
+
+Lease::~Lease() {
+  if (manager_ != nullptr) Release();
+}
+
+Lease::Lease(Lease&& other) noexcept { *this = std::move(other); }
+
+Lease& Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    if (manager_ != nullptr) Release();
+    manager_ = std::exchange(other.manager_, nullptr);
+    shard_ = other.shard_;
+    tier_ = other.tier_;
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    overwrite_ = other.overwrite_;
+    owner_ = std::move(other.owner_);
+  }
+  return *this;
+}
+
+void Lease::Release(bool dirty, device::Stream* used_on) {
+  if (manager_ == nullptr) return;
+  TierManager* m = std::exchange(manager_, nullptr);
+  m->ReleaseLease(*this, dirty || overwrite_, used_on);
+}
+
+// ---- construction --------------------------------------------------------------------------------
+
+TierManager::TierManager(const TierManagerOptions& options) : options_(options) {}
+
+Result<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOptions& options) {
+  if (options.device_budget > 0 && options.device == nullptr) {
+    return Status(StatusCode::kInvalidArgument, "a device budget was given without a device");
+  }
+  if (options.pool != nullptr && options.host_budget > options.pool->size()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "host budget " + FormatBytes(options.host_budget) +
+                      " is larger than the pinned pool (" + FormatBytes(options.pool->size()) +
+                      "); raise strata.memory.pinned_pool or lower strata.memory.host_budget");
+  }
+  std::unique_ptr<TierManager> m(new TierManager(options));
+  m->budget_[0] = options.device != nullptr ? options.device_budget : 0;
+  if (options.device != nullptr && m->budget_[0] == 0) {
+    m->budget_[0] = options.device->memory_stats().budget;
+  }
+  m->budget_[1] = options.pool == nullptr ? 0
+                  : options.host_budget > 0 ? options.host_budget
+                                            : options.pool->size();
+  m->budget_[2] = 0;
+  for (int t = 0; t < kNumTiers; ++t) m->stats_[t].budget = m->budget_[t];
+  if (options.device != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(m->h2d_stream_, options.device->CreateStream("offload.h2d"));
+    STRATA_ASSIGN_OR_RETURN(m->d2h_stream_, options.device->CreateStream("offload.d2h"));
+  }
+  if (options.trace != nullptr) {
+    m->io_track_read_ = options.trace->Track("offload nvme read");
+    m->io_track_write_ = options.trace->Track("offload nvme write");
+    m->stall_track_ = options.trace->Track("offload stall");
+  }
+  return m;
+}
+
+TierManager::~TierManager() {
+  WaitIdle();
+  std::unique_lock lock(mu_);
+  for (auto& [id, s] : shards_) {
+    for (int t = 0; t < kNumTiers; ++t) {
+      Copy& c = s->copies[t];
+      if (c.pins > 0) {
+        STRATA_LOG(error, offload, "shard '{}' is still acquired in {} at shutdown", s->name,
+                   TierName(static_cast<Tier>(t)));
+      }
+      if (c.in_use_pending && c.in_use && options_.device != nullptr) {
+        (void)options_.device->Synchronize(*c.in_use);
+      }
+      if (c.data != nullptr) FreeCopyLocked(*s, static_cast<Tier>(t));
+    }
+  }
+  lock.unlock();
+  // Streams drain in their destructors; the layout closes and removes its files.
+  h2d_stream_.reset();
+  d2h_stream_.reset();
+  layout_.reset();
+}
+
+Status TierManager::Register(const ShardSpec& spec) {
+  std::lock_guard lock(mu_);
+  if (started_) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "shard " + std::to_string(spec.id) + " registered after Start");
+  }
+  if (spec.bytes == 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "shard " + std::to_string(spec.id) + " has 0 bytes");
+  }
+  if (shards_.count(spec.id) != 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "shard " + std::to_string(spec.id) + " is registered twice");
+  }
+  if (spec.home == Tier::kDevice && options_.device == nullptr) {
+    return Status(StatusCode::kInvalidArgument,
+                  "shard " + std::to_string(spec.id) + " is homed on the device, but the tier "
+                  "manager has no device");
+  }
+  if (spec.home != Tier::kDevice && options_.pool == nullptr) {
+    return Status(StatusCode::kInvalidArgument,
+                  "shard " + std::to_string(spec.id) + " is homed on " +
+                      std::string(TierName(spec.home)) + ", which needs the pinned pool");
+  }
+  if (spec.home == Tier::kNvme && options_.store == nullptr) {
+    return Status(StatusCode::kInvalidArgument,
+                  "shard " + std::to_string(spec.id) + " is homed on NVMe, but the tier manager "
+                  "has no block store");
+  }
+  auto s = std::make_unique<Shard>();
+  s->id = spec.id;
+  s->bytes = spec.bytes;
+  s->home = spec.home;
+  s->name = spec.name.empty() ? "shard " + std::to_string(spec.id) : spec.name;
+  s->state_class = spec.state_class.empty() ? "param" : spec.state_class;
+  order_.push_back(spec.id);
+  shards_.emplace(spec.id, std::move(s));
+  return Status::Ok();
+}
+
+Status TierManager::Start() {
+  std::unique_lock lock(mu_);
+  if (started_) return Status(StatusCode::kFailedPrecondition, "tier manager started twice");
+  std::vector<NvmeLayoutEntry> entries;
+  for (ShardId id : order_) {
+    const Shard& s = *shards_.at(id);
+    if (s.home == Tier::kNvme) entries.push_back({s.id, s.bytes, s.state_class});
+  }
+  if (!entries.empty()) {
+    STRATA_ASSIGN_OR_RETURN(layout_, NvmeLayout::Create(*options_.store, options_.nvme, entries));
+  }
+  for (ShardId id : order_) {
+    Shard& s = *shards_.at(id);
+    Copy& home = s.at(s.home);
+    if (s.home == Tier::kNvme) {
+      s.slot = layout_->Find(s.id);
+      home.state = Copy::State::kReady;
+      home.version = 0;  // preallocated files read as zeros
+      continue;
+    }
+    const uint64_t need = AllocBytes(s, s.home);
+    const int h = static_cast<int>(s.home);
+    if (stats_[h].in_use + need > budget_[h]) {
+      return Status(StatusCode::kResourceExhausted,
+                    "the home copies of " + std::string(TierName(s.home)) +
+                        "-resident shards do not fit the " + std::string(TierName(s.home)) +
+                        " budget of " + FormatBytes(budget_[h]) + ": shard '" + s.name +
+                        "' needs " + FormatBytes(need) + " with " +
+                        FormatBytes(stats_[h].in_use) + " already taken");
+    }
+    if (s.home == Tier::kHost) {
+      Result<device::PinnedBlock> b = options_.pool->Allocate(need);
+      if (!b.ok()) return b.status().WithContext("home copy of shard '" + s.name + "'");
+      std::memset(b->data, 0, b->capacity);
+      home.block = *b;
+      home.data = b->data;
+    } else {
+      Result<void*> p = options_.device->Alloc(need);
+      if (!p.ok()) return p.status().WithContext("home copy of shard '" + s.name + "'");
+      home.data = *p;
+      // Zero it (fp32 zero is all-zero bits); `need` is a multiple of 4 KiB.
+      STRATA_RETURN_IF_ERROR(
+          options_.device->Fill(home.data, device::DType::kF32, 0.0f, need / 4, *h2d_stream_));
+      STRATA_RETURN_IF_ERROR(options_.device->Synchronize(*h2d_stream_));
+    }
+    home.reserved = need;
+    ChargeLocked(s.home, need);
+    home.state = Copy::State::kReady;
+    home.version = 0;
+  }
+  started_ = true;
+  return Status::Ok();
+}
+
+// ---- helpers -------------------------------------------------------------------------------------
+
+TierManager::Shard* TierManager::FindLocked(ShardId id) {
+  auto it = shards_.find(id);
+  return it == shards_.end() ? nullptr : it->second.get();
+}
+
+const TierManager::Shard* TierManager::FindLocked(ShardId id) const {
+  auto it = shards_.find(id);
+  return it == shards_.end() ? nullptr : it->second.get();
+}
+
+bool TierManager::IsCurrentLocked(const Shard& s, Tier t) const {
+  const Copy& c = s.at(t);
+  return c.state == Copy::State::kReady && !c.overwrite && c.version == s.version;
+}
+
+bool TierManager::IsHome(const Shard& s, Tier t) const { return s.home == t; }
+
+uint64_t TierManager::AllocBytes(const Shard& s, Tier t) const {
+  const uint64_t rounded = RoundUp(s.bytes, io::kDirectIoAlignment);
+  return t == Tier::kHost ? device::PinnedPool::SizeClass(rounded) : rounded;
+}
+
+void TierManager::ChargeLocked(Tier t, uint64_t bytes) {
+  TierStats& st = stats_[static_cast<int>(t)];
+  st.in_use += bytes;
+  st.peak = std::max(st.peak, st.in_use);
+}
+
+void TierManager::UnchargeLocked(Tier t, uint64_t bytes) {
+  stats_[static_cast<int>(t)].in_use -= bytes;
+}
+
+void TierManager::FreeCopyLocked(Shard& s, Tier t) {
+  Copy& c = s.at(t);
+  if (t == Tier::kHost && c.block) {
+    options_.pool->Free(c.block);
+  } else if (t == Tier::kDevice && c.data != nullptr) {
+    options_.device->Free(c.data);
+  }
+  UnchargeLocked(t, c.reserved);
+  Copy fresh;
+  fresh.last_use = c.last_use;
+  fresh.in_use = std::move(c.in_use);  // reuse the event object
+  c = std::move(fresh);
+  cv_.notify_all();
+}
+
+// Whether an unpinned ready copy's consumer work has finished (its release event completed).
+static bool DrainedLocked(device::Device* dev, const std::shared_ptr<device::Event>& ev,
+                          bool* pending) {
+  if (!*pending) return true;
+  Result<bool> done = dev->Query(*ev);
+  if (!done.ok() || *done) {
+    *pending = false;  // a device error is sticky and surfaces elsewhere; do not hold memory
+    return true;
+  }
+  return false;
+}
+
+// ---- eviction and reservation ----------------------------------------------------------------
+
+bool TierManager::EvictOneLocked(Tier t, uint64_t target_distance, bool future_aware,
+                                 ShardId for_shard, bool* started_writeback) {
+  *started_writeback = false;
+  struct Candidate {
+    Shard* shard;
+    int cls;  // 3: not needed here (stale, or current in a higher tier), 2: current elsewhere too,
+              // 1: the last current copy above home (needs a write-back)
+    uint64_t distance;
+    uint64_t lru;
+  };
+  std::vector<Candidate> candidates;
+  for (auto& [id, sp] : shards_) {
+    Shard& s = *sp;
+    if (s.id == for_shard || IsHome(s, t)) continue;
+    Copy& c = s.at(t);
+    if (c.state != Copy::State::kReady || c.pins > 0 || c.source_pins > 0 ||
+        c.free_after_writeback || c.overwrite) {
+      continue;
+    }
+    if (c.in_use_pending && !DrainedLocked(options_.device, c.in_use, &c.in_use_pending)) continue;
+    const bool current = IsCurrentLocked(s, t);
+    bool elsewhere = false, above = false;
+    for (int o = 0; o < kNumTiers; ++o) {
+      if (o == static_cast<int>(t) || !IsCurrentLocked(s, static_cast<Tier>(o))) continue;
+      elsewhere = true;
+      above |= o < static_cast<int>(t);
+    }
+    const uint64_t distance = oracle_ ? oracle_(s.id) : kNeverUsed;
+    // A prefetch may not evict what is needed no later than the shard it brings in (a copy whose
+    // shard is current in a higher tier is not needed here for that use).
+    if (future_aware && current && !above && distance <= target_distance) continue;
+    const int cls = (!current || above) ? 3 : elsewhere ? 2 : 1;
+    if (cls == 1) {
+      // A write-back needs its target copy free to overwrite (or absent, for a host copy).
+      const Copy& dst = s.at(WritebackTarget(s, t));
+      if (dst.state == Copy::State::kFilling || dst.pins > 0 || dst.source_pins > 0) continue;
+    }
+    candidates.push_back({&s, cls, distance, c.last_use});
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.cls != b.cls) return a.cls > b.cls;
+    if (a.distance != b.distance) return a.distance > b.distance;
+    return a.lru < b.lru;
+  });
+  TierStats& st = stats_[static_cast<int>(t)];
+  for (const Candidate& cand : candidates) {
+    if (cand.cls >= 2) {
+      st.evictions++;
+      st.drops++;
+      FreeCopyLocked(*cand.shard, t);
+      return true;
+    }
+    // The last current copy: write it back; its memory returns when that completes. No room
+    // below for the write-back right now is not an error: try the next victim.
+    if (StartWritebackLocked(*cand.shard, t, /*free_after=*/true).ok()) {
+      st.evictions++;
+      *started_writeback = true;
+      return true;
+    }
+  }
+  return false;
+}
+
+Tier TierManager::WritebackTarget(const Shard& s, Tier from) {
+  // Toward home: down for host- and NVMe-homed shards, up (host -> device) for device-homed ones.
+  return static_cast<int>(s.home) > static_cast<int>(from)
+             ? static_cast<Tier>(static_cast<int>(from) + 1)
+             : static_cast<Tier>(static_cast<int>(from) - 1);
+}
+
+Status TierManager::StartWritebackLocked(Shard& s, Tier from, bool free_after) {
+  const Tier to = WritebackTarget(s, from);
+  Copy& dst = s.at(to);
+  Copy& src = s.at(from);
+  if (dst.state == Copy::State::kFilling) {
+    return Status(StatusCode::kUnavailable, "a transfer into " + std::string(TierName(to)) +
+                                                " is already in flight for shard '" + s.name + "'");
+  }
+  if (dst.pins > 0 || dst.source_pins > 0) {
+    return Status(StatusCode::kUnavailable, "the " + std::string(TierName(to)) +
+                                                " copy of shard '" + s.name + "' is in use");
+  }
+  if (dst.state == Copy::State::kAbsent) {
+    // Only a host copy can be absent here (NVMe and home copies always exist). Find room
+    // without waiting: this runs inside another tier's eviction.
+    std::unique_lock<std::mutex> no_lock;
+    bool no_room = false;
+    Result<Reservation> r = ReserveLocked(to, AllocBytes(s, to), /*blocking=*/false,
+                                          /*future_aware=*/false, s.id, no_lock, &no_room);
+    if (!r.ok()) return r.status();
+    dst.data = r->data;
+    dst.block = r->block;
+    dst.reserved = r->reserved;
+  }
+  dst.state = Copy::State::kFilling;
+  dst.version = src.version;
+  src.free_after_writeback = free_after;
+  s.writeback_error = Status::Ok();  // an older failure is superseded by this attempt
+  StartTransferLocked(s, from, to);
+  return Status::Ok();
+}
+
+Result<TierManager::Reservation> TierManager::TryAllocLocked(Tier t, uint64_t need) {
+  Reservation r;
+  if (t == Tier::kHost) {
+    Result<device::PinnedBlock> b = options_.pool->Allocate(need);
+    if (!b.ok()) return b.status();
+    r.block = *b;
+    r.data = b->data;
+    r.reserved = b->capacity;
+  } else {
+    Result<void*> p = options_.device->Alloc(need);
+    if (!p.ok()) return p.status();
+    r.data = *p;
+    r.reserved = need;
+  }
+  ChargeLocked(t, r.reserved);
+  return r;
+}
+
+void TierManager::UnreserveLocked(Tier t, Reservation& r) {
+  if (t == Tier::kHost && r.block) {
+    options_.pool->Free(r.block);
+  } else if (t == Tier::kDevice && r.data != nullptr) {
+    options_.device->Free(r.data);
+  }
+  UnchargeLocked(t, r.reserved);
+  r = Reservation{};
+  cv_.notify_all();
+}
+
+Result<TierManager::Reservation> TierManager::ReserveLocked(Tier t, uint64_t need, bool blocking,
+                                                            bool future_aware, ShardId for_shard,
+                                                            std::unique_lock<std::mutex>& lock,
+                                                            bool* no_room) {
+  const int ti = static_cast<int>(t);
+  if (need > budget_[ti]) {
+    return Status(StatusCode::kResourceExhausted,
+                  std::string(TierName(t)) + " tier budget " + FormatBytes(budget_[ti]) +
+                      " is smaller than the request of " + FormatBytes(need));
+  }
+  const uint64_t target = (future_aware && oracle_) ? oracle_(for_shard) : 0;
+  std::vector<ShardId> started;  // write-backs this call started
+  Status last_alloc_error;
+  for (;;) {
+    if (stats_[ti].in_use + need <= budget_[ti]) {
+      Result<Reservation> r = TryAllocLocked(t, need);
+      if (r.ok()) return r;
+      // Within budget but the allocator refused (pool fragmentation, the device's own limit):
+      // more evictions help just as for the budget.
+      if (r.status().code() != StatusCode::kResourceExhausted) return r.status();
+      last_alloc_error = r.status();
+    }
+    for (ShardId id : started) {
+      Shard* s = FindLocked(id);
+      if (s != nullptr && !s->writeback_error.ok()) {
+        Status e = std::exchange(s->writeback_error, Status::Ok());
+        return e.WithContext("making room in the " + std::string(TierName(t)) + " tier");
+      }
+    }
+    bool wb = false;
+    if (EvictOneLocked(t, target, future_aware && oracle_ != nullptr, for_shard, &wb)) {
+      if (wb) {
+        for (auto& [id, s] : shards_) {
+          if (s->at(t).free_after_writeback &&
+              std::find(started.begin(), started.end(), id) == started.end()) {
+            started.push_back(id);
+          }
+        }
+      }
+      continue;
+    }
+    if (!blocking) {
+      *no_room = true;
+      return Status(StatusCode::kResourceExhausted,
+                    "no room in the " + std::string(TierName(t)) + " tier now");
+    }
+    // Nothing evictable right now. Consumer work still using a released copy: wait for it.
+    std::shared_ptr<device::Event> drain;
+    for (auto& [id, s] : shards_) {
+      const Copy& c = s->at(t);
+      if (c.state == Copy::State::kReady && c.pins == 0 && c.in_use_pending) {
+        drain = c.in_use;
+        break;
+      }
+    }
+    if (drain) {
+      lock.unlock();
+      Status st = options_.device->Synchronize(*drain);
+      lock.lock();
+      for (auto& [id, s] : shards_) {
+        if (s->at(t).in_use == drain) s->at(t).in_use_pending = false;
+      }
+      if (!st.ok()) return st.WithContext("waiting for consumer work on a released copy");
+      continue;
+    }
+    // Any transfer in flight can make something evictable (a write-back frees its source, a
+    // fill becomes an unpinned copy, a host write-back makes room for a device one).
+    if (in_flight_ == 0) {
+      if (stats_[ti].in_use + need <= budget_[ti] && !last_alloc_error.ok()) {
+        return last_alloc_error;
+      }
+      return Status(StatusCode::kResourceExhausted, DescribeTierLocked(t));
+    }
+    cv_.wait(lock);
+  }
+}
+
+std::string TierManager::DescribeTierLocked(Tier t) const {
+  const int ti = static_cast<int>(t);
+  std::string pinned;
+  uint64_t pinned_bytes = 0, home_bytes = 0, flight_bytes = 0, pinned_count = 0, other = 0;
+  for (ShardId id : order_) {
+    const Shard& s = *shards_.at(id);
+    const Copy& c = s.at(t);
+    if (c.reserved == 0) continue;
+    if (IsHome(s, t)) {
+      home_bytes += c.reserved;
+    } else if (c.pins > 0) {
+      pinned_bytes += c.reserved;
+      if (++pinned_count <= 8) {
+        if (!pinned.empty()) pinned += ", ";
+        std::string owners;
+        for (const std::string& o : c.owners) {
+          if (!owners.empty()) owners += "+";
+          owners += o.empty() ? "?" : o;
+        }
+        pinned += "'" + s.name + "' " + FormatBytes(c.reserved) + " by " + owners;
+      }
+    } else if (c.state == Copy::State::kFilling || c.source_pins > 0 || c.free_after_writeback) {
+      flight_bytes += c.reserved;
+    } else {
+      other += c.reserved;
+    }
+  }
+  if (pinned_count > 8) pinned += ", ... (" + std::to_string(pinned_count - 8) + " more)";
+  return std::string(TierName(t)) + " tier budget " + FormatBytes(budget_[ti]) +
+         " is exhausted: " + FormatBytes(stats_[ti].in_use) + " in use — acquired " +
+         FormatBytes(pinned_bytes) + (pinned.empty() ? "" : " (" + pinned + ")") +
+         ", home copies " + FormatBytes(home_bytes) + ", in flight " + FormatBytes(flight_bytes) +
+         ", not evictable now " + FormatBytes(other);
+}
+
+// ---- filling -------------------------------------------------------------------------------------
+
+Status TierManager::EnsureFillLocked(Shard& s, Tier t, bool blocking,
+                                     std::unique_lock<std::mutex>& lock, bool* no_room) {
+  const ShardId id = s.id;
+  // Reserve the memory first: a blocking reservation may drop the lock while it waits.
+  Result<Reservation> r = ReserveLocked(t, AllocBytes(s, t), blocking, /*future_aware=*/!blocking,
+                                        id, lock, no_room);
+  if (!r.ok()) return r.status().WithContext(std::string(TierName(t)) + " copy of shard '" +
+                                             s.name + "'");
+  Shard* sp = &s;
+  Copy& c = sp->at(t);
+  if (c.state != Copy::State::kAbsent) {  // someone else got there first
+    UnreserveLocked(t, *r);
+    return Status::Ok();
+  }
+  c.data = r->data;
+  c.block = r->block;
+  c.reserved = r->reserved;
+  c.state = Copy::State::kFilling;
+  c.version = sp->version;
+  c.transfer_started = false;
+
+  // Source: a current copy, nearest first; a device copy of an NVMe-homed shard stages on host.
+  if (t == Tier::kHost) {
+    if (IsCurrentLocked(*sp, Tier::kDevice)) {
+      StartTransferLocked(*sp, Tier::kDevice, Tier::kHost);
+    } else if (IsCurrentLocked(*sp, Tier::kNvme)) {
+      StartTransferLocked(*sp, Tier::kNvme, Tier::kHost);
+    } else {
+      FreeCopyLocked(*sp, t);
+      return Status(StatusCode::kInternal, "shard '" + sp->name + "' has no current copy");
+    }
+    return Status::Ok();
+  }
+  c.source = Tier::kHost;
+  if (IsCurrentLocked(*sp, Tier::kHost)) {
+    StartTransferLocked(*sp, Tier::kHost, Tier::kDevice);
+    return Status::Ok();
+  }
+  Copy& host = sp->at(Tier::kHost);
+  if (host.state == Copy::State::kFilling) return Status::Ok();  // advanced when it lands
+  if (host.state == Copy::State::kReady) {
+    if (host.pins > 0 || host.source_pins > 0 ||
+        !DrainedLocked(options_.device, host.in_use, &host.in_use_pending)) {
+      // A stale host copy someone still holds: give the device memory back and let the caller
+      // retry once it is released.
+      FreeCopyLocked(*sp, Tier::kDevice);
+      if (!blocking) {
+        *no_room = true;
+        return Status(StatusCode::kResourceExhausted, "no room now");
+      }
+      cv_.wait(lock);
+      return Status::Ok();
+    }
+    FreeCopyLocked(*sp, Tier::kHost);
+  }
+  Status st = EnsureFillLocked(*sp, Tier::kHost, blocking, lock, no_room);
+  sp = FindLocked(id);
+  if (!st.ok()) {
+    if (*no_room) {
+      // Only "not now": give the device memory back without leaving an error behind.
+      Copy& dev = sp->at(Tier::kDevice);
+      if (dev.state == Copy::State::kFilling && !dev.transfer_started) {
+        FreeCopyLocked(*sp, Tier::kDevice);
+      }
+    } else {
+      FailPendingLocked(*sp, Tier::kDevice, st);
+    }
+    return st;
+  }
+  AdvancePendingLocked(*sp);
+  return Status::Ok();
+}
+
+void TierManager::StartTransferLocked(Shard& s, Tier from, Tier to) {
+  Copy& src = s.at(from);
+  Copy& dst = s.at(to);
+  src.source_pins++;
+  dst.transfer_started = true;
+  dst.source = from;
+  dst.version = src.version;
+  in_flight_++;
+  const ShardId id = s.id;
+  const uint64_t version = src.version;
+  const int64_t start = options_.trace != nullptr ? TraceRecorder::NowNs() : 0;
+  Status issued;
+  if (from == Tier::kNvme || to == Tier::kNvme) {
+    const bool read = from == Tier::kNvme;
+    io::IoRequest req;
+    req.op = read ? io::IoOp::kRead : io::IoOp::kWrite;
+    req.file = s.slot->file;
+    req.offset = s.slot->offset;
+    req.length = s.slot->length;
+    req.buffer = read ? dst.data : src.data;
+    req.done = [this, id, to, version, start](const Status& st) {
+      TransferDone(id, to, version, start, st);
+    };
+    issued = options_.store->Submit(req);
+  } else {
+    device::Device& dev = *options_.device;
+    const bool h2d = from == Tier::kHost;
+    device::Stream& stream = h2d ? *h2d_stream_ : *d2h_stream_;
+    if (!h2d && src.in_use_pending && src.in_use) {
+      issued = dev.Wait(stream, *src.in_use);  // the consumer's writes land first
+    }
+    if (issued.ok()) {
+      issued = dev.CopyAsync(dst.data, src.data, s.bytes,
+                             h2d ? device::CopyKind::kHostToDevice : device::CopyKind::kDeviceToHost,
+                             stream);
+    }
+    if (issued.ok()) {
+      issued = dev.Notify(stream, [this, id, to, version, start](const Status& st) {
+        TransferDone(id, to, version, start, st);
+      });
+    }
+  }
+  if (!issued.ok()) {
+    // Nothing will call back: finish the transfer as failed now. The lock is held by our caller,
+    // so run the completion logic through a detached path that does not re-lock.
+    in_flight_--;
+    src.source_pins--;
+    dst.transfer_started = false;
+    const Status err = issued.WithContext(std::string("moving shard '") + s.name + "' from " +
+                                          std::string(TierName(from)) + " to " +
+                                          std::string(TierName(to)));
+    stats_[static_cast<int>(to)].errors++;
+    if (IsHome(s, to)) {
+      dst.state = Copy::State::kReady;
+      dst.version = kInvalidVersion;
+    } else {
+      FreeCopyLocked(s, to);
+    }
+    src.free_after_writeback = false;
+    if (IsUp(from, to)) {
+      s.fill_error = err;
+      if (to == Tier::kHost) FailPendingLocked(s, Tier::kDevice, err);
+    } else {
+      s.writeback_error = err;
+    }
+    cv_.notify_all();
+  }
+}
+
+void TierManager::TransferDone(ShardId id, Tier to, uint64_t version, int64_t start_ns,
+                               const Status& st) {
+  std::lock_guard lock(mu_);
+  Shard& s = *FindLocked(id);
+  Copy& dst = s.at(to);
+  const Tier from = dst.source;
+  Copy& src = s.at(from);
+  src.source_pins--;
+  in_flight_--;
+  const int ti = static_cast<int>(to);
+  if (options_.trace != nullptr && (from == Tier::kNvme || to == Tier::kNvme)) {
+    options_.trace->Complete(from == Tier::kNvme ? io_track_read_ : io_track_write_, s.name,
+                             "io", start_ns, TraceRecorder::NowNs(),
+                             {{"bytes", static_cast<double>(s.bytes)},
+                              {"shard", static_cast<double>(id)}});
+  }
+  if (st.ok()) {
+    dst.state = Copy::State::kReady;
+    dst.version = version;
+    dst.transfer_started = false;
+    if (IsUp(from, to)) {
+      stats_[ti].fills++;
+      stats_[ti].fill_bytes += s.bytes;
+    } else {
+      stats_[ti].writebacks++;
+      stats_[ti].writeback_bytes += s.bytes;
+    }
+    if (version != s.version && !IsHome(s, to) && dst.pins == 0 && dst.source_pins == 0) {
+      FreeCopyLocked(s, to);  // overtaken by a newer write while in flight
+    }
+    if (src.free_after_writeback) {
+      src.free_after_writeback = false;
+      if (IsCurrentLocked(s, to) && src.pins == 0 && src.source_pins == 0 &&
+          src.state == Copy::State::kReady) {
+        stats_[static_cast<int>(from)].drops++;
+        FreeCopyLocked(s, from);
+      }
+    }
+    AdvancePendingLocked(s);
+  } else {
+    stats_[ti].errors++;
+    const Status err = st.WithContext("moving shard '" + s.name + "' from " +
+                                      std::string(TierName(from)) + " to " +
+                                      std::string(TierName(to)));
+    STRATA_LOG(debug, offload, "{}", err.ToString());
+    src.free_after_writeback = false;
+    if (IsHome(s, to)) {
+      dst.state = Copy::State::kReady;
+      dst.version = kInvalidVersion;  // partly overwritten: never served
+      dst.transfer_started = false;
+    } else {
+      FreeCopyLocked(s, to);
+    }
+    if (IsUp(from, to)) {
+      s.fill_error = err;
+      if (to == Tier::kHost) FailPendingLocked(s, Tier::kDevice, err);
+    } else {
+      s.writeback_error = err;
+    }
+  }
+  cv_.notify_all();
+}
+
+void TierManager::AdvancePendingLocked(Shard& s) {
+  Copy& dev = s.at(Tier::kDevice);
+  if (dev.state == Copy::State::kFilling && !dev.transfer_started &&
+      IsCurrentLocked(s, Tier::kHost)) {
+    StartTransferLocked(s, Tier::kHost, Tier::kDevice);
+  }
+}
+
+void TierManager::FailPendingLocked(Shard& s, Tier t, const Status& st) {
+  Copy& c = s.at(t);
+  if (c.state == Copy::State::kFilling && !c.transfer_started) {
+    FreeCopyLocked(s, t);
+    if (s.fill_error.ok()) s.fill_error = st;
+    stats_[static_cast<int>(t)].errors++;
+  }
+}
+
+// ---- the consumer API ----------------------------------------------------------------------------
+
+Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::string_view owner) {
+  if (t == Tier::kNvme) {
+    return Status(StatusCode::kInvalidArgument, "NVMe copies cannot be acquired; use host");
+  }
+  if (t == Tier::kDevice && options_.device == nullptr) {
+    return Status(StatusCode::kFailedPrecondition, "the tier manager has no device");
+  }
+  std::unique_lock lock(mu_);
+  if (!started_) return Status(StatusCode::kFailedPrecondition, "tier manager not started");
+  if (FindLocked(id) == nullptr) {
+    return Status(StatusCode::kNotFound, "shard " + std::to_string(id) + " is not registered");
+  }
+  if (t == Tier::kHost && options_.pool == nullptr) {
+    return Status(StatusCode::kFailedPrecondition, "the tier manager has no pinned pool");
+  }
+  const int ti = static_cast<int>(t);
+  int64_t wait_start = 0;
+  bool counted_miss = false;
+  for (;;) {
+    Shard& s = *FindLocked(id);
+    Copy& c = s.at(t);
+    if (!s.fill_error.ok()) {
+      Status e = std::exchange(s.fill_error, Status::Ok());
+      return e;
+    }
+    const bool ready_now = IsCurrentLocked(s, t) && access == Access::kRead;
+    if (ready_now || (access == Access::kOverwrite && c.state == Copy::State::kReady &&
+                      c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback)) {
+      if (access == Access::kOverwrite) c.overwrite = true;
+      c.pins++;
+      c.owners.emplace_back(owner);
+      c.last_use = ++tick_;
+      if (wait_start != 0) {
+        const int64_t end = TraceRecorder::NowNs();
+        stats_[ti].stalls++;
+        stats_[ti].stall_ns += static_cast<uint64_t>(end - wait_start);
+        if (options_.trace != nullptr) {
+          options_.trace->Complete(stall_track_, "wait " + s.name, "stall", wait_start, end,
+                                   {{"tier", static_cast<double>(ti)}});
+        }
+      } else if (!counted_miss) {
+        stats_[ti].hits++;
+      }
+      Lease lease;
+      lease.manager_ = this;
+      lease.shard_ = id;
+      lease.tier_ = t;
+      lease.data_ = c.data;
+      lease.bytes_ = s.bytes;
+      lease.overwrite_ = access == Access::kOverwrite;
+      lease.owner_ = std::string(owner);
+      return lease;
+    }
+    if (!counted_miss) {
+      counted_miss = true;
+      stats_[ti].misses++;
+    }
+    if (wait_start == 0) wait_start = TraceRecorder::NowNs();
+    if (c.state == Copy::State::kFilling || c.free_after_writeback || c.pins > 0 ||
+        c.source_pins > 0) {
+      // In flight, being written back, or (stale and) still held: wait for it to settle.
+      if (c.state == Copy::State::kReady && !IsCurrentLocked(s, t) && c.pins > 0 &&
+          c.source_pins == 0 && !IsHome(s, t) && access == Access::kRead) {
+        // A stale copy held by another lease: that holder must release it first.
+      }
+      cv_.wait(lock);
+      continue;
+    }
+    if (c.state == Copy::State::kReady) {
+      // Stale (or garbage) and unpinned.
+      if (IsHome(s, t)) {
+        // The home copy is behind a higher tier: write that one back into it.
+        const Tier above = static_cast<Tier>(ti - 1);
+        if (ti > 0 && IsCurrentLocked(s, above) && s.at(above).pins == 0) {
+          Status wb = StartWritebackLocked(s, above, /*free_after=*/false);
+          if (!wb.ok()) return wb;
+          continue;
+        }
+        cv_.wait(lock);
+        continue;
+      }
+      FreeCopyLocked(s, t);
+      continue;
+    }
+    // Absent.
+    if (access == Access::kOverwrite) {
+      bool no_room = false;
+      Result<Reservation> r = ReserveLocked(t, AllocBytes(s, t), /*blocking=*/true,
+                                            /*future_aware=*/false, id, lock, &no_room);
+      if (!r.ok()) {
+        return r.status().WithContext("acquiring shard '" + s.name + "' (" +
+                                      FormatBytes(s.bytes) + ") in the " +
+                                      std::string(TierName(t)) + " tier for " +
+                                      std::string(owner.empty() ? "?" : owner));
+      }
+      Copy& c2 = s.at(t);
+      if (c2.state != Copy::State::kAbsent) {
+        UnreserveLocked(t, *r);
+        continue;
+      }
+      c2.data = r->data;
+      c2.block = r->block;
+      c2.reserved = r->reserved;
+      c2.state = Copy::State::kReady;
+      c2.version = kInvalidVersion;
+      continue;
+    }
+    bool no_room = false;
+    Status st = EnsureFillLocked(s, t, /*blocking=*/true, lock, &no_room);
+    if (!st.ok()) {
+      Shard& s2 = *FindLocked(id);
+      return st.WithContext("acquiring shard '" + s2.name + "' (" + FormatBytes(s2.bytes) +
+                            ") in the " + std::string(TierName(t)) + " tier for " +
+                            std::string(owner.empty() ? "?" : owner));
+    }
+  }
+}
+
+Result<PrefetchOutcome> TierManager::Prefetch(ShardId id, Tier t) {
+  if (t == Tier::kNvme) {
+    return Status(StatusCode::kInvalidArgument, "cannot prefetch into NVMe");
+  }
+  std::unique_lock lock(mu_);
+  if (!started_) return Status(StatusCode::kFailedPrecondition, "tier manager not started");
+  Shard* s = FindLocked(id);
+  if (s == nullptr) {
+    return Status(StatusCode::kNotFound, "shard " + std::to_string(id) + " is not registered");
+  }
+  if (t == Tier::kDevice && options_.device == nullptr) {
+    return Status(StatusCode::kFailedPrecondition, "the tier manager has no device");
+  }
+  if (IsCurrentLocked(*s, t)) return PrefetchOutcome::kResident;
+  Copy& c = s->at(t);
+  if (c.state == Copy::State::kFilling) return PrefetchOutcome::kInFlight;
+  if (!s->fill_error.ok()) return PrefetchOutcome::kNoRoom;  // leave the error for the consumer
+  if (c.state == Copy::State::kReady) {
+    if (IsHome(*s, t) || c.pins > 0 || c.source_pins > 0 || c.free_after_writeback) {
+      return PrefetchOutcome::kNoRoom;
+    }
+    FreeCopyLocked(*s, t);
+  }
+  bool no_room = false;
+  Status st = EnsureFillLocked(*s, t, /*blocking=*/false, lock, &no_room);
+  if (!st.ok()) {
+    if (no_room) return PrefetchOutcome::kNoRoom;
+    // A real failure (e.g. the device refused memory): keep it for the consumer's Acquire.
+    Shard* s2 = FindLocked(id);
+    if (s2->fill_error.ok()) s2->fill_error = st;
+    return PrefetchOutcome::kNoRoom;
+  }
+  return PrefetchOutcome::kIssued;
+}
+
+void TierManager::ReleaseLease(Lease& lease, bool dirty, device::Stream* used_on) {
+  std::lock_guard lock(mu_);
+  Shard& s = *FindLocked(lease.shard_);
+  const Tier t = lease.tier_;
+  Copy& c = s.at(t);
+  c.pins--;
+  auto owner = std::find(c.owners.begin(), c.owners.end(), lease.owner_);
+  if (owner != c.owners.end()) c.owners.erase(owner);
+  c.last_use = ++tick_;
+  if (lease.overwrite_) c.overwrite = false;
+  if (dirty) {
+    s.version++;
+    c.version = s.version;
+    for (int o = 0; o < kNumTiers; ++o) {
+      const Tier ot = static_cast<Tier>(o);
+      Copy& other = s.copies[o];
+      if (ot == t || other.state != Copy::State::kReady || IsHome(s, ot)) continue;
+      if (other.pins == 0 && other.source_pins == 0 &&
+          DrainedLocked(options_.device, other.in_use, &other.in_use_pending)) {
+        FreeCopyLocked(s, ot);
+      }
+    }
+  }
+  if (used_on != nullptr && options_.device != nullptr) {
+    if (!c.in_use) {
+      Result<std::unique_ptr<device::Event>> ev = options_.device->CreateEvent();
+      if (ev.ok()) c.in_use = std::shared_ptr<device::Event>(std::move(*ev));
+    }
+    if (c.in_use && options_.device->Record(*c.in_use, *used_on).ok()) c.in_use_pending = true;
+  }
+  if (c.pins == 0 && c.source_pins == 0 && !IsHome(s, t) && !IsCurrentLocked(s, t) &&
+      c.state == Copy::State::kReady) {
+    if (c.in_use_pending && options_.device != nullptr) {
+      // Rare: a stale copy with consumer work still running. Keep it until that drains; the
+      // evictor frees it (stale copies are the first victims).
+    } else {
+      FreeCopyLocked(s, t);
+    }
+  }
+  cv_.notify_all();
+}
+
+Status TierManager::Evict(ShardId id, Tier t) {
+  std::unique_lock lock(mu_);
+  Shard* s = FindLocked(id);
+  if (s == nullptr) {
+    return Status(StatusCode::kNotFound, "shard " + std::to_string(id) + " is not registered");
+  }
+  if (t == Tier::kNvme || IsHome(*s, t)) return Status::Ok();
+  Copy& c = s->at(t);
+  if (c.state != Copy::State::kReady || c.pins > 0 || c.source_pins > 0 ||
+      c.free_after_writeback) {
+    return Status::Ok();
+  }
+  if (c.in_use_pending && !DrainedLocked(options_.device, c.in_use, &c.in_use_pending)) {
+    return Status::Ok();  // consumer work still running; the evictor takes it later
+  }
+  bool elsewhere = !IsCurrentLocked(*s, t);
+  for (int o = 0; o < kNumTiers; ++o) {
+    if (o != static_cast<int>(t) && IsCurrentLocked(*s, static_cast<Tier>(o))) elsewhere = true;
+  }
+  TierStats& st = stats_[static_cast<int>(t)];
+  if (elsewhere) {
+    st.drops++;
+    st.evictions++;
+    FreeCopyLocked(*s, t);
+    return Status::Ok();
+  }
+  Status wb = StartWritebackLocked(*s, t, /*free_after=*/true);
+  if (wb.code() == StatusCode::kResourceExhausted || wb.code() == StatusCode::kUnavailable) {
+    return Status::Ok();  // no room to write it back now; pressure eviction will retry
+  }
+  if (wb.ok()) st.evictions++;
+  return wb;
+}
+
+Status TierManager::FlushAll() {
+  std::unique_lock lock(mu_);
+  Status first_error;
+  for (ShardId id : order_) {
+    for (int guard = 0; guard < 1000; ++guard) {
+      Shard& s = *FindLocked(id);
+      if (IsCurrentLocked(s, s.home)) break;
+      bool filling = false;
+      for (const Copy& c : s.copies) filling |= c.state == Copy::State::kFilling;
+      if (filling) {
+        cv_.wait(lock);
+        continue;
+      }
+      // The current copy nearest home writes one tier down.
+      int cur = -1;
+      const int home_tier = static_cast<int>(s.home);
+      for (int d = 1; d < kNumTiers && cur < 0; ++d) {
+        for (int t : {home_tier - d, home_tier + d}) {
+          if (t >= 0 && t < kNumTiers && IsCurrentLocked(s, static_cast<Tier>(t))) {
+            cur = t;
+            break;
+          }
+        }
+      }
+      if (cur < 0) {
+        if (first_error.ok()) {
+          first_error = Status(StatusCode::kDataLoss, "shard '" + s.name + "' has no current copy");
+        }
+        break;
+      }
+      Copy& c = s.copies[cur];
+      if (c.in_use_pending && c.in_use) {
+        std::shared_ptr<device::Event> ev = c.in_use;
+        lock.unlock();
+        (void)options_.device->Synchronize(*ev);
+        lock.lock();
+      }
+      Shard& s2 = *FindLocked(id);
+      if (WritebackTarget(s2, static_cast<Tier>(cur)) == Tier::kHost && !IsHome(s2, Tier::kHost) &&
+          s2.at(Tier::kHost).state == Copy::State::kAbsent) {
+        bool no_room = false;
+        Result<Reservation> r = ReserveLocked(Tier::kHost, AllocBytes(s2, Tier::kHost), true,
+                                              false, id, lock, &no_room);
+        if (!r.ok()) {
+          if (first_error.ok()) first_error = r.status().WithContext("flushing '" + s2.name + "'");
+          break;
+        }
+        Copy& h = s2.at(Tier::kHost);
+        if (h.state != Copy::State::kAbsent) {
+          UnreserveLocked(Tier::kHost, *r);
+          continue;
+        }
+        // Hand the memory to the write-back as a stale host copy.
+        h.data = r->data;
+        h.block = r->block;
+        h.reserved = r->reserved;
+        h.state = Copy::State::kReady;
+        h.version = kInvalidVersion;
+      }
+      Status wb = StartWritebackLocked(*FindLocked(id), static_cast<Tier>(cur), false);
+      if (wb.code() == StatusCode::kUnavailable) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (!wb.ok()) {
+        if (first_error.ok()) first_error = wb.WithContext("flushing '" + s2.name + "'");
+        break;
+      }
+      const int target = static_cast<int>(WritebackTarget(s2, static_cast<Tier>(cur)));
+      while (FindLocked(id)->copies[target].state == Copy::State::kFilling) cv_.wait(lock);
+      Shard& s3 = *FindLocked(id);
+      if (!s3.writeback_error.ok()) {
+        Status e = std::exchange(s3.writeback_error, Status::Ok());
+        if (first_error.ok()) first_error = e.WithContext("flushing '" + s3.name + "'");
+        break;
+      }
+    }
+  }
+  return first_error;
+}
+
+void TierManager::SetEvictionOracle(EvictionOracle oracle) {
+  std::lock_guard lock(mu_);
+  oracle_ = std::move(oracle);
+}
+
+void TierManager::WaitIdle() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [this] { return in_flight_ == 0; });
+}
+
+TierStats TierManager::stats(Tier tier) const {
+  std::lock_guard lock(mu_);
+  return stats_[static_cast<int>(tier)];
+}
+
+uint64_t TierManager::shard_bytes(ShardId id) const {
+  std::lock_guard lock(mu_);
+  const Shard* s = FindLocked(id);
+  return s == nullptr ? 0 : s->bytes;
+}
+
+bool TierManager::IsCurrent(ShardId id, Tier t) const {
+  std::lock_guard lock(mu_);
+  const Shard* s = FindLocked(id);
+  return s != nullptr && IsCurrentLocked(*s, t);
+}
+
+}  // namespace strata::offload

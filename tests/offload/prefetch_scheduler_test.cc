@@ -1,0 +1,281 @@
+// PrefetchScheduler driven by scripted access sequences on the CPU device and an in-memory store:
+// what it issues, in which order, under which budget, and how it handles divergence.
+#include "offload/prefetch_scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "device/pinned_pool.h"
+#include "io/memory_store.h"
+#include "test_support.h"
+
+namespace strata::offload {
+namespace {
+
+ShardSpec Spec(ShardId id, uint64_t bytes, Tier home, std::string name = "",
+               std::string state_class = "param") {
+  ShardSpec s;
+  s.id = id;
+  s.bytes = bytes;
+  s.home = home;
+  s.name = std::move(name);
+  s.state_class = std::move(state_class);
+  return s;
+}
+
+constexpr uint64_t kUnit = 16 << 10;
+
+class PrefetchSchedulerTest : public ::testing::Test {
+ protected:
+  void Build(int units, uint64_t device_budget, uint64_t pool_bytes, PrefetchOptions opts,
+             uint64_t small_unit_bytes = 0) {
+    device::DeviceOptions dopt;
+    dopt.memory_budget = device_budget;
+    device_ = std::move(*device::CreateDevice(dopt));
+    store_ = std::move(*io::CreateMemoryStore({}));
+    device::PinnedPoolOptions popt;
+    popt.bytes = pool_bytes;
+    popt.huge_pages = HugePages::kOff;
+    pool_ = std::move(*device::PinnedPool::Create(popt));
+    TierManagerOptions mopt;
+    mopt.device = device_.get();
+    mopt.pool = pool_.get();
+    mopt.store = store_.get();
+    mopt.device_budget = device_budget;
+    mopt.nvme.paths = {dir_.path().string()};
+    manager_ = std::move(*TierManager::Create(mopt));
+    for (int u = 0; u < units; ++u) {
+      const uint64_t bytes = (small_unit_bytes != 0 && u == 0) ? small_unit_bytes : kUnit;
+      ASSERT_TRUE(manager_->Register(Spec(static_cast<ShardId>(100 + u), bytes, Tier::kNvme,
+                                      "block." + std::to_string(u)))
+                      .ok());
+    }
+    ASSERT_TRUE(manager_->Start().ok());
+    scheduler_ = std::make_unique<PrefetchScheduler>(*manager_, opts);
+    for (int u = 0; u < units; ++u) {
+      ASSERT_TRUE(scheduler_->AddUnit(u, {static_cast<ShardId>(100 + u)},
+                                      "block." + std::to_string(u))
+                      .ok());
+    }
+  }
+
+  void TearDown() override {
+    scheduler_.reset();
+    manager_.reset();
+    pool_.reset();
+  }
+
+  // One step over `order`; after each access waits until the manager is idle when `settle`
+  // (compute long enough to hide every prefetch), then releases.
+  void Step(const std::vector<UnitId>& order, bool settle = true) {
+    scheduler_->BeginStep();
+    for (UnitId u : order) {
+      Result<std::vector<Lease>> l = scheduler_->Acquire(u, Access::kRead, "step");
+      ASSERT_TRUE(l.ok()) << l.status().ToString();
+      if (settle) manager_->WaitIdle();
+      ASSERT_TRUE(scheduler_->Release(u, *l).ok());
+      ASSERT_LE(manager_->stats(Tier::kDevice).in_use, manager_->stats(Tier::kDevice).budget);
+    }
+    scheduler_->EndStep();
+  }
+
+  static std::vector<UnitId> ForwardBackward(int n) {
+    std::vector<UnitId> v;
+    for (int i = 0; i < n; ++i) v.push_back(i);
+    for (int i = n - 1; i >= 0; --i) v.push_back(i);
+    return v;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<device::Device> device_;
+  std::unique_ptr<io::BlockStore> store_;
+  std::unique_ptr<device::PinnedPool> pool_;
+  std::unique_ptr<TierManager> manager_;
+  std::unique_ptr<PrefetchScheduler> scheduler_;
+};
+
+PrefetchOptions Lookahead(int device_units, int host_units) {
+  PrefetchOptions o;
+  o.device_lookahead_bytes = device_units * kUnit;
+  o.host_lookahead_bytes = host_units * kUnit;
+  o.persistence_threshold_bytes = 0;
+  o.max_reuse_distance_bytes = 0;  // only immediate reuse keeps a unit
+  return o;
+}
+
+TEST_F(PrefetchSchedulerTest, FirstStepRecordsAndIssuesNothing) {
+  Build(8, 8 * kUnit, 16 * kUnit, Lookahead(2, 4));
+  const std::vector<UnitId> order = ForwardBackward(8);
+  EXPECT_FALSE(scheduler_->has_trace());
+  Step(order);
+  EXPECT_TRUE(scheduler_->actions().empty());
+  EXPECT_EQ(scheduler_->trace(), order);
+  // With no trace yet nothing is known about reuse: every unit is let go after use.
+  EXPECT_EQ(scheduler_->stats().hits, 0u);
+  EXPECT_EQ(scheduler_->stats().let_go, order.size());
+}
+
+TEST_F(PrefetchSchedulerTest, WalksAheadInTraceOrderWithinEachStageBudget) {
+  Build(8, 8 * kUnit, 16 * kUnit, Lookahead(2, 4));
+  const std::vector<UnitId> order = ForwardBackward(8);
+  Step(order);
+  scheduler_->ClearActions();
+  Step(order, /*settle=*/false);
+  const std::vector<PrefetchAction> actions = scheduler_->actions();
+  ASSERT_FALSE(actions.empty());
+  const size_t n = order.size();
+  for (const PrefetchAction& a : actions) {
+    // Distinct units after the access, wrapping into the next step.
+    std::vector<UnitId> ahead;
+    for (size_t k = 1; k < n && ahead.size() < 4; ++k) {
+      UnitId u = order[(a.access + k) % n];
+      if (u != order[a.access] && std::find(ahead.begin(), ahead.end(), u) == ahead.end()) {
+        ahead.push_back(u);
+      }
+    }
+    const size_t window = a.tier == Tier::kDevice ? 2 : 4;
+    const auto in = std::find(ahead.begin(), ahead.begin() + std::min(window, ahead.size()),
+                              a.unit);
+    EXPECT_NE(in, ahead.begin() + std::min(window, ahead.size()))
+        << "access " << a.access << " prefetched unit " << a.unit << " into "
+        << TierName(a.tier) << ", outside its window";
+  }
+  // Device prefetches after one access come in trace order.
+  for (size_t i = 1; i < actions.size(); ++i) {
+    const PrefetchAction& p = actions[i - 1];
+    const PrefetchAction& c = actions[i];
+    if (p.access != c.access || p.tier != Tier::kDevice || c.tier != Tier::kDevice) continue;
+    auto pos = [&](UnitId u) {
+      for (size_t k = 1; k < n; ++k) {
+        if (order[(c.access + k) % n] == u) return k;
+      }
+      return n;
+    };
+    EXPECT_LT(pos(p.unit), pos(c.unit));
+  }
+  // The very first access of step 2 already prefetched the next two forward blocks.
+  std::set<UnitId> first;
+  for (const PrefetchAction& a : actions) {
+    if (a.access == 0 && a.tier == Tier::kDevice) first.insert(a.unit);
+  }
+  EXPECT_EQ(first, (std::set<UnitId>{1, 2}));
+}
+
+TEST_F(PrefetchSchedulerTest, SteadyStateHitsEveryAccess) {
+  Build(8, 8 * kUnit, 16 * kUnit, Lookahead(2, 4));
+  const std::vector<UnitId> order = ForwardBackward(8);
+  Step(order);
+  Step(order);  // the first access misses: nothing wrapped into it yet
+  const PrefetchStats before = scheduler_->stats();
+  for (int s = 0; s < 3; ++s) Step(order);
+  const PrefetchStats after = scheduler_->stats();
+  EXPECT_EQ(after.accesses - before.accesses, 3 * order.size());
+  EXPECT_EQ(after.hits - before.hits, 3 * order.size());
+  EXPECT_EQ(after.divergences, 0u);
+}
+
+TEST_F(PrefetchSchedulerTest, DevicePeakIsBoundedByTheLookaheadNotTheModel) {
+  for (int units : {8, 32}) {
+    SCOPED_TRACE(units);
+    Build(units, 64 * kUnit, 128 * kUnit, Lookahead(2, 4));
+    const std::vector<UnitId> order = ForwardBackward(units);
+    Step(order);
+    Step(order);
+    // current unit + 2 ahead + the one kept across the forward/backward turn
+    EXPECT_LE(manager_->stats(Tier::kDevice).peak, 4 * kUnit);
+    TearDown();
+  }
+}
+
+TEST_F(PrefetchSchedulerTest, TightBudgetStopsTheWalkInsteadOfStealing) {
+  // Room for the current unit and one more: a 3-unit lookahead must stop at kNoRoom.
+  Build(8, 2 * kUnit, 16 * kUnit, Lookahead(3, 6));
+  const std::vector<UnitId> order = ForwardBackward(8);
+  Step(order);
+  Step(order, /*settle=*/false);
+  Step(order, /*settle=*/true);
+  const PrefetchStats st = scheduler_->stats();
+  EXPECT_GT(st.no_room, 0u);
+  EXPECT_LE(manager_->stats(Tier::kDevice).peak, 2 * kUnit);
+  EXPECT_GT(st.hits, order.size());  // still useful
+}
+
+TEST_F(PrefetchSchedulerTest, DivergenceIsServedOnDemandAndReRecorded) {
+  Build(6, 8 * kUnit, 16 * kUnit, Lookahead(2, 4));
+  const std::vector<UnitId> order = ForwardBackward(6);
+  Step(order);
+  Step(order);
+  std::vector<UnitId> changed = order;
+  std::swap(changed[2], changed[4]);  // the model's call order changed
+  Step(changed);
+  EXPECT_EQ(scheduler_->stats().divergences, 1u);
+  EXPECT_EQ(scheduler_->trace(), changed);
+  const PrefetchStats before = scheduler_->stats();
+  Step(changed);
+  Step(changed);
+  EXPECT_EQ(scheduler_->stats().divergences, 1u);
+  // The diverged step let its last unit go, so the next step's first access misses once.
+  EXPECT_EQ(scheduler_->stats().hits - before.hits, 2 * changed.size() - 1);
+  // A step that ends early (e.g. an exception in the model) is a divergence too.
+  std::vector<UnitId> shorter(changed.begin(), changed.begin() + 5);
+  Step(shorter);
+  EXPECT_EQ(scheduler_->stats().divergences, 2u);
+  EXPECT_EQ(scheduler_->trace(), shorter);
+}
+
+TEST_F(PrefetchSchedulerTest, ReuseDistanceKeepsUnitsAndPersistentOnesStay) {
+  PrefetchOptions o = Lookahead(1, 2);
+  o.max_reuse_distance_bytes = kUnit;  // keep a unit if at most one other unit comes between
+  o.persistence_threshold_bytes = 8 << 10;
+  Build(5, 16 * kUnit, 16 * kUnit, o, /*small_unit_bytes=*/4096);
+  // 0 is small (persistent). Pattern: 1 2 1 3 4 ... 1 is reused after one unit: kept.
+  const std::vector<UnitId> order = {0, 1, 2, 1, 3, 4, 0};
+  Step(order);
+  Step(order);
+  EXPECT_TRUE(manager_->IsCurrent(100, Tier::kDevice)) << "persistent unit was let go";
+  const PrefetchStats st = scheduler_->stats();
+  EXPECT_GT(st.kept, 0u);
+  EXPECT_GT(st.let_go, 0u);
+  // Unit 4 is last used before the final 0 and not again this step: let go.
+  EXPECT_FALSE(manager_->IsCurrent(104, Tier::kDevice));
+}
+
+TEST_F(PrefetchSchedulerTest, DisabledIssuesNothing) {
+  PrefetchOptions o = Lookahead(2, 4);
+  o.enabled = false;
+  Build(6, 8 * kUnit, 16 * kUnit, o);
+  const std::vector<UnitId> order = ForwardBackward(6);
+  Step(order);
+  Step(order);
+  EXPECT_TRUE(scheduler_->actions().empty());
+  // Only the immediate reuse at the forward/backward turn of step 2 (no trace in step 1).
+  EXPECT_EQ(scheduler_->stats().hits, 1u);
+}
+
+TEST_F(PrefetchSchedulerTest, UnitErrors) {
+  Build(2, 8 * kUnit, 16 * kUnit, Lookahead(1, 1));
+  EXPECT_EQ(scheduler_->AddUnit(0, {100}).code(), StatusCode::kInvalidArgument);  // duplicate
+  EXPECT_EQ(scheduler_->AddUnit(7, {}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler_->AddUnit(7, {999}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler_->AddUnit(7, {101}).code(), StatusCode::kInvalidArgument);  // in unit 1
+  EXPECT_EQ(scheduler_->Acquire(42).status().code(), StatusCode::kNotFound);
+}
+
+TEST(PrefetchOptionsTest, FromConfigConvertsElementsToBytes) {
+  Result<Config> c = ParseConfig(R"({"zero_optimization": {"stage": 3,
+      "stage3_prefetch_bucket_size": 1000, "stage3_max_live_parameters": 5000,
+      "stage3_max_reuse_distance": 3000, "stage3_param_persistence_threshold": 10}})",
+                                 "test");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  PrefetchOptions o = PrefetchOptions::FromConfig(*c, 2);
+  EXPECT_EQ(o.device_lookahead_bytes, 2000u);
+  EXPECT_EQ(o.max_live_bytes, 10000u);
+  EXPECT_EQ(o.max_reuse_distance_bytes, 6000u);
+  EXPECT_EQ(o.persistence_threshold_bytes, 20u);
+  EXPECT_EQ(o.host_lookahead_bytes, 8000u);
+}
+
+}  // namespace
+}  // namespace strata::offload

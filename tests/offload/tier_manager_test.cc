@@ -1,0 +1,566 @@
+// TierManager: residency, budgets, eviction, write-back and failure handling, on the CPU device
+// with in-memory, real-file and fault-injecting stores.
+#include "offload/tier_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "device/pinned_pool.h"
+#include "io/fault_injection.h"
+#include "io/memory_store.h"
+#include "strata/trace.h"
+#include "test_support.h"
+
+namespace strata::offload {
+namespace {
+
+ShardSpec Spec(ShardId id, uint64_t bytes, Tier home, std::string name = "",
+               std::string state_class = "param") {
+  ShardSpec s;
+  s.id = id;
+  s.bytes = bytes;
+  s.home = home;
+  s.name = std::move(name);
+  s.state_class = std::move(state_class);
+  return s;
+}
+
+using testing::FillPattern;
+using testing::TempDir;
+
+// The bytes a shard holds after the writer stored version `seed` in it.
+std::vector<char> Content(uint64_t bytes, uint64_t seed) {
+  return testing::PatternBytes(bytes, seed);
+}
+
+// A checksum, so a failure message stays short.
+uint64_t Fnv(const void* p, size_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+struct Rig {
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<io::BlockStore> store;
+  std::unique_ptr<device::PinnedPool> pool;
+  std::unique_ptr<TierManager> manager;
+  std::shared_ptr<io::FaultInjector> faults;
+  std::unique_ptr<TempDir> dir;
+
+  struct Options {
+    uint64_t device_budget = 1 << 20;
+    uint64_t device_memory = 0;  // the device's own budget (0: = device_budget)
+    uint64_t pool_bytes = 2 << 20;
+    uint64_t host_budget = 0;
+    bool real_files = false;
+    bool faulty = false;
+    int paths = 1;
+    TraceRecorder* trace = nullptr;
+  };
+
+  static Rig Make(const Options& o) {
+    Rig r;
+    device::DeviceOptions dopt;
+    dopt.type = device::DeviceType::kCpu;
+    dopt.memory_budget = o.device_memory != 0 ? o.device_memory : o.device_budget;
+    r.device = std::move(*device::CreateDevice(dopt));
+    io::StoreOptions sopt;
+    sopt.threads = 2;
+    if (o.real_files) {
+      sopt.backend = io::Backend::kAuto;
+      r.store = std::move(*io::CreateBlockStore(sopt));
+    } else {
+      r.store = std::move(*io::CreateMemoryStore(sopt));
+    }
+    if (o.faulty) {
+      r.faults = std::make_shared<io::FaultInjector>(7);
+      r.store = io::CreateFaultInjectingStore(std::move(r.store), r.faults);
+    }
+    device::PinnedPoolOptions popt;
+    popt.bytes = o.pool_bytes;
+    popt.huge_pages = HugePages::kOff;
+    popt.device = r.device.get();
+    popt.store = r.store.get();
+    r.pool = std::move(*device::PinnedPool::Create(popt));
+    r.dir = std::make_unique<TempDir>();
+    TierManagerOptions mopt;
+    mopt.device = r.device.get();
+    mopt.pool = r.pool.get();
+    mopt.store = r.store.get();
+    mopt.device_budget = o.device_budget;
+    mopt.host_budget = o.host_budget;
+    for (int i = 0; i < o.paths; ++i) {
+      std::filesystem::create_directories(r.dir->path() / ("nvme" + std::to_string(i)));
+      mopt.nvme.paths.push_back((r.dir->path() / ("nvme" + std::to_string(i))).string());
+    }
+    mopt.nvme.stripe_unit = 8192;
+    mopt.trace = o.trace;
+    r.manager = std::move(*TierManager::Create(mopt));
+    return r;
+  }
+
+  ~Rig() {
+    manager.reset();  // before the pool, store and device it uses
+    pool.reset();
+    store.reset();
+  }
+  Rig() = default;
+  Rig(Rig&&) = default;
+};
+
+// Writes `seed`'s content into the shard through a host overwrite lease.
+void WriteShard(TierManager& m, ShardId id, uint64_t bytes, uint64_t seed, Tier tier,
+                device::Device* dev = nullptr) {
+  Result<Lease> l = m.Acquire(id, tier, Access::kOverwrite, "writer");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  std::vector<char> c = Content(bytes, seed);
+  if (tier == Tier::kHost) {
+    std::memcpy(l->data(), c.data(), bytes);
+  } else {
+    // CPU device memory is host memory.
+    ASSERT_NE(dev, nullptr);
+    std::memcpy(l->data(), c.data(), bytes);
+  }
+  l->Release(/*dirty=*/true);
+}
+
+void ExpectShard(TierManager& m, ShardId id, uint64_t bytes, uint64_t seed, Tier tier) {
+  Result<Lease> l = m.Acquire(id, tier, Access::kRead, "reader");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  std::vector<char> c = Content(bytes, seed);
+  ASSERT_EQ(Fnv(l->data(), bytes), Fnv(c.data(), bytes))
+      << "shard " << id << " in " << TierName(tier) << " does not hold version " << seed;
+}
+
+TEST(TierManagerTest, RoundTripThroughEveryTier) {
+  Rig r = Rig::Make({});
+  TierManager& m = *r.manager;
+  ASSERT_TRUE(m.Register(Spec(1, 100'000, Tier::kNvme, "a")).ok());
+  ASSERT_TRUE(m.Register(Spec(2, 5'000, Tier::kHost, "b")).ok());
+  ASSERT_TRUE(m.Register(Spec(3, 12'288, Tier::kDevice, "c")).ok());
+  ASSERT_TRUE(m.Start().ok());
+
+  WriteShard(m, 1, 100'000, 11, Tier::kHost);
+  WriteShard(m, 2, 5'000, 22, Tier::kDevice, r.device.get());
+  WriteShard(m, 3, 12'288, 33, Tier::kHost);
+  Status flushed = m.FlushAll();
+  ASSERT_TRUE(flushed.ok()) << flushed.ToString();
+  for (ShardId id : {1, 2, 3}) {
+    EXPECT_TRUE(m.IsCurrent(id, id == 1 ? Tier::kNvme : id == 2 ? Tier::kHost : Tier::kDevice));
+  }
+  // Drop every non-home copy, then read everything back through every tier.
+  for (ShardId id : {1, 2, 3}) {
+    ASSERT_TRUE(m.Evict(id, Tier::kDevice).ok());
+    ASSERT_TRUE(m.Evict(id, Tier::kHost).ok());
+  }
+  EXPECT_FALSE(m.IsCurrent(1, Tier::kHost));
+  ExpectShard(m, 1, 100'000, 11, Tier::kDevice);
+  ExpectShard(m, 2, 5'000, 22, Tier::kDevice);
+  ExpectShard(m, 3, 12'288, 33, Tier::kHost);
+  ExpectShard(m, 1, 100'000, 11, Tier::kHost);
+  EXPECT_GT(m.stats(Tier::kHost).fill_bytes, 0u);
+  EXPECT_GT(m.stats(Tier::kNvme).writeback_bytes, 0u);
+}
+
+TEST(TierManagerTest, RegistrationErrors) {
+  Rig r = Rig::Make({});
+  TierManager& m = *r.manager;
+  EXPECT_EQ(m.Register(Spec(1, 0, Tier::kNvme)).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m.Register(Spec(1, 10, Tier::kNvme)).ok());
+  EXPECT_EQ(m.Register(Spec(1, 10, Tier::kNvme)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.Acquire(1, Tier::kHost).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m.Start().ok());
+  EXPECT_EQ(m.Register(Spec(2, 10, Tier::kNvme)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m.Acquire(9, Tier::kHost).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.Acquire(1, Tier::kNvme).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TierManagerTest, BudgetErrorNamesTierBudgetRequestAndHolders) {
+  Rig r = Rig::Make({.device_budget = 64 << 10});
+  TierManager& m = *r.manager;
+  for (ShardId id = 0; id < 5; ++id) {
+    ASSERT_TRUE(m.Register(Spec(id, 16 << 10, Tier::kNvme, "block." + std::to_string(id))).ok());
+  }
+  ASSERT_TRUE(m.Start().ok());
+  std::vector<Lease> held;
+  for (ShardId id = 0; id < 4; ++id) {
+    Result<Lease> l = m.Acquire(id, Tier::kDevice, Access::kRead, "forward");
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    held.push_back(std::move(*l));
+  }
+  Result<Lease> l = m.Acquire(4, Tier::kDevice, Access::kRead, "backward");
+  ASSERT_FALSE(l.ok());
+  const std::string msg = l.status().ToString();
+  EXPECT_EQ(l.status().code(), StatusCode::kResourceExhausted) << msg;
+  EXPECT_NE(msg.find("device tier budget 64.00 KiB"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'block.4' (16.00 KiB)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'block.0' 16.00 KiB by forward"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("for backward"), std::string::npos) << msg;
+  // The manager stays usable: release one and the request succeeds.
+  held[1].Release();
+  EXPECT_TRUE(m.Acquire(4, Tier::kDevice).ok());
+  EXPECT_LE(m.stats(Tier::kDevice).peak, 64u << 10);
+}
+
+TEST(TierManagerTest, EvictionWithoutOracleIsLru) {
+  Rig r = Rig::Make({.device_budget = 48 << 10});
+  TierManager& m = *r.manager;
+  for (ShardId id = 0; id < 4; ++id) ASSERT_TRUE(m.Register(Spec(id, 16 << 10, Tier::kNvme)).ok());
+  ASSERT_TRUE(m.Start().ok());
+  for (ShardId id : {0, 1, 2}) ASSERT_TRUE(m.Acquire(id, Tier::kDevice).ok());
+  ASSERT_TRUE(m.Acquire(0, Tier::kDevice).ok());  // 1 is now least recently used
+  ASSERT_TRUE(m.Acquire(3, Tier::kDevice).ok());
+  EXPECT_TRUE(m.IsCurrent(0, Tier::kDevice));
+  EXPECT_FALSE(m.IsCurrent(1, Tier::kDevice));
+  EXPECT_TRUE(m.IsCurrent(2, Tier::kDevice));
+}
+
+TEST(TierManagerTest, EvictionWithOracleDropsFarthestNextUse) {
+  Rig r = Rig::Make({.device_budget = 48 << 10});
+  TierManager& m = *r.manager;
+  for (ShardId id = 0; id < 4; ++id) ASSERT_TRUE(m.Register(Spec(id, 16 << 10, Tier::kNvme)).ok());
+  ASSERT_TRUE(m.Start().ok());
+  for (ShardId id : {0, 1, 2}) ASSERT_TRUE(m.Acquire(id, Tier::kDevice).ok());
+  std::map<ShardId, uint64_t> next = {{0, 9}, {1, 2}, {2, 5}, {3, 0}};
+  m.SetEvictionOracle([&](ShardId s) { return next.at(s); });
+  ASSERT_TRUE(m.Acquire(3, Tier::kDevice).ok());
+  EXPECT_FALSE(m.IsCurrent(0, Tier::kDevice)) << "shard 0 is used last and must go first";
+  EXPECT_TRUE(m.IsCurrent(1, Tier::kDevice));
+  EXPECT_TRUE(m.IsCurrent(2, Tier::kDevice));
+}
+
+TEST(TierManagerTest, PrefetchNeverEvictsWhatIsNeededSooner) {
+  Rig r = Rig::Make({.device_budget = 32 << 10});
+  TierManager& m = *r.manager;
+  for (ShardId id = 0; id < 3; ++id) ASSERT_TRUE(m.Register(Spec(id, 16 << 10, Tier::kNvme)).ok());
+  ASSERT_TRUE(m.Start().ok());
+  for (ShardId id : {0, 1}) ASSERT_TRUE(m.Acquire(id, Tier::kDevice).ok());
+  std::map<ShardId, uint64_t> next = {{0, 1}, {1, 2}, {2, 3}};
+  m.SetEvictionOracle([&](ShardId s) { return next.at(s); });
+  Result<PrefetchOutcome> p = m.Prefetch(2, Tier::kDevice);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(*p, PrefetchOutcome::kNoRoom);
+  EXPECT_TRUE(m.IsCurrent(0, Tier::kDevice));
+  EXPECT_TRUE(m.IsCurrent(1, Tier::kDevice));
+  next[2] = 0;  // now 2 is needed first: shard 1 (farthest) makes room
+  p = m.Prefetch(2, Tier::kDevice);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(*p, PrefetchOutcome::kIssued);
+  EXPECT_FALSE(m.IsCurrent(1, Tier::kDevice));
+  m.WaitIdle();
+  EXPECT_TRUE(m.IsCurrent(2, Tier::kDevice));
+  EXPECT_EQ(*m.Prefetch(2, Tier::kDevice), PrefetchOutcome::kResident);
+}
+
+TEST(TierManagerTest, DirtyDeviceCopyIsWrittenBackBeforeItIsDropped) {
+  Rig r = Rig::Make({.device_budget = 32 << 10, .pool_bytes = 64 << 10});
+  TierManager& m = *r.manager;
+  for (ShardId id = 0; id < 6; ++id) ASSERT_TRUE(m.Register(Spec(id, 16 << 10, Tier::kNvme)).ok());
+  ASSERT_TRUE(m.Start().ok());
+  // Write every shard on the device: the budget holds two, so the rest are written back through
+  // host to NVMe as they are pushed out.
+  for (ShardId id = 0; id < 6; ++id) {
+    WriteShard(m, id, 16 << 10, 100 + id, Tier::kDevice, r.device.get());
+  }
+  for (ShardId id = 0; id < 6; ++id) ExpectShard(m, id, 16 << 10, 100 + id, Tier::kDevice);
+  EXPECT_LE(m.stats(Tier::kDevice).peak, 32u << 10);
+  EXPECT_LE(m.stats(Tier::kHost).peak, 64u << 10);
+  EXPECT_GT(m.stats(Tier::kHost).writebacks, 0u);
+  EXPECT_GT(m.stats(Tier::kNvme).writebacks, 0u);
+}
+
+TEST(TierManagerTest, NvmeLayoutIsStripedPreallocatedAndRemoved) {
+  Rig r = Rig::Make({.real_files = true, .paths = 2});
+  TierManager& m = *r.manager;
+  ASSERT_TRUE(m.Register(Spec(1, 10'000, Tier::kNvme, "p1", "param")).ok());
+  ASSERT_TRUE(m.Register(Spec(2, 20'000, Tier::kNvme, "o1", "optim")).ok());
+  ASSERT_TRUE(m.Register(Spec(3, 4096, Tier::kNvme, "p2", "param")).ok());
+  ASSERT_TRUE(m.Start().ok());
+  const NvmeLayout* layout = m.nvme_layout();
+  ASSERT_NE(layout, nullptr);
+  ASSERT_EQ(layout->files().size(), 2u);  // one per state class
+  for (const auto& f : layout->files()) {
+    ASSERT_EQ(f.size(), 2u);  // striped over both paths
+    for (const std::string& p : f) EXPECT_TRUE(std::filesystem::exists(p)) << p;
+  }
+  EXPECT_EQ(layout->Find(1)->offset, 0u);
+  EXPECT_EQ(layout->Find(1)->length, 12'288u);
+  EXPECT_EQ(layout->Find(3)->offset, 12'288u);
+  EXPECT_EQ(layout->Find(2)->offset, 0u);
+  EXPECT_EQ(layout->Find(2)->length, 20'480u);
+  EXPECT_EQ(layout->total_bytes(), 12'288u + 4096 + 20'480);
+  // Preallocated: both stripes of the param file have their blocks.
+  const std::string param0 = layout->files()[1][0];
+  EXPECT_NE(param0.find("strata.rank0.param.swap"), std::string::npos);
+
+  WriteShard(m, 1, 10'000, 5, Tier::kHost);
+  WriteShard(m, 2, 20'000, 6, Tier::kHost);
+  ASSERT_TRUE(m.FlushAll().ok());
+  ASSERT_TRUE(m.Evict(1, Tier::kHost).ok());
+  ASSERT_TRUE(m.Evict(2, Tier::kHost).ok());
+  ExpectShard(m, 1, 10'000, 5, Tier::kHost);
+  ExpectShard(m, 2, 20'000, 6, Tier::kDevice);
+  std::vector<std::string> paths;
+  for (const auto& f : layout->files()) paths.insert(paths.end(), f.begin(), f.end());
+  r.manager.reset();
+  for (const std::string& p : paths) EXPECT_FALSE(std::filesystem::exists(p)) << p;
+}
+
+TEST(TierManagerTest, StallsAndTraceAreRecorded) {
+  TraceRecorder trace;
+  Rig r = Rig::Make({.trace = &trace});
+  TierManager& m = *r.manager;
+  ASSERT_TRUE(m.Register(Spec(1, 64 << 10, Tier::kNvme, "a")).ok());
+  ASSERT_TRUE(m.Start().ok());
+  ASSERT_TRUE(m.Acquire(1, Tier::kDevice).ok());
+  ASSERT_TRUE(m.Acquire(1, Tier::kDevice).ok());
+  TierStats st = m.stats(Tier::kDevice);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_EQ(st.hits, 1u);
+  EXPECT_EQ(st.stalls, 1u);
+  EXPECT_GT(st.stall_ns, 0u);
+  bool read = false, stall = false;
+  std::vector<std::string> tracks = trace.TrackNames();
+  for (const TraceEvent& e : trace.Events()) {
+    read |= tracks[e.track] == "offload nvme read" && e.name == "a";
+    stall |= tracks[e.track] == "offload stall";
+  }
+  EXPECT_TRUE(read);
+  EXPECT_TRUE(stall);
+}
+
+// The main property test: random use of hundreds of shards over all three tiers with tight
+// budgets. Every read returns the last version written; no budget is ever exceeded.
+struct StressParams {
+  const char* name;
+  bool real_files;
+  int threads;
+};
+
+class TierManagerStressTest : public ::testing::TestWithParam<StressParams> {};
+
+TEST_P(TierManagerStressTest, RandomAccessKeepsEveryByteAndEveryBudget) {
+  const StressParams param = GetParam();
+  constexpr uint64_t kDeviceBudget = 256 << 10;
+  constexpr uint64_t kPool = 512 << 10;
+  Rig r = Rig::Make({.device_budget = kDeviceBudget,
+                     .pool_bytes = kPool,
+                     .real_files = param.real_files,
+                     .paths = 2});
+  TierManager& m = *r.manager;
+  constexpr int kShards = 300;
+  std::mt19937_64 setup(42);
+  std::vector<uint64_t> bytes(kShards);
+  std::vector<Tier> home(kShards);
+  for (int i = 0; i < kShards; ++i) {
+    bytes[i] = 1 + setup() % (20 << 10);
+    // Home copies are never evicted: keep them to about a third of each budget.
+    const int h = setup() % 100;
+    home[i] = h < 1 ? Tier::kDevice : h < 6 ? Tier::kHost : Tier::kNvme;
+    ASSERT_TRUE(m.Register(Spec(static_cast<ShardId>(i), bytes[i], home[i])).ok());
+  }
+  Status started = m.Start();
+  ASSERT_TRUE(started.ok()) << started.ToString();
+
+  std::atomic<bool> failed{false};
+  auto worker = [&](int t) {
+    std::mt19937_64 rng(1000 + t);
+    std::map<int, uint64_t> version;  // shards owned by this thread -> seed last written
+    for (int i = t; i < kShards; i += param.threads) version[i] = 0;  // zeros at start
+    auto expected = [&](int i, uint64_t v) {
+      return v == 0 ? std::vector<char>(bytes[i], 0) : Content(bytes[i], v);
+    };
+    const int ops = 1500 / param.threads;
+    for (int op = 0; op < ops && !failed; ++op) {
+      auto it = version.begin();
+      std::advance(it, rng() % version.size());
+      const int i = it->first;
+      const int kind = rng() % 10;
+      const Tier tier = rng() % 2 ? Tier::kDevice : Tier::kHost;
+      if (kind < 5) {  // read and check
+        Result<Lease> l = m.Acquire(i, tier, Access::kRead, "reader");
+        if (!l.ok()) {
+          ADD_FAILURE() << l.status().ToString();
+          failed = true;
+          return;
+        }
+        std::vector<char> want = expected(i, it->second);
+        if (std::memcmp(l->data(), want.data(), bytes[i]) != 0) {
+          ADD_FAILURE() << "shard " << i << " in " << TierName(tier) << " lost version "
+                        << it->second;
+          failed = true;
+        }
+        // Sometimes modify in place.
+        if (rng() % 3 == 0) {
+          const uint64_t v = (uint64_t(t) << 32) | (op + 1);
+          std::vector<char> c = Content(bytes[i], v);
+          std::memcpy(l->data(), c.data(), bytes[i]);
+          l->Release(/*dirty=*/true);
+          it->second = v;
+        }
+      } else if (kind < 7) {  // overwrite
+        Result<Lease> l = m.Acquire(i, tier, Access::kOverwrite, "writer");
+        if (!l.ok()) {
+          ADD_FAILURE() << l.status().ToString();
+          failed = true;
+          return;
+        }
+        const uint64_t v = (uint64_t(t) << 32) | (op + 1) | (1ull << 31);
+        std::vector<char> c = Content(bytes[i], v);
+        std::memcpy(l->data(), c.data(), bytes[i]);
+        l->Release(true);
+        it->second = v;
+      } else if (kind < 9) {
+        Result<PrefetchOutcome> p = m.Prefetch(i, tier);
+        if (!p.ok()) {
+          ADD_FAILURE() << p.status().ToString();
+          failed = true;
+        }
+      } else {
+        Status s = m.Evict(i, tier);
+        if (!s.ok()) {
+          ADD_FAILURE() << s.ToString();
+          failed = true;
+        }
+      }
+      ASSERT_LE(m.stats(Tier::kDevice).in_use, kDeviceBudget);
+      ASSERT_LE(m.stats(Tier::kHost).in_use, kPool);
+    }
+    // Everything still reads back, through both tiers.
+    for (auto& [i, v] : version) {
+      for (Tier tier : {Tier::kHost, Tier::kDevice}) {
+        Result<Lease> l = m.Acquire(i, tier);
+        ASSERT_TRUE(l.ok()) << l.status().ToString();
+        std::vector<char> want = expected(i, v);
+        EXPECT_EQ(std::memcmp(l->data(), want.data(), bytes[i]), 0)
+            << "shard " << i << " in " << TierName(tier);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < param.threads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  m.WaitIdle();
+  EXPECT_LE(m.stats(Tier::kDevice).peak, kDeviceBudget);
+  EXPECT_LE(m.stats(Tier::kHost).peak, kPool);
+  EXPECT_LE(r.device->memory_stats().peak, kDeviceBudget);
+  EXPECT_LE(r.pool->stats().peak, kPool);
+  EXPECT_GT(m.stats(Tier::kHost).evictions, 0u) << "the budgets were not tight";
+  EXPECT_GT(m.stats(Tier::kNvme).writebacks, 0u);
+  ASSERT_TRUE(m.FlushAll().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, TierManagerStressTest,
+                         ::testing::Values(StressParams{"memory", false, 1},
+                                           StressParams{"memory_3threads", false, 3},
+                                           StressParams{"files_2threads", true, 2}),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
+
+// I/O errors at random: a consumer sees either the right bytes or an error, never a hang or
+// wrong bytes; once the faults stop, every shard holds its last successfully written version.
+TEST(TierManagerTest, FaultsSurfaceAsStatusAndLoseNothing) {
+  Rig r = Rig::Make({.device_budget = 64 << 10, .pool_bytes = 96 << 10, .faulty = true});
+  TierManager& m = *r.manager;
+  constexpr int kShards = 120;
+  for (int i = 0; i < kShards; ++i) {
+    ASSERT_TRUE(m.Register(Spec(static_cast<ShardId>(i), 8 << 10, Tier::kNvme)).ok());
+  }
+  ASSERT_TRUE(m.Start().ok());
+  io::FaultRule rule;
+  rule.probability = 0.2;
+  r.faults->AddRule(rule);
+  std::vector<uint64_t> version(kShards, 0);
+  std::mt19937_64 rng(5);
+  int errors = 0;
+  for (int op = 0; op < 2000; ++op) {
+    const int i = rng() % kShards;
+    const Tier tier = rng() % 2 ? Tier::kDevice : Tier::kHost;
+    if (rng() % 2) {
+      Result<Lease> l = m.Acquire(i, tier, Access::kOverwrite, "writer");
+      if (!l.ok()) {
+        ++errors;
+        EXPECT_NE(l.status().message().find("injected"), std::string::npos)
+            << l.status().ToString();
+        continue;
+      }
+      std::vector<char> c = Content(8 << 10, op + 1);
+      std::memcpy(l->data(), c.data(), c.size());
+      l->Release(true);
+      version[i] = op + 1;
+    } else {
+      Result<Lease> l = m.Acquire(i, tier);
+      if (!l.ok()) {
+        ++errors;
+        EXPECT_NE(l.status().message().find("injected"), std::string::npos)
+            << l.status().ToString();
+        continue;
+      }
+      std::vector<char> want =
+          version[i] == 0 ? std::vector<char>(8 << 10, 0) : Content(8 << 10, version[i]);
+      ASSERT_EQ(std::memcmp(l->data(), want.data(), want.size()), 0) << "shard " << i;
+    }
+    ASSERT_LE(m.stats(Tier::kDevice).in_use, 64u << 10);
+    ASSERT_LE(m.stats(Tier::kHost).in_use, 96u << 10);
+  }
+  EXPECT_GT(errors, 0);
+  EXPECT_GT(r.faults->total_hits(), 0u);
+  r.faults->Clear();
+  for (int i = 0; i < kShards; ++i) {
+    std::vector<char> want =
+        version[i] == 0 ? std::vector<char>(8 << 10, 0) : Content(8 << 10, version[i]);
+    Result<Lease> l = m.Acquire(i, Tier::kHost);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    ASSERT_EQ(std::memcmp(l->data(), want.data(), want.size()), 0) << "shard " << i;
+  }
+  ASSERT_TRUE(m.FlushAll().ok());
+}
+
+// Release with a stream: the copy is not reused before the consumer's device work finishes.
+TEST(TierManagerTest, ReleaseOnStreamWaitsForConsumerWork) {
+  Rig r = Rig::Make({.device_budget = 16 << 10});
+  TierManager& m = *r.manager;
+  ASSERT_TRUE(m.Register(Spec(1, 16 << 10, Tier::kNvme)).ok());
+  ASSERT_TRUE(m.Register(Spec(2, 16 << 10, Tier::kNvme)).ok());
+  ASSERT_TRUE(m.Start().ok());
+  std::unique_ptr<device::Stream> compute = std::move(*r.device->CreateStream("compute"));
+  Result<Lease> a = m.Acquire(1, Tier::kDevice, Access::kOverwrite);
+  ASSERT_TRUE(a.ok());
+  char* p = static_cast<char*>(a->data());
+  std::atomic<bool> go{false};
+  // Slow device work that writes the buffer, enqueued before the release.
+  ASSERT_TRUE(r.device
+                  ->HostTask(
+                      *compute,
+                      [&] {
+                        while (!go) std::this_thread::yield();
+                        std::memset(p, 0x5a, 16 << 10);
+                        return Status::Ok();
+                      },
+                      "fill")
+                  .ok());
+  a->Release(/*dirty=*/true, compute.get());
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    go = true;
+  });
+  // Needs the only device slot: must wait for the fill to finish, then write it back.
+  Result<Lease> b = m.Acquire(2, Tier::kDevice);
+  releaser.join();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  b->Release();
+  Result<Lease> h = m.Acquire(1, Tier::kHost);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(static_cast<unsigned char*>(h->data())[0], 0x5a);
+  EXPECT_EQ(static_cast<unsigned char*>(h->data())[(16 << 10) - 1], 0x5a);
+}
+
+}  // namespace
+}  // namespace strata::offload
