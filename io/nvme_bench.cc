@@ -25,6 +25,7 @@
 #include "common/units.h"
 #include "io/numa.h"
 #include "io/stripe.h"
+#include "strata/trace.h"
 
 namespace strata::io {
 
@@ -35,6 +36,11 @@ std::string_view BenchPatternName(BenchPattern pattern) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// TraceRecorder::NowNs() reads the same steady clock.
+int64_t TraceNs(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
 
 // Latencies in nanoseconds, 16 buckets per power of two (about 6% resolution), lock-free.
 class LatencyHistogram {
@@ -185,7 +191,8 @@ class Phase {
   // `written`: one flag per block, set when a write phase with `check` wrote the verify
   // pattern to it; a read phase with `check` verifies exactly the blocks flagged.
   // `sync_at_end`: the phase ends with an fdatasync that is part of its time (buffered writes,
-  // which otherwise only reach the page cache).
+  // which otherwise only reach the page cache). With config.trace set, every request is
+  // recorded on the track of its slot.
   Phase(BlockStore* store, FileId file, IoOp op, const BenchConfig& config, char* region,
         uint64_t nblocks, std::vector<uint64_t> order, bool check,
         std::vector<std::atomic<uint8_t>>* written, bool sync_at_end)
@@ -221,6 +228,12 @@ class Phase {
     }
     active_.store(batch.size());
     if (batch.empty()) return Status::Ok();
+    if (config_.trace != nullptr) {
+      // Created before the first submission, so completion callbacks only read it.
+      slot_tracks_.reserve(batch.size());
+      for (size_t s = 0; s < batch.size(); ++s)
+        slot_tracks_.push_back(config_.trace->Track(fmt::format("io slot {}", s)));
+    }
     Status submitted = store_->Submit(batch);
     if (!submitted.ok()) return submitted;
 
@@ -254,6 +267,15 @@ class Phase {
     result->device_requests = store_->stats().device_requests - before;
     result->verify_mismatches = mismatches_.load();
     result->verified_blocks = verified_.load();
+    if (config_.trace != nullptr) {
+      config_.trace->Complete(
+          config_.trace->Track("nvme-bench"),
+          fmt::format("{} block {} qd {} threads {}", name, FormatBytesExact(config_.block),
+                      config_.queue_depth, config_.threads),
+          "bench", TraceNs(start_), TraceNs(std::max(start_, end_)),
+          {{"bytes", static_cast<double>(result->bytes)},
+           {"requests", static_cast<double>(result->requests)}});
+    }
     if (cancel_ != nullptr && cancel_->load()) return CancelledError("interrupted");
     return error_;
   }
@@ -292,6 +314,12 @@ class Phase {
     const Clock::time_point now = Clock::now();
     latency_.Record(static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(now - issued).count()));
+    if (config_.trace != nullptr) {
+      config_.trace->Complete(slot_tracks_[slot], IoOpName(op_), "io", TraceNs(issued),
+                              TraceNs(now),
+                              {{"bytes", static_cast<double>(config_.block)},
+                               {"offset", static_cast<double>(block * config_.block)}});
+    }
     if (!s.ok()) {
       Fail(s);
     } else {
@@ -336,6 +364,7 @@ class Phase {
   std::vector<std::atomic<uint8_t>>* written_;
   bool sync_at_end_;
   const std::atomic<bool>* cancel_ = nullptr;
+  std::vector<uint32_t> slot_tracks_;  // trace track of each slot; empty without a trace
 
   Clock::time_point start_, deadline_;
   Clock::time_point end_{};  // guarded by mu_
@@ -498,7 +527,8 @@ Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn
   Status st;
   if (!laid_out || (config.verify && !config.write)) {
     BenchConfig prep = config;
-    prep.runtime = 0;  // one whole pass, however long
+    prep.runtime = 0;      // one whole pass, however long
+    prep.trace = nullptr;  // untimed: not part of the measurement
     st = run_phase(prep, IoOp::kWrite, "prepare", false, {});
   }
   if (st.ok() && config.write) st = run_phase(config, IoOp::kWrite, "write", true, order);

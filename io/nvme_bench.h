@@ -29,6 +29,10 @@
 #include "common/host_memory.h"
 #include "strata/block_store.h"
 
+namespace strata {
+class TraceRecorder;
+}
+
 namespace strata::io {
 
 enum class BenchPattern : uint8_t { kSequential, kRandom };
@@ -58,6 +62,13 @@ struct BenchConfig {
   bool keep = false;    // keep created files
   double runtime = 0;   // seconds per phase; 0 = one pass over the file
   uint64_t seed = 1;    // for the random order and the verify pattern
+  // When set, every request of the measured phases (not of the untimed lay-out pass) is recorded
+  // as a complete event (name "read"/"write", category "io", args bytes and offset) from its
+  // submission to its callback, on a track per in-flight slot ("io slot <i>", i < threads x
+  // queue_depth): a slot's requests run back to back, so a track never has overlapping events.
+  // Each measured phase is also one event on the track "nvme-bench" (category "bench"). Not
+  // owned; must outlive RunBench. Null: nothing is recorded and nothing is paid.
+  TraceRecorder* trace = nullptr;
 };
 
 struct BenchProgress {

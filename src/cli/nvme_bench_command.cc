@@ -9,7 +9,9 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -21,6 +23,7 @@
 #include "common/units.h"
 #include "io/nvme_bench.h"
 #include "io/path_info.h"
+#include "strata/trace.h"
 #include "strata/version.h"
 
 namespace strata::cli {
@@ -60,6 +63,7 @@ struct NvmeBenchArgs {
   bool keep = false;
   bool json_output = false;
   uint64_t seed = 1;
+  std::string trace_file;  // --trace; empty: no trace
   // Which list options were given on the command line (a sweep fills the others with defaults).
   bool blocks_given = false, depths_given = false, threads_given = false;
 };
@@ -98,6 +102,19 @@ Status Validate(const NvmeBenchArgs& a) {
         "--stripe-unit {}: must be a positive multiple of 4 KiB (4096 bytes)", a.stripe_unit));
   }
   if (a.runtime < 0) return InvalidArgumentError("--runtime: must not be negative");
+  if (!a.trace_file.empty()) {
+    // Checked now rather than after the whole run: the trace is written at the end.
+    const std::filesystem::path trace(a.trace_file);
+    const std::string dir = trace.has_parent_path() ? trace.parent_path().string() : ".";
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+      return ErrnoToStatus(errno, fmt::format("--trace {}: directory {}", a.trace_file, dir));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      return InvalidArgumentError(
+          fmt::format("--trace {}: {} is not a directory", a.trace_file, dir));
+    }
+  }
   const bool several = a.blocks.size() > 1 || a.depths.size() > 1 || a.threads.size() > 1;
   if (several && !a.sweep && !a.tune) {
     return InvalidArgumentError(
@@ -302,6 +319,14 @@ int Run(NvmeBenchArgs a) {
   base.seed = a.seed;
   // Intermediate configurations of a sweep keep the file; it is removed after the last one.
   base.keep = true;
+  // Bounded so that a long --runtime with small blocks cannot exhaust memory (about 200 bytes an
+  // event); later requests are counted as dropped.
+  constexpr size_t kMaxTraceEvents = 1'000'000;
+  std::unique_ptr<TraceRecorder> trace;
+  if (!a.trace_file.empty()) {
+    trace = std::make_unique<TraceRecorder>(0, "strata nvme-bench", kMaxTraceEvents);
+    base.trace = trace.get();
+  }
 
   {
     std::string where;
@@ -368,6 +393,21 @@ int Run(NvmeBenchArgs a) {
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   std::signal(SIGHUP, SIG_DFL);
+  // The trace is written even after a failure or an interruption: it shows what ran until then.
+  std::string trace_note;
+  if (trace != nullptr) {
+    Status written = trace->WriteChromeJson(a.trace_file);
+    if (!written.ok() && failure.ok()) return ReportError("nvme-bench", written);
+    if (written.ok()) {
+      const size_t dropped = trace->dropped();
+      trace_note = fmt::format("trace: wrote {}{}\n", a.trace_file,
+                               dropped > 0 ? fmt::format(" ({} requests beyond {} events were "
+                                                         "not recorded)",
+                                                         dropped, kMaxTraceEvents)
+                                           : "");
+      if (!failure.ok()) std::fputs(trace_note.c_str(), stderr);
+    }
+  }
   if (!failure.ok()) {
     // What was measured before the failure is still worth seeing.
     if (!results.empty()) {
@@ -392,6 +432,8 @@ int Run(NvmeBenchArgs a) {
                  FormatBytes(r0.buffer_huge_bytes).c_str(),
                  FormatBytes(r0.registered_buffer_bytes).c_str());
   }
+
+  std::fputs(trace_note.c_str(), human);
 
   json out = {{"strata_version", std::string(Version())},
               {"paths", a.paths},
@@ -423,6 +465,7 @@ int Run(NvmeBenchArgs a) {
     out["tune_file"] = a.tune_file;
     out["tuned"] = tuned;
   }
+  if (trace != nullptr) out["trace_file"] = a.trace_file;
   if (a.json_output) std::printf("%s\n", out.dump(2).c_str());
   // SIGPIPE is ignored (to clean up): a closed stdout shows up here instead.
   if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
@@ -505,6 +548,9 @@ void RegisterNvmeBenchCommand(CLI::App& app, int* exit_code) {
                 "Print the results as JSON on stdout (the table and progress go to stderr)");
   cmd->add_option("--seed", args->seed, "Seed for the random order and the verify pattern")
       ->capture_default_str();
+  cmd->add_option("--trace", args->trace_file,
+                  "Write a Chrome / Perfetto trace (JSON) of every measured request to this file: "
+                  "one track per in-flight slot, plus one event per phase");
   cmd->callback([cmd, args, exit_code] {
     args->blocks_given = cmd->count("--block") > 0;
     args->depths_given = cmd->count("--qd") > 0;

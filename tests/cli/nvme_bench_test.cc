@@ -6,12 +6,17 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_test_util.h"
 #include "strata/config.h"
@@ -150,6 +155,79 @@ TEST(NvmeBenchTest, TuneWritesALoadableConfig) {
             out["best"]["queue_depth"].get<int64_t>());
   EXPECT_EQ(static_cast<int64_t>(config->strata.io.threads), 1);
   EXPECT_THAT(r.err, HasSubstr("best: block"));
+}
+
+TEST(NvmeBenchTest, TraceRecordsEveryMeasuredRequest) {
+  TempDir data;
+  TempDir out_dir;
+  const std::string trace_path = out_dir.file("bench-trace.json");
+  CommandResult r = RunStrata({"nvme-bench", "--path", data.path().string(), "--size", "8M",
+                               "--block", "1M", "--qd", "2", "--threads", "2", "--pattern", "rand",
+                               "--trace", trace_path, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("trace: wrote " + trace_path));
+  EXPECT_EQ(json::parse(r.out)["trace_file"], trace_path);
+
+  std::vector<char> bytes = ReadWholeFile(trace_path);
+  const json doc = json::parse(std::string(bytes.begin(), bytes.end()));
+  EXPECT_EQ(doc["displayTimeUnit"], "ms");
+  std::map<int, std::string> tracks;  // tid -> name
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+  }
+  // One track per in-flight slot (2 threads x qd 2), and one for the phases.
+  std::set<std::string> names;
+  for (const auto& [tid, name] : tracks)
+    names.insert(name);
+  EXPECT_EQ(names, (std::set<std::string>{"io slot 0", "io slot 1", "io slot 2", "io slot 3",
+                                          "nvme-bench"}));
+
+  std::map<std::string, std::set<uint64_t>> offsets;            // op -> offsets transferred
+  std::map<int, std::vector<std::pair<double, double>>> spans;  // tid -> (ts, end) of requests
+  std::vector<std::string> phases;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    ASSERT_TRUE(tracks.count(e["tid"].get<int>())) << e.dump();
+    EXPECT_GE(e["ts"].get<double>(), 0.0);
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+    if (e["cat"] == "bench") {
+      phases.push_back(e["name"]);
+      continue;
+    }
+    EXPECT_EQ(e["cat"], "io") << e.dump();
+    EXPECT_THAT(tracks[e["tid"]], ::testing::StartsWith("io slot ")) << e.dump();
+    EXPECT_EQ(e["args"]["bytes"], 1 << 20);
+    const auto offset = e["args"]["offset"].get<uint64_t>();
+    EXPECT_EQ(offset % (1 << 20), 0u);
+    EXPECT_LT(offset, 8u << 20);
+    offsets[e["name"]].insert(offset);
+    const double ts = e["ts"].get<double>();
+    spans[e["tid"]].push_back({ts, ts + e["dur"].get<double>()});
+  }
+  // Every block once per measured phase; the untimed lay-out pass is not traced.
+  ASSERT_EQ(offsets.size(), 2u);
+  EXPECT_EQ(offsets["write"].size(), 8u);
+  EXPECT_EQ(offsets["read"].size(), 8u);
+  size_t requests = 0;
+  for (auto& [tid, list] : spans) {
+    requests += list.size();
+    // A slot's requests run back to back: no two overlap on one track (1 ns slack for rounding).
+    std::sort(list.begin(), list.end());
+    for (size_t i = 1; i < list.size(); ++i)
+      EXPECT_LE(list[i - 1].second, list[i].first + 1e-3) << "track " << tracks[tid];
+  }
+  EXPECT_EQ(requests, 16u);
+  EXPECT_THAT(phases, ::testing::ElementsAre("write block 1 MiB qd 2 threads 2",
+                                             "read block 1 MiB qd 2 threads 2"));
+}
+
+TEST(NvmeBenchTest, TraceIntoAMissingDirectoryFailsBeforeRunning) {
+  TempDir data;
+  CommandResult r = RunStrata({"nvme-bench", "--path", data.path().string(), "--size", "4M",
+                               "--trace", "/nonexistent/strata/trace.json"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  ExpectOneErrorLine(r, "--trace /nonexistent/strata/trace.json");
+  EXPECT_EQ(CountEntries(data.path()), 0u);
 }
 
 TEST(NvmeBenchTest, MissingPathIsOneLine) {
