@@ -1,0 +1,165 @@
+#include <algorithm>
+
+#include "device/cuda_kernels.h"
+#include "device/dtype_convert.h"
+
+namespace strata::device::cuda_kernels {
+namespace {
+
+constexpr unsigned kBlockThreads = 256;
+// A grid-stride loop needs only enough blocks to fill the GPU a few times over (an H100 holds
+// about a thousand 256-thread blocks at once).
+constexpr size_t kMaxBlocks = 4096;
+
+unsigned BlockCount(size_t n) {
+  return static_cast<unsigned>(std::min(kMaxBlocks, (n + kBlockThreads - 1) / kBlockThreads));
+}
+
+struct F32 {
+  using T = float;
+  __device__ static float Load(T v) { return v; }
+  __device__ static T Store(float f) { return f; }
+};
+struct BF16 {
+  using T = uint16_t;
+  __device__ static float Load(T v) { return convert::Bf16ToFloat(v); }
+  __device__ static T Store(float f) { return convert::FloatToBf16(f); }
+};
+struct F16 {
+  using T = uint16_t;
+  __device__ static float Load(T v) { return convert::F16ToFloat(v); }
+  __device__ static T Store(float f) { return convert::FloatToF16(f); }
+};
+
+__device__ inline size_t FirstIndex() {
+  return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline size_t Stride() {
+  return static_cast<size_t>(gridDim.x) * blockDim.x;
+}
+
+template <typename S, typename D>
+__global__ void CastKernel(const typename S::T* __restrict__ x, typename D::T* __restrict__ y,
+                           size_t n) {
+  for (size_t i = FirstIndex(); i < n; i += Stride())
+    y[i] = D::Store(S::Load(x[i]));
+}
+
+template <typename E>
+__global__ void ScaleKernel(typename E::T* x, float alpha, size_t n) {
+  for (size_t i = FirstIndex(); i < n; i += Stride())
+    x[i] = E::Store(__fmul_rn(E::Load(x[i]), alpha));
+}
+
+template <typename E>
+__global__ void AxpyKernel(float alpha, const typename E::T* __restrict__ x,
+                           typename E::T* __restrict__ y, size_t n) {
+  for (size_t i = FirstIndex(); i < n; i += Stride())
+    y[i] = E::Store(__fadd_rn(E::Load(y[i]), __fmul_rn(alpha, E::Load(x[i]))));
+}
+
+template <typename E>
+__global__ void FillKernel(typename E::T* x, typename E::T value, size_t n) {
+  for (size_t i = FirstIndex(); i < n; i += Stride())
+    x[i] = value;
+}
+
+template <typename S, typename D>
+cudaError_t CastAs(const void* x, void* y, size_t n, cudaStream_t stream) {
+  CastKernel<S, D><<<BlockCount(n), kBlockThreads, 0, stream>>>(
+      static_cast<const typename S::T*>(x), static_cast<typename D::T*>(y), n);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t CastFrom(const void* x, void* y, KernelDType to, size_t n, cudaStream_t stream) {
+  switch (to) {
+    case KernelDType::kF32:
+      return CastAs<S, F32>(x, y, n, stream);
+    case KernelDType::kBF16:
+      return CastAs<S, BF16>(x, y, n, stream);
+    case KernelDType::kF16:
+      return CastAs<S, F16>(x, y, n, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename E>
+cudaError_t ScaleAs(void* x, float alpha, size_t n, cudaStream_t stream) {
+  ScaleKernel<E>
+      <<<BlockCount(n), kBlockThreads, 0, stream>>>(static_cast<typename E::T*>(x), alpha, n);
+  return cudaGetLastError();
+}
+
+template <typename E>
+cudaError_t AxpyAs(float alpha, const void* x, void* y, size_t n, cudaStream_t stream) {
+  AxpyKernel<E><<<BlockCount(n), kBlockThreads, 0, stream>>>(
+      alpha, static_cast<const typename E::T*>(x), static_cast<typename E::T*>(y), n);
+  return cudaGetLastError();
+}
+
+template <typename E>
+cudaError_t FillAs(void* x, typename E::T value, size_t n, cudaStream_t stream) {
+  FillKernel<E>
+      <<<BlockCount(n), kBlockThreads, 0, stream>>>(static_cast<typename E::T*>(x), value, n);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchCast(const void* x, KernelDType from, void* y, KernelDType to, size_t n,
+                       cudaStream_t stream) {
+  if (n == 0 || (x == y && from == to)) return cudaSuccess;
+  switch (from) {
+    case KernelDType::kF32:
+      return CastFrom<F32>(x, y, to, n, stream);
+    case KernelDType::kBF16:
+      return CastFrom<BF16>(x, y, to, n, stream);
+    case KernelDType::kF16:
+      return CastFrom<F16>(x, y, to, n, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchScale(void* x, KernelDType dtype, float alpha, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (dtype) {
+    case KernelDType::kF32:
+      return ScaleAs<F32>(x, alpha, n, stream);
+    case KernelDType::kBF16:
+      return ScaleAs<BF16>(x, alpha, n, stream);
+    case KernelDType::kF16:
+      return ScaleAs<F16>(x, alpha, n, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchAxpy(float alpha, const void* x, void* y, KernelDType dtype, size_t n,
+                       cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (dtype) {
+    case KernelDType::kF32:
+      return AxpyAs<F32>(alpha, x, y, n, stream);
+    case KernelDType::kBF16:
+      return AxpyAs<BF16>(alpha, x, y, n, stream);
+    case KernelDType::kF16:
+      return AxpyAs<F16>(alpha, x, y, n, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchFill(void* x, KernelDType dtype, float value, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  // Converted once on the host, with the same function the CPU device uses.
+  switch (dtype) {
+    case KernelDType::kF32:
+      return FillAs<F32>(x, value, n, stream);
+    case KernelDType::kBF16:
+      return FillAs<BF16>(x, convert::FloatToBf16(value), n, stream);
+    case KernelDType::kF16:
+      return FillAs<F16>(x, convert::FloatToF16(value), n, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace strata::device::cuda_kernels

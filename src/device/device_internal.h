@@ -1,0 +1,77 @@
+// Pieces shared by the Device backends (CPU and CUDA): argument validation and the words of their
+// error messages, the host-registration bookkeeping and the sticky error, so that both backends
+// reject the same calls with the same messages. Implemented in device.cc.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "strata/device.h"
+#include "strata/status.h"
+
+namespace strata::device::internal {
+
+// "<device>: Alloc of 1.00 MiB (1048576 B) exceeds the memory budget: 3.00 MiB (3145728 B) of
+// 4.00 MiB (4194304 B) in use" (sizes under 1 KiB only as "256 B"). `request` is what the
+// allocation would be charged.
+std::string BudgetExceededMessage(std::string_view device, uint64_t request, uint64_t in_use,
+                                  uint64_t budget);
+
+// InvalidArgument unless dst and src are non-null (bytes == 0 is valid and does nothing).
+Status ValidateCopy(const void* dst, const void* src, size_t bytes, CopyKind kind);
+
+// InvalidArgument when `n` > 0 and `ptr` is null or not aligned to the dtype's size. `op` and
+// `what` name the call and the operand in the message ("scale x").
+Status ValidateOperand(std::string_view op, std::string_view what, const void* ptr, DType dtype,
+                       size_t n);
+
+// ValidateOperand for x and y, plus: x and y may overlap only if they are the same pointer with
+// the same dtype.
+Status ValidateCast(const void* x, DType from, const void* y, DType to, size_t n);
+
+// "cast fp32->bf16", the name of a Cast in traces and messages.
+std::string CastName(DType from, DType to);
+
+// The sticky error of a failed host task: keeps the code of `error`, message
+// "stream '<stream>': host task '<label>' failed: <message>".
+Status HostTaskError(std::string_view stream, std::string_view label, const Status& error);
+
+// Host ranges given to RegisterHost. Not thread-safe: the owner locks.
+class HostRegistry {
+ public:
+  // InvalidArgument for a null pointer, zero bytes, or a range overlapping one already registered
+  // (the message names both ranges).
+  Status Add(const void* ptr, size_t bytes);
+  // NotFound unless `ptr` is the start of a registered range; otherwise removes it.
+  Status Remove(const void* ptr);
+  size_t count() const { return ranges_.size(); }
+  // The registered ranges, start -> bytes (for cleanup at destruction).
+  const std::map<uintptr_t, size_t>& ranges() const { return ranges_; }
+
+ private:
+  std::map<uintptr_t, size_t> ranges_;
+};
+
+// A device's sticky error: the first failure reported by work that ran asynchronously. Once set
+// it never clears. Thread-safe. Reading it while it is unset costs one atomic load and creates no
+// happens-before edge between threads (so it hides no data race from ThreadSanitizer).
+class StickyError {
+ public:
+  bool has_error() const { return set_.load(std::memory_order_acquire); }
+  // The error, or OK when none was set.
+  Status Get() const;
+  // Keeps `error` if it is the first one; later ones are dropped (and logged at debug level).
+  void Set(const Status& error);
+
+ private:
+  std::atomic<bool> set_{false};
+  mutable std::mutex mu_;
+  Status error_;
+};
+
+}  // namespace strata::device::internal

@@ -1,0 +1,338 @@
+// The CPU device: the device contract (device_contract_test.cc) instantiated as Cpu/..., plus what
+// only the CPU device promises: its default budget, operand range checks, the happens-before
+// edges that ThreadSanitizer sees, deadlock refusal and run-time traces of host tasks.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <future>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "device/device_test_util.h"
+
+namespace strata::device::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+INSTANTIATE_TEST_SUITE_P(Cpu, DeviceContractTest, ::testing::Values(DeviceType::kCpu),
+                         DeviceTypeParamName);
+
+std::unique_ptr<Device> MakeCpuDevice(uint64_t budget = uint64_t{16} << 20,
+                                      TraceRecorder* trace = nullptr) {
+  DeviceOptions options;
+  options.memory_budget = budget;
+  options.trace = trace;
+  Result<std::unique_ptr<Device>> device = CreateDevice(options);
+  EXPECT_TRUE(device.ok()) << device.status().ToString();
+  return device.ok() ? std::move(device).value() : nullptr;
+}
+
+TEST(CpuDeviceTest, DefaultBudgetIsAQuarterOfPhysicalMemory) {
+  auto device = MakeCpuDevice(0);
+  ASSERT_NE(device, nullptr);
+  const uint64_t ram = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                       static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(device->memory_stats().budget, ram / 4);
+  EXPECT_EQ(device->name(), "cpu:0");
+  EXPECT_EQ(device->type(), DeviceType::kCpu);
+}
+
+TEST(CpuDeviceTest, BudgetMessageNamesDeviceBudgetInUseAndRequest) {
+  DeviceOptions options;
+  options.memory_budget = uint64_t{4} << 20;
+  options.name = "cpu-test";
+  ASSERT_OK_AND_ASSIGN(auto device, CreateDevice(options));
+  ASSERT_OK_AND_ASSIGN(void* p, device->Alloc(uint64_t{3} << 20));
+  Result<void*> over = device->Alloc((uint64_t{1} << 20) + 1);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().ToString(),
+            "RESOURCE_EXHAUSTED: cpu-test: Alloc of 1.00 MiB (1048832 B) exceeds the memory "
+            "budget: 3.00 MiB (3145728 B) of 4.00 MiB (4194304 B) in use");
+  device->Free(p);
+}
+
+TEST(CpuDeviceTest, MemoryIsPageAlignedForDirectIo) {
+  auto device = MakeCpuDevice();
+  ASSERT_NE(device, nullptr);
+  for (size_t bytes : {size_t{1}, size_t{300}, size_t{4097}}) {
+    ASSERT_OK_AND_ASSIGN(void* p, device->Alloc(bytes));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4096, 0u);
+    device->Free(p);
+  }
+}
+
+TEST(CpuDeviceTest, FreeOfForeignPointerIsIgnored) {
+  auto device = MakeCpuDevice();
+  ASSERT_NE(device, nullptr);
+  ASSERT_OK_AND_ASSIGN(void* p, device->Alloc(1024));
+  int not_device_memory = 0;
+  device->Free(&not_device_memory);
+  device->Free(static_cast<char*>(p) + 256);  // inside, but not what Alloc returned
+  EXPECT_EQ(device->memory_stats().in_use, 1024u);
+  device->Free(p);
+  EXPECT_EQ(device->memory_stats().in_use, 0u);
+}
+
+TEST(CpuDeviceTest, OperandsMustLieInsideOneAllocation) {
+  std::vector<char> host(2000);  // declared before the stream, which drains when destroyed
+  auto device = MakeCpuDevice();
+  ASSERT_NE(device, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto stream, device->CreateStream("s"));
+  ASSERT_OK_AND_ASSIGN(void* d, device->Alloc(1000));
+
+  // One byte past the request (though inside the rounded charge) is out.
+  Status past = device->CopyAsync(d, host.data(), 1001, CopyKind::kHostToDevice, *stream);
+  EXPECT_EQ(past.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(past.message().find("h2d copy: destination"), std::string::npos) << past.ToString();
+  EXPECT_EQ(device
+                ->CopyAsync(static_cast<char*>(d) + 500, host.data(), 501, CopyKind::kHostToDevice,
+                            *stream)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_OK(device->CopyAsync(static_cast<char*>(d) + 500, host.data(), 500,
+                              CopyKind::kHostToDevice, *stream));
+  // Host memory where device memory is expected, and device memory given as host memory.
+  EXPECT_EQ(device->CopyAsync(host.data(), d, 8, CopyKind::kDeviceToDevice, *stream).code(),
+            StatusCode::kInvalidArgument);
+  Status as_host =
+      device->CopyAsync(d, static_cast<char*>(d) + 512, 8, CopyKind::kHostToDevice, *stream);
+  EXPECT_EQ(as_host.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(as_host.message().find("is device memory"), std::string::npos) << as_host.ToString();
+  EXPECT_EQ(device->Fill(host.data(), DType::kF32, 0.0f, 4, *stream).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device->Fill(d, DType::kF32, 0.0f, 251, *stream).code(),
+            StatusCode::kInvalidArgument);  // 1004 bytes
+  EXPECT_EQ(device->Cast(d, DType::kF32, host.data(), DType::kBF16, 4, *stream).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_OK(device->Synchronize(*stream));
+  device->Free(d);
+  // Freed memory is no longer device memory.
+  EXPECT_EQ(device->Fill(d, DType::kF32, 0.0f, 1, *stream).code(), StatusCode::kInvalidArgument);
+}
+
+// Host-memory producer and consumer on two streams, ordered only by events: the consumer must
+// see every value the producer wrote, every time (and TSan must see no race). Without the second
+// event the producer races ahead into the next round while the consumer still reads.
+TEST(CpuDeviceTest, WaitOrdersHostTasksAcrossStreams) {
+  std::vector<int> buffer(4096, 0);
+  std::vector<int> sums;
+  auto device = MakeCpuDevice();
+  ASSERT_NE(device, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto producer, device->CreateStream("producer"));
+  ASSERT_OK_AND_ASSIGN(auto consumer, device->CreateStream("consumer"));
+  ASSERT_OK_AND_ASSIGN(auto written, device->CreateEvent());
+  ASSERT_OK_AND_ASSIGN(auto consumed, device->CreateEvent());
+  for (int round = 1; round <= 10; ++round) {
+    // The next round's writes must also wait for this round's reads (write after read).
+    ASSERT_OK(device->Wait(*producer, *consumed));
+    ASSERT_OK(device->HostTask(
+        *producer,
+        [&buffer, round] {
+          for (size_t i = 0; i < buffer.size(); ++i) {
+            buffer[i] = round;
+            if (i % 1024 == 0) std::this_thread::sleep_for(milliseconds(1));  // write slowly
+          }
+          return Status::Ok();
+        },
+        "produce"));
+    ASSERT_OK(device->Record(*written, *producer));
+    ASSERT_OK(device->Wait(*consumer, *written));
+    ASSERT_OK(device->HostTask(
+        *consumer,
+        [&buffer, &sums] {
+          sums.push_back(std::accumulate(buffer.begin(), buffer.end(), 0));
+          return Status::Ok();
+        },
+        "consume"));
+    ASSERT_OK(device->Record(*consumed, *consumer));
+  }
+  ASSERT_OK(device->Synchronize(*consumer));
+  ASSERT_EQ(sums.size(), 10u);
+  for (int round = 1; round <= 10; ++round)
+    EXPECT_EQ(sums[round - 1], round * 4096) << "round " << round;
+}
+
+// The same producer and consumer without the Wait, in a child process: ThreadSanitizer must
+// report the data race (which is the point of the CPU device's semantics). Only in TSan builds.
+TEST(CpuDeviceTest, MissingWaitIsADataRaceUnderThreadSanitizer) {
+#if !defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "needs a ThreadSanitizer build (-DSTRATA_SANITIZE=thread)";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto racy = [] {
+    std::vector<int> buffer(64, 0);
+    std::atomic<int> sum{0};
+    auto device = MakeCpuDevice();
+    auto producer = std::move(device->CreateStream("producer")).value();
+    auto consumer = std::move(device->CreateStream("consumer")).value();
+    (void)device->HostTask(
+        *producer,
+        [&buffer] {
+          std::this_thread::sleep_for(milliseconds(20));
+          for (int& v : buffer)
+            v = 1;
+          return Status::Ok();
+        },
+        "produce");
+    (void)device->HostTask(
+        *consumer,
+        [&buffer, &sum] {
+          sum = std::accumulate(buffer.begin(), buffer.end(), 0);
+          return Status::Ok();
+        },
+        "consume (no wait)");
+    (void)device->Synchronize(*producer);
+    (void)device->Synchronize(*consumer);
+    std::_Exit(0);  // TSan prints reports as it finds them; exit 0 so only stderr decides
+  };
+  EXPECT_EXIT(racy(), ::testing::ExitedWithCode(0), "ThreadSanitizer: data race");
+#endif
+}
+
+TEST(CpuDeviceTest, SynchronizeFromTheStreamsOwnWorkIsRefused) {
+  Gate gate, second;
+  Status from_stream, from_event, own_future;
+  auto device = MakeCpuDevice();
+  ASSERT_NE(device, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto event, device->CreateEvent());
+  ASSERT_OK_AND_ASSIGN(auto later, device->CreateEvent());
+  ASSERT_OK_AND_ASSIGN(auto stream, device->CreateStream("s"));
+  ASSERT_OK(device->HostTask(
+      *stream,
+      [&gate] {
+        gate.Wait();
+        return Status::Ok();
+      },
+      "held"));
+  ASSERT_OK(device->Record(*event, *stream));
+  ASSERT_OK(device->Notify(*stream, [&](const Status&) {
+    from_stream = device->Synchronize(*stream);
+    from_event = device->Synchronize(*event);  // already complete: fine
+  }));
+  gate.Open();
+  ASSERT_OK(device->Synchronize(*stream));
+  EXPECT_EQ(from_stream.code(), StatusCode::kFailedPrecondition) << from_stream.ToString();
+  EXPECT_OK(from_event);
+
+  // Waiting, from a stream's work, for an event that captures that very work is refused.
+  ASSERT_OK(device->HostTask(
+      *stream,
+      [&second] {
+        second.Wait();
+        return Status::Ok();
+      },
+      "held again"));
+  ASSERT_OK(device->HostTask(
+      *stream,
+      [&] {
+        own_future = device->Synchronize(*later);
+        return Status::Ok();
+      },
+      "sync on own future"));
+  ASSERT_OK(device->Record(*later, *stream));
+  second.Open();
+  ASSERT_OK(device->Synchronize(*stream));
+  EXPECT_EQ(own_future.code(), StatusCode::kFailedPrecondition) << own_future.ToString();
+}
+
+TEST(CpuDeviceTest, NotifyMayEnqueueMoreWork) {
+  std::vector<float> host(16, 0.0f);
+  std::promise<Status> enqueued;
+  auto device = MakeCpuDevice();
+  ASSERT_NE(device, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto stream, device->CreateStream("s"));
+  ASSERT_OK_AND_ASSIGN(auto other, device->CreateStream("other"));
+  ASSERT_OK_AND_ASSIGN(void* d, device->Alloc(64));
+  ASSERT_OK(device->Fill(d, DType::kF32, 5.0f, 16, *stream));
+  ASSERT_OK(device->Notify(*stream, [&](const Status&) {
+    Status s = device->CopyAsync(host.data(), d, 64, CopyKind::kDeviceToHost, *other);
+    enqueued.set_value(s);
+  }));
+  auto future = enqueued.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_OK(future.get());
+  ASSERT_OK(device->Synchronize(*other));
+  EXPECT_EQ(host, std::vector<float>(16, 5.0f));
+  device->Free(d);
+}
+
+TEST(CpuDeviceTest, ExceptionInHostTaskBecomesAnInternalError) {
+  auto device = MakeCpuDevice();
+  ASSERT_NE(device, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto stream, device->CreateStream("s"));
+  ASSERT_OK(device->HostTask(
+      *stream,
+      []() -> Status {
+        std::vector<int> v;
+        return v.at(3) == 0 ? Status::Ok() : Status::Ok();  // throws std::out_of_range
+      },
+      "throws"));
+  Status status = device->Synchronize(*stream);
+  EXPECT_EQ(status.code(), StatusCode::kInternal);
+  EXPECT_NE(status.message().find("host task 'throws' failed: threw an exception"),
+            std::string::npos)
+      << status.ToString();
+}
+
+TEST(CpuDeviceTest, TraceHasRunTimesAndWaits) {
+  TraceRecorder recorder;
+  auto device = MakeCpuDevice(uint64_t{16} << 20, &recorder);
+  ASSERT_NE(device, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto a, device->CreateStream("compute"));
+  ASSERT_OK_AND_ASSIGN(auto b, device->CreateStream("copy"));
+  ASSERT_OK_AND_ASSIGN(auto event, device->CreateEvent());
+  ASSERT_OK(device->HostTask(
+      *a,
+      [] {
+        std::this_thread::sleep_for(milliseconds(20));
+        return Status::Ok();
+      },
+      "layer 3 forward"));
+  ASSERT_OK(device->Record(*event, *a));
+  ASSERT_OK(device->Wait(*b, *event));
+  ASSERT_OK(device->Synchronize(*b));
+  std::vector<TraceEvent> events = recorder.Events();
+  std::vector<std::string> tracks = recorder.TrackNames();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].name, "layer 3 forward");
+  EXPECT_EQ(tracks.at(events[0].track), "compute");
+  EXPECT_GE(events[0].end_ns - events[0].start_ns, 20'000'000);
+  EXPECT_EQ(events[1].name, "wait");
+  EXPECT_EQ(events[1].category, "wait");
+  EXPECT_EQ(tracks.at(events[1].track), "copy");
+  EXPECT_GE(events[1].end_ns, events[0].end_ns) << "the wait ends after the awaited work";
+}
+
+TEST(CpuDeviceTest, UnnamedStreamsGetDistinctNames) {
+  auto device = MakeCpuDevice();
+  ASSERT_NE(device, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto s1, device->CreateStream(""));
+  ASSERT_OK_AND_ASSIGN(auto s2, device->CreateStream(""));
+  EXPECT_FALSE(s1->name().empty());
+  EXPECT_NE(s1->name(), s2->name());
+}
+
+TEST(CpuDeviceTest, CudaDeviceFailsCleanlyWithoutCudaOrAGpu) {
+  DeviceOptions options;
+  options.type = DeviceType::kCuda;
+  Result<std::unique_ptr<Device>> device = CreateDevice(options);
+#if defined(STRATA_WITH_CUDA)
+  // With CUDA: either a GPU is there, or the reason is Unavailable (or too little free memory).
+  if (!device.ok()) {
+    EXPECT_TRUE(device.status().code() == StatusCode::kUnavailable ||
+                device.status().code() == StatusCode::kResourceExhausted)
+        << device.status().ToString();
+  }
+#else
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(device.status().message().find("built without CUDA"), std::string::npos);
+#endif
+}
+
+}  // namespace
+}  // namespace strata::device::testing

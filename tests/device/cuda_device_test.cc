@@ -1,0 +1,161 @@
+// The CUDA device: the device contract (device_contract_test.cc) instantiated as Gpu/..., plus
+// what only the CUDA device does: kernels that match the CPU device bit for bit, the caching
+// allocator, callbacks that may call CUDA. Every test skips when no CUDA device can be created
+// (no GPU, no driver, or a build without CUDA).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <future>
+#include <random>
+#include <vector>
+
+#include "device/device_test_util.h"
+
+namespace strata::device::testing {
+namespace {
+
+INSTANTIATE_TEST_SUITE_P(Gpu, DeviceContractTest, ::testing::Values(DeviceType::kCuda),
+                         DeviceTypeParamName);
+
+// The CUDA device, or nullptr with the reason in `why`.
+std::unique_ptr<Device> MakeCudaDevice(uint64_t budget, std::string* why) {
+  DeviceOptions options;
+  options.type = DeviceType::kCuda;
+  options.memory_budget = budget;
+  Result<std::unique_ptr<Device>> device = CreateDevice(options);
+  if (!device.ok()) {
+    *why = "no CUDA device: " + device.status().ToString();
+    return nullptr;
+  }
+  return std::move(device).value();
+}
+
+// Runs the same element-wise program on `device` and returns the bytes of its three buffers.
+// Program: x <- input (as dtype), y <- input reversed; y = cast(x); x *= alpha; y += beta * x;
+// z = fill(value); w = cast(x -> other dtypes and back).
+struct ProgramResult {
+  std::vector<uint8_t> x, y, z, w;
+};
+::testing::AssertionResult RunProgram(Device& device, DType dtype, const std::vector<float>& input,
+                                      ProgramResult* out) {
+  const size_t n = input.size();
+  const size_t bytes = n * DTypeSize(dtype);
+  std::vector<float> reversed(input.rbegin(), input.rend());
+  const std::vector<uint8_t> hx = EncodeAs(input, dtype);
+  const std::vector<uint8_t> hy = EncodeAs(reversed, dtype);
+  auto stream = device.CreateStream("program");
+  if (!stream.ok()) return ::testing::AssertionFailure() << stream.status().ToString();
+  Stream& s = **stream;
+  std::vector<void*> buffers;
+  for (size_t size : {bytes, bytes, bytes, bytes, n * 4}) {
+    Result<void*> p = device.Alloc(size);
+    if (!p.ok()) return ::testing::AssertionFailure() << p.status().ToString();
+    buffers.push_back(*p);
+  }
+  void *x = buffers[0], *y = buffers[1], *z = buffers[2], *w = buffers[3], *f32 = buffers[4];
+  const DType other = dtype == DType::kF16 ? DType::kBF16 : DType::kF16;
+  Status st = device.CopyAsync(x, hx.data(), bytes, CopyKind::kHostToDevice, s);
+  if (st.ok()) st = device.CopyAsync(y, hy.data(), bytes, CopyKind::kHostToDevice, s);
+  if (st.ok()) st = device.Scale(x, dtype, 0.7f, n, s);
+  if (st.ok()) st = device.Axpy(-1.3f, x, y, dtype, n, s);
+  if (st.ok()) st = device.Fill(z, dtype, 1.0f / 3.0f, n, s);
+  if (st.ok()) st = device.Cast(x, dtype, f32, DType::kF32, n, s);
+  if (st.ok()) st = device.Cast(f32, DType::kF32, w, other, n, s);
+  out->x.resize(bytes);
+  out->y.resize(bytes);
+  out->z.resize(bytes);
+  out->w.resize(n * DTypeSize(other));
+  if (st.ok()) st = device.CopyAsync(out->x.data(), x, bytes, CopyKind::kDeviceToHost, s);
+  if (st.ok()) st = device.CopyAsync(out->y.data(), y, bytes, CopyKind::kDeviceToHost, s);
+  if (st.ok()) st = device.CopyAsync(out->z.data(), z, bytes, CopyKind::kDeviceToHost, s);
+  if (st.ok()) st = device.CopyAsync(out->w.data(), w, out->w.size(), CopyKind::kDeviceToHost, s);
+  if (st.ok()) st = device.Synchronize(s);
+  for (void* p : buffers)
+    device.Free(p);
+  if (!st.ok()) return ::testing::AssertionFailure() << st.ToString();
+  return ::testing::AssertionSuccess();
+}
+
+TEST(CudaDeviceGpuTest, KernelsMatchTheCpuDeviceBitForBit) {
+  std::string why;
+  auto gpu = MakeCudaDevice(uint64_t{256} << 20, &why);
+  if (gpu == nullptr) GTEST_SKIP() << why;
+  DeviceOptions cpu_options;
+  cpu_options.memory_budget = uint64_t{256} << 20;
+  ASSERT_OK_AND_ASSIGN(auto cpu, CreateDevice(cpu_options));
+
+  std::vector<float> input = InterestingFloats();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  while (input.size() < (size_t{1} << 20) + 77) {
+    input.push_back(std::ldexp(normal(rng), static_cast<int>(rng() % 60) - 30));
+  }
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    ProgramResult on_cpu, on_gpu;
+    ASSERT_TRUE(RunProgram(*cpu, dtype, input, &on_cpu));
+    ASSERT_TRUE(RunProgram(*gpu, dtype, input, &on_gpu));
+    EXPECT_TRUE(on_cpu.x == on_gpu.x) << "scale";
+    EXPECT_TRUE(on_cpu.y == on_gpu.y) << "axpy";
+    EXPECT_TRUE(on_cpu.z == on_gpu.z) << "fill";
+    EXPECT_TRUE(on_cpu.w == on_gpu.w) << "cast";
+  }
+}
+
+TEST(CudaDeviceGpuTest, FreedBlocksAreReusedAndTheCacheYieldsToTheBudget) {
+  std::string why;
+  auto device = MakeCudaDevice(uint64_t{8} << 20, &why);
+  if (device == nullptr) GTEST_SKIP() << why;
+  ASSERT_OK_AND_ASSIGN(void* p, device->Alloc(1000));
+  device->Free(p);
+  ASSERT_OK_AND_ASSIGN(void* q, device->Alloc(900));  // the same 1 KiB bucket
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(device->memory_stats().in_use, 1024u);
+  device->Free(q);
+
+  // 6 MiB cached, then 7 MiB (an 8 MiB block): fits the budget only once the cache is dropped.
+  ASSERT_OK_AND_ASSIGN(void* six, device->Alloc(uint64_t{6} << 20));
+  device->Free(six);
+  ASSERT_OK_AND_ASSIGN(void* seven, device->Alloc(uint64_t{7} << 20));
+  EXPECT_EQ(device->memory_stats().in_use, uint64_t{7} << 20);
+  EXPECT_EQ(device->Alloc(uint64_t{2} << 20).status().code(), StatusCode::kResourceExhausted);
+  device->Free(seven);
+}
+
+TEST(CudaDeviceGpuTest, NotifyCallbackMayCallTheDevice) {
+  std::vector<float> host(16, 0.0f);  // declared before the streams, which drain when destroyed
+  std::promise<Status> enqueued;
+  std::string why;
+  auto device = MakeCudaDevice(uint64_t{64} << 20, &why);
+  if (device == nullptr) GTEST_SKIP() << why;
+  ASSERT_OK_AND_ASSIGN(auto stream, device->CreateStream("s"));
+  ASSERT_OK_AND_ASSIGN(auto other, device->CreateStream("other"));
+  ASSERT_OK_AND_ASSIGN(void* d, device->Alloc(64));
+  ASSERT_OK(device->Fill(d, DType::kF32, 5.0f, 16, *stream));
+  ASSERT_OK(device->Notify(*stream, [&](const Status&) {
+    // Runs on the stream's callback thread, which has selected the GPU.
+    Status s = device->CopyAsync(host.data(), d, 64, CopyKind::kDeviceToHost, *other);
+    enqueued.set_value(s);
+  }));
+  auto future = enqueued.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_OK(future.get());
+  ASSERT_OK(device->Synchronize(*other));
+  EXPECT_EQ(host, std::vector<float>(16, 5.0f));
+  device->Free(d);
+}
+
+TEST(CudaDeviceGpuTest, MissingOrdinalIsInvalidArgument) {
+  std::string why;
+  auto probe = MakeCudaDevice(uint64_t{1} << 20, &why);
+  if (probe == nullptr) GTEST_SKIP() << why;
+  DeviceOptions options;
+  options.type = DeviceType::kCuda;
+  options.ordinal = 4096;
+  Result<std::unique_ptr<Device>> device = CreateDevice(options);
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().code(), StatusCode::kInvalidArgument) << device.status().ToString();
+}
+
+}  // namespace
+}  // namespace strata::device::testing
