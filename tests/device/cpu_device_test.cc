@@ -316,7 +316,7 @@ TEST(CpuDeviceTest, UnnamedStreamsGetDistinctNames) {
   EXPECT_NE(s1->name(), s2->name());
 }
 
-TEST(CpuDeviceTest, CudaDeviceFailsCleanlyWithoutCudaOrAGpu) {
+TEST(CpuDeviceTest, CudaDeviceFailsCleanlyWhenUnavailable) {
   DeviceOptions options;
   options.type = DeviceType::kCuda;
   Result<std::unique_ptr<Device>> device = CreateDevice(options);
