@@ -154,6 +154,7 @@ Result<std::vector<Lease>> PrefetchScheduler::Acquire(UnitId unit, Access access
   std::vector<ShardId> shards;
   uint64_t access_index = 0;
   bool persistent_first_use = false;
+  std::vector<Lease> persistent_to_drop;
   {
     std::lock_guard lock(mu_);
     auto it = units_.find(unit);
@@ -161,7 +162,14 @@ Result<std::vector<Lease>> PrefetchScheduler::Acquire(UnitId unit, Access access
       return Status(StatusCode::kNotFound, "unit " + std::to_string(unit) + " is not declared");
     }
     shards = it->second.shards;
-    persistent_first_use = it->second.persistent && it->second.persistent_leases.empty();
+    // The scheduler's own lease on a persistent unit is taken on a read; an overwrite needs the
+    // copy to itself, so that lease is handed back first and taken again on the next read.
+    if (access != Access::kRead) {
+      persistent_to_drop = std::move(it->second.persistent_leases);
+      it->second.persistent_leases.clear();
+    }
+    persistent_first_use = it->second.persistent && it->second.persistent_leases.empty() &&
+                           access == Access::kRead;
     access_index = recording_.size();
     recording_.push_back(unit);
     stats_.accesses++;
@@ -208,7 +216,11 @@ Result<std::vector<Lease>> PrefetchScheduler::Acquire(UnitId unit, Access access
       unit_shards = units_.at(c.unit).shards;
     }
     for (ShardId s : unit_shards) {
-      if (c.tier == Tier::kHost && manager_.IsCurrent(s, options_.compute_tier)) continue;
+      // The host stage only serves NVMe-homed shards not already in the compute tier.
+      if (c.tier == Tier::kHost) {
+        Result<Tier> h = manager_.home(s);
+        if (!h.ok() || *h != Tier::kNvme || manager_.IsCurrent(s, options_.compute_tier)) continue;
+      }
       if (c.tier == options_.compute_tier) {
         const uint64_t b = manager_.shard_bytes(s);
         if (!manager_.IsCurrent(s, c.tier) && live + b > options_.max_live_bytes) {
@@ -234,6 +246,7 @@ Result<std::vector<Lease>> PrefetchScheduler::Acquire(UnitId unit, Access access
     }
   }
 
+  persistent_to_drop.clear();  // released outside the scheduler's lock
   std::vector<Lease> leases;
   leases.reserve(shards.size());
   for (ShardId s : shards) {

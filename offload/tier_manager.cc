@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <thread>
 #include <utility>
 
 #include "common/log.h"
@@ -46,12 +48,16 @@ struct TierManager::Copy {
   // kReady: the version held (kInvalidVersion: garbage, e.g. after a failed write into a home
   // copy). kFilling: the version the transfer will deliver.
   uint64_t version = 0;
-  bool overwrite = false;         // acquired with kOverwrite and not yet released
+  // Held by an exclusive (kOverwrite / kReadWrite) lease: the bytes are in flux, so the copy is
+  // not current, not a transfer source and not evictable until it is released.
+  bool overwrite = false;
+  std::thread::id overwriter;     // the thread holding that lease
   int pins = 0;                   // consumer leases
   int source_pins = 0;            // transfers reading from this copy
   std::vector<std::string> owners;
   uint64_t last_use = 0;
   bool transfer_started = false;  // kFilling: issued, or still waiting for its source
+  bool writeback = false;         // kFilling: a write-back toward home (not a fill for a consumer)
   Tier source = Tier::kNvme;
   bool free_after_writeback = false;  // evicting: free once the tier below holds it current
   std::shared_ptr<device::Event> in_use;  // recorded on the consumer's stream at release
@@ -90,6 +96,7 @@ Lease& Lease::operator=(Lease&& other) noexcept {
     data_ = other.data_;
     bytes_ = other.bytes_;
     overwrite_ = other.overwrite_;
+    writer_ = other.writer_;
     owner_ = std::move(other.owner_);
   }
   return *this;
@@ -315,11 +322,32 @@ static bool DrainedLocked(device::Device* dev, const std::shared_ptr<device::Eve
   return false;
 }
 
+Status TierManager::WaitDrainedLocked(std::shared_ptr<device::Event> event,
+                                      std::unique_lock<std::mutex>& lock) {
+  lock.unlock();
+  Status st = options_.device->Synchronize(*event);
+  lock.lock();
+  for (auto& [id, s] : shards_) {
+    for (Copy& c : s->copies) {
+      if (c.in_use == event) c.in_use_pending = false;
+    }
+  }
+  return st.WithContext("waiting for consumer work on a released copy");
+}
+
+Status TierManager::DrainAnyLocked(Shard& s, std::unique_lock<std::mutex>& lock) {
+  for (Copy& c : s.copies) {
+    if (c.in_use_pending && c.in_use) return WaitDrainedLocked(c.in_use, lock);
+  }
+  return Status::Ok();
+}
+
 // ---- eviction and reservation ----------------------------------------------------------------
 
 bool TierManager::EvictOneLocked(Tier t, uint64_t target_distance, bool future_aware,
-                                 ShardId for_shard, bool* started_writeback) {
-  *started_writeback = false;
+                                 ShardId for_shard, std::optional<ShardId>* started_writeback,
+                                 Status* failure) {
+  started_writeback->reset();
   struct Candidate {
     Shard* shard;
     int cls;  // 3: not needed here (stale, or current in a higher tier), 2: current elsewhere too,
@@ -371,10 +399,14 @@ bool TierManager::EvictOneLocked(Tier t, uint64_t target_distance, bool future_a
     }
     // The last current copy: write it back; its memory returns when that completes. No room
     // below for the write-back right now is not an error: try the next victim.
-    if (StartWritebackLocked(*cand.shard, t, /*free_after=*/true).ok()) {
+    Status wb = StartWritebackLocked(*cand.shard, t, /*free_after=*/true);
+    if (wb.ok()) {
       st.evictions++;
-      *started_writeback = true;
+      *started_writeback = cand.shard->id;
       return true;
+    }
+    if (wb.code() != StatusCode::kUnavailable && wb.code() != StatusCode::kResourceExhausted) {
+      if (failure != nullptr) *failure = wb;  // a real failure: the caller that needed room reports it
     }
   }
   return false;
@@ -391,6 +423,16 @@ Status TierManager::StartWritebackLocked(Shard& s, Tier from, bool free_after) {
   const Tier to = WritebackTarget(s, from);
   Copy& dst = s.at(to);
   Copy& src = s.at(from);
+  if (!IsCurrentLocked(s, from)) {
+    return Status(StatusCode::kUnavailable, "the " + std::string(TierName(from)) +
+                                                " copy of shard '" + s.name + "' is not current");
+  }
+  // Consumer work still writing the source or reading the destination: device copies wait for
+  // it on the device (StartTransferLocked); an NVMe write cannot, so it is not started yet.
+  if (to == Tier::kNvme && !DrainedLocked(options_.device, src.in_use, &src.in_use_pending)) {
+    return Status(StatusCode::kUnavailable, "the host copy of shard '" + s.name +
+                                                "' is still in use by device work");
+  }
   if (dst.state == Copy::State::kFilling) {
     return Status(StatusCode::kUnavailable, "a transfer into " + std::string(TierName(to)) +
                                                 " is already in flight for shard '" + s.name + "'");
@@ -413,10 +455,10 @@ Status TierManager::StartWritebackLocked(Shard& s, Tier from, bool free_after) {
   }
   dst.state = Copy::State::kFilling;
   dst.version = src.version;
+  dst.writeback = true;
   src.free_after_writeback = free_after;
   s.writeback_error = Status::Ok();  // an older failure is superseded by this attempt
-  StartTransferLocked(s, from, to);
-  return Status::Ok();
+  return StartTransferLocked(s, from, to);
 }
 
 Result<TierManager::Reservation> TierManager::TryAllocLocked(Tier t, uint64_t need) {
@@ -460,6 +502,7 @@ Result<TierManager::Reservation> TierManager::ReserveLocked(Tier t, uint64_t nee
   }
   const uint64_t target = (future_aware && oracle_) ? oracle_(for_shard) : 0;
   std::vector<ShardId> started;  // write-backs this call started
+  Status evict_failure;          // a write-back this call could not issue
   Status last_alloc_error;
   for (;;) {
     if (stats_[ti].in_use + need <= budget_[ti]) {
@@ -477,15 +520,12 @@ Result<TierManager::Reservation> TierManager::ReserveLocked(Tier t, uint64_t nee
         return e.WithContext("making room in the " + std::string(TierName(t)) + " tier");
       }
     }
-    bool wb = false;
-    if (EvictOneLocked(t, target, future_aware && oracle_ != nullptr, for_shard, &wb)) {
-      if (wb) {
-        for (auto& [id, s] : shards_) {
-          if (s->at(t).free_after_writeback &&
-              std::find(started.begin(), started.end(), id) == started.end()) {
-            started.push_back(id);
-          }
-        }
+    std::optional<ShardId> wb;
+    if (EvictOneLocked(t, target, future_aware && oracle_ != nullptr, for_shard, &wb,
+                       &evict_failure)) {
+      // Only write-backs this call started report their failures to it.
+      if (wb && std::find(started.begin(), started.end(), *wb) == started.end()) {
+        started.push_back(*wb);
       }
       continue;
     }
@@ -495,27 +535,24 @@ Result<TierManager::Reservation> TierManager::ReserveLocked(Tier t, uint64_t nee
                     "no room in the " + std::string(TierName(t)) + " tier now");
     }
     // Nothing evictable right now. Consumer work still using a released copy: wait for it.
+    // (in this tier, or a write-back target below it).
     std::shared_ptr<device::Event> drain;
     for (auto& [id, s] : shards_) {
-      const Copy& c = s->at(t);
-      if (c.state == Copy::State::kReady && c.pins == 0 && c.in_use_pending) {
-        drain = c.in_use;
-        break;
+      for (const Copy& c : s->copies) {
+        if (c.state == Copy::State::kReady && c.pins == 0 && c.in_use_pending) drain = c.in_use;
       }
+      if (drain) break;
     }
     if (drain) {
-      lock.unlock();
-      Status st = options_.device->Synchronize(*drain);
-      lock.lock();
-      for (auto& [id, s] : shards_) {
-        if (s->at(t).in_use == drain) s->at(t).in_use_pending = false;
-      }
-      if (!st.ok()) return st.WithContext("waiting for consumer work on a released copy");
+      STRATA_RETURN_IF_ERROR(WaitDrainedLocked(drain, lock));
       continue;
     }
     // Any transfer in flight can make something evictable (a write-back frees its source, a
     // fill becomes an unpinned copy, a host write-back makes room for a device one).
     if (in_flight_ == 0) {
+      if (!evict_failure.ok()) {
+        return evict_failure.WithContext("making room in the " + std::string(TierName(t)) + " tier");
+      }
       if (stats_[ti].in_use + need <= budget_[ti] && !last_alloc_error.ok()) {
         return last_alloc_error;
       }
@@ -585,10 +622,11 @@ Status TierManager::EnsureFillLocked(Shard& s, Tier t, bool blocking,
 
   // Source: a current copy, nearest first; a device copy of an NVMe-homed shard stages on host.
   if (t == Tier::kHost) {
+    // A failure to issue is recorded in fill_error and returned by the waiting Acquire.
     if (IsCurrentLocked(*sp, Tier::kDevice)) {
-      StartTransferLocked(*sp, Tier::kDevice, Tier::kHost);
+      (void)StartTransferLocked(*sp, Tier::kDevice, Tier::kHost);
     } else if (IsCurrentLocked(*sp, Tier::kNvme)) {
-      StartTransferLocked(*sp, Tier::kNvme, Tier::kHost);
+      (void)StartTransferLocked(*sp, Tier::kNvme, Tier::kHost);
     } else {
       FreeCopyLocked(*sp, t);
       return Status(StatusCode::kInternal, "shard '" + sp->name + "' has no current copy");
@@ -597,7 +635,7 @@ Status TierManager::EnsureFillLocked(Shard& s, Tier t, bool blocking,
   }
   c.source = Tier::kHost;
   if (IsCurrentLocked(*sp, Tier::kHost)) {
-    StartTransferLocked(*sp, Tier::kHost, Tier::kDevice);
+    (void)StartTransferLocked(*sp, Tier::kHost, Tier::kDevice);
     return Status::Ok();
   }
   Copy& host = sp->at(Tier::kHost);
@@ -620,14 +658,11 @@ Status TierManager::EnsureFillLocked(Shard& s, Tier t, bool blocking,
   Status st = EnsureFillLocked(*sp, Tier::kHost, blocking, lock, no_room);
   sp = FindLocked(id);
   if (!st.ok()) {
-    if (*no_room) {
-      // Only "not now": give the device memory back without leaving an error behind.
-      Copy& dev = sp->at(Tier::kDevice);
-      if (dev.state == Copy::State::kFilling && !dev.transfer_started) {
-        FreeCopyLocked(*sp, Tier::kDevice);
-      }
-    } else {
-      FailPendingLocked(*sp, Tier::kDevice, st);
+    // Give the device memory back. The error (or "not now") goes to our caller only, not also to
+    // the next Acquire.
+    Copy& dev = sp->at(Tier::kDevice);
+    if (dev.state == Copy::State::kFilling && !dev.transfer_started) {
+      FreeCopyLocked(*sp, Tier::kDevice);
     }
     return st;
   }
@@ -635,7 +670,7 @@ Status TierManager::EnsureFillLocked(Shard& s, Tier t, bool blocking,
   return Status::Ok();
 }
 
-void TierManager::StartTransferLocked(Shard& s, Tier from, Tier to) {
+Status TierManager::StartTransferLocked(Shard& s, Tier from, Tier to) {
   Copy& src = s.at(from);
   Copy& dst = s.at(to);
   src.source_pins++;
@@ -663,8 +698,10 @@ void TierManager::StartTransferLocked(Shard& s, Tier from, Tier to) {
     device::Device& dev = *options_.device;
     const bool h2d = from == Tier::kHost;
     device::Stream& stream = h2d ? *h2d_stream_ : *d2h_stream_;
-    if (!h2d && src.in_use_pending && src.in_use) {
-      issued = dev.Wait(stream, *src.in_use);  // the consumer's writes land first
+    // Consumer work released with a stream: its writes to the source, and its reads of the
+    // destination's old bytes, complete before the copy runs.
+    for (Copy* c : {&src, &dst}) {
+      if (issued.ok() && c->in_use_pending && c->in_use) issued = dev.Wait(stream, *c->in_use);
     }
     if (issued.ok()) {
       issued = dev.CopyAsync(dst.data, src.data, s.bytes,
@@ -677,31 +714,32 @@ void TierManager::StartTransferLocked(Shard& s, Tier from, Tier to) {
       });
     }
   }
-  if (!issued.ok()) {
-    // Nothing will call back: finish the transfer as failed now. The lock is held by our caller,
-    // so run the completion logic through a detached path that does not re-lock.
-    in_flight_--;
-    src.source_pins--;
+  if (issued.ok()) return Status::Ok();
+
+  // Nothing will call back: finish the transfer as failed now (the caller holds the lock).
+  in_flight_--;
+  src.source_pins--;
+  src.free_after_writeback = false;
+  const bool writeback = dst.writeback;
+  const Status err = issued.WithContext("moving shard '" + s.name + "' from " +
+                                        std::string(TierName(from)) + " to " +
+                                        std::string(TierName(to)));
+  stats_[static_cast<int>(to)].errors++;
+  if (IsHome(s, to)) {
+    dst.state = Copy::State::kReady;
+    dst.version = kInvalidVersion;
     dst.transfer_started = false;
-    const Status err = issued.WithContext(std::string("moving shard '") + s.name + "' from " +
-                                          std::string(TierName(from)) + " to " +
-                                          std::string(TierName(to)));
-    stats_[static_cast<int>(to)].errors++;
-    if (IsHome(s, to)) {
-      dst.state = Copy::State::kReady;
-      dst.version = kInvalidVersion;
-    } else {
-      FreeCopyLocked(s, to);
-    }
-    src.free_after_writeback = false;
-    if (IsUp(from, to)) {
-      s.fill_error = err;
-      if (to == Tier::kHost) FailPendingLocked(s, Tier::kDevice, err);
-    } else {
-      s.writeback_error = err;
-    }
-    cv_.notify_all();
+    dst.writeback = false;
+  } else {
+    FreeCopyLocked(s, to);
   }
+  if (!writeback) {
+    // A fill: whoever waits for this shard gets the error from Acquire.
+    s.fill_error = err;
+    if (to == Tier::kHost) FailPendingLocked(s, Tier::kDevice, err);
+  }
+  cv_.notify_all();
+  return err;
 }
 
 void TierManager::TransferDone(ShardId id, Tier to, uint64_t version, int64_t start_ns,
@@ -713,6 +751,7 @@ void TierManager::TransferDone(ShardId id, Tier to, uint64_t version, int64_t st
   Copy& src = s.at(from);
   src.source_pins--;
   in_flight_--;
+  const bool writeback = std::exchange(dst.writeback, false);
   const int ti = static_cast<int>(to);
   if (options_.trace != nullptr && (from == Tier::kNvme || to == Tier::kNvme)) {
     options_.trace->Complete(from == Tier::kNvme ? io_track_read_ : io_track_write_, s.name,
@@ -757,7 +796,9 @@ void TierManager::TransferDone(ShardId id, Tier to, uint64_t version, int64_t st
     } else {
       FreeCopyLocked(s, to);
     }
-    if (IsUp(from, to)) {
+    // A fill's error goes to whoever acquires the shard next; a write-back's to the call that
+    // needed the room (the data is still current in the source).
+    if (!writeback) {
       s.fill_error = err;
       if (to == Tier::kHost) FailPendingLocked(s, Tier::kDevice, err);
     } else {
@@ -771,7 +812,7 @@ void TierManager::AdvancePendingLocked(Shard& s) {
   Copy& dev = s.at(Tier::kDevice);
   if (dev.state == Copy::State::kFilling && !dev.transfer_started &&
       IsCurrentLocked(s, Tier::kHost)) {
-    StartTransferLocked(s, Tier::kHost, Tier::kDevice);
+    (void)StartTransferLocked(s, Tier::kHost, Tier::kDevice);  // failure -> fill_error
   }
 }
 
@@ -807,14 +848,25 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
   for (;;) {
     Shard& s = *FindLocked(id);
     Copy& c = s.at(t);
-    if (!s.fill_error.ok()) {
+    if (access != Access::kOverwrite && !s.fill_error.ok()) {
       Status e = std::exchange(s.fill_error, Status::Ok());
       return e;
     }
     const bool ready_now = IsCurrentLocked(s, t) && access == Access::kRead;
-    if (ready_now || (access == Access::kOverwrite && c.state == Copy::State::kReady &&
-                      c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback)) {
-      if (access == Access::kOverwrite) c.overwrite = true;
+    const bool take_over = access == Access::kOverwrite && c.state == Copy::State::kReady &&
+                           c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback;
+    const bool exclusive_ready = access == Access::kReadWrite && IsCurrentLocked(s, t) &&
+                                 c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback;
+    if ((take_over || exclusive_ready) && c.in_use_pending) {
+      // Consumer work may still read the bytes about to be overwritten.
+      STRATA_RETURN_IF_ERROR(WaitDrainedLocked(c.in_use, lock));
+      continue;
+    }
+    if (ready_now || take_over || exclusive_ready) {
+      if (access != Access::kRead) {
+        c.overwrite = true;
+        c.overwriter = std::this_thread::get_id();
+      }
       c.pins++;
       c.owners.emplace_back(owner);
       c.last_use = ++tick_;
@@ -836,6 +888,7 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
       lease.data_ = c.data;
       lease.bytes_ = s.bytes;
       lease.overwrite_ = access == Access::kOverwrite;
+      lease.writer_ = access != Access::kRead;
       lease.owner_ = std::string(owner);
       return lease;
     }
@@ -857,14 +910,26 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
     if (c.state == Copy::State::kReady) {
       // Stale (or garbage) and unpinned.
       if (IsHome(s, t)) {
-        // The home copy is behind a higher tier: write that one back into it.
-        const Tier above = static_cast<Tier>(ti - 1);
-        if (ti > 0 && IsCurrentLocked(s, above) && s.at(above).pins == 0) {
-          Status wb = StartWritebackLocked(s, above, /*free_after=*/false);
-          if (!wb.ok()) return wb;
-          continue;
+        // The home copy is behind another tier: write that copy back into it (readers of the
+        // source may keep reading while it is copied).
+        int src = -1;
+        for (int o : {ti - 1, ti + 1}) {
+          if (o >= 0 && o < kNumTiers && WritebackTarget(s, static_cast<Tier>(o)) == t &&
+              IsCurrentLocked(s, static_cast<Tier>(o))) {
+            src = o;
+          }
+        }
+        if (src >= 0) {
+          Status wb = StartWritebackLocked(s, static_cast<Tier>(src), /*free_after=*/false);
+          if (wb.ok()) continue;
+          if (wb.code() != StatusCode::kUnavailable) return wb;
+          STRATA_RETURN_IF_ERROR(DrainAnyLocked(s, lock));
         }
         cv_.wait(lock);
+        continue;
+      }
+      if (c.in_use_pending) {
+        STRATA_RETURN_IF_ERROR(WaitDrainedLocked(c.in_use, lock));
         continue;
       }
       FreeCopyLocked(s, t);
@@ -922,7 +987,8 @@ Result<PrefetchOutcome> TierManager::Prefetch(ShardId id, Tier t) {
   if (c.state == Copy::State::kFilling) return PrefetchOutcome::kInFlight;
   if (!s->fill_error.ok()) return PrefetchOutcome::kNoRoom;  // leave the error for the consumer
   if (c.state == Copy::State::kReady) {
-    if (IsHome(*s, t) || c.pins > 0 || c.source_pins > 0 || c.free_after_writeback) {
+    if (IsHome(*s, t) || c.pins > 0 || c.source_pins > 0 || c.free_after_writeback ||
+        !DrainedLocked(options_.device, c.in_use, &c.in_use_pending)) {
       return PrefetchOutcome::kNoRoom;
     }
     FreeCopyLocked(*s, t);
@@ -948,7 +1014,7 @@ void TierManager::ReleaseLease(Lease& lease, bool dirty, device::Stream* used_on
   auto owner = std::find(c.owners.begin(), c.owners.end(), lease.owner_);
   if (owner != c.owners.end()) c.owners.erase(owner);
   c.last_use = ++tick_;
-  if (lease.overwrite_) c.overwrite = false;
+  if (lease.writer_) c.overwrite = false;
   if (dirty) {
     s.version++;
     c.version = s.version;
@@ -1018,17 +1084,25 @@ Status TierManager::Evict(ShardId id, Tier t) {
 Status TierManager::FlushAll() {
   std::unique_lock lock(mu_);
   Status first_error;
+  const auto fail = [&](const Status& st, const Shard& s) {
+    if (first_error.ok()) first_error = st.WithContext("flushing '" + s.name + "'");
+  };
   for (ShardId id : order_) {
-    for (int guard = 0; guard < 1000; ++guard) {
+    // Every wait below drops the lock, so each pass re-reads the shard's state from scratch.
+    for (;;) {
       Shard& s = *FindLocked(id);
       if (IsCurrentLocked(s, s.home)) break;
-      bool filling = false;
-      for (const Copy& c : s.copies) filling |= c.state == Copy::State::kFilling;
+      bool filling = false, overwriting = false, mine = false;
+      for (const Copy& c : s.copies) {
+        filling |= c.state == Copy::State::kFilling;
+        overwriting |= c.overwrite;
+        mine |= c.overwrite && c.overwriter == std::this_thread::get_id();
+      }
       if (filling) {
         cv_.wait(lock);
         continue;
       }
-      // The current copy nearest home writes one tier down.
+      // The current copy nearest home is written one tier toward it.
       int cur = -1;
       const int home_tier = static_cast<int>(s.home);
       for (int d = 1; d < kNumTiers && cur < 0; ++d) {
@@ -1040,55 +1114,68 @@ Status TierManager::FlushAll() {
         }
       }
       if (cur < 0) {
-        if (first_error.ok()) {
-          first_error = Status(StatusCode::kDataLoss, "shard '" + s.name + "' has no current copy");
-        }
-        break;
-      }
-      Copy& c = s.copies[cur];
-      if (c.in_use_pending && c.in_use) {
-        std::shared_ptr<device::Event> ev = c.in_use;
-        lock.unlock();
-        (void)options_.device->Synchronize(*ev);
-        lock.lock();
-      }
-      Shard& s2 = *FindLocked(id);
-      if (WritebackTarget(s2, static_cast<Tier>(cur)) == Tier::kHost && !IsHome(s2, Tier::kHost) &&
-          s2.at(Tier::kHost).state == Copy::State::kAbsent) {
-        bool no_room = false;
-        Result<Reservation> r = ReserveLocked(Tier::kHost, AllocBytes(s2, Tier::kHost), true,
-                                              false, id, lock, &no_room);
-        if (!r.ok()) {
-          if (first_error.ok()) first_error = r.status().WithContext("flushing '" + s2.name + "'");
+        if (mine) {
+          fail(Status(StatusCode::kFailedPrecondition,
+                      "shard '" + s.name + "' is acquired for overwrite by the calling thread; "
+                      "release that lease before FlushAll"),
+               s);
           break;
         }
-        Copy& h = s2.at(Tier::kHost);
+        if (overwriting) {  // the only copy is being overwritten: wait for its lease to end
+          cv_.wait(lock);
+          continue;
+        }
+        fail(Status(StatusCode::kDataLoss, "shard '" + s.name + "' has no current copy"), s);
+        break;
+      }
+      const Tier from = static_cast<Tier>(cur);
+      const Tier target = WritebackTarget(s, from);
+      Copy& dst = s.at(target);
+      if (target == Tier::kHost && !IsHome(s, target) && dst.state == Copy::State::kAbsent) {
+        bool no_room = false;
+        Result<Reservation> r =
+            ReserveLocked(Tier::kHost, AllocBytes(s, Tier::kHost), true, false, id, lock, &no_room);
+        if (!r.ok()) {
+          fail(r.status(), s);
+          break;
+        }
+        Copy& h = s.at(Tier::kHost);
         if (h.state != Copy::State::kAbsent) {
           UnreserveLocked(Tier::kHost, *r);
           continue;
         }
-        // Hand the memory to the write-back as a stale host copy.
+        // The write-back's destination: a host copy holding no version yet.
         h.data = r->data;
         h.block = r->block;
         h.reserved = r->reserved;
         h.state = Copy::State::kReady;
         h.version = kInvalidVersion;
+        continue;
       }
-      Status wb = StartWritebackLocked(*FindLocked(id), static_cast<Tier>(cur), false);
+      Status wb = StartWritebackLocked(s, from, /*free_after=*/false);
       if (wb.code() == StatusCode::kUnavailable) {
-        cv_.wait(lock);
+        // Consumer work still using a copy, or the destination held by a reader.
+        bool pending = false;
+        for (const Copy& c : s.copies) pending |= c.in_use_pending;
+        if (pending) {
+          Status d = DrainAnyLocked(s, lock);
+          if (!d.ok()) {
+            fail(d, *FindLocked(id));
+            break;
+          }
+        } else {
+          cv_.wait(lock);
+        }
         continue;
       }
       if (!wb.ok()) {
-        if (first_error.ok()) first_error = wb.WithContext("flushing '" + s2.name + "'");
+        fail(wb, s);
         break;
       }
-      const int target = static_cast<int>(WritebackTarget(s2, static_cast<Tier>(cur)));
-      while (FindLocked(id)->copies[target].state == Copy::State::kFilling) cv_.wait(lock);
-      Shard& s3 = *FindLocked(id);
-      if (!s3.writeback_error.ok()) {
-        Status e = std::exchange(s3.writeback_error, Status::Ok());
-        if (first_error.ok()) first_error = e.WithContext("flushing '" + s3.name + "'");
+      while (FindLocked(id)->at(target).state == Copy::State::kFilling) cv_.wait(lock);
+      Shard& after = *FindLocked(id);
+      if (!after.writeback_error.ok()) {
+        fail(std::exchange(after.writeback_error, Status::Ok()), after);
         break;
       }
     }
@@ -1115,6 +1202,15 @@ uint64_t TierManager::shard_bytes(ShardId id) const {
   std::lock_guard lock(mu_);
   const Shard* s = FindLocked(id);
   return s == nullptr ? 0 : s->bytes;
+}
+
+Result<Tier> TierManager::home(ShardId id) const {
+  std::lock_guard lock(mu_);
+  const Shard* s = FindLocked(id);
+  if (s == nullptr) {
+    return Status(StatusCode::kNotFound, "shard " + std::to_string(id) + " is not registered");
+  }
+  return s->home;
 }
 
 bool TierManager::IsCurrent(ShardId id, Tier t) const {

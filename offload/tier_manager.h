@@ -58,6 +58,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -88,7 +89,11 @@ struct ShardSpec {
 
 enum class Access : uint8_t {
   kRead,       // the copy must hold the shard's current bytes
-  kOverwrite,  // the caller overwrites every byte: no fill; the lease must be released dirty
+  kOverwrite,  // the caller overwrites every byte: no fill; the lease is released dirty
+  // The copy is filled and the caller may modify it in place (release it dirty if it did).
+  // Like kOverwrite the lease is exclusive: no other lease, and no transfer reads the copy,
+  // while it is held. A kRead holder must not modify the bytes.
+  kReadWrite,
 };
 
 struct TierManagerOptions {
@@ -149,7 +154,8 @@ class Lease {
   Tier tier_ = Tier::kHost;
   void* data_ = nullptr;
   uint64_t bytes_ = 0;
-  bool overwrite_ = false;
+  bool overwrite_ = false;  // kOverwrite: released dirty
+  bool writer_ = false;     // kOverwrite or kReadWrite: exclusive
   std::string owner_;
 };
 
@@ -200,8 +206,9 @@ class TierManager {
   Status Evict(ShardId shard, Tier tier);
 
   // Writes every shard's current copy back to its home tier and waits (for a checkpoint, or
-  // before the process ends). Copies acquired for reading are written too; a copy acquired with
-  // kOverwrite holds no version yet, so the shard's previous version is what gets written.
+  // before the process ends). Copies acquired for reading are written too. When the only copy of
+  // a shard is acquired with kOverwrite, FlushAll waits for that lease to be released — or
+  // returns FailedPrecondition when the calling thread holds it.
   Status FlushAll();
 
   // Sets (or clears, with nullptr) the eviction oracle.
@@ -212,6 +219,7 @@ class TierManager {
 
   TierStats stats(Tier tier) const;
   uint64_t shard_bytes(ShardId shard) const;  // 0 for unknown shards
+  Result<Tier> home(ShardId shard) const;     // NotFound for unknown shards
   // True when `shard` has a current copy in `tier` that is ready (not in flight).
   bool IsCurrent(ShardId shard, Tier tier) const;
   const NvmeLayout* nvme_layout() const { return layout_.get(); }
@@ -248,7 +256,7 @@ class TierManager {
   void UnreserveLocked(Tier t, Reservation& r);
   void FreeCopyLocked(Shard& s, Tier t);
   bool EvictOneLocked(Tier t, uint64_t target_distance, bool future_aware, ShardId for_shard,
-                      bool* started_writeback);
+                      std::optional<ShardId>* started_writeback, Status* failure = nullptr);
   Status StartWritebackLocked(Shard& s, Tier from, bool free_after);
   static Tier WritebackTarget(const Shard& s, Tier from);
   std::string DescribeTierLocked(Tier t) const;
@@ -256,7 +264,14 @@ class TierManager {
   // Transfers.
   Status EnsureFillLocked(Shard& s, Tier t, bool blocking, std::unique_lock<std::mutex>& lock,
                           bool* no_room);
-  void StartTransferLocked(Shard& s, Tier from, Tier to);
+  // Issues the transfer. A failure to issue finishes it as failed at once (a fill's error is
+  // left for Acquire) and is returned.
+  Status StartTransferLocked(Shard& s, Tier from, Tier to);
+  // Drops the lock, waits for consumer work recorded in `event`, re-takes the lock.
+  Status WaitDrainedLocked(std::shared_ptr<device::Event> event,
+                           std::unique_lock<std::mutex>& lock);
+  // Waits for the first copy of `s` with pending consumer work, if any.
+  Status DrainAnyLocked(Shard& s, std::unique_lock<std::mutex>& lock);
   void TransferDone(ShardId id, Tier to, uint64_t version, int64_t start_ns, const Status& st);
   void AdvancePendingLocked(Shard& s);
   void FailPendingLocked(Shard& s, Tier t, const Status& st);

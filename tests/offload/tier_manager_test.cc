@@ -385,8 +385,10 @@ TEST_P(TierManagerStressTest, RandomAccessKeepsEveryByteAndEveryBudget) {
       const int i = it->first;
       const int kind = rng() % 10;
       const Tier tier = rng() % 2 ? Tier::kDevice : Tier::kHost;
-      if (kind < 5) {  // read and check
-        Result<Lease> l = m.Acquire(i, tier, Access::kRead, "reader");
+      if (kind < 5) {  // read and check, and sometimes modify in place
+        const bool modify = rng() % 3 == 0;
+        Result<Lease> l =
+            m.Acquire(i, tier, modify ? Access::kReadWrite : Access::kRead, "reader");
         if (!l.ok()) {
           ADD_FAILURE() << l.status().ToString();
           failed = true;
@@ -398,8 +400,7 @@ TEST_P(TierManagerStressTest, RandomAccessKeepsEveryByteAndEveryBudget) {
                         << it->second;
           failed = true;
         }
-        // Sometimes modify in place.
-        if (rng() % 3 == 0) {
+        if (modify) {
           const uint64_t v = (uint64_t(t) << 32) | (op + 1);
           std::vector<char> c = Content(bytes[i], v);
           std::memcpy(l->data(), c.data(), bytes[i]);
