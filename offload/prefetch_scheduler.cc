@@ -81,19 +81,40 @@ void PrefetchScheduler::BeginStep() {
 }
 
 void PrefetchScheduler::EndStep() {
-  std::lock_guard lock(mu_);
-  const bool completed = following_ && recording_.size() == trace_.size();
-  if (trace_.empty() || !completed) {
-    if (!trace_.empty() && following_) {
-      // The step ended early: also a divergence.
-      stats_.divergences++;
-      STRATA_LOG(debug, offload, "step {} ended after {} of {} recorded accesses; re-recorded",
-                 step_, recording_.size(), trace_.size());
+  std::vector<Candidate> plan;
+  uint64_t access_index = 0;
+  {
+    std::lock_guard lock(mu_);
+    const bool completed = following_ && recording_.size() == trace_.size();
+    if (trace_.empty() || !completed) {
+      if (!trace_.empty() && following_) {
+        // The step ended early: also a divergence.
+        stats_.divergences++;
+        STRATA_LOG(debug, offload,
+                   "step {} ended after {} of {} recorded accesses; re-recorded", step_,
+                   recording_.size(), trace_.size());
+      }
+      SetTraceLocked(std::move(recording_));
     }
-    SetTraceLocked(std::move(recording_));
+    recording_.clear();
+    following_ = false;
+    // Start the next step's first units now, so that step does not begin cold.
+    if (options_.enabled && !trace_.empty()) {
+      plan = PlanLocked(0, /*include_pos=*/true);
+      access_index = trace_.size();
+    }
   }
-  recording_.clear();
-  following_ = false;
+  if (!plan.empty()) {
+    std::vector<PrefetchAction> done;
+    Status st = IssuePlan(plan, access_index, &done);
+    if (!st.ok()) STRATA_LOG(warn, offload, "prefetch at the end of a step: {}", st.ToString());
+    std::lock_guard lock(mu_);
+    for (const PrefetchAction& a : done) {
+      if (a.outcome == PrefetchOutcome::kIssued) stats_.issued++;
+      if (a.outcome == PrefetchOutcome::kNoRoom) stats_.no_room++;
+    }
+    actions_.insert(actions_.end(), done.begin(), done.end());
+  }
 }
 
 void PrefetchScheduler::SetTraceLocked(std::vector<UnitId> trace) {
@@ -115,15 +136,17 @@ uint64_t PrefetchScheduler::DistanceLocked(ShardId shard) const {
   return pos.front() + trace_.size() - cursor_;
 }
 
-std::vector<PrefetchScheduler::Candidate> PrefetchScheduler::PlanLocked(size_t pos) const {
+std::vector<PrefetchScheduler::Candidate> PrefetchScheduler::PlanLocked(size_t pos,
+                                                                        bool include_pos) const {
   std::vector<Candidate> plan;
   const size_t n = trace_.size();
   const UnitId current = trace_[pos];
   // Device (compute tier) window, then the deeper host window; each in access order.
   uint64_t device_bytes = 0, host_bytes = 0;
   bool device_open = true;
-  std::unordered_set<UnitId> seen{current};
-  for (size_t k = 1; k < n; ++k) {
+  std::unordered_set<UnitId> seen;
+  if (!include_pos) seen.insert(current);
+  for (size_t k = include_pos ? 0 : 1; k < n; ++k) {
     const UnitId u = trace_[(pos + k) % n];
     if (!seen.insert(u).second) continue;
     const Unit& unit = units_.at(u);
@@ -146,6 +169,58 @@ std::vector<PrefetchScheduler::Candidate> PrefetchScheduler::PlanLocked(size_t p
     }
   }
   return plan;
+}
+
+Status PrefetchScheduler::IssuePlan(const std::vector<Candidate>& plan, uint64_t access_index,
+                                    std::vector<PrefetchAction>* done) {
+  // In plan order; a stage stops at its first kNoRoom. The scheduler's lock is not held here.
+  uint64_t step = 0;
+  {
+    std::lock_guard lock(mu_);
+    step = step_;
+  }
+  bool stopped[kNumTiers] = {false, false, false};
+  uint64_t live = manager_.stats(options_.compute_tier).in_use;
+  for (const Candidate& c : plan) {
+    const int ti = static_cast<int>(c.tier);
+    if (stopped[ti]) continue;
+    std::vector<ShardId> unit_shards;
+    {
+      std::lock_guard lock(mu_);
+      unit_shards = units_.at(c.unit).shards;
+    }
+    for (ShardId s : unit_shards) {
+      // The host stage only serves NVMe-homed shards not already in the compute tier.
+      if (c.tier == Tier::kHost) {
+        Result<Tier> h = manager_.home(s);
+        if (!h.ok() || *h != Tier::kNvme || manager_.IsCurrent(s, options_.compute_tier)) continue;
+      }
+      if (c.tier == options_.compute_tier) {
+        const uint64_t b = manager_.shard_bytes(s);
+        if (!manager_.IsCurrent(s, c.tier) && live + b > options_.max_live_bytes) {
+          stopped[ti] = true;
+          break;
+        }
+      }
+      Result<PrefetchOutcome> r = manager_.Prefetch(s, c.tier);
+      if (!r.ok()) return r.status();
+      const int64_t now = options_.trace != nullptr ? TraceRecorder::NowNs() : 0;
+      if (options_.trace != nullptr && *r == PrefetchOutcome::kIssued) {
+        options_.trace->Complete(track_, "prefetch " + std::string(TierName(c.tier)), "prefetch",
+                                 now, now, {{"shard", static_cast<double>(s)}});
+      }
+      done->push_back({step, access_index, c.unit, s, c.tier, *r});
+      if (*r == PrefetchOutcome::kIssued && c.tier == options_.compute_tier) {
+        live += manager_.shard_bytes(s);
+      }
+      if (*r == PrefetchOutcome::kNoRoom) {
+        stopped[ti] = true;
+        break;
+      }
+    }
+  }
+
+  return Status::Ok();
 }
 
 Result<std::vector<Lease>> PrefetchScheduler::Acquire(UnitId unit, Access access,
@@ -177,7 +252,7 @@ Result<std::vector<Lease>> PrefetchScheduler::Acquire(UnitId unit, Access access
       const size_t expected = recording_.size() - 1;
       if (expected < trace_.size() && trace_[expected] == unit) {
         cursor_ = expected;
-        if (options_.enabled) plan = PlanLocked(cursor_);
+        if (options_.enabled) plan = PlanLocked(cursor_, /*include_pos=*/false);
       } else {
         following_ = false;
         stats_.divergences++;
@@ -203,48 +278,8 @@ Result<std::vector<Lease>> PrefetchScheduler::Acquire(UnitId unit, Access access
   bool hit = true;
   for (ShardId s : shards) hit &= manager_.IsCurrent(s, options_.compute_tier);
 
-  // Issue the plan in order; a stage stops at its first kNoRoom.
   std::vector<PrefetchAction> done;
-  bool stopped[kNumTiers] = {false, false, false};
-  uint64_t live = manager_.stats(options_.compute_tier).in_use;
-  for (const Candidate& c : plan) {
-    const int ti = static_cast<int>(c.tier);
-    if (stopped[ti]) continue;
-    std::vector<ShardId> unit_shards;
-    {
-      std::lock_guard lock(mu_);
-      unit_shards = units_.at(c.unit).shards;
-    }
-    for (ShardId s : unit_shards) {
-      // The host stage only serves NVMe-homed shards not already in the compute tier.
-      if (c.tier == Tier::kHost) {
-        Result<Tier> h = manager_.home(s);
-        if (!h.ok() || *h != Tier::kNvme || manager_.IsCurrent(s, options_.compute_tier)) continue;
-      }
-      if (c.tier == options_.compute_tier) {
-        const uint64_t b = manager_.shard_bytes(s);
-        if (!manager_.IsCurrent(s, c.tier) && live + b > options_.max_live_bytes) {
-          stopped[ti] = true;
-          break;
-        }
-      }
-      Result<PrefetchOutcome> r = manager_.Prefetch(s, c.tier);
-      if (!r.ok()) return r.status();
-      const int64_t now = options_.trace != nullptr ? TraceRecorder::NowNs() : 0;
-      if (options_.trace != nullptr && *r == PrefetchOutcome::kIssued) {
-        options_.trace->Complete(track_, "prefetch " + std::string(TierName(c.tier)), "prefetch",
-                                 now, now, {{"shard", static_cast<double>(s)}});
-      }
-      done.push_back({step_, access_index, c.unit, s, c.tier, *r});
-      if (*r == PrefetchOutcome::kIssued && c.tier == options_.compute_tier) {
-        live += manager_.shard_bytes(s);
-      }
-      if (*r == PrefetchOutcome::kNoRoom) {
-        stopped[ti] = true;
-        break;
-      }
-    }
-  }
+  STRATA_RETURN_IF_ERROR(IssuePlan(plan, access_index, &done));
 
   persistent_to_drop.clear();  // released outside the scheduler's lock
   std::vector<Lease> leases;

@@ -20,7 +20,8 @@
 //     go (TierManager::Evict) otherwise; units smaller than `persistence_threshold_bytes`
 //     (stage3_param_persistence_threshold) stay resident for good once first used.
 // Before a trace exists (step 1) every access is served on demand, units are let go after use,
-// and eviction falls back to LRU.
+// and eviction falls back to LRU. EndStep already issues the lookahead for the next step's first
+// units, so step 2 does not start cold.
 //
 // Divergence: when an access differs from the trace, the scheduler logs it (once at warning
 // level, later ones at debug), serves the rest of the step on demand and makes that step's
@@ -62,7 +63,9 @@ struct PrefetchOptions {
 // One prefetch the scheduler asked for; kept for tests and diagnostics.
 struct PrefetchAction {
   uint64_t step = 0;
-  uint64_t access = 0;  // index of the access (within the step) after which it was issued
+  // Index of the access (within the step) after which it was issued; the step's length for
+  // prefetches issued by EndStep for the start of the next step.
+  uint64_t access = 0;
   UnitId unit = 0;
   ShardId shard = 0;
   Tier tier = Tier::kDevice;
@@ -127,7 +130,11 @@ class PrefetchScheduler {
   };
 
   uint64_t DistanceLocked(ShardId shard) const;
-  std::vector<Candidate> PlanLocked(size_t pos) const;
+  // The units to prefetch after position `pos` of the trace (from `pos` itself when
+  // `include_pos`, as at the end of a step), in trace order, each with its stage.
+  std::vector<Candidate> PlanLocked(size_t pos, bool include_pos) const;
+  Status IssuePlan(const std::vector<Candidate>& plan, uint64_t access_index,
+                   std::vector<PrefetchAction>* done);
   bool KeepAfterUseLocked(UnitId unit) const;
   void SetTraceLocked(std::vector<UnitId> trace);
 

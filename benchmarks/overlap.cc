@@ -1,0 +1,982 @@
+// strata_overlap_bench: how well the prefetch scheduler hides layer streaming behind compute.
+//
+// A model of L units ("layers") of --unit-size bytes each is homed on NVMe. One training step
+// uses every unit once forward (0..L-1) and once backward (L-1..0); each use acquires the unit in
+// device memory through the PrefetchScheduler, runs a GEMM that reads it on a compute stream of the
+// CPU device, waits for that GEMM (the next layer needs its output) and releases the unit. Step 1
+// records the scheduler's trace and is not reported; steps 2+ are.
+//
+// For each L it measures four runs, each on freshly built device, store, pool, tier manager and
+// scheduler (so that peaks and counters belong to that run alone):
+//   io-only       the same loop with the GEMM left out: what the transfers cost on their own;
+//   compute-only  the same GEMMs over the same access sequence, data already in device memory;
+//   prefetch      the full loop with the scheduler's lookahead;
+//   no-prefetch   the full loop with PrefetchOptions::enabled = false (on-demand transfers).
+// Overlap efficiency = step time / max(io-only, compute-only): 1.0 means the transfers are fully
+// hidden (or the compute is), 2.0 means nothing overlaps when the two are balanced.
+//
+// With --compute-ms auto (the default) the GEMM's row count M is calibrated so that compute-only
+// takes as long as io-only for that L, which is the hardest case for overlap.
+//
+// Every access checks three floats of the unit against what was written (a mismatch is an error).
+// The table also reports how much CPU other processes used during each L's runs: on a small
+// shared machine that, not the engine, is often what moves the numbers.
+//
+// Every Status is checked; on error the program prints it and exits 1. The offload files are
+// created in the --path directories and removed when each run's tier manager goes away.
+#include <cblas.h>
+#include <fmt/format.h>
+#include <malloc.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/units.h"
+#include "device/pinned_pool.h"
+#include "offload/prefetch_scheduler.h"
+#include "offload/tier_manager.h"
+#include "strata/block_store.h"
+#include "strata/device.h"
+#include "strata/status.h"
+#include "strata/trace.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace strata::bench {
+namespace {
+
+using nlohmann::json;
+using offload::Tier;
+
+// The weight matrix of a unit is K x N fp32 (K * N * 4 = unit bytes).
+constexpr int kGemmK = 1024;
+constexpr double kEfficiencyTarget = 1.10;
+
+// Set by SIGINT / SIGTERM: the current run stops at its next access and the program exits 1
+// after its tier manager has removed the offload files.
+std::atomic<bool> g_interrupted{false};
+extern "C" void OnInterrupt(int) {
+  g_interrupted.store(true);
+}
+
+Status CheckInterrupted() {
+  return g_interrupted.load() ? CancelledError("interrupted") : Status::Ok();
+}
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The 1-minute load average (/proc/loadavg), or -1 when it cannot be read. Other work on the
+// machine distorts every number here, so it is reported with them.
+double LoadAverage() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f == nullptr) return -1;
+  double load = -1;
+  if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+  std::fclose(f);
+  return load;
+}
+
+// CPU time used by other processes while a run went on, in CPUs (0.5 = half a CPU on average):
+// system-wide busy time from /proc/stat minus this process's own (getrusage). On a shared machine
+// this says which numbers to distrust.
+class ForeignCpu {
+ public:
+  ForeignCpu() : start_busy_(SystemBusySeconds()), start_self_(SelfSeconds()), t0_(NowSeconds()) {}
+  double Cpus() const {
+    const double wall = NowSeconds() - t0_;
+    const double busy = SystemBusySeconds() - start_busy_;
+    const double self = SelfSeconds() - start_self_;
+    if (start_busy_ < 0 || wall <= 0) return -1;
+    return std::max(0.0, (busy - self) / wall);
+  }
+
+ private:
+  static double SystemBusySeconds() {
+    std::FILE* f = std::fopen("/proc/stat", "r");
+    if (f == nullptr) return -1;
+    unsigned long long v[8] = {};
+    const int got = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1],
+                                &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
+    std::fclose(f);
+    if (got != 8) return -1;
+    // user nice system idle iowait irq softirq steal: busy = all but idle and iowait.
+    const unsigned long long busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+    return static_cast<double>(busy) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  }
+  static double SelfSeconds() {
+    rusage ru{};
+    ::getrusage(RUSAGE_SELF, &ru);
+    auto sec = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec * 1e-6; };
+    return sec(ru.ru_utime) + sec(ru.ru_stime);
+  }
+  double start_busy_, start_self_, t0_;
+};
+
+struct Args {
+  std::vector<std::string> paths;
+  std::string units_text = "8,32,128";
+  std::string unit_size_text = "8MiB";
+  int steps = 5;
+  std::string compute_ms_text = "auto";
+  int device_lookahead = 2;
+  int host_lookahead = 6;
+  std::optional<int> host_budget;
+  int io_threads = 1;
+  int queue_depth = 8;
+  std::string backend = "auto";
+  std::string device_alloc = "cached";
+  std::string trace_file;
+  bool json_output = false;
+
+  // Parsed.
+  std::vector<int> units;
+  uint64_t unit_bytes = 0;
+  std::optional<double> compute_ms;  // empty: auto
+};
+
+Status ParseArgs(Args& a) {
+  a.units.clear();
+  size_t start = 0;
+  while (start <= a.units_text.size()) {
+    const size_t comma = std::min(a.units_text.find(',', start), a.units_text.size());
+    const std::string item = a.units_text.substr(start, comma - start);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 3 || v > 100000) {
+      return InvalidArgumentError(fmt::format(
+          "--units '{}': expected a comma-separated list of unit counts, each at least 3 "
+          "(e.g. 8,32,128)",
+          a.units_text));
+    }
+    a.units.push_back(static_cast<int>(v));
+    start = comma + 1;
+  }
+  Result<uint64_t> size = ParseByteSize(a.unit_size_text);
+  if (!size.ok()) return size.status().WithContext("--unit-size");
+  a.unit_bytes = *size;
+  if (a.unit_bytes == 0 || a.unit_bytes % 4096 != 0) {
+    return InvalidArgumentError(fmt::format(
+        "--unit-size {}: expected a positive multiple of 4 KiB (the unit is a {} x N fp32 matrix)",
+        a.unit_size_text, kGemmK));
+  }
+  if (a.compute_ms_text != "auto") {
+    char* end = nullptr;
+    const double v = std::strtod(a.compute_ms_text.c_str(), &end);
+    if (a.compute_ms_text.empty() || *end != '\0' || !(v > 0) || !std::isfinite(v)) {
+      return InvalidArgumentError(fmt::format(
+          "--compute-ms '{}': expected a positive number of milliseconds per unit, or auto",
+          a.compute_ms_text));
+    }
+    a.compute_ms = v;
+  }
+  if (a.steps < 2) {
+    return InvalidArgumentError(fmt::format(
+        "--steps {}: expected at least 2 (step 1 records the trace and is not reported)", a.steps));
+  }
+  if (a.device_lookahead < 1) {
+    return InvalidArgumentError(
+        fmt::format("--device-lookahead {}: expected at least 1 unit", a.device_lookahead));
+  }
+  if (a.host_lookahead < 0) {
+    return InvalidArgumentError(
+        fmt::format("--host-lookahead {}: expected 0 or more units", a.host_lookahead));
+  }
+  if (a.host_budget && *a.host_budget < 1) {
+    return InvalidArgumentError(
+        fmt::format("--host-budget {}: expected at least 1 unit", *a.host_budget));
+  }
+  if (a.io_threads < 1 || a.queue_depth < 1) {
+    return InvalidArgumentError("--io-threads and --qd: expected at least 1");
+  }
+  return Status::Ok();
+}
+
+io::Backend ToBackend(std::string_view name) {
+  if (name == "uring") return io::Backend::kUring;
+  if (name == "posix") return io::Backend::kPosix;
+  return io::Backend::kAuto;
+}
+
+// Units of host memory the tier manager gets for L units: fewer than L, so the model never fits
+// in host memory and every step streams from NVMe.
+int HostBudgetUnits(const Args& a, int units) {
+  const int wanted = a.host_budget.value_or(a.host_lookahead + 4);
+  return std::max(1, std::min(wanted, units - 2));
+}
+
+// A fast deterministic generator of floats in [-1, 1).
+class FloatStream {
+ public:
+  explicit FloatStream(uint64_t seed) : x_(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
+  float Next() {
+    x_ ^= x_ << 13;
+    x_ ^= x_ >> 7;
+    x_ ^= x_ << 17;
+    return static_cast<float>(static_cast<int32_t>(x_ >> 32)) * (1.0f / 2147483648.0f);
+  }
+  void Fill(float* p, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      p[i] = Next();
+  }
+
+ private:
+  uint64_t x_;
+};
+
+// The compute of one unit access: C (M x N) = A (M x K) * W (K x N), single-threaded OpenBLAS.
+struct Gemm {
+  int m = 1;
+  int n = 1;
+  std::vector<float> a;  // M x K activations (host memory: not model state)
+  std::vector<float> c;  // M x N output
+
+  void Resize(int rows, int cols) {
+    m = rows;
+    n = cols;
+    a.resize(static_cast<size_t>(m) * kGemmK);
+    c.assign(static_cast<size_t>(m) * n, 0.0f);
+    FloatStream(12345).Fill(a.data(), a.size());
+  }
+  void Run(const float* w) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, kGemmK, 1.0f, a.data(), kGemmK, w,
+                n, 0.0f, c.data(), n);
+  }
+};
+
+// Samples of each unit's content, to check that what compute reads is what was written.
+struct Samples {
+  size_t count = 0;  // floats per unit
+  std::vector<std::array<float, 3>> values;
+  std::array<size_t, 3> Positions() const { return {0, count / 2, count - 1}; }
+};
+
+enum class Mode { kIoOnly, kPrefetch, kNoPrefetch };
+std::string_view ModeName(Mode m) {
+  switch (m) {
+    case Mode::kIoOnly:
+      return "io-only";
+    case Mode::kPrefetch:
+      return "prefetch";
+    case Mode::kNoPrefetch:
+      return "no-prefetch";
+  }
+  return "?";
+}
+
+struct RunResult {
+  std::vector<double> step_s;  // steps 2+
+  double mean_step_s = 0;
+  uint64_t device_peak = 0;        // tier manager's device tier peak over the whole run
+  uint64_t device_alloc_peak = 0;  // the device's own allocation peak over the whole run
+  uint64_t device_budget = 0;
+  uint64_t host_peak = 0;  // tier manager's host tier peak, including the initial write
+  uint64_t host_budget = 0;
+  double nvme_read_bytes_per_step = 0;
+  double h2d_bytes_per_step = 0;
+  double hit_rate = 0;  // steps 2+
+  double stall_s_per_step = 0;
+  uint64_t prefetches_issued = 0;  // steps 2+
+  uint64_t no_room = 0;
+  uint64_t divergences = 0;
+  std::string store_name;
+  bool direct = false;
+  double foreign_cpus = 0;  // other processes' CPU use during the measured steps
+};
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v)
+    s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+// Everything one streaming run needs; members are destroyed in reverse order: the scheduler
+// before the tier manager (which removes the offload files), the compute stream after the
+// manager's copies are gone, the pool (registered with store and device) before those two.
+struct Rig {
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<io::BlockStore> store;
+  std::unique_ptr<device::PinnedPool> pool;
+  std::unique_ptr<device::Stream> compute;
+  std::unique_ptr<offload::TierManager> manager;
+  std::unique_ptr<offload::PrefetchScheduler> scheduler;
+};
+
+uint64_t UnitAlloc(const Args& a) {
+  return RoundUp(a.unit_bytes, io::kDirectIoAlignment);
+}
+uint64_t DeviceBudget(const Args& a) {
+  return static_cast<uint64_t>(a.device_lookahead + 3) * UnitAlloc(a);
+}
+
+// Builds the rig for L units, writes every unit's initial content to NVMe and empties the host.
+Status BuildRig(const Args& a, int units, bool prefetch, TraceRecorder* trace, Samples& samples,
+                Rig& rig) {
+  device::DeviceOptions dopt;
+  dopt.type = device::DeviceType::kCpu;
+  dopt.memory_budget = DeviceBudget(a);
+  dopt.name = "cpu:0";
+  dopt.trace = trace;
+  STRATA_ASSIGN_OR_RETURN(rig.device, device::CreateDevice(dopt));
+
+  io::StoreOptions sopt;
+  sopt.backend = ToBackend(a.backend);
+  sopt.threads = a.io_threads;
+  sopt.queue_depth = a.queue_depth;
+  STRATA_ASSIGN_OR_RETURN(rig.store, io::CreateBlockStore(sopt));
+
+  const uint64_t host_budget = static_cast<uint64_t>(HostBudgetUnits(a, units)) *
+                               device::PinnedPool::SizeClass(UnitAlloc(a));
+  device::PinnedPoolOptions popt;
+  popt.bytes = host_budget;  // already rounded to the size class of a unit
+  popt.device = rig.device.get();
+  popt.store = rig.store.get();
+  STRATA_ASSIGN_OR_RETURN(rig.pool, device::PinnedPool::Create(popt));
+
+  STRATA_ASSIGN_OR_RETURN(rig.compute, rig.device->CreateStream("compute"));
+
+  offload::TierManagerOptions mopt;
+  mopt.device = rig.device.get();
+  mopt.pool = rig.pool.get();
+  mopt.store = rig.store.get();
+  mopt.device_budget = DeviceBudget(a);
+  mopt.host_budget = host_budget;
+  mopt.nvme.paths = a.paths;
+  mopt.nvme.prefix = fmt::format("strata-overlap-{}", ::getpid());
+  mopt.trace = trace;
+  STRATA_ASSIGN_OR_RETURN(rig.manager, offload::TierManager::Create(mopt));
+  for (int u = 0; u < units; ++u) {
+    offload::ShardSpec spec;
+    spec.id = static_cast<offload::ShardId>(u);
+    spec.bytes = a.unit_bytes;
+    spec.home = Tier::kNvme;
+    spec.name = fmt::format("layer.{}", u);
+    STRATA_RETURN_IF_ERROR(rig.manager->Register(spec));
+  }
+  STRATA_RETURN_IF_ERROR(rig.manager->Start());
+
+  // Initial content: pseudo-random floats in [-1, 1), written through the host tier to NVMe.
+  samples.count = a.unit_bytes / sizeof(float);
+  samples.values.assign(static_cast<size_t>(units), {});
+  for (int u = 0; u < units; ++u) {
+    STRATA_RETURN_IF_ERROR(CheckInterrupted());
+    Result<offload::Lease> lease =
+        rig.manager->Acquire(static_cast<offload::ShardId>(u), Tier::kHost,
+                             offload::Access::kOverwrite, "initial write");
+    if (!lease.ok()) return lease.status().WithContext("writing the initial content");
+    float* p = static_cast<float*>(lease->data());
+    FloatStream(static_cast<uint64_t>(u) + 1).Fill(p, samples.count);
+    const auto pos = samples.Positions();
+    for (size_t i = 0; i < pos.size(); ++i)
+      samples.values[u][i] = p[pos[i]];
+    lease->Release(/*dirty=*/true);
+  }
+  STRATA_RETURN_IF_ERROR(rig.manager->FlushAll());
+  for (int u = 0; u < units; ++u) {
+    STRATA_RETURN_IF_ERROR(rig.manager->Evict(static_cast<offload::ShardId>(u), Tier::kHost));
+  }
+  rig.manager->WaitIdle();
+
+  offload::PrefetchOptions sched;
+  sched.enabled = prefetch;
+  sched.compute_tier = Tier::kDevice;
+  sched.device_lookahead_bytes = static_cast<uint64_t>(a.device_lookahead) * a.unit_bytes;
+  sched.host_lookahead_bytes = static_cast<uint64_t>(a.host_lookahead) * a.unit_bytes;
+  sched.persistence_threshold_bytes = 0;
+  sched.max_reuse_distance_bytes = 0;  // only the immediate reuse at the forward/backward turn
+  sched.max_live_bytes = std::numeric_limits<uint64_t>::max() / 2;
+  sched.trace = trace;
+  rig.scheduler = std::make_unique<offload::PrefetchScheduler>(*rig.manager, sched);
+  for (int u = 0; u < units; ++u) {
+    STRATA_RETURN_IF_ERROR(rig.scheduler->AddUnit(static_cast<offload::UnitId>(u),
+                                                  {static_cast<offload::ShardId>(u)},
+                                                  fmt::format("layer.{}", u)));
+  }
+  return Status::Ok();
+}
+
+// The unit used by access k of a step: forward 0..L-1, then backward L-1..0.
+int UnitOfAccess(int k, int units) {
+  return k < units ? k : 2 * units - 1 - k;
+}
+
+// One streaming run (io-only, prefetch or no-prefetch) for L units.
+Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
+                               TraceRecorder* trace) {
+  Samples samples;
+  Rig rig;
+  STRATA_RETURN_IF_ERROR(BuildRig(a, units, mode != Mode::kNoPrefetch, trace, samples, rig));
+  const uint32_t step_track = trace != nullptr ? trace->Track("bench steps") : 0;
+  const uint32_t consumer_track = trace != nullptr ? trace->Track("bench consumer") : 0;
+
+  offload::PrefetchStats sched0;
+  offload::TierStats dev0;
+  io::StoreStats store0;
+  RunResult r;
+  r.store_name = std::string(rig.store->name());
+  r.direct = rig.manager->nvme_layout() != nullptr && rig.manager->nvme_layout()->direct();
+  const auto positions = samples.Positions();
+  std::optional<ForeignCpu> foreign;
+  for (int step = 1; step <= a.steps; ++step) {
+    if (step == 2) foreign.emplace();
+    const double t0 = NowSeconds();
+    const int64_t t0_ns = trace != nullptr ? TraceRecorder::NowNs() : 0;
+    rig.scheduler->BeginStep();
+    for (int k = 0; k < 2 * units; ++k) {
+      STRATA_RETURN_IF_ERROR(CheckInterrupted());
+      const int u = UnitOfAccess(k, units);
+      const std::string owner = fmt::format("{} layer.{}", k < units ? "forward" : "backward", u);
+      const int64_t a0 = trace != nullptr ? TraceRecorder::NowNs() : 0;
+      Result<std::vector<offload::Lease>> leases =
+          rig.scheduler->Acquire(static_cast<offload::UnitId>(u), offload::Access::kRead, owner);
+      if (!leases.ok()) return leases.status().WithContext(owner);
+      const int64_t a1 = trace != nullptr ? TraceRecorder::NowNs() : 0;
+      const float* w = static_cast<const float*>((*leases)[0].data());
+      const std::array<float, 3> expect = samples.values[u];
+      Status enq = rig.device->HostTask(
+          *rig.compute,
+          [w, expect, positions, gemm, u]() -> Status {
+            for (size_t i = 0; i < positions.size(); ++i) {
+              if (std::memcmp(&w[positions[i]], &expect[i], sizeof(float)) != 0) {
+                return DataLossError(
+                    fmt::format("layer.{}: float {} reads {} in device memory, {} was written", u,
+                                positions[i], w[positions[i]], expect[i]));
+              }
+            }
+            if (gemm != nullptr) gemm->Run(w);
+            return Status::Ok();
+          },
+          gemm != nullptr ? "gemm" : "check");
+      if (!enq.ok()) return enq.WithContext(owner);
+      Status sync = rig.device->Synchronize(*rig.compute);
+      if (!sync.ok()) return sync.WithContext(owner);
+      const int64_t a2 = trace != nullptr ? TraceRecorder::NowNs() : 0;
+      Status rel = rig.scheduler->Release(static_cast<offload::UnitId>(u), *leases,
+                                          /*dirty=*/false, rig.compute.get());
+      if (!rel.ok()) return rel.WithContext(owner);
+      if (trace != nullptr) {
+        // The consumer thread: where it spends each access (scheduler calls vs waiting for the
+        // compute stream).
+        const int64_t a3 = TraceRecorder::NowNs();
+        const double unit = static_cast<double>(u);
+        trace->Complete(consumer_track, "acquire", "consumer", a0, a1, {{"unit", unit}});
+        trace->Complete(consumer_track, "compute+sync", "consumer", a1, a2, {{"unit", unit}});
+        trace->Complete(consumer_track, "release", "consumer", a2, a3, {{"unit", unit}});
+      }
+    }
+    rig.scheduler->EndStep();
+    const double dt = NowSeconds() - t0;
+    if (trace != nullptr) {
+      trace->Complete(step_track, fmt::format("step {}", step), "step", t0_ns,
+                      TraceRecorder::NowNs());
+    }
+    if (step == 1) {
+      sched0 = rig.scheduler->stats();
+      dev0 = rig.manager->stats(Tier::kDevice);
+      store0 = rig.store->stats();
+    } else {
+      r.step_s.push_back(dt);
+    }
+    fmt::print(stderr, "  [L={} {}] step {}/{}: {:.3f} s{}\n", units, ModeName(mode), step, a.steps,
+               dt, step == 1 ? " (records the trace; not reported)" : "");
+  }
+  r.foreign_cpus = foreign->Cpus();
+  rig.manager->WaitIdle();
+  const double measured = static_cast<double>(a.steps - 1);
+  const offload::PrefetchStats sched1 = rig.scheduler->stats();
+  const offload::TierStats dev1 = rig.manager->stats(Tier::kDevice);
+  const offload::TierStats host1 = rig.manager->stats(Tier::kHost);
+  const io::StoreStats store1 = rig.store->stats();
+  r.mean_step_s = Mean(r.step_s);
+  r.device_peak = dev1.peak;
+  r.device_alloc_peak = rig.device->memory_stats().peak;
+  r.device_budget = dev1.budget;
+  r.host_peak = host1.peak;
+  r.host_budget = host1.budget;
+  r.nvme_read_bytes_per_step =
+      static_cast<double>(store1.bytes_read - store0.bytes_read) / measured;
+  r.h2d_bytes_per_step = static_cast<double>(dev1.fill_bytes - dev0.fill_bytes) / measured;
+  const uint64_t accesses = sched1.accesses - sched0.accesses;
+  r.hit_rate = accesses == 0
+                   ? 0.0
+                   : static_cast<double>(sched1.hits - sched0.hits) / static_cast<double>(accesses);
+  r.stall_s_per_step = static_cast<double>(dev1.stall_ns - dev0.stall_ns) * 1e-9 / measured;
+  r.prefetches_issued = sched1.issued - sched0.issued;
+  r.no_room = sched1.no_room - sched0.no_room;
+  r.divergences = sched1.divergences;
+  return r;
+}
+
+// The GEMMs alone, over the same access sequence, on weights already in device memory. The
+// weights are spread over as many buffers as the streaming runs' device budget holds, so that
+// caches see a similar footprint.
+class ComputeOnly {
+ public:
+  // `trace` (may be null) records every GEMM on a "compute-only" track, and each step.
+  static Result<std::unique_ptr<ComputeOnly>> Create(const Args& a, TraceRecorder* trace) {
+    std::unique_ptr<ComputeOnly> c(new ComputeOnly());
+    device::DeviceOptions dopt;
+    dopt.type = device::DeviceType::kCpu;
+    dopt.memory_budget = DeviceBudget(a);
+    dopt.name = "cpu:compute-only";
+    dopt.trace = trace;
+    c->trace_ = trace;
+    if (trace != nullptr) c->step_track_ = trace->Track("bench compute-only steps");
+    STRATA_ASSIGN_OR_RETURN(c->device_, device::CreateDevice(dopt));
+    STRATA_ASSIGN_OR_RETURN(c->stream_, c->device_->CreateStream("compute-only"));
+    for (int i = 0; i < a.device_lookahead + 3; ++i) {
+      STRATA_ASSIGN_OR_RETURN(void* p, c->device_->Alloc(UnitAlloc(a)));
+      FloatStream(static_cast<uint64_t>(i) + 1000)
+          .Fill(static_cast<float*>(p), a.unit_bytes / sizeof(float));
+      c->buffers_.push_back(static_cast<float*>(p));
+    }
+    c->n_ = static_cast<int>(a.unit_bytes / sizeof(float) / kGemmK);
+    return c;
+  }
+  ~ComputeOnly() {
+    stream_.reset();
+    for (float* p : buffers_)
+      device_->Free(p);
+  }
+  ComputeOnly(const ComputeOnly&) = delete;
+  ComputeOnly& operator=(const ComputeOnly&) = delete;
+
+  int n() const { return n_; }
+
+  // Seconds for `accesses` GEMMs of `gemm`, each enqueued and synchronized on its own.
+  Result<double> Time(Gemm& gemm, int accesses, int first_unit, std::string_view label) {
+    const double t0 = NowSeconds();
+    for (int k = 0; k < accesses; ++k) {
+      const float* w = buffers_[static_cast<size_t>(first_unit + k) % buffers_.size()];
+      STRATA_RETURN_IF_ERROR(device_->HostTask(
+          *stream_,
+          [&gemm, w]() -> Status {
+            gemm.Run(w);
+            return Status::Ok();
+          },
+          label));
+      STRATA_RETURN_IF_ERROR(device_->Synchronize(*stream_));
+    }
+    return NowSeconds() - t0;
+  }
+
+  // Steps of the forward/backward sequence for L units; returns the times of steps 2+.
+  // `foreign_cpus`: other processes' CPU use during steps 2+ (see ForeignCpu).
+  Result<std::vector<double>> Steps(Gemm& gemm, int units, int steps, double* foreign_cpus) {
+    std::vector<double> out;
+    std::optional<ForeignCpu> foreign;
+    for (int step = 1; step <= steps; ++step) {
+      if (step == 2) foreign.emplace();
+      const double t0 = NowSeconds();
+      for (int k = 0; k < 2 * units; ++k) {
+        STRATA_RETURN_IF_ERROR(CheckInterrupted());
+        const float* w = buffers_[static_cast<size_t>(UnitOfAccess(k, units)) % buffers_.size()];
+        STRATA_RETURN_IF_ERROR(device_->HostTask(
+            *stream_,
+            [&gemm, w]() -> Status {
+              gemm.Run(w);
+              return Status::Ok();
+            },
+            "gemm"));
+        STRATA_RETURN_IF_ERROR(device_->Synchronize(*stream_));
+      }
+      const double dt = NowSeconds() - t0;
+      if (step > 1) out.push_back(dt);
+      if (trace_ != nullptr) {
+        const int64_t end = TraceRecorder::NowNs();
+        trace_->Complete(step_track_, fmt::format("L={} step {}", units, step), "step",
+                         end - static_cast<int64_t>(dt * 1e9), end);
+      }
+      fmt::print(stderr, "  [L={} compute-only] step {}/{}: {:.3f} s\n", units, step, steps, dt);
+    }
+    *foreign_cpus = foreign->Cpus();
+    return out;
+  }
+
+  // The row count M whose GEMM (with its enqueue and synchronize) takes about `target_s`.
+  Result<int> Calibrate(double target_s) {
+    // t(M) grows with M but not quite linearly (OpenBLAS blocks M), so bracket the target and
+    // narrow the bracket by interpolation, keeping the M measured closest to it. Each value is the
+    // median of several short samples, so that one preempted sample does not steer the search.
+    auto measure = [&](int m) -> Result<double> {
+      Gemm g;
+      g.Resize(m, n_);
+      STRATA_RETURN_IF_ERROR(Time(g, 2, 0, "calibration"));  // page faults, OpenBLAS buffers
+      std::vector<double> t;
+      for (int rep = 0; rep < 9; ++rep) {
+        STRATA_ASSIGN_OR_RETURN(double s, Time(g, 2, rep, "calibration"));
+        t.push_back(s / 2);
+      }
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    int best_m = 1;
+    double best_t = 0;
+    auto consider = [&](int m, double t) {
+      if (best_t == 0 || std::abs(t - target_s) < std::abs(best_t - target_s)) {
+        best_m = m;
+        best_t = t;
+      }
+    };
+    int lo = 1, hi = 128;
+    STRATA_ASSIGN_OR_RETURN(double t_lo, measure(lo));
+    consider(lo, t_lo);
+    STRATA_ASSIGN_OR_RETURN(double t_hi, measure(hi));
+    consider(hi, t_hi);
+    while (t_hi < target_s && hi < (1 << 16)) {  // the target lies above: extend the bracket
+      lo = hi;
+      t_lo = t_hi;
+      hi *= 2;
+      STRATA_ASSIGN_OR_RETURN(t_hi, measure(hi));
+      consider(hi, t_hi);
+    }
+    for (int iter = 0; iter < 8 && t_lo < target_s && hi - lo > 1; ++iter) {
+      if (std::abs(best_t - target_s) < 0.02 * target_s) break;
+      const double frac = (target_s - t_lo) / std::max(t_hi - t_lo, 1e-9);
+      const int m =
+          std::clamp(lo + static_cast<int>(std::lround(frac * (hi - lo))), lo + 1, hi - 1);
+      STRATA_ASSIGN_OR_RETURN(double t, measure(m));
+      consider(m, t);
+      if (t < target_s) {
+        lo = m;
+        t_lo = t;
+      } else {
+        hi = m;
+        t_hi = t;
+      }
+    }
+    fmt::print(stderr,
+               "  calibrated GEMM: M = {} ({} x {} x {}): {:.3f} ms per unit (target {:.3f})\n",
+               best_m, best_m, kGemmK, n_, best_t * 1e3, target_s * 1e3);
+    return best_m;
+  }
+
+ private:
+  ComputeOnly() = default;
+  std::unique_ptr<device::Device> device_;
+  std::unique_ptr<device::Stream> stream_;
+  std::vector<float*> buffers_;
+  int n_ = 1;
+  TraceRecorder* trace_ = nullptr;
+  uint32_t step_track_ = 0;
+};
+
+struct Row {
+  int units = 0;
+  int host_budget_units = 0;
+  int gemm_m = 0;
+  double compute_target_ms = 0;
+  RunResult io_only, prefetch, no_prefetch;
+  std::vector<double> compute_only_steps;
+  double compute_only_s = 0;
+  double compute_only_foreign_cpus = 0;
+  // The most CPU other processes used during any of this L's four runs.
+  double MaxForeignCpus() const {
+    return std::max({io_only.foreign_cpus, prefetch.foreign_cpus, no_prefetch.foreign_cpus,
+                     compute_only_foreign_cpus});
+  }
+  double efficiency = 0, no_prefetch_efficiency = 0, balance = 0;
+};
+
+json RunJson(const RunResult& r) {
+  return json{{"step_s", r.mean_step_s},
+              {"steps_s", r.step_s},
+              {"device_peak_bytes", r.device_peak},
+              {"device_alloc_peak_bytes", r.device_alloc_peak},
+              {"host_peak_bytes", r.host_peak},
+              {"nvme_read_bytes_per_step", r.nvme_read_bytes_per_step},
+              {"h2d_bytes_per_step", r.h2d_bytes_per_step},
+              {"hit_rate", r.hit_rate},
+              {"stall_s_per_step", r.stall_s_per_step},
+              {"prefetches_issued", r.prefetches_issued},
+              {"prefetch_no_room", r.no_room},
+              {"divergences", r.divergences},
+              {"foreign_cpus", r.foreign_cpus}};
+}
+
+std::string MiB(double bytes) {
+  return fmt::format("{:.0f}", bytes / (1 << 20));
+}
+
+void PrintTable(std::FILE* out, const Args& a, const std::vector<Row>& rows) {
+  fmt::print(out,
+             "\nOverlap (layer streaming): unit {} ({} x {} fp32), steps 2-{} averaged, device "
+             "lookahead {} units, host lookahead {} units\n",
+             FormatBytesExact(a.unit_bytes), kGemmK, a.unit_bytes / 4 / kGemmK, a.steps,
+             a.device_lookahead, a.host_lookahead);
+  fmt::print(out,
+             "{:>5} {:>5} {:>5} {:>10} {:>10} {:>8} {:>7} {:>10} {:>8} {:>6} {:>12} {:>10} "
+             "{:>8} {:>9} {:>9}\n",
+             "L", "host", "M", "io-only s", "compute s", "balance", "step s", "efficiency",
+             "no-pf s", "no-pf", "dev peak MiB", "budget MiB", "hit rate", "NVMe MiB", "other CPU");
+  for (const Row& r : rows) {
+    fmt::print(out,
+               "{:>5} {:>5} {:>5} {:>10.3f} {:>10.3f} {:>8.2f} {:>7.3f} {:>10.3f} {:>8.3f} "
+               "{:>6.2f} {:>12} {:>10} {:>8.3f} {:>9} {:>9.2f}\n",
+               r.units, r.host_budget_units, r.gemm_m, r.io_only.mean_step_s, r.compute_only_s,
+               r.balance, r.prefetch.mean_step_s, r.efficiency, r.no_prefetch.mean_step_s,
+               r.no_prefetch_efficiency, MiB(static_cast<double>(r.prefetch.device_peak)),
+               MiB(static_cast<double>(r.prefetch.device_budget)), r.prefetch.hit_rate,
+               MiB(r.prefetch.nvme_read_bytes_per_step), r.MaxForeignCpus());
+  }
+  fmt::print(out,
+             "host = host budget (units); M = GEMM rows; balance = compute/io; efficiency = step / "
+             "max(io-only, compute); no-pf = prefetch off (its step time and efficiency); dev "
+             "peak = device bytes held by the tier manager, whole run; NVMe MiB = read per "
+             "step; other CPU = the most CPUs other processes used during one of the L's runs\n");
+}
+
+int Run(Args& a) {
+  if (Status st = ParseArgs(a); !st.ok()) {
+    fmt::print(stderr, "strata_overlap_bench: {}\n", st.ToString());
+    return 1;
+  }
+  openblas_set_num_threads(1);
+  std::signal(SIGINT, OnInterrupt);
+  std::signal(SIGTERM, OnInterrupt);
+  if (a.device_alloc == "cached") {
+    // The CPU device allocates "device memory" with operator new, one allocation per device copy.
+    // With glibc's defaults an 8 MiB block is mmap'ed (or trimmed from the heap top when freed),
+    // so every copy faults its pages in again during its H2D copy: several ms per 8 MiB of
+    // kernel page zeroing on the copy thread, which a GPU's caching allocator never pays. Keep
+    // freed memory mapped instead, so that the measurement is of the offload pipeline.
+    if (::mallopt(M_MMAP_MAX, 0) != 1 || ::mallopt(M_TRIM_THRESHOLD, INT32_MAX) != 1) {
+      fmt::print(stderr, "warning: mallopt failed; --device-alloc cached has no effect\n");
+    }
+  }
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  const double load_start = LoadAverage();
+  if (load_start > 0.5) {
+    fmt::print(stderr,
+               "warning: load average {:.2f} on {} CPUs before the benchmark: other work is "
+               "running, and the timings will show it\n",
+               load_start, cpus);
+  }
+
+  auto fail = [](const Status& st) {
+    fmt::print(stderr, "strata_overlap_bench: error: {}\n", st.ToString());
+    return 1;
+  };
+
+  // With --trace: every L's compute-only steps (for comparison) and the last L's prefetch run.
+  std::unique_ptr<TraceRecorder> trace;
+  if (!a.trace_file.empty()) trace = std::make_unique<TraceRecorder>(0, "overlap bench");
+  Result<std::unique_ptr<ComputeOnly>> compute = ComputeOnly::Create(a, trace.get());
+  if (!compute.ok()) return fail(compute.status());
+  const int n = (*compute)->n();
+
+  std::vector<Row> rows;
+  std::string store_name;
+  bool direct = false;
+  for (size_t li = 0; li < a.units.size(); ++li) {
+    const int units = a.units[li];
+    const bool last = li + 1 == a.units.size();
+    Row row;
+    row.units = units;
+    row.host_budget_units = HostBudgetUnits(a, units);
+    fmt::print(stderr, "L={}: {} units of {}, host budget {} units, device budget {} units\n",
+               units, units, FormatBytesExact(a.unit_bytes), row.host_budget_units,
+               a.device_lookahead + 3);
+
+    fmt::print(stderr, " L={}: io-only (the same loop without the GEMM)\n", units);
+    Result<RunResult> io = RunStreaming(a, units, Mode::kIoOnly, nullptr, nullptr);
+    if (!io.ok()) return fail(io.status().WithContext(fmt::format("L={} io-only", units)));
+    row.io_only = *io;
+    store_name = io->store_name;
+    direct = io->direct;
+
+    row.compute_target_ms = a.compute_ms.value_or(io->mean_step_s / (2.0 * units) * 1e3);
+    fmt::print(stderr, " L={}: calibrating the GEMM for {:.3f} ms per unit{}\n", units,
+               row.compute_target_ms, a.compute_ms ? "" : " (auto: io-only time per access)");
+    Result<int> m = (*compute)->Calibrate(row.compute_target_ms * 1e-3);
+    if (!m.ok()) return fail(m.status().WithContext("calibrating the GEMM"));
+    row.gemm_m = *m;
+    Gemm gemm;
+    gemm.Resize(row.gemm_m, n);
+
+    fmt::print(stderr, " L={}: compute-only (the GEMMs alone, weights in device memory)\n", units);
+    Result<std::vector<double>> c =
+        (*compute)->Steps(gemm, units, a.steps, &row.compute_only_foreign_cpus);
+    if (!c.ok()) return fail(c.status().WithContext(fmt::format("L={} compute-only", units)));
+    row.compute_only_steps = *c;
+    row.compute_only_s = Mean(*c);
+
+    fmt::print(stderr, " L={}: streaming with prefetch\n", units);
+    Result<RunResult> pf =
+        RunStreaming(a, units, Mode::kPrefetch, &gemm, last ? trace.get() : nullptr);
+    if (!pf.ok()) return fail(pf.status().WithContext(fmt::format("L={} prefetch", units)));
+    row.prefetch = *pf;
+
+    fmt::print(stderr, " L={}: streaming with prefetch off\n", units);
+    Result<RunResult> np = RunStreaming(a, units, Mode::kNoPrefetch, &gemm, nullptr);
+    if (!np.ok()) return fail(np.status().WithContext(fmt::format("L={} no-prefetch", units)));
+    row.no_prefetch = *np;
+
+    const double bound = std::max(row.io_only.mean_step_s, row.compute_only_s);
+    row.efficiency = row.prefetch.mean_step_s / bound;
+    row.no_prefetch_efficiency = row.no_prefetch.mean_step_s / bound;
+    row.balance = row.compute_only_s / row.io_only.mean_step_s;
+    fmt::print(stderr,
+               " L={}: io-only {:.3f} s, compute-only {:.3f} s, step {:.3f} s (efficiency "
+               "{:.3f}), no prefetch {:.3f} s ({:.3f})\n",
+               units, row.io_only.mean_step_s, row.compute_only_s, row.prefetch.mean_step_s,
+               row.efficiency, row.no_prefetch.mean_step_s, row.no_prefetch_efficiency);
+    rows.push_back(std::move(row));
+  }
+
+  if (trace) {
+    if (Status st = trace->WriteChromeJson(a.trace_file); !st.ok()) return fail(st);
+    fmt::print(stderr, "trace of L={} with prefetch written to {}\n", rows.back().units,
+               a.trace_file);
+  }
+
+  const double load_end = LoadAverage();
+  bool met_efficiency = true, met_peak = true;
+  for (const Row& r : rows) {
+    met_efficiency &= r.efficiency <= kEfficiencyTarget;
+    met_peak &= r.prefetch.device_peak <= r.prefetch.device_budget &&
+                r.prefetch.device_peak == rows.front().prefetch.device_peak;
+  }
+  const bool met = met_efficiency && met_peak;
+
+  PrintTable(a.json_output ? stderr : stdout, a, rows);
+  fmt::print(a.json_output ? stderr : stdout,
+             "target: efficiency <= {:.2f} with prefetch: {}; device peak constant across L and "
+             "within budget: {}\nstore {}, O_DIRECT {}, device alloc {}; load average {:.2f} "
+             "before, {:.2f} after "
+             "({} CPUs)\n",
+             kEfficiencyTarget, met_efficiency ? "met" : "NOT met", met_peak ? "yes" : "NO",
+             store_name, direct ? "on" : "off", a.device_alloc, load_start, load_end, cpus);
+
+  if (a.json_output) {
+    json results = json::array();
+    for (const Row& r : rows) {
+      results.push_back(json{
+          {"units", r.units},
+          {"accesses_per_step", 2 * r.units},
+          {"host_budget_units", r.host_budget_units},
+          {"gemm_m", r.gemm_m},
+          {"gemm_k", kGemmK},
+          {"gemm_n", n},
+          {"compute_ms_target", r.compute_target_ms},
+          {"io_only_s", r.io_only.mean_step_s},
+          {"compute_only_s", r.compute_only_s},
+          {"compute_only_steps_s", r.compute_only_steps},
+          {"compute_only_foreign_cpus", r.compute_only_foreign_cpus},
+          {"max_foreign_cpus", r.MaxForeignCpus()},
+          {"balance", r.balance},
+          {"step_s", r.prefetch.mean_step_s},
+          {"efficiency", r.efficiency},
+          {"no_prefetch_step_s", r.no_prefetch.mean_step_s},
+          {"no_prefetch_efficiency", r.no_prefetch_efficiency},
+          {"device_peak_bytes", r.prefetch.device_peak},
+          {"device_budget_bytes", r.prefetch.device_budget},
+          {"device_lookahead_bytes", static_cast<uint64_t>(a.device_lookahead) * a.unit_bytes},
+          {"host_peak_bytes", r.prefetch.host_peak},
+          {"host_budget_bytes", r.prefetch.host_budget},
+          {"nvme_read_bytes_per_step", r.prefetch.nvme_read_bytes_per_step},
+          {"hit_rate", r.prefetch.hit_rate},
+          {"stall_s_per_step", r.prefetch.stall_s_per_step},
+          {"io_only", RunJson(r.io_only)},
+          {"prefetch", RunJson(r.prefetch)},
+          {"no_prefetch", RunJson(r.no_prefetch)},
+      });
+    }
+    json doc{{"benchmark", "overlap"},
+             {"unit_bytes", a.unit_bytes},
+             {"steps", a.steps},
+             {"measured_steps", a.steps - 1},
+             {"paths", a.paths},
+             {"backend", store_name},
+             {"direct", direct},
+             {"device_alloc", a.device_alloc},
+             {"io_threads", a.io_threads},
+             {"queue_depth", a.queue_depth},
+             {"device_lookahead_units", a.device_lookahead},
+             {"host_lookahead_units", a.host_lookahead},
+             {"compute_ms", a.compute_ms ? json(*a.compute_ms) : json("auto")},
+             {"cpus", cpus},
+             {"load_average_start", load_start},
+             {"load_average_end", load_end},
+             {"results", results},
+             {"target", {{"efficiency_max", kEfficiencyTarget}, {"device_peak_constant", true}}},
+             {"met_efficiency", met_efficiency},
+             {"met_device_peak", met_peak},
+             {"met", met}};
+    fmt::print("{}\n", doc.dump(2));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata::bench
+
+int main(int argc, char** argv) {
+  strata::bench::Args args;
+  CLI::App app{
+      "Layer-streaming overlap benchmark: L units homed on NVMe, a GEMM per unit, forward then "
+      "backward; reports step time against compute-only and I/O-only time, with and without "
+      "the prefetch scheduler"};
+  app.add_option("--path", args.paths,
+                 "Directory for the offload files (repeatable: striped over every --path); the "
+                 "files are removed at the end")
+      ->required();
+  app.add_option("--units", args.units_text, "Comma-separated unit counts L to measure")
+      ->capture_default_str();
+  app.add_option("--unit-size", args.unit_size_text,
+                 "Bytes per unit (a multiple of 4 KiB), e.g. 8MiB")
+      ->capture_default_str();
+  app.add_option("--steps", args.steps, "Steps per run; step 1 records the trace, 2+ are reported")
+      ->capture_default_str();
+  app.add_option("--compute-ms", args.compute_ms_text,
+                 "Compute per unit access in ms, or auto (= the io-only time per access)")
+      ->capture_default_str();
+  app.add_option("--device-lookahead", args.device_lookahead, "Device prefetch lookahead, in units")
+      ->capture_default_str();
+  app.add_option("--host-lookahead", args.host_lookahead, "Host prefetch lookahead, in units")
+      ->capture_default_str();
+  app.add_option("--host-budget", args.host_budget,
+                 "Host (pinned pool) budget in units [default: host lookahead + 4]; capped at "
+                 "L - 2 so that the model never fits in host memory");
+  app.add_option("--io-threads", args.io_threads, "I/O threads of the block store")
+      ->capture_default_str();
+  app.add_option("--qd", args.queue_depth, "Requests in flight per I/O thread")
+      ->capture_default_str();
+  app.add_option("--backend", args.backend, "I/O backend: auto, uring or posix")
+      ->check(CLI::IsMember({"auto", "uring", "posix"}))
+      ->capture_default_str();
+  app.add_option("--device-alloc", args.device_alloc,
+                 "cached: keep freed heap memory mapped (glibc mallopt), so that the CPU "
+                 "device's per-copy allocations reuse faulted-in pages as a GPU caching "
+                 "allocator would; system: glibc's defaults (every device copy faults its pages "
+                 "in during its H2D copy)")
+      ->check(CLI::IsMember({"cached", "system"}))
+      ->capture_default_str();
+  app.add_option("--trace", args.trace_file,
+                 "Write a Chrome / Perfetto trace of the last L's prefetch run and of every L's "
+                 "compute-only steps to this file");
+  app.add_flag("--json", args.json_output,
+               "Print one JSON document on stdout (the table goes to stderr)");
+  CLI11_PARSE(app, argc, argv);
+  return strata::bench::Run(args);
+}
