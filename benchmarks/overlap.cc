@@ -136,13 +136,14 @@ struct Args {
   std::vector<std::string> paths;
   std::string units_text = "8,32,128";
   std::string unit_size_text = "8MiB";
-  int steps = 5;
+  int steps = 8;
   std::string compute_ms_text = "auto";
   int device_lookahead = 2;
   int host_lookahead = 6;
+  int reuse_distance = 2;  // units
   std::optional<int> host_budget;
   int io_threads = 1;
-  int queue_depth = 8;
+  int queue_depth = 2;
   std::string backend = "auto";
   std::string device_alloc = "cached";
   std::string trace_file;
@@ -403,7 +404,9 @@ Status BuildRig(const Args& a, int units, bool prefetch, TraceRecorder* trace, S
   sched.device_lookahead_bytes = static_cast<uint64_t>(a.device_lookahead) * a.unit_bytes;
   sched.host_lookahead_bytes = static_cast<uint64_t>(a.host_lookahead) * a.unit_bytes;
   sched.persistence_threshold_bytes = 0;
-  sched.max_reuse_distance_bytes = 0;  // only the immediate reuse at the forward/backward turn
+  // Units reused within this many units' bytes (around the forward/backward turn) stay on the
+  // device instead of being read again.
+  sched.max_reuse_distance_bytes = static_cast<uint64_t>(a.reuse_distance) * a.unit_bytes;
   sched.max_live_bytes = std::numeric_limits<uint64_t>::max() / 2;
   sched.trace = trace;
   rig.scheduler = std::make_unique<offload::PrefetchScheduler>(*rig.manager, sched);
@@ -955,12 +958,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--host-lookahead", args.host_lookahead, "Host prefetch lookahead, in units")
       ->capture_default_str();
+  app.add_option("--reuse-distance", args.reuse_distance,
+                 "Keep a unit on the device when it is used again within this many other units "
+                 "(stage3_max_reuse_distance, in units)")
+      ->capture_default_str();
   app.add_option("--host-budget", args.host_budget,
                  "Host (pinned pool) budget in units [default: host lookahead + 4]; capped at "
                  "L - 2 so that the model never fits in host memory");
   app.add_option("--io-threads", args.io_threads, "I/O threads of the block store")
       ->capture_default_str();
-  app.add_option("--qd", args.queue_depth, "Requests in flight per I/O thread")
+  app.add_option("--qd", args.queue_depth, "Requests in flight per I/O thread (large units: 2 keep the disk busy; more only delay the unit needed next)")
       ->capture_default_str();
   app.add_option("--backend", args.backend, "I/O backend: auto, uring or posix")
       ->check(CLI::IsMember({"auto", "uring", "posix"}))
