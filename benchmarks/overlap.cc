@@ -141,6 +141,7 @@ struct Args {
   int device_lookahead = 2;
   int host_lookahead = 6;
   int reuse_distance = 2;  // units
+  int min_accesses = 512;  // per run: small L runs more steps, so its mean is not noise
   std::optional<int> host_budget;
   int io_threads = 1;
   int queue_depth = 2;
@@ -794,15 +795,19 @@ int Run(Args& a) {
   for (size_t li = 0; li < a.units.size(); ++li) {
     const int units = a.units[li];
     const bool last = li + 1 == a.units.size();
+    // A step at small L lasts a few ms; run enough steps that each run makes min_accesses.
+    Args al = a;
+    al.steps = std::max(a.steps, 1 + (a.min_accesses + 2 * units - 1) / (2 * units));
     Row row;
     row.units = units;
     row.host_budget_units = HostBudgetUnits(a, units);
-    fmt::print(stderr, "L={}: {} units of {}, host budget {} units, device budget {} units\n",
+    fmt::print(stderr,
+               "L={}: {} units of {}, host budget {} units, device budget {} units, {} steps\n",
                units, units, FormatBytesExact(a.unit_bytes), row.host_budget_units,
-               a.device_lookahead + 3);
+               a.device_lookahead + 3, al.steps);
 
     fmt::print(stderr, " L={}: io-only (the same loop without the GEMM)\n", units);
-    Result<RunResult> io = RunStreaming(a, units, Mode::kIoOnly, nullptr, nullptr);
+    Result<RunResult> io = RunStreaming(al, units, Mode::kIoOnly, nullptr, nullptr);
     if (!io.ok()) return fail(io.status().WithContext(fmt::format("L={} io-only", units)));
     row.io_only = *io;
     store_name = io->store_name;
@@ -819,19 +824,19 @@ int Run(Args& a) {
 
     fmt::print(stderr, " L={}: compute-only (the GEMMs alone, weights in device memory)\n", units);
     Result<std::vector<double>> c =
-        (*compute)->Steps(gemm, units, a.steps, &row.compute_only_foreign_cpus);
+        (*compute)->Steps(gemm, units, al.steps, &row.compute_only_foreign_cpus);
     if (!c.ok()) return fail(c.status().WithContext(fmt::format("L={} compute-only", units)));
     row.compute_only_steps = *c;
     row.compute_only_s = Mean(*c);
 
     fmt::print(stderr, " L={}: streaming with prefetch\n", units);
     Result<RunResult> pf =
-        RunStreaming(a, units, Mode::kPrefetch, &gemm, last ? trace.get() : nullptr);
+        RunStreaming(al, units, Mode::kPrefetch, &gemm, last ? trace.get() : nullptr);
     if (!pf.ok()) return fail(pf.status().WithContext(fmt::format("L={} prefetch", units)));
     row.prefetch = *pf;
 
     fmt::print(stderr, " L={}: streaming with prefetch off\n", units);
-    Result<RunResult> np = RunStreaming(a, units, Mode::kNoPrefetch, &gemm, nullptr);
+    Result<RunResult> np = RunStreaming(al, units, Mode::kNoPrefetch, &gemm, nullptr);
     if (!np.ok()) return fail(np.status().WithContext(fmt::format("L={} no-prefetch", units)));
     row.no_prefetch = *np;
 
@@ -957,6 +962,9 @@ int main(int argc, char** argv) {
   app.add_option("--device-lookahead", args.device_lookahead, "Device prefetch lookahead, in units")
       ->capture_default_str();
   app.add_option("--host-lookahead", args.host_lookahead, "Host prefetch lookahead, in units")
+      ->capture_default_str();
+  app.add_option("--min-accesses", args.min_accesses,
+                 "Run at least this many unit accesses per run (more steps at small L)")
       ->capture_default_str();
   app.add_option("--reuse-distance", args.reuse_distance,
                  "Keep a unit on the device when it is used again within this many other units "
