@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <new>
 #include <system_error>
 #include <thread>
@@ -312,6 +313,17 @@ CpuDevice::~CpuDevice() {
   for (const auto& [address, allocation] : allocations_) {
     ::operator delete (reinterpret_cast<void*>(address), std::align_val_t{kHostAlignment});
   }
+  TrimCacheLocked(std::numeric_limits<uint64_t>::max());
+}
+
+void CpuDevice::TrimCacheLocked(uint64_t need) {
+  while (!cache_.empty() &&
+         (need > stats_.budget || stats_.in_use + cached_bytes_ + need > stats_.budget)) {
+    auto largest = std::prev(cache_.end());
+    ::operator delete (largest->second, std::align_val_t{kHostAlignment});
+    cached_bytes_ -= largest->first;
+    cache_.erase(largest);
+  }
 }
 
 Result<void*> CpuDevice::Alloc(size_t bytes) {
@@ -324,7 +336,16 @@ Result<void*> CpuDevice::Alloc(size_t bytes) {
     return ResourceExhaustedError(
         internal::BudgetExceededMessage(name_, charge, stats_.in_use, stats_.budget));
   }
-  void* ptr = ::operator new (bytes, std::align_val_t{kHostAlignment}, std::nothrow);
+  void* ptr = nullptr;
+  if (auto cached = cache_.find(charge); cached != cache_.end()) {
+    ptr = cached->second;
+    cached_bytes_ -= charge;
+    cache_.erase(cached);
+  } else {
+    TrimCacheLocked(charge);
+    ptr = ::operator new (static_cast<size_t>(charge), std::align_val_t{kHostAlignment},
+                          std::nothrow);
+  }
   if (ptr == nullptr) {
     ++stats_.failed_allocs;
     return ResourceExhaustedError(fmt::format(
@@ -344,9 +365,15 @@ void CpuDevice::Free(void* ptr) {
     std::lock_guard lock(mem_mu_);
     auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
     if (it != allocations_.end()) {
-      stats_.in_use -= it->second.charge;
+      const uint64_t charge = it->second.charge;
+      stats_.in_use -= charge;
       allocations_.erase(it);
-      ::operator delete (ptr, std::align_val_t{kHostAlignment});
+      if (stats_.in_use + cached_bytes_ + charge <= stats_.budget) {
+        cache_.emplace(charge, ptr);  // kept for the next request of this size
+        cached_bytes_ += charge;
+      } else {
+        ::operator delete (ptr, std::align_val_t{kHostAlignment});
+      }
       return;
     }
   }

@@ -110,9 +110,17 @@ class CpuDevice final : public Device {
   const std::string name_;
   TraceRecorder* const trace_;
 
-  mutable std::mutex mem_mu_;  // guards allocations_, stats_
+  // Frees cached blocks until `need` more bytes fit beside what is in use and cached.
+  void TrimCacheLocked(uint64_t need);
+
+  mutable std::mutex mem_mu_;  // guards allocations_, stats_, cache_, cached_bytes_
   std::map<uintptr_t, Allocation> allocations_;
   DeviceMemoryStats stats_;
+  // Freed blocks kept for reuse by a request of the same charge, as a GPU caching allocator
+  // does: a fresh heap block of several MiB would have every page faulted in again on first
+  // touch (during a copy). In use + cached never exceeds the budget.
+  std::multimap<uint64_t, void*> cache_;
+  uint64_t cached_bytes_ = 0;
 
   std::mutex host_mu_;  // guards registry_, stream_counter_
   internal::HostRegistry registry_;
