@@ -97,7 +97,10 @@ void PrefetchScheduler::EndStep() {
       SetTraceLocked(std::move(recording_));
     }
     recording_.clear();
-    following_ = false;
+    // Until BeginStep, the future is the trace from its start: the eviction oracle answers for
+    // the next step, so the prefetches below may evict what that step needs last.
+    following_ = !trace_.empty();
+    cursor_ = 0;
     // Start the next step's first units now, so that step does not begin cold.
     if (options_.enabled && !trace_.empty()) {
       plan = PlanLocked(0, /*include_pos=*/true);
