@@ -899,11 +899,8 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
     if (wait_start == 0) wait_start = TraceRecorder::NowNs();
     if (c.state == Copy::State::kFilling || c.free_after_writeback || c.pins > 0 ||
         c.source_pins > 0) {
-      // In flight, being written back, or (stale and) still held: wait for it to settle.
-      if (c.state == Copy::State::kReady && !IsCurrentLocked(s, t) && c.pins > 0 &&
-          c.source_pins == 0 && !IsHome(s, t) && access == Access::kRead) {
-        // A stale copy held by another lease: that holder must release it first.
-      }
+      // In flight, being written back, or (stale and) still held by another lease: wait for it
+      // to settle.
       cv_.wait(lock);
       continue;
     }

@@ -237,7 +237,6 @@ class TierManager {
   Shard* FindLocked(ShardId id);
   const Shard* FindLocked(ShardId id) const;
   bool IsCurrentLocked(const Shard& s, Tier t) const;
-  int CurrentTierBelow(const Shard& s, Tier t) const;  // nearest tier >= t holding it current
   bool IsHome(const Shard& s, Tier t) const;
 
   // Memory. A reservation is memory charged to a tier but not yet attached to a copy.

@@ -175,18 +175,6 @@ void FillLoop(void* x, DType dtype, float value, size_t n) {
   });
 }
 
-// Runs a caller-supplied function; an exception (Strata code throws none, but std:: calls in
-// user code may) becomes an Internal error instead of terminating the worker.
-template <typename Fn>
-Status RunCatching(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return InternalError(fmt::format("threw an exception: {}", e.what()));
-  } catch (...) {
-    return InternalError("threw an exception");
-  }
-}
 
 }  // namespace
 
@@ -578,7 +566,7 @@ Status CpuDevice::HostTask(Stream& stream, std::function<Status()> fn, std::stri
   CpuWorkItem item("host", std::string(label));
   item.fn = [fn = std::move(fn), stream_name = std::string(stream.name()),
              label = std::string(label)] {
-    Status status = RunCatching(fn);
+    Status status = internal::RunCatching(fn);
     if (status.ok()) return status;
     return internal::HostTaskError(stream_name, label, status);
   };
@@ -590,7 +578,7 @@ Status CpuDevice::Notify(Stream& stream, std::function<void(const Status&)> fn) 
   CpuWorkItem item("notify", "notify", /*always_run=*/true);
   item.fn = [this, fn = std::move(fn), stream_name = std::string(stream.name())] {
     const Status sticky = sticky_.Get();
-    Status status = RunCatching([&] {
+    Status status = internal::RunCatching([&] {
       fn(sticky);
       return Status::Ok();
     });

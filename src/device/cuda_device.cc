@@ -135,16 +135,6 @@ uint64_t DefaultMargin(uint64_t total) {
   return std::max<uint64_t>(uint64_t{512} * kMiB, total / 20);
 }
 
-template <typename Fn>
-Status RunCatching(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return InternalError(fmt::format("threw an exception: {}", e.what()));
-  } catch (...) {
-    return InternalError("threw an exception");
-  }
-}
 
 }  // namespace
 
@@ -392,7 +382,7 @@ void CudaStream::RunCallbacks() {
     }
     if (callback.notify) {
       const Status sticky = device_->sticky().Get();
-      Status ran = RunCatching([&] {
+      Status ran = internal::RunCatching([&] {
         callback.notify(sticky);
         return Status::Ok();
       });
@@ -784,7 +774,7 @@ void CudaDevice::RunHostTask(void* data) {
   CudaDevice* device = call->device;
   if (device->sticky_.has_error()) return;  // as on the CPU device: work after a failure is skipped
   const int64_t start_ns = device->trace_ != nullptr ? TraceRecorder::NowNs() : 0;
-  Status status = RunCatching(call->fn);
+  Status status = internal::RunCatching(call->fn);
   if (device->trace_ != nullptr) {
     device->trace_->Complete(call->track, call->label, "host", start_ns, TraceRecorder::NowNs());
   }

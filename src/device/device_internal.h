@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <string>
@@ -73,5 +74,19 @@ class StickyError {
   mutable std::mutex mu_;
   Status error_;
 };
+
+// Runs a caller-supplied function (a host task, a notification); an exception (Strata code
+// throws none, but std:: calls in user code may) becomes an Internal error instead of
+// terminating the thread that runs it.
+template <typename Fn>
+Status RunCatching(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return InternalError(std::string("threw an exception: ") + e.what());
+  } catch (...) {
+    return InternalError("threw an exception");
+  }
+}
 
 }  // namespace strata::device::internal

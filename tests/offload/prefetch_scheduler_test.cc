@@ -9,21 +9,12 @@
 
 #include "device/pinned_pool.h"
 #include "io/memory_store.h"
-#include "test_support.h"
+#include "offload_test_util.h"
 
 namespace strata::offload {
 namespace {
 
-ShardSpec Spec(ShardId id, uint64_t bytes, Tier home, std::string name = "",
-               std::string state_class = "param") {
-  ShardSpec s;
-  s.id = id;
-  s.bytes = bytes;
-  s.home = home;
-  s.name = std::move(name);
-  s.state_class = std::move(state_class);
-  return s;
-}
+using testing::Spec;
 
 constexpr uint64_t kUnit = 16 << 10;
 
@@ -89,7 +80,7 @@ class PrefetchSchedulerTest : public ::testing::Test {
     return v;
   }
 
-  testing::TempDir dir_;
+  strata::testing::TempDir dir_;
   std::unique_ptr<device::Device> device_;
   std::unique_ptr<io::BlockStore> store_;
   std::unique_ptr<device::PinnedPool> pool_;

@@ -13,115 +13,22 @@
 #include <thread>
 #include <unistd.h>
 
-#include "device/pinned_pool.h"
-#include "io/fault_injection.h"
-#include "io/memory_store.h"
 #include "offload/prefetch_scheduler.h"
 #include "offload/tier_manager.h"
-#include "strata/trace.h"
-#include "test_support.h"
+#include "offload_test_util.h"
 
 namespace strata::offload {
 namespace {
 
 using namespace std::chrono_literals;
 
-ShardSpec Spec(ShardId id, uint64_t bytes, Tier home, std::string name = "") {
-  ShardSpec s;
-  s.id = id;
-  s.bytes = bytes;
-  s.home = home;
-  s.name = std::move(name);
-  return s;
-}
-
-std::vector<char> Content(uint64_t bytes, uint64_t seed) {
-  return testing::PatternBytes(bytes, seed);
-}
-
-uint64_t Fnv(const void* p, size_t n) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
-uint64_t FnvOf(uint64_t bytes, uint64_t seed) {
-  std::vector<char> c = Content(bytes, seed);
-  return Fnv(c.data(), c.size());
-}
-
-struct Rig {
-  std::unique_ptr<device::Device> device;
-  std::unique_ptr<io::BlockStore> store;
-  std::unique_ptr<device::PinnedPool> pool;
-  std::unique_ptr<TierManager> manager;
-  std::shared_ptr<io::FaultInjector> faults;
-  std::unique_ptr<testing::TempDir> dir;
-
-  struct Options {
-    uint64_t device_budget = 1 << 20;
-    uint64_t pool_bytes = 2 << 20;
-    uint64_t host_budget = 0;
-    bool faulty = false;
-  };
-
-  static Rig Make(const Options& o) {
-    Rig r;
-    device::DeviceOptions dopt;
-    dopt.type = device::DeviceType::kCpu;
-    dopt.memory_budget = o.device_budget;
-    r.device = std::move(*device::CreateDevice(dopt));
-    io::StoreOptions sopt;
-    sopt.threads = 2;
-    r.store = std::move(*io::CreateMemoryStore(sopt));
-    if (o.faulty) {
-      r.faults = std::make_shared<io::FaultInjector>(7);
-      r.store = io::CreateFaultInjectingStore(std::move(r.store), r.faults);
-    }
-    device::PinnedPoolOptions popt;
-    popt.bytes = o.pool_bytes;
-    popt.huge_pages = HugePages::kOff;
-    popt.device = r.device.get();
-    popt.store = r.store.get();
-    r.pool = std::move(*device::PinnedPool::Create(popt));
-    r.dir = std::make_unique<testing::TempDir>();
-    TierManagerOptions mopt;
-    mopt.device = r.device.get();
-    mopt.pool = r.pool.get();
-    mopt.store = r.store.get();
-    mopt.device_budget = o.device_budget;
-    mopt.host_budget = o.host_budget;
-    std::filesystem::create_directories(r.dir->path() / "nvme0");
-    mopt.nvme.paths.push_back((r.dir->path() / "nvme0").string());
-    mopt.nvme.stripe_unit = 8192;
-    r.manager = std::move(*TierManager::Create(mopt));
-    return r;
-  }
-
-  ~Rig() {
-    manager.reset();
-    pool.reset();
-    store.reset();
-  }
-  Rig() = default;
-  Rig(Rig&&) = default;
-};
-
-void WriteShard(TierManager& m, ShardId id, uint64_t bytes, uint64_t seed, Tier tier) {
-  Result<Lease> l = m.Acquire(id, tier, Access::kOverwrite, "writer");
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  std::vector<char> c = Content(bytes, seed);
-  std::memcpy(l->data(), c.data(), bytes);  // CPU device memory is host memory
-  l->Release(/*dirty=*/true);
-}
-
-void ExpectShard(TierManager& m, ShardId id, uint64_t bytes, uint64_t seed, Tier tier) {
-  Result<Lease> l = m.Acquire(id, tier, Access::kRead, "reader");
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  ASSERT_EQ(Fnv(l->data(), bytes), FnvOf(bytes, seed))
-      << "shard " << id << " in " << TierName(tier) << " does not hold version " << seed;
-}
+using testing::Content;
+using testing::ExpectShard;
+using testing::Fnv;
+using testing::FnvOf;
+using testing::Rig;
+using testing::Spec;
+using testing::WriteShard;
 
 // A consumer task on `stream` that waits for `go`, then runs `body`.
 void Gated(device::Device& dev, device::Stream& stream, std::atomic<bool>& go,

@@ -11,134 +11,17 @@
 #include <random>
 #include <thread>
 
-#include "device/pinned_pool.h"
-#include "io/fault_injection.h"
-#include "io/memory_store.h"
-#include "strata/trace.h"
-#include "test_support.h"
+#include "offload_test_util.h"
 
 namespace strata::offload {
 namespace {
 
-ShardSpec Spec(ShardId id, uint64_t bytes, Tier home, std::string name = "",
-               std::string state_class = "param") {
-  ShardSpec s;
-  s.id = id;
-  s.bytes = bytes;
-  s.home = home;
-  s.name = std::move(name);
-  s.state_class = std::move(state_class);
-  return s;
-}
-
-using testing::FillPattern;
-using testing::TempDir;
-
-// The bytes a shard holds after the writer stored version `seed` in it.
-std::vector<char> Content(uint64_t bytes, uint64_t seed) {
-  return testing::PatternBytes(bytes, seed);
-}
-
-// A checksum, so a failure message stays short.
-uint64_t Fnv(const void* p, size_t n) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
-struct Rig {
-  std::unique_ptr<device::Device> device;
-  std::unique_ptr<io::BlockStore> store;
-  std::unique_ptr<device::PinnedPool> pool;
-  std::unique_ptr<TierManager> manager;
-  std::shared_ptr<io::FaultInjector> faults;
-  std::unique_ptr<TempDir> dir;
-
-  struct Options {
-    uint64_t device_budget = 1 << 20;
-    uint64_t device_memory = 0;  // the device's own budget (0: = device_budget)
-    uint64_t pool_bytes = 2 << 20;
-    uint64_t host_budget = 0;
-    bool real_files = false;
-    bool faulty = false;
-    int paths = 1;
-    TraceRecorder* trace = nullptr;
-  };
-
-  static Rig Make(const Options& o) {
-    Rig r;
-    device::DeviceOptions dopt;
-    dopt.type = device::DeviceType::kCpu;
-    dopt.memory_budget = o.device_memory != 0 ? o.device_memory : o.device_budget;
-    r.device = std::move(*device::CreateDevice(dopt));
-    io::StoreOptions sopt;
-    sopt.threads = 2;
-    if (o.real_files) {
-      sopt.backend = io::Backend::kAuto;
-      r.store = std::move(*io::CreateBlockStore(sopt));
-    } else {
-      r.store = std::move(*io::CreateMemoryStore(sopt));
-    }
-    if (o.faulty) {
-      r.faults = std::make_shared<io::FaultInjector>(7);
-      r.store = io::CreateFaultInjectingStore(std::move(r.store), r.faults);
-    }
-    device::PinnedPoolOptions popt;
-    popt.bytes = o.pool_bytes;
-    popt.huge_pages = HugePages::kOff;
-    popt.device = r.device.get();
-    popt.store = r.store.get();
-    r.pool = std::move(*device::PinnedPool::Create(popt));
-    r.dir = std::make_unique<TempDir>();
-    TierManagerOptions mopt;
-    mopt.device = r.device.get();
-    mopt.pool = r.pool.get();
-    mopt.store = r.store.get();
-    mopt.device_budget = o.device_budget;
-    mopt.host_budget = o.host_budget;
-    for (int i = 0; i < o.paths; ++i) {
-      std::filesystem::create_directories(r.dir->path() / ("nvme" + std::to_string(i)));
-      mopt.nvme.paths.push_back((r.dir->path() / ("nvme" + std::to_string(i))).string());
-    }
-    mopt.nvme.stripe_unit = 8192;
-    mopt.trace = o.trace;
-    r.manager = std::move(*TierManager::Create(mopt));
-    return r;
-  }
-
-  ~Rig() {
-    manager.reset();  // before the pool, store and device it uses
-    pool.reset();
-    store.reset();
-  }
-  Rig() = default;
-  Rig(Rig&&) = default;
-};
-
-// Writes `seed`'s content into the shard through a host overwrite lease.
-void WriteShard(TierManager& m, ShardId id, uint64_t bytes, uint64_t seed, Tier tier,
-                device::Device* dev = nullptr) {
-  Result<Lease> l = m.Acquire(id, tier, Access::kOverwrite, "writer");
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  std::vector<char> c = Content(bytes, seed);
-  if (tier == Tier::kHost) {
-    std::memcpy(l->data(), c.data(), bytes);
-  } else {
-    // CPU device memory is host memory.
-    ASSERT_NE(dev, nullptr);
-    std::memcpy(l->data(), c.data(), bytes);
-  }
-  l->Release(/*dirty=*/true);
-}
-
-void ExpectShard(TierManager& m, ShardId id, uint64_t bytes, uint64_t seed, Tier tier) {
-  Result<Lease> l = m.Acquire(id, tier, Access::kRead, "reader");
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  std::vector<char> c = Content(bytes, seed);
-  ASSERT_EQ(Fnv(l->data(), bytes), Fnv(c.data(), bytes))
-      << "shard " << id << " in " << TierName(tier) << " does not hold version " << seed;
-}
+using testing::Content;
+using testing::ExpectShard;
+using testing::Fnv;
+using testing::Rig;
+using testing::Spec;
+using testing::WriteShard;
 
 TEST(TierManagerTest, RoundTripThroughEveryTier) {
   Rig r = Rig::Make({});
@@ -149,7 +32,7 @@ TEST(TierManagerTest, RoundTripThroughEveryTier) {
   ASSERT_TRUE(m.Start().ok());
 
   WriteShard(m, 1, 100'000, 11, Tier::kHost);
-  WriteShard(m, 2, 5'000, 22, Tier::kDevice, r.device.get());
+  WriteShard(m, 2, 5'000, 22, Tier::kDevice);
   WriteShard(m, 3, 12'288, 33, Tier::kHost);
   Status flushed = m.FlushAll();
   ASSERT_TRUE(flushed.ok()) << flushed.ToString();
@@ -268,7 +151,7 @@ TEST(TierManagerTest, DirtyDeviceCopyIsWrittenBackBeforeItIsDropped) {
   // Write every shard on the device: the budget holds two, so the rest are written back through
   // host to NVMe as they are pushed out.
   for (ShardId id = 0; id < 6; ++id) {
-    WriteShard(m, id, 16 << 10, 100 + id, Tier::kDevice, r.device.get());
+    WriteShard(m, id, 16 << 10, 100 + id, Tier::kDevice);
   }
   for (ShardId id = 0; id < 6; ++id) ExpectShard(m, id, 16 << 10, 100 + id, Tier::kDevice);
   EXPECT_LE(m.stats(Tier::kDevice).peak, 32u << 10);
