@@ -517,6 +517,7 @@ Result<TierManager::Reservation> TierManager::ReserveLocked(Tier t, uint64_t nee
       Shard* s = FindLocked(id);
       if (s != nullptr && !s->writeback_error.ok()) {
         Status e = std::exchange(s->writeback_error, Status::Ok());
+        std::erase_if(unreported_writeback_, [id](const auto& entry) { return entry.first == id; });
         return e.WithContext("making room in the " + std::string(TierName(t)) + " tier");
       }
     }
@@ -803,6 +804,10 @@ void TierManager::TransferDone(ShardId id, Tier to, uint64_t version, int64_t st
       if (to == Tier::kHost) FailPendingLocked(s, Tier::kDevice, err);
     } else {
       s.writeback_error = err;
+      // Kept until a caller hears of it: the call that needed the room, or TakeWritebackError.
+      unreported_writeback_.emplace_back(s.id, err);
+      STRATA_LOG(warn, offload, "{} (the data is still current in the {} tier)", err.ToString(),
+                 TierName(from));
     }
   }
   cv_.notify_all();
@@ -1076,6 +1081,19 @@ Status TierManager::Evict(ShardId id, Tier t) {
   }
   if (wb.ok()) st.evictions++;
   return wb;
+}
+
+Status TierManager::TakeWritebackError() {
+  std::lock_guard lock(mu_);
+  if (unreported_writeback_.empty()) return Status::Ok();
+  Status first = unreported_writeback_.front().second;
+  const size_t more = unreported_writeback_.size() - 1;
+  unreported_writeback_.clear();
+  if (more > 0) {
+    first = Status(first.code(), std::string(first.message()) + " (and " + std::to_string(more) +
+                                     " more failed write-back(s))");
+  }
+  return first;
 }
 
 Status TierManager::FlushAll() {

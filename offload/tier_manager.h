@@ -211,6 +211,12 @@ class TierManager {
   // returns FailedPrecondition when the calling thread holds it.
   Status FlushAll();
 
+  // Returns (once) a write-back failure that no call has reported yet — one started by a
+  // prefetch, or by a call that found room elsewhere before the write failed — then forgets
+  // them all (the message counts the others). The data of such a shard is still current in the
+  // tier above; the failed home copy is never served. OK when there is none. Callers that must
+  // not let an I/O error pass silently (the optimizer's write-behind) call it after their work.
+  Status TakeWritebackError();
   // Sets (or clears, with nullptr) the eviction oracle.
   void SetEvictionOracle(EvictionOracle oracle);
 
@@ -294,6 +300,7 @@ class TierManager {
   uint64_t tick_ = 0;
   int in_flight_ = 0;
   EvictionOracle oracle_;
+  std::vector<std::pair<ShardId, Status>> unreported_writeback_;  // see TakeWritebackError
 };
 
 }  // namespace strata::offload

@@ -872,3 +872,16 @@ Status CudaDevice::Fill(void* x, DType dtype, float value, size_t n, Stream& str
 }
 
 }  // namespace strata::device
+
+namespace strata::device {
+
+Result<void*> NativeCudaStream(Stream& stream) {
+  auto* cuda = dynamic_cast<CudaStream*>(&stream);
+  if (cuda == nullptr) {
+    return InvalidArgumentError(
+        fmt::format("stream '{}' is not a CUDA stream", stream.name()));
+  }
+  return static_cast<void*>(cuda->handle());
+}
+
+}  // namespace strata::device

@@ -14,4 +14,10 @@ namespace strata::device {
 // does not exist.
 Result<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options);
 
+// The cudaStream_t (as void*) behind a stream of a CUDA device, for code that launches its own
+// kernels or NCCL calls in stream order (src/optim, src/comm, src/model). InvalidArgument for a
+// stream of another device type. The caller converts its own errors; it must not destroy the
+// handle.
+Result<void*> NativeCudaStream(Stream& stream);
+
 }  // namespace strata::device

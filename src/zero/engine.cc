@@ -1,0 +1,1204 @@
+#include "zero/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/log.h"
+#include "device/pinned_pool.h"
+#include "offload/prefetch_scheduler.h"
+#include "offload/tier_manager.h"
+#include "optim/adam.h"
+#include "optim/device_adam.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "strata/block_store.h"
+#include "strata/trace.h"
+
+namespace strata::zero {
+
+namespace {
+
+using device::DType;
+using offload::Access;
+using offload::Lease;
+using offload::Tier;
+
+double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+
+DType ComputeDType(const Config& config) {
+  switch (config.precision()) {
+    case Precision::kFp16:
+      return DType::kF16;
+    case Precision::kBf16:
+      return DType::kBF16;
+    case Precision::kFp32:
+      break;
+  }
+  return DType::kF32;
+}
+
+Tier HomeOf(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::kNone:
+      return Tier::kDevice;
+    case OffloadDevice::kCpu:
+      return Tier::kHost;
+    case OffloadDevice::kNvme:
+      return Tier::kNvme;
+  }
+  return Tier::kDevice;
+}
+
+float ToFloat(const void* base, DType dtype, size_t i) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kBF16:
+      return device::Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return device::F16ToFloat(static_cast<const uint16_t*>(base)[i]);
+  }
+  return 0.0f;
+}
+
+void FromFloat(const float* src, void* dst, DType dtype, size_t n) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = device::FloatToBf16(src[i]);
+      return;
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = device::FloatToF16(src[i]);
+      return;
+  }
+}
+
+// A host buffer from the pinned pool when there is one (registered, fast copies), else from the
+// heap (the CPU device takes any host memory).
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  ~HostBuffer() { Reset(); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      pool_ = o.pool_;
+      block_ = o.block_;
+      heap_ = std::move(o.heap_);
+      o.pool_ = nullptr;
+      o.block_ = {};
+    }
+    return *this;
+  }
+
+  static Result<HostBuffer> Make(device::PinnedPool* pool, size_t bytes, std::string_view what) {
+    HostBuffer b;
+    if (pool != nullptr) {
+      auto block = pool->Allocate(bytes);
+      if (!block.ok()) {
+        return Status(block.status().code(),
+                      fmt::format("{}: {}", what, block.status().message()));
+      }
+      b.pool_ = pool;
+      b.block_ = *block;
+    } else {
+      b.heap_.reset(new (std::align_val_t{4096}) char[bytes]);
+    }
+    std::memset(b.data(), 0, bytes);
+    return b;
+  }
+
+  char* data() const { return pool_ != nullptr ? static_cast<char*>(block_.data) : heap_.get(); }
+
+ private:
+  struct AlignedDelete {
+    void operator()(char* p) const { ::operator delete[](p, std::align_val_t{4096}); }
+  };
+  void Reset() {
+    if (pool_ != nullptr && block_) pool_->Free(block_);
+    pool_ = nullptr;
+    block_ = {};
+    heap_.reset();
+  }
+  device::PinnedPool* pool_ = nullptr;
+  device::PinnedBlock block_;
+  std::unique_ptr<char[], AlignedDelete> heap_;
+};
+
+// One sub-group of a unit's optimizer shard: [master | m | v], each `numel` fp32.
+struct SubGroup {
+  offload::ShardId id = 0;
+  int unit = 0;
+  int64_t offset = 0;  // within the rank's shard (elements)
+  int64_t numel = 0;
+};
+
+}  // namespace
+
+struct Engine::Impl {
+  Model& model;
+  EngineOptions opt;
+  const Config& cfg;
+  device::Device& dev;
+  comm::Collective& comm;
+  int rank = 0;
+  int world = 1;
+  int stage = 0;
+  DType cdt = DType::kF32;
+  size_t csz = 4;
+  bool cpu_optimizer = false;  // offload_optimizer cpu / nvme
+  Tier param_home = Tier::kDevice;
+  Tier optim_home = Tier::kDevice;
+  std::vector<UnitLayout> layouts;
+  int64_t max_shard = 0;
+  int64_t max_padded = 0;
+
+  std::unique_ptr<device::Stream> compute, comm_stream;
+  std::unique_ptr<device::Event> ev_compute, ev_comm;
+
+  // Stages 0-2: every unit's parameters, gathered, in the compute dtype (device).
+  std::vector<void*> full_params;
+  // Stages 0-1: full fp32 gradient accumulators (device).
+  std::vector<void*> full_grads;
+  // Stages 1-3, device optimizer: grad shard accumulators (device; stage 1 uses full_grads).
+  std::vector<void*> grad_shard_dev;
+  // CPU optimizer: grad shard accumulators (host) and the staging buffer they arrive through.
+  std::vector<HostBuffer> grad_shard_host;
+  HostBuffer grad_landing;
+  // CPU optimizer at stages 1-2 (and stage 3 with device-homed parameters): the updated shard in
+  // the compute dtype, copied to the device after the step.
+  std::vector<HostBuffer> param_stage;
+  // Device optimizer: master, m, v (shard-sized; full at stage 0).
+  std::vector<void*> master_dev, m_dev, v_dev;
+
+  // Stage 3: parameter shards (id = unit index).
+  std::unique_ptr<offload::TierManager> ptm;
+  std::unique_ptr<offload::PrefetchScheduler> sched;
+  std::vector<void*> persistent_full;  // gathered persistent units, per step
+  std::vector<bool> persistent;
+  uint64_t max_live_bytes = 0;
+
+  // CPU optimizer: states in sub-groups.
+  std::unique_ptr<offload::TierManager> otm;
+  std::vector<std::vector<SubGroup>> subgroups;  // per unit
+
+  // Gathered buffers in flight (stage 3), freed by Notify once compute used them.
+  std::mutex live_mu;
+  std::condition_variable live_cv;
+  uint64_t live_bytes = 0;
+
+  // Compute-stream clock: what ran when, to tell exposed waits from hidden ones.
+  std::atomic<uint64_t> compute_done{0};
+  uint64_t compute_enqueued = 0;
+  std::atomic<int64_t> compute_done_ns{0};
+  std::atomic<int64_t> comm_wait_ns{0};
+
+  // The optimizer thread (CPU optimizer).
+  struct Job {
+    int unit = 0;
+    std::shared_ptr<device::Event> grads_ready;  // grad shard final on the host
+  };
+  std::thread opt_thread;
+  std::mutex opt_mu;
+  std::condition_variable opt_cv;
+  std::deque<Job> opt_queue;
+  int opt_pending = 0;
+  bool opt_stop = false;
+  Status opt_error;
+  optim::AdamHyper step_hyper;  // set before jobs of a step are queued
+  int64_t optimizer_ns = 0;     // total optimizer work this step (guarded by opt_mu)
+
+  std::optional<optim::LrSchedule> lr;
+  std::optional<optim::LossScaler> scaler;
+  int64_t steps_taken = 0;
+  optim::Isa isa = optim::Isa::kScalar;
+
+  Impl(Model& m, EngineOptions o)
+      : model(m), opt(std::move(o)), cfg(opt.config), dev(*opt.device), comm(*opt.comm) {}
+  ~Impl();
+
+  Status Init();
+  Status InitOptimizerStates(int u, const std::vector<float>& full);
+  Result<StepResult> Step(std::span<const Batch* const> micro_batches);
+
+  // Compute-stream bookkeeping.
+  Status StampCompute();
+  Status ComputeWaitComm();
+  double ExposedSince(int64_t t0_ns) const;
+
+  // Parameters for use by compute.
+  Result<UnitView> AcquireParams(int u, std::string_view owner, int64_t* io_wait_ns);
+  Status ReleaseParams(int u, const UnitView& view);
+  Status FreeAfterCompute(void* ptr, uint64_t bytes);
+  Status ReduceGrads(int u, void* grads, int mb, bool last);
+  Status LandGradShard(int u, const void* dev_shard, int mb);
+
+  // Optimizer.
+  Status DeviceOptimizerStep(int u);
+  Status CpuOptimizerUnit(int u);
+  void OptimizerThread();
+  Status QueueOptimizer(int u, std::shared_ptr<device::Event> ready);
+  Status WaitOptimizer(int64_t* waited_ns);
+  Result<double> LocalGradSumSquares();
+  Result<float> AllReduceHostFloat(float value);
+  Status WriteParamShard(int u, const void* host_src);
+  Result<std::vector<float>> GatherShards(int u, const void* own_shard_host, DType dtype);
+};
+
+Engine::Impl::~Impl() {
+  {
+    std::lock_guard<std::mutex> lock(opt_mu);
+    opt_stop = true;
+  }
+  opt_cv.notify_all();
+  if (opt_thread.joinable()) opt_thread.join();
+  if (compute) (void)dev.Synchronize(*compute);
+  if (comm_stream) (void)dev.Synchronize(*comm_stream);
+  sched.reset();
+  ptm.reset();
+  otm.reset();
+  for (auto* vec : {&full_params, &full_grads, &grad_shard_dev, &master_dev, &m_dev, &v_dev,
+                    &persistent_full}) {
+    for (void* p : *vec) dev.Free(p);
+  }
+}
+
+// ---- compute-stream clock -----------------------------------------------------------------------
+
+Status Engine::Impl::StampCompute() {
+  ++compute_enqueued;
+  return dev.HostTask(
+      *compute,
+      [this]() {
+        compute_done_ns.store(TraceRecorder::NowNs(), std::memory_order_relaxed);
+        compute_done.fetch_add(1, std::memory_order_release);
+        return Status::Ok();
+      },
+      "stamp");
+}
+
+// Makes compute wait for everything enqueued on the comm stream so far, measuring on the compute
+// stream how long it actually waited (exposed communication).
+Status Engine::Impl::ComputeWaitComm() {
+  auto t0 = std::make_shared<std::atomic<int64_t>>(0);
+  STRATA_RETURN_IF_ERROR(dev.HostTask(
+      *compute,
+      [t0]() {
+        t0->store(TraceRecorder::NowNs());
+        return Status::Ok();
+      },
+      "wait-comm begin"));
+  STRATA_RETURN_IF_ERROR(dev.Record(*ev_comm, *comm_stream));
+  STRATA_RETURN_IF_ERROR(dev.Wait(*compute, *ev_comm));
+  return dev.HostTask(
+      *compute,
+      [this, t0]() {
+        comm_wait_ns.fetch_add(TraceRecorder::NowNs() - t0->load());
+        return Status::Ok();
+      },
+      "wait-comm end");
+}
+
+// How much of the host's wait since t0 had the compute stream idle.
+double Engine::Impl::ExposedSince(int64_t t0_ns) const {
+  const int64_t now = TraceRecorder::NowNs();
+  if (compute_done.load(std::memory_order_acquire) < compute_enqueued) return 0.0;  // busy
+  const int64_t idle_from = std::max(t0_ns, compute_done_ns.load(std::memory_order_relaxed));
+  return now > idle_from ? Seconds(now - idle_from) : 0.0;
+}
+
+Status Engine::Impl::FreeAfterCompute(void* ptr, uint64_t bytes) {
+  return dev.Notify(*compute, [this, ptr, bytes](const Status&) {
+    dev.Free(ptr);
+    {
+      std::lock_guard<std::mutex> lock(live_mu);
+      live_bytes -= bytes;
+    }
+    live_cv.notify_all();
+  });
+}
+
+// ---- set-up -----------------------------------------------------------------------------------
+
+Status Engine::Impl::Init() {
+  rank = comm.rank();
+  world = comm.world_size();
+  stage = cfg.zero.stage;
+  cdt = ComputeDType(cfg);
+  csz = device::DTypeSize(cdt);
+  param_home = stage == 3 ? HomeOf(cfg.zero.offload_param.device) : Tier::kDevice;
+  optim_home = HomeOf(cfg.zero.offload_optimizer.device);
+  if (stage == 0) optim_home = Tier::kDevice;
+  cpu_optimizer = optim_home != Tier::kDevice;
+  isa = optim::BestIsa();
+  if (opt.cpu_adam_threads < 1) {
+    return InvalidArgumentError(
+        fmt::format("engine: cpu_adam_threads is {}; expected >= 1", opt.cpu_adam_threads));
+  }
+  if (opt.optimizer_pipeline_depth < 3) {
+    return InvalidArgumentError(fmt::format(
+        "engine: optimizer_pipeline_depth is {}; expected >= 3 (read-ahead, current, "
+        "write-behind)",
+        opt.optimizer_pipeline_depth));
+  }
+  const bool needs_pool = cpu_optimizer || param_home != Tier::kDevice;
+  if (needs_pool && opt.pool == nullptr) {
+    return InvalidArgumentError(
+        "engine: offload to cpu or nvme needs a pinned pool (EngineOptions::pool)");
+  }
+  const bool needs_nvme = param_home == Tier::kNvme || optim_home == Tier::kNvme;
+  std::vector<std::string> paths = opt.nvme_paths;
+  if (paths.empty()) paths = cfg.strata.io.nvme_paths;
+  if (needs_nvme && (opt.store == nullptr || paths.empty())) {
+    return InvalidArgumentError(
+        "engine: NVMe offload needs a block store and at least one NVMe path "
+        "(offload_param / offload_optimizer nvme_path, or strata.io.nvme_paths)");
+  }
+
+  STRATA_ASSIGN_OR_RETURN(layouts, LayoutModel(model.units(), world));
+  for (const auto& l : layouts) {
+    max_shard = std::max(max_shard, l.shard_numel);
+    max_padded = std::max(max_padded, l.padded_numel());
+  }
+  const size_t n_units = layouts.size();
+
+  STRATA_ASSIGN_OR_RETURN(compute, dev.CreateStream("compute"));
+  STRATA_ASSIGN_OR_RETURN(comm_stream, dev.CreateStream("comm"));
+  STRATA_ASSIGN_OR_RETURN(ev_compute, dev.CreateEvent());
+  STRATA_ASSIGN_OR_RETURN(ev_comm, dev.CreateEvent());
+
+  // LR schedule and loss scaling.
+  STRATA_ASSIGN_OR_RETURN(optim::LrSchedule schedule,
+                          optim::LrSchedule::Create(cfg.scheduler, cfg.optimizer));
+  lr.emplace(std::move(schedule));
+  if (cfg.fp16.enabled) {
+    STRATA_ASSIGN_OR_RETURN(optim::LossScaler loss_scaler, optim::LossScaler::Create(cfg.fp16));
+    scaler.emplace(std::move(loss_scaler));
+  }
+
+  // Tier managers.
+  offload::NvmeLayoutOptions nvme;
+  nvme.paths = paths;
+  nvme.rank = rank;
+  nvme.stripe_unit = cfg.strata.io.stripe_unit;
+  nvme.durable_writes = cfg.strata.io.durable_writes;
+  if (stage == 3) {
+    offload::TierManagerOptions to;
+    to.device = &dev;
+    to.pool = opt.pool;
+    to.store = opt.store;
+    to.nvme = nvme;
+    to.trace = opt.trace;
+    uint64_t shard_bytes_total = 0;
+    uint64_t largest = 0;
+    for (const auto& l : layouts) {
+      const uint64_t held = device::PinnedPool::SizeClass(static_cast<uint64_t>(l.shard_numel) * csz);
+      shard_bytes_total += held;
+      largest = std::max<uint64_t>(largest, held);
+    }
+    to.device_budget = opt.param_device_budget != 0 ? opt.param_device_budget
+                                                    : std::max(shard_bytes_total, 4 * largest);
+    if (param_home == Tier::kNvme) {
+      to.host_budget = opt.param_host_budget != 0 ? opt.param_host_budget : 4 * largest;
+    } else if (param_home == Tier::kHost) {
+      to.host_budget = shard_bytes_total + 2 * largest;
+    } else {
+      to.host_budget = 2 * largest;  // staging for CPU-optimizer writes of device-homed shards
+    }
+    STRATA_ASSIGN_OR_RETURN(ptm, offload::TierManager::Create(to));
+    for (size_t u = 0; u < n_units; ++u) {
+      offload::ShardSpec spec;
+      spec.id = u;
+      spec.bytes = static_cast<uint64_t>(layouts[u].shard_numel) * csz;
+      spec.home = param_home;
+      spec.name = fmt::format("{} param shard", layouts[u].name);
+      spec.state_class = "param";
+      STRATA_RETURN_IF_ERROR(ptm->Register(spec));
+    }
+    STRATA_RETURN_IF_ERROR(ptm->Start());
+    offload::PrefetchOptions po = offload::PrefetchOptions::FromConfig(cfg, csz);
+    po.enabled = opt.prefetch;
+    po.trace = opt.trace;
+    sched = std::make_unique<offload::PrefetchScheduler>(*ptm, po);
+    persistent.assign(n_units, false);
+    persistent_full.assign(n_units, nullptr);
+    for (size_t u = 0; u < n_units; ++u) {
+      STRATA_RETURN_IF_ERROR(sched->AddUnit(u, {u}, layouts[u].name));
+      persistent[u] = layouts[u].numel < cfg.zero.stage3_param_persistence_threshold;
+    }
+    const uint64_t largest_full = static_cast<uint64_t>(max_padded) * csz;
+    max_live_bytes = std::max<uint64_t>(
+        static_cast<uint64_t>(cfg.zero.stage3_max_live_parameters) * csz, 2 * largest_full);
+  }
+  if (cpu_optimizer) {
+    int64_t sg = std::max<int64_t>(cfg.zero.sub_group_size, 1);
+    sg = (sg + kShardAlignElems - 1) / kShardAlignElems * kShardAlignElems;
+    offload::TierManagerOptions to;
+    to.device = &dev;
+    to.pool = opt.pool;
+    to.store = opt.store;
+    to.nvme = nvme;
+    to.trace = opt.trace;
+    subgroups.resize(n_units);
+    uint64_t total = 0, largest = 0;
+    offload::ShardId next_id = 0;
+    for (size_t u = 0; u < n_units; ++u) {
+      for (int64_t off = 0; off < layouts[u].shard_numel; off += sg) {
+        SubGroup g{next_id++, static_cast<int>(u), off,
+                   std::min(sg, layouts[u].shard_numel - off)};
+        const uint64_t held = device::PinnedPool::SizeClass(12 * static_cast<uint64_t>(g.numel));
+        total += held;
+        largest = std::max<uint64_t>(largest, held);
+        subgroups[u].push_back(g);
+      }
+    }
+    to.host_budget = optim_home == Tier::kHost
+                         ? total
+                         : static_cast<uint64_t>(opt.optimizer_pipeline_depth) * largest;
+    STRATA_ASSIGN_OR_RETURN(otm, offload::TierManager::Create(to));
+    for (const auto& unit_groups : subgroups) {
+      for (const SubGroup& g : unit_groups) {
+        offload::ShardSpec spec;
+        spec.id = g.id;
+        spec.bytes = 12 * static_cast<uint64_t>(g.numel);
+        spec.home = optim_home;
+        spec.name = fmt::format("{} optimizer states [{}, {})", layouts[g.unit].name, g.offset,
+                                g.offset + g.numel);
+        spec.state_class = "optim";
+        STRATA_RETURN_IF_ERROR(otm->Register(spec));
+      }
+    }
+    STRATA_RETURN_IF_ERROR(otm->Start());
+  }
+
+  // Memory per stage.
+  auto alloc = [&](std::vector<void*>& vec, uint64_t bytes) -> Status {
+    STRATA_ASSIGN_OR_RETURN(void* p, dev.Alloc(bytes));
+    vec.push_back(p);
+    return Status::Ok();
+  };
+  for (size_t u = 0; u < n_units; ++u) {
+    const auto& l = layouts[u];
+    const uint64_t padded = static_cast<uint64_t>(l.padded_numel());
+    const uint64_t shard = static_cast<uint64_t>(l.shard_numel);
+    if (stage <= 2) STRATA_RETURN_IF_ERROR(alloc(full_params, padded * csz));
+    if (stage <= 1) STRATA_RETURN_IF_ERROR(alloc(full_grads, padded * 4));
+    if (!cpu_optimizer) {
+      const uint64_t n = stage == 0 ? padded : shard;
+      STRATA_RETURN_IF_ERROR(alloc(master_dev, n * 4));
+      STRATA_RETURN_IF_ERROR(alloc(m_dev, n * 4));
+      STRATA_RETURN_IF_ERROR(alloc(v_dev, n * 4));
+      if (stage >= 2) STRATA_RETURN_IF_ERROR(alloc(grad_shard_dev, shard * 4));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(HostBuffer g,
+                              HostBuffer::Make(opt.pool, shard * 4, "gradient shard (host)"));
+      grad_shard_host.push_back(std::move(g));
+      if (stage <= 2 || param_home == Tier::kDevice) {
+        STRATA_ASSIGN_OR_RETURN(HostBuffer p, HostBuffer::Make(opt.pool, shard * csz,
+                                                               "updated parameter shard (host)"));
+        param_stage.push_back(std::move(p));
+      }
+    }
+  }
+  if (cpu_optimizer) {
+    STRATA_ASSIGN_OR_RETURN(grad_landing, HostBuffer::Make(opt.pool, max_shard * 4,
+                                                           "gradient landing buffer (host)"));
+  }
+
+  // Initial values: every rank computes each unit in full (fp32) and keeps what it owns.
+  for (size_t u = 0; u < n_units; ++u) {
+    const auto& l = layouts[u];
+    std::vector<float> full(static_cast<size_t>(l.padded_numel()), 0.0f);
+    STRATA_RETURN_IF_ERROR(model.InitUnit(static_cast<int>(u), l.slots,
+                                          std::span<float>(full.data(), l.used_numel)));
+    std::vector<char> cast(full.size() * csz);
+    FromFloat(full.data(), cast.data(), cdt, full.size());
+    if (stage <= 2) {
+      STRATA_RETURN_IF_ERROR(dev.CopyAsync(full_params[u], cast.data(), cast.size(),
+                                           device::CopyKind::kHostToDevice, *compute));
+      STRATA_RETURN_IF_ERROR(dev.Synchronize(*compute));
+    } else {
+      STRATA_RETURN_IF_ERROR(
+          WriteParamShard(static_cast<int>(u), cast.data() + l.shard_offset(rank) * csz));
+    }
+    STRATA_RETURN_IF_ERROR(InitOptimizerStates(static_cast<int>(u), full));
+  }
+  if (cpu_optimizer) opt_thread = std::thread([this] { OptimizerThread(); });
+  return Status::Ok();
+}
+
+Status Engine::Impl::InitOptimizerStates(int u, const std::vector<float>& full) {
+  const auto& l = layouts[u];
+  if (!cpu_optimizer) {
+    const size_t n = stage == 0 ? static_cast<size_t>(l.padded_numel())
+                                : static_cast<size_t>(l.shard_numel);
+    const float* src = full.data() + (stage == 0 ? 0 : l.shard_offset(rank));
+    STRATA_RETURN_IF_ERROR(
+        dev.CopyAsync(master_dev[u], src, n * 4, device::CopyKind::kHostToDevice, *compute));
+    STRATA_RETURN_IF_ERROR(dev.Fill(m_dev[u], DType::kF32, 0.0f, n, *compute));
+    STRATA_RETURN_IF_ERROR(dev.Fill(v_dev[u], DType::kF32, 0.0f, n, *compute));
+    return dev.Synchronize(*compute);
+  }
+  for (const SubGroup& g : subgroups[u]) {
+    STRATA_ASSIGN_OR_RETURN(Lease lease,
+                            otm->Acquire(g.id, Tier::kHost, Access::kOverwrite, "optimizer init"));
+    auto* p = static_cast<float*>(lease.data());
+    std::memcpy(p, full.data() + l.shard_offset(rank) + g.offset, g.numel * 4);
+    std::memset(p + g.numel, 0, 2 * g.numel * 4);
+    lease.Release(true);
+  }
+  return Status::Ok();
+}
+
+// Writes unit u's parameter shard (stage 3) from host memory.
+Status Engine::Impl::WriteParamShard(int u, const void* host_src) {
+  const uint64_t bytes = static_cast<uint64_t>(layouts[u].shard_numel) * csz;
+  if (param_home == Tier::kDevice) {
+    STRATA_ASSIGN_OR_RETURN(Lease lease,
+                            ptm->Acquire(u, Tier::kDevice, Access::kOverwrite, "parameter write"));
+    STRATA_RETURN_IF_ERROR(dev.CopyAsync(lease.data(), host_src, bytes,
+                                         device::CopyKind::kHostToDevice, *comm_stream));
+    STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+    lease.Release(true);
+    return Status::Ok();
+  }
+  STRATA_ASSIGN_OR_RETURN(Lease lease,
+                          ptm->Acquire(u, Tier::kHost, Access::kOverwrite, "parameter write"));
+  std::memcpy(lease.data(), host_src, bytes);
+  lease.Release(true);
+  return Status::Ok();
+}
+
+// ---- parameters for compute -------------------------------------------------------------------
+
+Result<UnitView> Engine::Impl::AcquireParams(int u, std::string_view owner,
+                                             int64_t* io_wait_ns) {
+  const auto& l = layouts[u];
+  UnitView view;
+  view.dtype = cdt;
+  view.slots = &l.slots;
+  if (stage <= 2) {
+    view.data = full_params[u];
+    return view;
+  }
+  if (persistent[u] && persistent_full[u] != nullptr) {
+    view.data = persistent_full[u];
+    return view;
+  }
+  const uint64_t bytes = static_cast<uint64_t>(l.padded_numel()) * csz;
+  if (!persistent[u]) {
+    // Back-pressure: at most max_live_bytes of gathered units in flight.
+    std::unique_lock<std::mutex> lock(live_mu);
+    live_cv.wait(lock, [&] { return live_bytes == 0 || live_bytes + bytes <= max_live_bytes; });
+    live_bytes += bytes;
+  }
+  const int64_t t0 = TraceRecorder::NowNs();
+  auto leases = sched->Acquire(u, Access::kRead, owner);
+  *io_wait_ns += TraceRecorder::NowNs() - t0;
+  if (!leases.ok()) return leases.status();
+  auto full = dev.Alloc(bytes);
+  if (!full.ok()) {
+    (void)sched->Release(u, *leases);
+    return full.status();
+  }
+  // The shard is ready (Acquire returned); gather it on the comm stream.
+  Status st = comm.AllGather((*leases)[0].data(), *full, l.shard_numel, cdt, *comm_stream);
+  Status rel = sched->Release(u, *leases, false, comm_stream.get());
+  STRATA_RETURN_IF_ERROR(st);
+  STRATA_RETURN_IF_ERROR(rel);
+  STRATA_RETURN_IF_ERROR(ComputeWaitComm());
+  if (persistent[u]) persistent_full[u] = *full;
+  view.data = *full;
+  return view;
+}
+
+Status Engine::Impl::ReleaseParams(int u, const UnitView& view) {
+  if (stage <= 2 || persistent[u]) return Status::Ok();
+  return FreeAfterCompute(view.data, static_cast<uint64_t>(layouts[u].padded_numel()) * csz);
+}
+
+// ---- gradients ----------------------------------------------------------------------------------
+
+// `grads`: the unit's full fp32 gradient of this micro-batch (device), written by compute.
+Status Engine::Impl::ReduceGrads(int u, void* grads, int mb, bool last) {
+  const auto& l = layouts[u];
+  const size_t padded = static_cast<size_t>(l.padded_numel());
+  const size_t shard = static_cast<size_t>(l.shard_numel);
+  if (stage <= 1) {
+    STRATA_RETURN_IF_ERROR(dev.Axpy(1.0f, grads, full_grads[u], DType::kF32, padded, *compute));
+    return dev.Notify(*compute, [this, grads](const Status&) { dev.Free(grads); });
+  }
+  // Stages 2-3: reduce-scatter this unit now, keep only the shard.
+  STRATA_RETURN_IF_ERROR(dev.Record(*ev_compute, *compute));
+  STRATA_RETURN_IF_ERROR(dev.Wait(*comm_stream, *ev_compute));
+  char* own = static_cast<char*>(grads) + l.shard_offset(rank) * 4;
+  if (!cpu_optimizer && mb == 0) {
+    STRATA_RETURN_IF_ERROR(comm.ReduceScatter(grads, grad_shard_dev[u], shard, DType::kF32,
+                                              comm::ReduceOp::kSum, *comm_stream));
+  } else {
+    STRATA_RETURN_IF_ERROR(comm.ReduceScatter(grads, own, shard, DType::kF32,
+                                              comm::ReduceOp::kSum, *comm_stream));
+    if (!cpu_optimizer) {
+      STRATA_RETURN_IF_ERROR(
+          dev.Axpy(1.0f, own, grad_shard_dev[u], DType::kF32, shard, *comm_stream));
+    } else {
+      STRATA_RETURN_IF_ERROR(LandGradShard(u, own, mb));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(dev.Notify(*comm_stream, [this, grads](const Status&) { dev.Free(grads); }));
+  if (last && cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
+      !cfg.fp16.enabled) {
+    std::shared_ptr<device::Event> ready;
+    STRATA_ASSIGN_OR_RETURN(auto ev, dev.CreateEvent());
+    ready = std::move(ev);
+    STRATA_RETURN_IF_ERROR(dev.Record(*ready, *comm_stream));
+    STRATA_RETURN_IF_ERROR(QueueOptimizer(u, ready));
+  }
+  return Status::Ok();
+}
+
+// Copies a reduced gradient shard (device, fp32) to the host and accumulates it, on the comm
+// stream.
+Status Engine::Impl::LandGradShard(int u, const void* dev_shard, int mb) {
+  const size_t shard = static_cast<size_t>(layouts[u].shard_numel);
+  float* acc = reinterpret_cast<float*>(grad_shard_host[u].data());
+  if (mb == 0) {
+    return dev.CopyAsync(acc, dev_shard, shard * 4, device::CopyKind::kDeviceToHost,
+                         *comm_stream);
+  }
+  float* landing = reinterpret_cast<float*>(grad_landing.data());
+  STRATA_RETURN_IF_ERROR(dev.CopyAsync(landing, dev_shard, shard * 4,
+                                       device::CopyKind::kDeviceToHost, *comm_stream));
+  return dev.HostTask(
+      *comm_stream,
+      [acc, landing, shard]() {
+        for (size_t i = 0; i < shard; ++i) acc[i] += landing[i];
+        return Status::Ok();
+      },
+      "accumulate gradient shard");
+}
+
+// ---- optimizer ----------------------------------------------------------------------------------
+
+Status Engine::Impl::DeviceOptimizerStep(int u) {
+  const auto& l = layouts[u];
+  optim::AdamShard s;
+  s.n = stage == 0 ? static_cast<size_t>(l.padded_numel()) : static_cast<size_t>(l.shard_numel);
+  s.master = static_cast<float*>(master_dev[u]);
+  s.m = static_cast<float*>(m_dev[u]);
+  s.v = static_cast<float*>(v_dev[u]);
+  s.out_dtype = cdt;
+  optim::CpuAdamOptions co{isa, opt.cpu_adam_threads};
+  if (stage == 0) {
+    s.grad = static_cast<const float*>(full_grads[u]);
+    s.out16 = full_params[u];
+  } else if (stage == 1) {
+    s.grad = static_cast<const float*>(full_grads[u]) + l.shard_offset(rank);
+    s.out16 = static_cast<char*>(full_params[u]) + l.shard_offset(rank) * csz;
+  } else if (stage == 2) {
+    s.grad = static_cast<const float*>(grad_shard_dev[u]);
+    s.out16 = static_cast<char*>(full_params[u]) + l.shard_offset(rank) * csz;
+  } else {
+    s.grad = static_cast<const float*>(grad_shard_dev[u]);
+    STRATA_ASSIGN_OR_RETURN(Lease lease,
+                            ptm->Acquire(u, Tier::kDevice, Access::kOverwrite, "optimizer"));
+    s.out16 = lease.data();
+    STRATA_RETURN_IF_ERROR(optim::DeviceAdamStep(dev, *compute, step_hyper, s, co));
+    lease.Release(true, compute.get());
+    return Status::Ok();
+  }
+  return optim::DeviceAdamStep(dev, *compute, step_hyper, s, co);
+}
+
+// One unit's CPU optimizer step: its sub-groups in order, each read ahead (the next one is
+// prefetched before the current one is updated) and written behind (released dirty; the tier
+// manager writes it to NVMe when it needs the room).
+Status Engine::Impl::CpuOptimizerUnit(int u) {
+  const auto& l = layouts[u];
+  const float* grad = reinterpret_cast<const float*>(grad_shard_host[u].data());
+  Lease param_lease;
+  char* out = nullptr;
+  if (stage == 3 && param_home != Tier::kDevice) {
+    STRATA_ASSIGN_OR_RETURN(param_lease,
+                            ptm->Acquire(u, Tier::kHost, Access::kOverwrite, "optimizer"));
+    out = static_cast<char*>(param_lease.data());
+  } else {
+    out = param_stage[u].data();
+  }
+  const auto& groups = subgroups[u];
+  optim::CpuAdamOptions co{isa, opt.cpu_adam_threads};
+  for (size_t k = 0; k < groups.size(); ++k) {
+    for (size_t ahead = k + 1; ahead < std::min(groups.size(), k + 2); ++ahead) {
+      Result<offload::PrefetchOutcome> issued = otm->Prefetch(groups[ahead].id, Tier::kHost);
+      STRATA_RETURN_IF_ERROR(issued);
+    }
+    const SubGroup& g = groups[k];
+    STRATA_ASSIGN_OR_RETURN(Lease lease,
+                            otm->Acquire(g.id, Tier::kHost, Access::kReadWrite, "optimizer"));
+    auto* base = static_cast<float*>(lease.data());
+    optim::AdamShard s;
+    s.master = base;
+    s.m = base + g.numel;
+    s.v = base + 2 * g.numel;
+    s.grad = grad + g.offset;
+    s.n = static_cast<size_t>(g.numel);
+    s.out16 = out + g.offset * csz;
+    s.out_dtype = cdt;
+    Status st = optim::CpuAdamStep(step_hyper, s, co);
+    lease.Release(st.ok());
+    STRATA_RETURN_IF_ERROR(st);
+  }
+  if (param_lease) param_lease.Release(true);
+  (void)l;
+  // A write-behind of this or an earlier sub-group that failed in the background.
+  return otm->TakeWritebackError();
+}
+
+void Engine::Impl::OptimizerThread() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(opt_mu);
+      opt_cv.wait(lock, [&] { return opt_stop || !opt_queue.empty(); });
+      if (opt_queue.empty()) return;
+      job = opt_queue.front();
+      opt_queue.pop_front();
+    }
+    Status st;
+    if (job.grads_ready) st = dev.Synchronize(*job.grads_ready);
+    const int64_t t0 = TraceRecorder::NowNs();
+    bool skip = false;
+    {
+      std::lock_guard<std::mutex> lock(opt_mu);
+      skip = !opt_error.ok();
+    }
+    if (st.ok() && !skip) st = CpuOptimizerUnit(job.unit);
+    const int64_t t1 = TraceRecorder::NowNs();
+    {
+      std::lock_guard<std::mutex> lock(opt_mu);
+      optimizer_ns += t1 - t0;
+      if (!st.ok() && opt_error.ok()) opt_error = st;
+      --opt_pending;
+    }
+    opt_cv.notify_all();
+  }
+}
+
+Status Engine::Impl::QueueOptimizer(int u, std::shared_ptr<device::Event> ready) {
+  {
+    std::lock_guard<std::mutex> lock(opt_mu);
+    opt_queue.push_back(Job{u, std::move(ready)});
+    ++opt_pending;
+  }
+  opt_cv.notify_all();
+  return Status::Ok();
+}
+
+Status Engine::Impl::WaitOptimizer(int64_t* waited_ns) {
+  const int64_t t0 = TraceRecorder::NowNs();
+  std::unique_lock<std::mutex> lock(opt_mu);
+  opt_cv.wait(lock, [&] { return opt_pending == 0; });
+  *waited_ns += TraceRecorder::NowNs() - t0;
+  Status st = opt_error;
+  opt_error = Status::Ok();
+  return st;
+}
+
+// Sum of squares of this rank's part of the (summed, unscaled) gradients, in double.
+Result<double> Engine::Impl::LocalGradSumSquares() {
+  double sum = 0.0;
+  std::vector<float> host;
+  for (size_t u = 0; u < layouts.size(); ++u) {
+    const auto& l = layouts[u];
+    const float* data = nullptr;
+    size_t n = static_cast<size_t>(l.shard_numel);
+    if (cpu_optimizer) {
+      data = reinterpret_cast<const float*>(grad_shard_host[u].data());
+    } else {
+      const void* src = nullptr;
+      if (stage == 0) {
+        src = full_grads[u];
+        n = static_cast<size_t>(l.padded_numel());
+      } else if (stage == 1) {
+        src = static_cast<const float*>(full_grads[u]) + l.shard_offset(rank);
+      } else {
+        src = grad_shard_dev[u];
+      }
+      host.resize(n);
+      STRATA_RETURN_IF_ERROR(
+          dev.CopyAsync(host.data(), src, n * 4, device::CopyKind::kDeviceToHost, *comm_stream));
+      STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+      data = host.data();
+    }
+    for (size_t i = 0; i < n; ++i) sum += static_cast<double>(data[i]) * data[i];
+  }
+  return sum;
+}
+
+Result<float> Engine::Impl::AllReduceHostFloat(float value) {
+  STRATA_ASSIGN_OR_RETURN(void* buf, dev.Alloc(sizeof(float)));
+  float out = 0.0f;
+  Status st = dev.CopyAsync(buf, &value, sizeof(float), device::CopyKind::kHostToDevice,
+                            *comm_stream);
+  if (st.ok()) st = comm.AllReduce(buf, buf, 1, DType::kF32, comm::ReduceOp::kSum, *comm_stream);
+  if (st.ok()) {
+    st = dev.CopyAsync(&out, buf, sizeof(float), device::CopyKind::kDeviceToHost, *comm_stream);
+  }
+  if (st.ok()) st = dev.Synchronize(*comm_stream);
+  dev.Free(buf);
+  STRATA_RETURN_IF_ERROR(st);
+  return out;
+}
+
+// ---- the step -----------------------------------------------------------------------------------
+
+Result<StepResult> Engine::Impl::Step(std::span<const Batch* const> micro_batches) {
+  if (micro_batches.empty()) return InvalidArgumentError("TrainStep: no micro-batches");
+  const int64_t step_t0 = TraceRecorder::NowNs();
+  StepResult result;
+  int64_t io_wait_ns = 0;
+  double exposed_io = 0.0;
+  comm_wait_ns.store(0);
+  {
+    std::lock_guard<std::mutex> lock(opt_mu);
+    optimizer_ns = 0;
+  }
+  const int n_mb = static_cast<int>(micro_batches.size());
+  const int n_units = static_cast<int>(layouts.size());
+  const float loss_scale = scaler ? scaler->scale() : 1.0f;
+  result.loss_scale = loss_scale;
+
+  // Hyper-parameters of this step (the overlapped optimizer starts during backward).
+  result.lr = lr->LrAt(steps_taken);
+  step_hyper = optim::AdamHyper{};
+  step_hyper.lr = result.lr;
+  step_hyper.beta1 = cfg.optimizer.beta1;
+  step_hyper.beta2 = cfg.optimizer.beta2;
+  step_hyper.eps = cfg.optimizer.eps;
+  step_hyper.weight_decay = cfg.optimizer.weight_decay;
+  step_hyper.decoupled = cfg.optimizer.decoupled_weight_decay;
+  step_hyper.bias_correction = cfg.optimizer.bias_correction;
+  step_hyper.step = steps_taken + 1;
+  const double inv = 1.0 / (static_cast<double>(world) * n_mb * loss_scale);
+  step_hyper.grad_scale = inv;
+
+  if (sched) sched->BeginStep();
+  for (int u = 0; u < n_units; ++u) {
+    const size_t padded = static_cast<size_t>(layouts[u].padded_numel());
+    if (stage <= 1) {
+      STRATA_RETURN_IF_ERROR(dev.Fill(full_grads[u], DType::kF32, 0.0f, padded, *compute));
+    }
+  }
+
+  double loss_sum = 0.0;
+  for (int mb = 0; mb < n_mb; ++mb) {
+    const bool last = mb == n_mb - 1;
+    STRATA_RETURN_IF_ERROR(model.BeginMicroBatch(*micro_batches[mb], loss_scale, *compute));
+    for (int u = 0; u < n_units; ++u) {
+      const int64_t t0 = TraceRecorder::NowNs();
+      STRATA_ASSIGN_OR_RETURN(UnitView p, AcquireParams(u, "forward", &io_wait_ns));
+      exposed_io += ExposedSince(t0);
+      STRATA_RETURN_IF_ERROR(model.Forward(u, p, *compute));
+      STRATA_RETURN_IF_ERROR(StampCompute());
+      STRATA_RETURN_IF_ERROR(ReleaseParams(u, p));
+    }
+    for (int u = n_units - 1; u >= 0; --u) {
+      const int64_t t0 = TraceRecorder::NowNs();
+      STRATA_ASSIGN_OR_RETURN(UnitView p, AcquireParams(u, "backward", &io_wait_ns));
+      exposed_io += ExposedSince(t0);
+      const size_t padded = static_cast<size_t>(layouts[u].padded_numel());
+      STRATA_ASSIGN_OR_RETURN(void* g, dev.Alloc(padded * 4));
+      STRATA_RETURN_IF_ERROR(dev.Fill(g, DType::kF32, 0.0f, padded, *compute));
+      UnitView gv{g, DType::kF32, &layouts[u].slots};
+      STRATA_RETURN_IF_ERROR(model.Backward(u, p, gv, *compute));
+      STRATA_RETURN_IF_ERROR(StampCompute());
+      STRATA_RETURN_IF_ERROR(ReleaseParams(u, p));
+      STRATA_RETURN_IF_ERROR(ReduceGrads(u, g, mb, last));
+    }
+    STRATA_ASSIGN_OR_RETURN(double loss, model.EndMicroBatch(*compute));
+    loss_sum += loss;
+  }
+
+  // Stages 0-1: reduce the accumulated full gradients once.
+  if (stage <= 1) {
+    STRATA_RETURN_IF_ERROR(dev.Record(*ev_compute, *compute));
+    STRATA_RETURN_IF_ERROR(dev.Wait(*comm_stream, *ev_compute));
+    for (int u = n_units - 1; u >= 0; --u) {
+      const auto& l = layouts[u];
+      const size_t shard = static_cast<size_t>(l.shard_numel);
+      if (stage == 0) {
+        STRATA_RETURN_IF_ERROR(comm.AllReduce(full_grads[u], full_grads[u],
+                                              static_cast<size_t>(l.padded_numel()), DType::kF32,
+                                              comm::ReduceOp::kSum, *comm_stream));
+      } else {
+        char* own = static_cast<char*>(full_grads[u]) + l.shard_offset(rank) * 4;
+        STRATA_RETURN_IF_ERROR(comm.ReduceScatter(full_grads[u], own, shard, DType::kF32,
+                                                  comm::ReduceOp::kSum, *comm_stream));
+        if (cpu_optimizer) STRATA_RETURN_IF_ERROR(LandGradShard(u, own, 0));
+      }
+    }
+    if (cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
+        !cfg.fp16.enabled) {
+      std::shared_ptr<device::Event> ready;
+      STRATA_ASSIGN_OR_RETURN(auto ev, dev.CreateEvent());
+      ready = std::move(ev);
+      STRATA_RETURN_IF_ERROR(dev.Record(*ready, *comm_stream));
+      for (int u = n_units - 1; u >= 0; --u) STRATA_RETURN_IF_ERROR(QueueOptimizer(u, ready));
+    }
+  }
+
+  // Everything backward enqueued has run; what is left is exposed.
+  int64_t t_sync = TraceRecorder::NowNs();
+  STRATA_RETURN_IF_ERROR(dev.Synchronize(*compute));
+  exposed_io += 0.0;
+  const int64_t t_comm = TraceRecorder::NowNs();
+  STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+  int64_t exposed_comm_ns = comm_wait_ns.load() + (TraceRecorder::NowNs() - t_comm);
+  (void)t_sync;
+
+  const bool overlapped = cpu_optimizer && opt.overlap_optimizer &&
+                          cfg.gradient_clipping <= 0.0 && !cfg.fp16.enabled;
+  // Global norm (clipping, overflow check, reporting).
+  double clip_coef = 1.0;
+  bool overflow = false;
+  {
+    const int64_t t0 = TraceRecorder::NowNs();
+    STRATA_ASSIGN_OR_RETURN(double local, LocalGradSumSquares());
+    double total = local;
+    if (stage >= 1 && world > 1) {
+      const float local_f = static_cast<float>(local);
+      STRATA_ASSIGN_OR_RETURN(float all, AllReduceHostFloat(local_f));
+      total = all;
+    }
+    exposed_comm_ns += TraceRecorder::NowNs() - t0;
+    overflow = !std::isfinite(total);
+    const double norm = std::sqrt(total) * inv;
+    result.grad_norm = norm;
+    if (cfg.gradient_clipping > 0.0 && std::isfinite(norm)) {
+      const double coef = cfg.gradient_clipping / (norm + 1e-6);
+      if (coef < 1.0) clip_coef = coef;
+    }
+  }
+  if (scaler) {
+    result.skipped = scaler->Update(overflow);
+  } else if (overflow) {
+    result.skipped = false;  // fp32 / bf16: no skipping; the non-finite values propagate
+  }
+
+  int64_t opt_wait_ns = 0;
+  if (!result.skipped) {
+    step_hyper.grad_scale = inv * clip_coef;
+    if (!cpu_optimizer) {
+      const int64_t t0 = TraceRecorder::NowNs();
+      for (int u = n_units - 1; u >= 0; --u) STRATA_RETURN_IF_ERROR(DeviceOptimizerStep(u));
+      STRATA_RETURN_IF_ERROR(dev.Synchronize(*compute));
+      opt_wait_ns += TraceRecorder::NowNs() - t0;
+      std::lock_guard<std::mutex> lock(opt_mu);
+      optimizer_ns += TraceRecorder::NowNs() - t0;
+    } else if (!overlapped) {
+      for (int u = n_units - 1; u >= 0; --u) STRATA_RETURN_IF_ERROR(QueueOptimizer(u, nullptr));
+    }
+  }
+  if (cpu_optimizer) {
+    Status st = WaitOptimizer(&opt_wait_ns);
+    STRATA_RETURN_IF_ERROR(st);
+    STRATA_RETURN_IF_ERROR(otm->TakeWritebackError());
+  }
+  if (ptm) STRATA_RETURN_IF_ERROR(ptm->TakeWritebackError());
+  if (!result.skipped) ++steps_taken;
+
+  // Updated shards back into the gathered parameters (stages 1-2) or the device-homed parameter
+  // shards (stage 3 with a CPU optimizer).
+  {
+    const int64_t t0 = TraceRecorder::NowNs();
+    for (int u = 0; u < n_units && stage >= 1; ++u) {
+      const auto& l = layouts[u];
+      const size_t shard = static_cast<size_t>(l.shard_numel);
+      if (stage <= 2) {
+        char* own = static_cast<char*>(full_params[u]) + l.shard_offset(rank) * csz;
+        if (cpu_optimizer && !result.skipped) {
+          STRATA_RETURN_IF_ERROR(dev.CopyAsync(own, param_stage[u].data(), shard * csz,
+                                               device::CopyKind::kHostToDevice, *comm_stream));
+        }
+        STRATA_RETURN_IF_ERROR(comm.AllGather(own, full_params[u], shard, cdt, *comm_stream));
+      } else if (cpu_optimizer && param_home == Tier::kDevice && !result.skipped) {
+        STRATA_RETURN_IF_ERROR(WriteParamShard(u, param_stage[u].data()));
+      }
+    }
+    STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+    exposed_comm_ns += TraceRecorder::NowNs() - t0;
+  }
+
+  // Stage 3: persistent units are gathered again next step (their shards changed).
+  if (stage == 3) {
+    for (int u = 0; u < n_units; ++u) {
+      if (persistent_full[u] != nullptr) {
+        dev.Free(persistent_full[u]);
+        persistent_full[u] = nullptr;
+      }
+    }
+    sched->EndStep();
+  }
+
+  result.step = steps_taken;
+  result.loss = loss_sum / n_mb;
+  if (world > 1) {
+    STRATA_ASSIGN_OR_RETURN(float total, AllReduceHostFloat(static_cast<float>(result.loss)));
+    result.loss = static_cast<double>(total) / world;
+  }
+  result.step_s = Seconds(TraceRecorder::NowNs() - step_t0);
+  result.exposed_io_s = exposed_io;
+  result.exposed_comm_s = Seconds(exposed_comm_ns);
+  result.exposed_optimizer_s = Seconds(opt_wait_ns);
+  {
+    std::lock_guard<std::mutex> lock(opt_mu);
+    result.optimizer_s = Seconds(optimizer_ns);
+  }
+  result.compute_s = std::max(0.0, result.step_s - result.exposed_io_s - result.exposed_comm_s -
+                                       result.exposed_optimizer_s);
+  (void)io_wait_ns;
+  return result;
+}
+
+// ---- gathering for tests and checkpoints --------------------------------------------------------
+
+// All-gathers each rank's shard (host memory, `dtype`) of unit u and returns the unit in fp32.
+Result<std::vector<float>> Engine::Impl::GatherShards(int u, const void* own_shard_host,
+                                                      DType dtype) {
+  const auto& l = layouts[u];
+  const size_t es = device::DTypeSize(dtype);
+  const size_t shard = static_cast<size_t>(l.shard_numel);
+  const size_t padded = static_cast<size_t>(l.padded_numel());
+  STRATA_ASSIGN_OR_RETURN(void* buf, dev.Alloc(padded * es));
+  std::vector<char> host(padded * es);
+  char* own = static_cast<char*>(buf) + l.shard_offset(rank) * es;
+  Status st = dev.CopyAsync(own, own_shard_host, shard * es, device::CopyKind::kHostToDevice,
+                            *comm_stream);
+  if (st.ok()) st = comm.AllGather(own, buf, shard, dtype, *comm_stream);
+  if (st.ok()) {
+    st = dev.CopyAsync(host.data(), buf, host.size(), device::CopyKind::kDeviceToHost,
+                       *comm_stream);
+  }
+  if (st.ok()) st = dev.Synchronize(*comm_stream);
+  dev.Free(buf);
+  STRATA_RETURN_IF_ERROR(st);
+  std::vector<float> out(static_cast<size_t>(l.used_numel));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = ToFloat(host.data(), dtype, i);
+  return out;
+}
+
+
+// ---- Engine -------------------------------------------------------------------------------------
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::Create(Model& model, EngineOptions options) {
+  if (options.device == nullptr) return InvalidArgumentError("engine: no device");
+  if (options.comm == nullptr) return InvalidArgumentError("engine: no collective");
+  auto impl = std::make_unique<Impl>(model, std::move(options));
+  STRATA_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Result<StepResult> Engine::TrainStep(std::span<const Batch* const> micro_batches) {
+  return impl_->Step(micro_batches);
+}
+
+const std::vector<UnitLayout>& Engine::layouts() const { return impl_->layouts; }
+device::DType Engine::compute_dtype() const { return impl_->cdt; }
+
+Result<std::vector<float>> Engine::GatherParams(int unit) {
+  Impl& m = *impl_;
+  if (unit < 0 || unit >= static_cast<int>(m.layouts.size())) {
+    return InvalidArgumentError(fmt::format("GatherParams: no unit {}", unit));
+  }
+  const auto& l = m.layouts[unit];
+  if (m.stage <= 2) {
+    std::vector<char> host(static_cast<size_t>(l.padded_numel()) * m.csz);
+    STRATA_RETURN_IF_ERROR(m.dev.CopyAsync(host.data(), m.full_params[unit], host.size(),
+                                           device::CopyKind::kDeviceToHost, *m.comm_stream));
+    STRATA_RETURN_IF_ERROR(m.dev.Synchronize(*m.comm_stream));
+    std::vector<float> out(static_cast<size_t>(l.used_numel));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = ToFloat(host.data(), m.cdt, i);
+    return out;
+  }
+  std::vector<char> shard(static_cast<size_t>(l.shard_numel) * m.csz);
+  if (m.param_home == Tier::kDevice) {
+    STRATA_ASSIGN_OR_RETURN(Lease lease, m.ptm->Acquire(unit, Tier::kDevice, Access::kRead, "gather"));
+    STRATA_RETURN_IF_ERROR(m.dev.CopyAsync(shard.data(), lease.data(), shard.size(),
+                                           device::CopyKind::kDeviceToHost, *m.comm_stream));
+    STRATA_RETURN_IF_ERROR(m.dev.Synchronize(*m.comm_stream));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(Lease lease, m.ptm->Acquire(unit, Tier::kHost, Access::kRead, "gather"));
+    std::memcpy(shard.data(), lease.data(), shard.size());
+  }
+  return m.GatherShards(unit, shard.data(), m.cdt);
+}
+
+Result<std::vector<float>> Engine::GatherMaster(int unit) {
+  Impl& m = *impl_;
+  if (unit < 0 || unit >= static_cast<int>(m.layouts.size())) {
+    return InvalidArgumentError(fmt::format("GatherMaster: no unit {}", unit));
+  }
+  const auto& l = m.layouts[unit];
+  std::vector<float> shard(static_cast<size_t>(l.shard_numel));
+  if (!m.cpu_optimizer) {
+    const size_t n = m.stage == 0 ? static_cast<size_t>(l.padded_numel()) : shard.size();
+    std::vector<float> host(n);
+    STRATA_RETURN_IF_ERROR(m.dev.CopyAsync(host.data(), m.master_dev[unit], n * 4,
+                                           device::CopyKind::kDeviceToHost, *m.comm_stream));
+    STRATA_RETURN_IF_ERROR(m.dev.Synchronize(*m.comm_stream));
+    if (m.stage == 0) {
+      host.resize(static_cast<size_t>(l.used_numel));
+      return host;
+    }
+    shard = std::move(host);
+  } else {
+    for (const SubGroup& g : m.subgroups[unit]) {
+      STRATA_ASSIGN_OR_RETURN(Lease lease, m.otm->Acquire(g.id, Tier::kHost, Access::kRead, "gather"));
+      std::memcpy(shard.data() + g.offset, lease.data(), static_cast<size_t>(g.numel) * 4);
+    }
+  }
+  return m.GatherShards(unit, shard.data(), DType::kF32);
+}
+
+EngineStats Engine::stats() const {
+  const Impl& m = *impl_;
+  EngineStats s;
+  if (m.ptm) {
+    const auto nvme = m.ptm->stats(Tier::kNvme);
+    const auto host = m.ptm->stats(Tier::kHost);
+    s.param_nvme_write_bytes = nvme.writeback_bytes;
+    s.param_nvme_read_bytes = host.fill_bytes;
+    s.host_peak_bytes += host.peak;
+    s.prefetch_hit_rate = m.sched->stats().hit_rate();
+  }
+  if (m.otm) {
+    const auto nvme = m.otm->stats(Tier::kNvme);
+    const auto host = m.otm->stats(Tier::kHost);
+    s.optim_nvme_write_bytes = nvme.writeback_bytes;
+    s.optim_nvme_read_bytes = host.fill_bytes;
+    s.host_peak_bytes += host.peak;
+  }
+  s.device_peak_bytes = m.dev.memory_stats().peak;
+  return s;
+}
+
+}  // namespace strata::zero

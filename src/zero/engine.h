@@ -1,0 +1,134 @@
+// The ZeRO engine: trains a Model (zero/model.h) data-parallel over the ranks of a Collective,
+// with model states partitioned per zero_optimization.stage and homed per offload_param /
+// offload_optimizer.
+//
+//   stage 0  every rank holds all parameters, gradients and optimizer states; gradients are
+//            all-reduced and every rank runs the whole optimizer step.
+//   stage 1  optimizer states (fp32 master, m, v) are partitioned: rank r updates shard r of each
+//            unit; full gradients are accumulated locally and reduce-scattered once per step;
+//            the updated shards are all-gathered.
+//   stage 2  + gradients: each unit's gradients are reduce-scattered as soon as its backward
+//            ends (every micro-batch) and only the rank's shard is kept.
+//   stage 3  + parameters: each rank keeps only its parameter shard (homed on device, host or
+//            NVMe through the tier manager, moved ahead of use by the prefetch scheduler) and
+//            all-gathers a unit right before its forward and backward, letting it go after.
+//
+// The optimizer runs where its states live: on the device (offload_optimizer none: the fused
+// device kernel, optim/device_adam.h), or on the CPU (cpu / nvme: SIMD AdamW, with NVMe-homed
+// states streamed in sub-groups of sub_group_size elements: the next sub-group read ahead, the
+// previous written behind, host memory bounded by strata's optimizer pipeline depth). With the
+// optimizer on the CPU, a unit's optimizer step starts as soon as its gradient shard reached the
+// host in the step's last micro-batch, overlapped with the backward of earlier units — except
+// when the result needs every gradient first (gradient_clipping > 0, fp16 overflow checks): then
+// the global norm / overflow flag is computed after backward and every unit's step follows it.
+// docs/zero.md describes the data flow and the cost of that choice.
+//
+// Threading: one thread drives the engine (Init, TrainStep, Gather*). Internally it uses the
+// device's compute and comm streams, the tier managers' transfer threads and one optimizer
+// thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/collective.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/status.h"
+#include "zero/model.h"
+#include "zero/partition.h"
+
+namespace strata {
+class TraceRecorder;
+namespace io {
+class BlockStore;
+}
+namespace device {
+class PinnedPool;
+}
+}  // namespace strata
+
+namespace strata::zero {
+
+struct EngineOptions {
+  Config config;                         // zero_optimization, optimizer, scheduler, fp16/bf16, ...
+  device::Device* device = nullptr;      // required
+  comm::Collective* comm = nullptr;      // required
+  // Required when a state class is homed on the host or NVMe: host copies of shards live in it.
+  device::PinnedPool* pool = nullptr;
+  io::BlockStore* store = nullptr;       // required for NVMe offload
+  // NVMe directories for swap files (default: offload_param / offload_optimizer nvme_path).
+  std::vector<std::string> nvme_paths;
+  // Device bytes the stage-3 parameter shards may occupy (tier manager budget); 0 = device free.
+  uint64_t param_device_budget = 0;
+  // Pinned-pool bytes the parameter shards may occupy when homed on NVMe; 0 = 4x the prefetch
+  // lookahead, at least 4 units' shards.
+  uint64_t param_host_budget = 0;
+  // Optimizer sub-groups held in host memory at once with NVMe-homed optimizer states
+  // (read-ahead + current + write-behind): the pipeline depth. >= 3.
+  int optimizer_pipeline_depth = 4;
+  // Run a unit's CPU optimizer step during backward (when exactness allows). false: after
+  // backward, one unit after another (for comparison).
+  bool overlap_optimizer = true;
+  int cpu_adam_threads = 1;
+  bool prefetch = true;                  // the stage-3 prefetch scheduler (false: on demand)
+  TraceRecorder* trace = nullptr;
+};
+
+struct StepResult {
+  int64_t step = 0;            // optimizer steps taken, including this one if not skipped
+  double loss = 0.0;           // mean over the global batch
+  double grad_norm = 0.0;      // global L2 norm of the averaged, unscaled gradient
+  double lr = 0.0;
+  double loss_scale = 1.0;
+  bool skipped = false;        // fp16 overflow: no update
+  // Wall-clock split of the step (seconds). compute: the compute stream's busy time;
+  // exposed_*: time the driving thread waited for that kind of work.
+  double step_s = 0.0;
+  double compute_s = 0.0;
+  double exposed_comm_s = 0.0;
+  double exposed_io_s = 0.0;
+  double exposed_optimizer_s = 0.0;
+  double optimizer_s = 0.0;    // total optimizer work (overlapped or not)
+};
+
+struct EngineStats {
+  uint64_t param_nvme_read_bytes = 0, param_nvme_write_bytes = 0;
+  uint64_t optim_nvme_read_bytes = 0, optim_nvme_write_bytes = 0;
+  uint64_t device_peak_bytes = 0;
+  uint64_t host_peak_bytes = 0;   // pinned pool bytes held by the engine's tier managers
+  double prefetch_hit_rate = 0.0;
+};
+
+class Engine {
+ public:
+  // Validates the options and the model (layouts), creates streams, tier managers, and
+  // allocates and initialises every state (parameters from Model::InitUnit, moments zero).
+  static Result<std::unique_ptr<Engine>> Create(Model& model, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // One optimizer step over `micro_batches` (gradient_accumulation_steps of them, this rank's).
+  Result<StepResult> TrainStep(std::span<const Batch* const> micro_batches);
+
+  // Collective (every rank must call it): unit `unit`'s parameters, in fp32, unpadded
+  // (used_numel elements), as the model sees them.
+  Result<std::vector<float>> GatherParams(int unit);
+  // Collective: unit `unit`'s fp32 master weights (used_numel elements).
+  Result<std::vector<float>> GatherMaster(int unit);
+
+  const std::vector<UnitLayout>& layouts() const;
+  EngineStats stats() const;
+  device::DType compute_dtype() const;
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::zero

@@ -1,0 +1,86 @@
+// The model API the ZeRO engine trains: a model is a sequence of units, each a set of named
+// parameters fetched together, with forward and backward functions over device buffers.
+//
+// The engine owns every parameter, gradient and optimizer state; the model owns its activations.
+// For each micro-batch the engine calls
+//   BeginMicroBatch(batch, loss_scale, stream)
+//   Forward(0, p0, stream) ... Forward(U-1, pU-1, stream)
+//   Backward(U-1, pU-1, gU-1, stream) ... Backward(0, p0, g0, stream)
+//   EndMicroBatch(stream) -> the micro-batch's loss
+// always on the same stream (the engine's compute stream), in that order. Each call only
+// enqueues work on `stream` (Device::HostTask on the CPU device, kernels on CUDA); the buffers it
+// is given stay valid until that work has run. A unit's `params` is the whole unit gathered, in
+// the compute dtype; `grads` is fp32, zero-filled by the engine, and Backward writes d(loss *
+// loss_scale)/d(param) of this micro-batch into it (only into its parameters' ranges).
+//
+// The loss a model reports is the mean over its micro-batch's samples; the engine averages over
+// micro-batches and ranks, so every micro-batch must hold the same number of samples.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/device.h"
+#include "strata/status.h"
+
+namespace strata::zero {
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+};
+
+struct UnitSpec {
+  std::string name;
+  std::vector<ParamSpec> params;
+};
+
+// Where each parameter of a unit sits in the unit's flat buffer (element offsets).
+struct ParamSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+// A unit's flat buffer as a model sees it.
+struct UnitView {
+  void* data = nullptr;  // device memory
+  device::DType dtype = device::DType::kF32;
+  const std::vector<ParamSlot>* slots = nullptr;
+
+  // Pointer to parameter `i`'s first element.
+  void* param(size_t i) const {
+    return static_cast<char*>(data) + (*slots)[i].offset * static_cast<int64_t>(DTypeSize(dtype));
+  }
+};
+
+// What a micro-batch is, is the model's business; the engine passes it through.
+class Batch {
+ public:
+  virtual ~Batch() = default;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual std::vector<UnitSpec> units() const = 0;
+  // Initial values of unit `unit`'s parameters in fp32, `flat` laid out as `slots` (zeros
+  // elsewhere). Must not depend on the rank: every rank computes the same values and keeps its
+  // own shard.
+  virtual Status InitUnit(int unit, const std::vector<ParamSlot>& slots,
+                          std::span<float> flat) const = 0;
+
+  virtual Status BeginMicroBatch(const Batch& batch, float loss_scale, device::Stream& stream) = 0;
+  virtual Status Forward(int unit, const UnitView& params, device::Stream& stream) = 0;
+  virtual Status Backward(int unit, const UnitView& params, const UnitView& grads,
+                          device::Stream& stream) = 0;
+  // Returns the micro-batch's (unscaled) loss; may synchronize `stream`.
+  virtual Result<double> EndMicroBatch(device::Stream& stream) = 0;
+};
+
+}  // namespace strata::zero

@@ -1,0 +1,46 @@
+// The partitioner: units -> flat buffers -> equal per-rank shards.
+//
+// A unit's parameters are laid out one after another in a flat buffer, each starting at a
+// multiple of kParamAlignElems elements (so every parameter is 128-byte aligned in any dtype).
+// The buffer is padded to world_size * shard_numel elements, where shard_numel is a multiple of
+// kShardAlignElems = 2048: a shard is then a 4 KiB multiple in 16-bit dtypes and an 8 KiB
+// multiple in fp32, so every shard — parameters, fp32 gradients, master weights, moments — is one
+// aligned O_DIRECT I/O and one collective. Rank r owns elements [r * shard_numel,
+// (r + 1) * shard_numel) of every unit: its parameters, gradients, master weights and moments.
+//
+// Padding is zero in parameters and gradients, so it never changes a result: the optimizer keeps
+// zero master weights at zero (zero gradient, zero moments), norms see zeros, and models only
+// read their parameters' ranges.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero/model.h"
+#include "strata/status.h"
+
+namespace strata::zero {
+
+inline constexpr int64_t kParamAlignElems = 64;
+inline constexpr int64_t kShardAlignElems = 2048;
+
+struct UnitLayout {
+  int index = 0;
+  std::string name;
+  std::vector<ParamSlot> slots;
+  int64_t numel = 0;        // elements of real parameters (sum of slot sizes)
+  int64_t used_numel = 0;   // end of the last slot (with alignment gaps)
+  int64_t shard_numel = 0;  // per rank
+  int world_size = 1;
+
+  int64_t padded_numel() const { return shard_numel * world_size; }
+  int64_t shard_offset(int rank) const { return shard_numel * rank; }
+};
+
+// InvalidArgument for a unit without parameters, a parameter with an empty or non-positive
+// shape, or duplicate names within the unit.
+Result<UnitLayout> LayoutUnit(int index, const UnitSpec& spec, int world_size);
+Result<std::vector<UnitLayout>> LayoutModel(const std::vector<UnitSpec>& units, int world_size);
+
+}  // namespace strata::zero

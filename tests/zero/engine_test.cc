@@ -1,0 +1,280 @@
+// The ZeRO engine on one rank (single-rank collective, CPU device): every stage and offload
+// combination gives bit-identical results on one rank (the arithmetic is the same), the loss
+// falls, clipping and fp16 loss scaling behave, the optimizer pipeline's host memory stays
+// bounded, and an I/O error while optimizer states are written back is reported without
+// corrupting them. Multi-rank equivalence is in engine_mpi_test.cc.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "zero/partition.h"
+#include "toy_model.h"
+
+namespace strata::zero {
+namespace {
+
+using testing::MaxRelDiff;
+using testing::ToyRun;
+
+std::string ConfigJson(int stage, const std::string& param_dev, const std::string& optim_dev,
+                       const std::string& extra = "") {
+  std::string zero = fmt::format(R"("stage": {})", stage);
+  if (stage == 3 && param_dev != "none") {
+    zero += fmt::format(R"(, "offload_param": {{"device": "{}", "nvme_path": "@NVME@"}})",
+                        param_dev);
+  }
+  if (stage >= 1 && optim_dev != "none") {
+    zero += fmt::format(R"(, "offload_optimizer": {{"device": "{}", "nvme_path": "@NVME@"}})",
+                        optim_dev);
+  }
+  zero += R"(, "sub_group_size": 4096, "stage3_param_persistence_threshold": 0)";
+  return fmt::format(
+      R"({{"optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
+          "zero_optimization": {{{}}}{}}})",
+      zero, extra);
+}
+
+double MeanLoss(const ToyRun& run, size_t begin, size_t end) {
+  double sum = 0.0;
+  for (size_t i = begin; i < end; ++i) sum += run.results.at(i).loss;
+  return sum / static_cast<double>(end - begin);
+}
+
+std::vector<std::vector<float>> TrainAndGetMasters(ToyRun::Options o) {
+  ToyRun run;
+  Status st = run.Setup(o);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (!st.ok()) return {};
+  st = run.Train();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  auto m = run.Masters();
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? *m : std::vector<std::vector<float>>{};
+}
+
+TEST(PartitionTest, ShardsAreAlignedAndCoverTheUnit) {
+  UnitSpec spec{"block", {{"w", {100, 37}}, {"b", {37}}, {"g", {5}}}};
+  for (int world : {1, 2, 3, 4, 8}) {
+    auto layout = LayoutUnit(0, spec, world);
+    ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+    EXPECT_EQ(layout->numel, 100 * 37 + 37 + 5);
+    EXPECT_EQ(layout->shard_numel % kShardAlignElems, 0);
+    EXPECT_GE(layout->padded_numel(), layout->used_numel);
+    EXPECT_LT(layout->padded_numel() - layout->used_numel,
+              static_cast<int64_t>(world) * kShardAlignElems);
+    // 16-bit shards are 4 KiB multiples, fp32 shards 8 KiB multiples.
+    EXPECT_EQ(layout->shard_numel * 2 % 4096, 0);
+    for (size_t i = 0; i < layout->slots.size(); ++i) {
+      EXPECT_EQ(layout->slots[i].offset % kParamAlignElems, 0);
+      if (i > 0) {
+        EXPECT_GE(layout->slots[i].offset,
+                  layout->slots[i - 1].offset + layout->slots[i - 1].numel);
+      }
+    }
+  }
+}
+
+TEST(PartitionTest, RejectsBadUnits) {
+  EXPECT_FALSE(LayoutUnit(0, UnitSpec{"empty", {}}, 2).ok());
+  auto zero_dim = LayoutUnit(0, UnitSpec{"u", {{"w", {4, 0}}}}, 2);
+  ASSERT_FALSE(zero_dim.ok());
+  EXPECT_NE(zero_dim.status().message().find("'w'"), std::string::npos) << zero_dim.status().ToString();
+  auto dup = LayoutUnit(0, UnitSpec{"u", {{"w", {4}}, {"w", {4}}}}, 2);
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("twice"), std::string::npos) << dup.status().ToString();
+  EXPECT_FALSE(LayoutUnit(0, UnitSpec{"u", {{"w", {4}}}}, 0).ok());
+}
+
+TEST(EngineTest, LossFalls) {
+  ToyRun run;
+  ToyRun::Options o;
+  o.config_json = ConfigJson(3, "nvme", "nvme");
+  o.steps = 40;
+  o.param_host_budget = 16 << 10;  // two shards: parameters must come back from NVMe
+  ASSERT_TRUE(run.Setup(o).ok());
+  ASSERT_TRUE(run.Train().ok());
+  const double first = MeanLoss(run, 0, 5);
+  const double last = MeanLoss(run, 35, 40);
+  EXPECT_LT(last, 0.6 * first) << "first " << first << " last " << last;
+  EXPECT_GT(run.engine->stats().param_nvme_read_bytes, 0u);
+}
+
+// On one rank every stage and home does the same arithmetic: the results are bit-identical.
+TEST(EngineTest, EveryStageAndOffloadIsIdenticalOnOneRank) {
+  ToyRun::Options base;
+  base.config_json = ConfigJson(0, "none", "none");
+  base.accumulation = 2;
+  const auto reference = TrainAndGetMasters(base);
+  ASSERT_FALSE(reference.empty());
+  for (int stage : {1, 2, 3}) {
+    for (const char* where : {"none", "cpu", "nvme"}) {
+      SCOPED_TRACE(fmt::format("stage {} offload {}", stage, where));
+      ToyRun::Options o = base;
+      o.config_json = ConfigJson(stage, stage == 3 ? where : "none", where);
+      const auto got = TrainAndGetMasters(o);
+      EXPECT_EQ(MaxRelDiff(got, reference), 0.0);
+    }
+  }
+}
+
+TEST(EngineTest, OverlappedOptimizerMatchesSequential) {
+  ToyRun::Options o;
+  o.config_json = ConfigJson(3, "nvme", "nvme");
+  o.overlap_optimizer = true;
+  const auto overlapped = TrainAndGetMasters(o);
+  o.overlap_optimizer = false;
+  const auto sequential = TrainAndGetMasters(o);
+  ASSERT_FALSE(overlapped.empty());
+  EXPECT_EQ(MaxRelDiff(overlapped, sequential), 0.0);
+}
+
+TEST(EngineTest, ClippingIsExactAndBoundsTheUpdate) {
+  ToyRun::Options o;
+  o.config_json = ConfigJson(0, "none", "none", R"(, "gradient_clipping": 0.05)");
+  ToyRun ref;
+  ASSERT_TRUE(ref.Setup(o).ok());
+  ASSERT_TRUE(ref.Train().ok());
+  bool clipped = false;
+  for (const auto& r : ref.results) clipped |= r.grad_norm > 0.05;
+  EXPECT_TRUE(clipped) << "the test should exercise clipping";
+  auto want = ref.Masters();
+  ASSERT_TRUE(want.ok());
+  o.config_json = ConfigJson(3, "nvme", "nvme", R"(, "gradient_clipping": 0.05)");
+  const auto got = TrainAndGetMasters(o);
+  EXPECT_EQ(MaxRelDiff(got, *want), 0.0);
+  // And clipping changes the result (it is not a no-op).
+  o.config_json = ConfigJson(3, "nvme", "nvme");
+  const auto unclipped = TrainAndGetMasters(o);
+  EXPECT_GT(MaxRelDiff(unclipped, *want), 1e-4);
+}
+
+TEST(EngineTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
+  ToyRun::Options o;
+  o.config_json = ConfigJson(
+      3, "cpu", "cpu",
+      R"(, "fp16": {"enabled": true, "initial_scale_power": 40, "hysteresis": 1})");
+  ToyRun run;
+  Status st = run.Setup(o);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto before = run.Masters();
+  ASSERT_TRUE(before.ok());
+  ASSERT_TRUE(run.Step(0).ok());
+  EXPECT_TRUE(run.results[0].skipped);
+  EXPECT_EQ(run.results[0].step, 0);
+  auto after = run.Masters();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(MaxRelDiff(*after, *before), 0.0) << "a skipped step must not change the weights";
+  // The scale falls until steps are taken, then training proceeds.
+  for (int s = 1; s < 40; ++s) ASSERT_TRUE(run.Step(s).ok());
+  EXPECT_LT(run.results.back().loss_scale, run.results[0].loss_scale);
+  EXPECT_FALSE(run.results.back().skipped);
+  EXPECT_GT(run.results.back().step, 0);
+}
+
+TEST(EngineTest, Bf16Trains) {
+  ToyRun::Options o;
+  o.config_json = ConfigJson(3, "nvme", "nvme", R"(, "bf16": {"enabled": true})");
+  o.steps = 30;
+  ToyRun run;
+  ASSERT_TRUE(run.Setup(o).ok());
+  ASSERT_TRUE(run.Train().ok());
+  EXPECT_LT(MeanLoss(run, 25, 30), 0.7 * MeanLoss(run, 0, 5));
+  EXPECT_EQ(run.engine->compute_dtype(), device::DType::kBF16);
+  // The parameters the model sees are the master weights rounded to bf16.
+  auto masters = run.Masters();
+  auto params = run.Params();
+  ASSERT_TRUE(masters.ok() && params.ok());
+  for (size_t u = 0; u < masters->size(); ++u) {
+    for (size_t i = 0; i < (*masters)[u].size(); ++i) {
+      ASSERT_EQ((*params)[u][i], device::Bf16ToFloat(device::FloatToBf16((*masters)[u][i])));
+    }
+  }
+}
+
+// The optimizer pipeline holds at most pipeline-depth sub-groups of states in pinned memory,
+// however many there are.
+TEST(EngineTest, OptimizerPipelineMemoryIsBounded) {
+  ToyRun::Options o;
+  o.layers = 3;
+  o.width = 128;  // 16.5k parameters per unit: 5 sub-groups of 4096 elements each
+  o.config_json = ConfigJson(2, "none", "nvme");
+  o.steps = 3;
+  ToyRun run;
+  ASSERT_TRUE(run.Setup(o).ok());
+  ASSERT_TRUE(run.Train().ok());
+  const auto stats = run.engine->stats();
+  const uint64_t subgroup_bytes = device::PinnedPool::SizeClass(12ull * 4096);
+  EXPECT_LE(stats.host_peak_bytes, 4 * subgroup_bytes);
+  EXPECT_GT(stats.optim_nvme_write_bytes, 0u);
+  EXPECT_GT(stats.optim_nvme_read_bytes, 0u);
+}
+
+// A write-back that fails while the optimizer runs is reported by TrainStep; afterwards every
+// sub-group holds either the previous step's states or the new ones, never a mix or garbage.
+TEST(EngineTest, OptimizerWriteErrorIsReportedAndStatesStayConsistent) {
+  ToyRun::Options o;
+  o.layers = 3;
+  o.width = 128;
+  o.config_json = ConfigJson(2, "none", "nvme");
+  o.steps = 0;
+  // The fault-free trajectory: states after 2 and after 3 steps.
+  ToyRun ref;
+  ASSERT_TRUE(ref.Setup(o).ok());
+  ASSERT_TRUE(ref.Step(0).ok());
+  ASSERT_TRUE(ref.Step(1).ok());
+  auto after2 = ref.Masters();
+  ASSERT_TRUE(ref.Step(2).ok());
+  auto after3 = ref.Masters();
+  ASSERT_TRUE(after2.ok() && after3.ok());
+
+  o.faults = std::make_shared<io::FaultInjector>(3);
+  ToyRun run;
+  ASSERT_TRUE(run.Setup(o).ok());
+  ASSERT_TRUE(run.Step(0).ok());
+  ASSERT_TRUE(run.Step(1).ok());
+  io::FaultRule rule;
+  rule.op = io::IoOp::kWrite;
+  rule.path_contains = "optim";
+  rule.ordinals = {1};
+  o.faults->AddRule(rule);
+  Status st = run.Step(2);
+  ASSERT_FALSE(st.ok()) << "the injected write error must be reported";
+  EXPECT_NE(st.message().find("optim"), std::string::npos) << st.ToString();
+  o.faults->Clear();
+  auto got = run.Masters();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  // Sub-group by sub-group: old or new, exactly.
+  const int64_t sg = 4096;
+  int old_groups = 0, new_groups = 0;
+  for (size_t u = 0; u < got->size(); ++u) {
+    for (size_t begin = 0; begin < (*got)[u].size(); begin += sg) {
+      const size_t end = std::min((*got)[u].size(), begin + sg);
+      auto slice = [&](const std::vector<float>& v) {
+        return std::vector<float>(v.begin() + begin, v.begin() + end);
+      };
+      const auto g = slice((*got)[u]);
+      if (g == slice((*after3)[u])) {
+        ++new_groups;
+      } else if (g == slice((*after2)[u])) {
+        ++old_groups;
+      } else {
+        ADD_FAILURE() << "unit " << u << " elements [" << begin << ", " << end
+                      << ") hold neither the old nor the new states";
+      }
+    }
+  }
+  EXPECT_GT(old_groups + new_groups, 0);
+}
+
+TEST(EngineTest, MissingPoolOrPathIsAClearError) {
+  ToyRun::Options o;
+  o.config_json = ConfigJson(3, "nvme", "nvme");
+  ToyRun run;
+  o.pool_bytes = 4096;  // far too small for the states
+  Status st = run.Setup(o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("pinned pool"), std::string::npos) << st.ToString();
+}
+
+}  // namespace
+}  // namespace strata::zero

@@ -1,0 +1,374 @@
+// A small multi-unit model for the ZeRO engine's tests: an MLP of `layers` units
+//   hidden units  x_{i+1} = tanh(W_i x_i + b_i)     W_i: [width, width]
+//   head unit     y = W x + b,  loss = mean over samples of 0.5 * |y - t|^2
+// computed in fp32 on the CPU device (HostTask on the engine's compute stream; the CPU device's
+// memory is host memory), with parameters read in the compute dtype. The data is a fixed random
+// regression problem with a learnable target (a fixed random linear map of the inputs), split
+// deterministically into micro-batches so that any (world size, accumulation) combination sees
+// the same global batch.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device/pinned_pool.h"
+#include "io/fault_injection.h"
+#include "io/memory_store.h"
+#include "strata/block_store.h"
+#include "strata/collective.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "test_support.h"
+#include "zero/engine.h"
+#include "zero/model.h"
+
+namespace strata::zero::testing {
+
+inline float ReadAs(const void* base, device::DType dtype, size_t i) {
+  switch (dtype) {
+    case device::DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case device::DType::kBF16:
+      return device::Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    case device::DType::kF16:
+      return device::F16ToFloat(static_cast<const uint16_t*>(base)[i]);
+  }
+  return 0.0f;
+}
+
+struct ToyBatch : Batch {
+  int samples = 0;
+  std::vector<float> x;  // samples x width
+  std::vector<float> t;  // samples x width
+};
+
+// Deterministic data: sample s of step `step` (global index), width w.
+inline void MakeSample(int64_t step, int64_t s, int width, float* x, float* t) {
+  std::mt19937_64 rng(static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(s) * 7919u + 1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int i = 0; i < width; ++i) x[i] = u(rng);
+  // Target: a fixed smooth function of x, the same for every sample.
+  for (int j = 0; j < width; ++j) {
+    float acc = 0.0f;
+    for (int i = 0; i < width; ++i) acc += std::sin(0.37f * static_cast<float>((j + 1) * (i + 2))) * x[i];
+    t[j] = 0.5f * std::tanh(acc);
+  }
+}
+
+// Micro-batch `index` (0-based, over the global batch) of `samples` samples.
+inline ToyBatch MakeBatch(int64_t step, int64_t index, int samples, int width) {
+  ToyBatch b;
+  b.samples = samples;
+  b.x.resize(static_cast<size_t>(samples) * width);
+  b.t.resize(static_cast<size_t>(samples) * width);
+  for (int s = 0; s < samples; ++s) {
+    MakeSample(step, index * samples + s, width, &b.x[static_cast<size_t>(s) * width],
+               &b.t[static_cast<size_t>(s) * width]);
+  }
+  return b;
+}
+
+class ToyModel final : public Model {
+ public:
+  ToyModel(device::Device& device, int layers, int width)
+      : device_(device), layers_(layers), width_(width) {}
+
+  std::vector<UnitSpec> units() const override {
+    std::vector<UnitSpec> out;
+    for (int i = 0; i < layers_; ++i) {
+      UnitSpec u;
+      u.name = i + 1 == layers_ ? "head" : "layer." + std::to_string(i);
+      u.params.push_back({"weight", {width_, width_}});
+      u.params.push_back({"bias", {width_}});
+      out.push_back(std::move(u));
+    }
+    return out;
+  }
+
+  Status InitUnit(int unit, const std::vector<ParamSlot>& slots,
+                  std::span<float> flat) const override {
+    std::mt19937_64 rng(4242 + static_cast<uint64_t>(unit));
+    const float bound = 1.0f / std::sqrt(static_cast<float>(width_));
+    std::uniform_real_distribution<float> u(-bound, bound);
+    for (const ParamSlot& s : slots) {
+      for (int64_t i = 0; i < s.numel; ++i) flat[static_cast<size_t>(s.offset + i)] = u(rng);
+    }
+    return Status::Ok();
+  }
+
+  Status BeginMicroBatch(const Batch& batch, float loss_scale, device::Stream& stream) override {
+    const auto& b = dynamic_cast<const ToyBatch&>(batch);
+    auto x = b.x;
+    auto t = b.t;
+    const int n = b.samples;
+    return device_.HostTask(
+        stream,
+        [this, x = std::move(x), t = std::move(t), n, loss_scale]() mutable {
+          n_ = n;
+          scale_ = loss_scale;
+          acts_.assign(static_cast<size_t>(layers_) + 1, {});
+          acts_[0] = std::move(x);
+          target_ = std::move(t);
+          loss_ = 0.0;
+          return Status::Ok();
+        },
+        "toy begin");
+  }
+
+  Status Forward(int unit, const UnitView& params, device::Stream& stream) override {
+    UnitView p = params;
+    return device_.HostTask(
+        stream,
+        [this, unit, p]() {
+          const int w = width_;
+          const auto& x = acts_[static_cast<size_t>(unit)];
+          std::vector<float> y(static_cast<size_t>(n_) * w);
+          const bool head = unit + 1 == layers_;
+          for (int s = 0; s < n_; ++s) {
+            for (int j = 0; j < w; ++j) {
+              float acc = ReadAs(p.param(1), p.dtype, static_cast<size_t>(j));
+              for (int i = 0; i < w; ++i) {
+                acc += ReadAs(p.param(0), p.dtype, static_cast<size_t>(j) * w + i) *
+                       x[static_cast<size_t>(s) * w + i];
+              }
+              y[static_cast<size_t>(s) * w + j] = head ? acc : std::tanh(acc);
+            }
+          }
+          if (head) {
+            double loss = 0.0;
+            dy_.assign(y.size(), 0.0f);
+            for (size_t k = 0; k < y.size(); ++k) {
+              const float d = y[k] - target_[k];
+              loss += 0.5 * static_cast<double>(d) * d;
+              dy_[k] = d / static_cast<float>(n_) * scale_;
+            }
+            loss_ = loss / n_;
+          }
+          acts_[static_cast<size_t>(unit) + 1] = std::move(y);
+          return Status::Ok();
+        },
+        "toy forward");
+  }
+
+  Status Backward(int unit, const UnitView& params, const UnitView& grads,
+                  device::Stream& stream) override {
+    UnitView p = params;
+    UnitView g = grads;
+    return device_.HostTask(
+        stream,
+        [this, unit, p, g]() {
+          const int w = width_;
+          const bool head = unit + 1 == layers_;
+          // delta = dL/d(pre-activation)
+          std::vector<float> delta = dy_;
+          if (!head) {
+            const auto& a = acts_[static_cast<size_t>(unit) + 1];
+            for (size_t k = 0; k < delta.size(); ++k) delta[k] *= 1.0f - a[k] * a[k];
+          }
+          const auto& x = acts_[static_cast<size_t>(unit)];
+          auto* gw = static_cast<float*>(g.param(0));
+          auto* gb = static_cast<float*>(g.param(1));
+          for (int j = 0; j < w; ++j) {
+            float sb = 0.0f;
+            for (int s = 0; s < n_; ++s) sb += delta[static_cast<size_t>(s) * w + j];
+            gb[j] = sb;
+            for (int i = 0; i < w; ++i) {
+              float acc = 0.0f;
+              for (int s = 0; s < n_; ++s) {
+                acc += delta[static_cast<size_t>(s) * w + j] * x[static_cast<size_t>(s) * w + i];
+              }
+              gw[static_cast<size_t>(j) * w + i] = acc;
+            }
+          }
+          if (p.dtype == device::DType::kF16) {
+            // fp16 training keeps gradients in fp16: values beyond its range become inf, which
+            // is what the loss scaler must notice.
+            for (int k = 0; k < w * w; ++k) gw[k] = device::F16ToFloat(device::FloatToF16(gw[k]));
+            for (int k = 0; k < w; ++k) gb[k] = device::F16ToFloat(device::FloatToF16(gb[k]));
+          }
+          std::vector<float> dx(x.size(), 0.0f);
+          for (int s = 0; s < n_; ++s) {
+            for (int i = 0; i < w; ++i) {
+              float acc = 0.0f;
+              for (int j = 0; j < w; ++j) {
+                acc += delta[static_cast<size_t>(s) * w + j] *
+                       ReadAs(p.param(0), p.dtype, static_cast<size_t>(j) * w + i);
+              }
+              dx[static_cast<size_t>(s) * w + i] = acc;
+            }
+          }
+          dy_ = std::move(dx);
+          return Status::Ok();
+        },
+        "toy backward");
+  }
+
+  Result<double> EndMicroBatch(device::Stream& stream) override {
+    STRATA_RETURN_IF_ERROR(device_.Synchronize(stream));
+    return loss_;
+  }
+
+  int width() const { return width_; }
+
+ private:
+  device::Device& device_;
+  const int layers_;
+  const int width_;
+  // Touched only by the compute stream's tasks (and read after Synchronize).
+  int n_ = 0;
+  float scale_ = 1.0f;
+  std::vector<std::vector<float>> acts_;
+  std::vector<float> target_;
+  std::vector<float> dy_;
+  double loss_ = 0.0;
+};
+
+// Everything one engine run needs, on the CPU device.
+struct ToyRun {
+  struct Options {
+    std::string config_json = "{}";
+    comm::Backend backend = comm::Backend::kSingle;
+    int layers = 4;
+    int width = 24;
+    int samples_per_micro_batch = 16;
+    int steps = 10;
+    // The global batch is world_size(of the run) * accumulation micro-batches; a run with world
+    // size 1 and accumulation = W * A sees the same global batch as one with W ranks and A.
+    int accumulation = 1;
+    bool overlap_optimizer = true;
+    bool real_files = true;
+    std::shared_ptr<io::FaultInjector> faults;  // wrap the store when set
+    uint64_t device_budget = 256ull << 20;
+    uint64_t pool_bytes = 64ull << 20;
+    uint64_t param_device_budget = 0;
+    uint64_t param_host_budget = 0;
+  };
+
+  Options o;
+  Config config;
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<comm::Collective> comm;
+  std::unique_ptr<io::BlockStore> store;
+  std::unique_ptr<device::PinnedPool> pool;
+  std::unique_ptr<strata::testing::TempDir> dir;
+  std::unique_ptr<ToyModel> model;
+  std::unique_ptr<Engine> engine;
+  std::vector<StepResult> results;
+
+  ~ToyRun() {
+    engine.reset();
+    pool.reset();
+    store.reset();
+    comm.reset();
+    device.reset();
+  }
+
+  Status Setup(const Options& options) {
+    o = options;
+    dir = std::make_unique<strata::testing::TempDir>();
+    const std::string nvme = (dir->path() / "nvme").string();
+    std::filesystem::create_directories(nvme);
+    std::string json = o.config_json;
+    size_t pos = 0;
+    while ((pos = json.find("@NVME@")) != std::string::npos) json.replace(pos, 6, nvme);
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(json, "<test config>"));
+    device::DeviceOptions dopt;
+    dopt.type = device::DeviceType::kCpu;
+    dopt.memory_budget = o.device_budget;
+    STRATA_ASSIGN_OR_RETURN(device, device::CreateDevice(dopt));
+    comm::CollectiveOptions copt;
+    copt.backend = o.backend;
+    copt.timeout = std::chrono::seconds(60);
+    STRATA_ASSIGN_OR_RETURN(comm, comm::CreateCollective(*device, copt));
+    io::StoreOptions sopt;
+    sopt.threads = 1;
+    if (o.real_files) {
+      STRATA_ASSIGN_OR_RETURN(store, io::CreateBlockStore(sopt));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(store, io::CreateMemoryStore(sopt));
+    }
+    if (o.faults) store = io::CreateFaultInjectingStore(std::move(store), o.faults);
+    device::PinnedPoolOptions popt;
+    popt.bytes = o.pool_bytes;
+    popt.huge_pages = HugePages::kOff;
+    popt.device = device.get();
+    popt.store = store.get();
+    STRATA_ASSIGN_OR_RETURN(pool, device::PinnedPool::Create(popt));
+    model = std::make_unique<ToyModel>(*device, o.layers, o.width);
+    EngineOptions eo;
+    eo.config = config;
+    eo.device = device.get();
+    eo.comm = comm.get();
+    eo.pool = pool.get();
+    eo.store = store.get();
+    eo.nvme_paths = {nvme};
+    eo.overlap_optimizer = o.overlap_optimizer;
+    eo.param_device_budget = o.param_device_budget;
+    eo.param_host_budget = o.param_host_budget;
+    STRATA_ASSIGN_OR_RETURN(engine, Engine::Create(*model, eo));
+    return Status::Ok();
+  }
+
+  Status Step(int64_t step) {
+    const int world = comm->world_size();
+    const int rank = comm->rank();
+    std::vector<ToyBatch> batches;
+    for (int a = 0; a < o.accumulation; ++a) {
+      batches.push_back(
+          MakeBatch(step, static_cast<int64_t>(a) * world + rank, o.samples_per_micro_batch, o.width));
+    }
+    std::vector<const Batch*> ptrs;
+    for (const auto& b : batches) ptrs.push_back(&b);
+    STRATA_ASSIGN_OR_RETURN(StepResult r, engine->TrainStep(ptrs));
+    results.push_back(r);
+    return Status::Ok();
+  }
+
+  Status Train() {
+    for (int s = 0; s < o.steps; ++s) STRATA_RETURN_IF_ERROR(Step(s));
+    return Status::Ok();
+  }
+
+  Result<std::vector<std::vector<float>>> Masters() {
+    std::vector<std::vector<float>> out;
+    for (size_t u = 0; u < engine->layouts().size(); ++u) {
+      STRATA_ASSIGN_OR_RETURN(auto m, engine->GatherMaster(static_cast<int>(u)));
+      out.push_back(std::move(m));
+    }
+    return out;
+  }
+  Result<std::vector<std::vector<float>>> Params() {
+    std::vector<std::vector<float>> out;
+    for (size_t u = 0; u < engine->layouts().size(); ++u) {
+      STRATA_ASSIGN_OR_RETURN(auto m, engine->GatherParams(static_cast<int>(u)));
+      out.push_back(std::move(m));
+    }
+    return out;
+  }
+};
+
+// Largest |a - b| / (|b| + 1e-3) over all elements, and whether the shapes match.
+inline double MaxRelDiff(const std::vector<std::vector<float>>& a,
+                         const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0.0;
+  for (size_t u = 0; u < a.size(); ++u) {
+    if (a[u].size() != b[u].size()) return INFINITY;
+    for (size_t i = 0; i < a[u].size(); ++i) {
+      const double d = std::fabs(static_cast<double>(a[u][i]) - b[u][i]) /
+                       (std::fabs(static_cast<double>(b[u][i])) + 1e-3);
+      if (std::isnan(d)) return INFINITY;
+      worst = std::max(worst, d);
+    }
+  }
+  return worst;
+}
+
+}  // namespace strata::zero::testing
