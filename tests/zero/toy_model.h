@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/single_collective.h"
 #include "device/pinned_pool.h"
 #include "io/fault_injection.h"
 #include "io/memory_store.h"
@@ -286,7 +287,13 @@ struct ToyRun {
     comm::CollectiveOptions copt;
     copt.backend = o.backend;
     copt.timeout = std::chrono::seconds(60);
-    STRATA_ASSIGN_OR_RETURN(comm, comm::CreateCollective(*device, copt));
+    if (o.backend == comm::Backend::kSingle) {
+      // Directly, so that a reference run also works inside an mpirun job (CreateCollective
+      // refuses the single backend when the launcher started several ranks).
+      comm = std::make_unique<comm::internal::SingleCollective>(*device, copt);
+    } else {
+      STRATA_ASSIGN_OR_RETURN(comm, comm::CreateCollective(*device, copt));
+    }
     io::StoreOptions sopt;
     sopt.threads = 1;
     if (o.real_files) {
