@@ -15,6 +15,8 @@
 // Buffers: `count` is in elements of `dtype`; AllGather and ReduceScatter take `count` = elements
 // per rank (recv / send holds world_size * count elements, rank r's part at offset r * count).
 // In-place use is allowed where stated. Reductions of bf16 / fp16 add in fp32 and round once.
+// kAvg is that fp32 sum times 1.0f / world_size (the reciprocal rounded to fp32), rounded once
+// to the dtype, on every backend (the order of the fp32 additions is the backend's; docs/comm.md).
 //
 // Errors: arguments are checked at enqueue (InvalidArgument at once). A failure while the
 // operation runs — a backend error, a peer that stopped answering — becomes the device's sticky

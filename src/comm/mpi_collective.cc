@@ -1,0 +1,111 @@
+#include "comm/mpi_collective.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "comm/op.h"
+#include "strata/trace.h"
+
+namespace strata::comm::internal {
+
+namespace {
+
+class MpiCollective final : public Collective {
+ public:
+  MpiCollective(device::Device& device, const CollectiveOptions& options, MpiRuntime& runtime,
+                const MpiTuning& tuning)
+      : device_(device),
+        runtime_(runtime),
+        timeout_(options.timeout),
+        tuning_(tuning),
+        trace_(options.trace),
+        track_(options.trace != nullptr ? options.trace->Track("comm") : 0) {}
+
+  Backend backend() const override { return Backend::kMpi; }
+  int rank() const override { return runtime_.rank(); }
+  int world_size() const override { return runtime_.world_size(); }
+
+  Status AllGather(const void* send, void* recv, size_t count, device::DType dtype,
+                   device::Stream& stream) override {
+    return Submit(
+        {.kind = OpKind::kAllGather, .send = send, .recv = recv, .count = count, .dtype = dtype},
+        stream);
+  }
+  Status ReduceScatter(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
+                       device::Stream& stream) override {
+    return Submit({.kind = OpKind::kReduceScatter,
+                   .send = send,
+                   .recv = recv,
+                   .count = count,
+                   .dtype = dtype,
+                   .op = op},
+                  stream);
+  }
+  Status AllReduce(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
+                   device::Stream& stream) override {
+    return Submit({.kind = OpKind::kAllReduce,
+                   .send = send,
+                   .recv = recv,
+                   .count = count,
+                   .dtype = dtype,
+                   .op = op},
+                  stream);
+  }
+  Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) override {
+    return Submit({.kind = OpKind::kBroadcast, .recv = buf, .count = bytes, .root = root}, stream);
+  }
+  Status Barrier(device::Stream& stream) override {
+    return Submit({.kind = OpKind::kBarrier}, stream);
+  }
+
+ private:
+  Status Submit(const OpDesc& desc, device::Stream& stream) {
+    STRATA_RETURN_IF_ERROR(ValidateOp("mpi", desc, rank(), world_size()));
+    // An empty operation is empty on every rank (the counts must agree): nothing to run.
+    if (IsEmpty(desc)) return runtime_.failure();
+    auto op = std::make_shared<MpiOp>();
+    op->desc = desc;
+    op->timeout = timeout_;
+    op->tuning = tuning_;
+    op->trace = trace_;
+    op->track = track_;
+    return runtime_.Submit(std::move(op), &device_, &stream);
+  }
+
+  device::Device& device_;
+  MpiRuntime& runtime_;
+  const std::chrono::milliseconds timeout_;
+  const MpiTuning tuning_;
+  TraceRecorder* const trace_;
+  const uint32_t track_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Collective>> CreateMpiCollective(device::Device& device,
+                                                        const CollectiveOptions& options,
+                                                        const LaunchInfo& launch,
+                                                        const MpiTuning& tuning) {
+  if (device.type() != device::DeviceType::kCpu) {
+    return InvalidArgumentError(
+        fmt::format("the mpi backend works on the cpu device; '{}' is a {} device (use nccl)",
+                    device.name(), device::DeviceTypeName(device.type())));
+  }
+  if (options.timeout.count() <= 0) {
+    return InvalidArgumentError(
+        fmt::format("collective timeout must be positive, got {} ms", options.timeout.count()));
+  }
+  STRATA_ASSIGN_OR_RETURN(MpiRuntime * runtime, MpiRuntime::Instance(options.timeout));
+  if (launch.launcher != "none" &&
+      (launch.world_size != runtime->world_size() || launch.rank != runtime->rank())) {
+    return UnavailableError(fmt::format(
+        "the launcher ({}) started this process as rank {} of {}, but MPI reports rank {} of {}: "
+        "is this binary linked with the MPI library of the launcher that started it?",
+        launch.launcher, launch.rank, launch.world_size, runtime->rank(), runtime->world_size()));
+  }
+  return std::unique_ptr<Collective>(
+      std::make_unique<MpiCollective>(device, options, *runtime, tuning));
+}
+
+}  // namespace strata::comm::internal

@@ -1,0 +1,942 @@
+#include "comm/mpi_runtime.h"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <new>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/log.h"
+#include "strata/trace.h"
+
+namespace strata::comm::internal {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Heartbeats: one tiny message per peer per interval. All-to-all, so a rank handles
+// (world - 1) / interval messages a second: a few thousand for a thousand ranks.
+constexpr auto kHeartbeatInterval = std::chrono::milliseconds(200);
+// A peer not heard from for this long is reported as "dead or hung" when an operation times out.
+constexpr auto kSilentAfter = std::chrono::seconds(1);
+// At exit, a healthy runtime waits for every peer's goodbye as long as the peer keeps sending
+// heartbeats; one silent for this long is taken for dead and MPI_Finalize is skipped.
+constexpr auto kExitSilence = std::chrono::seconds(30);
+constexpr int kHeartbeatTag = 0x5354;  // "ST"
+// How often an operation in progress looks at the heartbeats and the peers' states.
+constexpr auto kCheckInterval = std::chrono::milliseconds(1);
+
+// A heartbeat: where the sender is in the sequence of operations, and whether it is still in it.
+enum BeatState : int32_t { kRunning = 0, kFailed = 1, kGoodbye = 2 };
+struct Beat {
+  int64_t started = 0;    // sequence number of the operation it started last
+  int64_t completed = 0;  // ... and completed last
+  int32_t state = kRunning;
+  int32_t reserved = 0;
+};
+
+// The process-wide instance. Leaked on purpose: it must outlive every Collective, and the
+// atexit handler is its end.
+std::mutex g_instance_mu;
+MpiRuntime* g_instance = nullptr;
+Status* g_start_error = nullptr;  // a failed start, returned forever after
+bool g_exiting = false;
+
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+MPI_Datatype ElementType(device::DType dtype) {
+  return dtype == device::DType::kF32 ? MPI_FLOAT : MPI_UINT16_T;
+}
+
+StatusCode CodeForMpiClass(int error_class) {
+  switch (error_class) {
+    case MPI_ERR_BUFFER:
+    case MPI_ERR_COUNT:
+    case MPI_ERR_TYPE:
+    case MPI_ERR_ROOT:
+    case MPI_ERR_OP:
+    case MPI_ERR_ARG:
+    case MPI_ERR_TRUNCATE:  // the ranks disagree on an operation's size
+      return StatusCode::kInvalidArgument;
+    case MPI_ERR_NO_MEM:
+      return StatusCode::kResourceExhausted;
+    case MPI_ERR_INTERN:
+      return StatusCode::kInternal;
+    default:  // a communication failure: the runtime cannot go on
+      return StatusCode::kAborted;
+  }
+}
+
+}  // namespace
+
+Status MpiStatus(int rc, std::string_view call, std::string_view context) {
+  if (rc == MPI_SUCCESS) return Status::Ok();
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(rc, text, &length) != MPI_SUCCESS) {
+    std::snprintf(text, sizeof(text), "MPI error code %d", rc);
+  }
+  int error_class = MPI_ERR_OTHER;
+  if (MPI_Error_class(rc, &error_class) != MPI_SUCCESS) error_class = MPI_ERR_OTHER;
+  return Status(CodeForMpiClass(error_class), fmt::format("{}: {} failed: {} (MPI error class {})",
+                                                          context, call, text, error_class));
+}
+
+// ---- the MPI thread ----------------------------------------------------------------------------
+
+class MpiRuntime::Thread {
+ public:
+  explicit Thread(MpiRuntime& runtime) : rt_(runtime) {}
+
+  // The thread's body: Init, report it through `started`, then Loop and Shutdown.
+  void Main(std::chrono::milliseconds timeout, std::promise<Status>* started);
+
+  std::thread thread;
+
+ private:
+  struct Peer {
+    Beat in;   // the receive buffer of `recv`
+    Beat out;  // the send buffer of `send`
+    MPI_Request recv = MPI_REQUEST_NULL;
+    MPI_Request send = MPI_REQUEST_NULL;
+    Beat last;                // the latest heartbeat received
+    Clock::time_point heard;  // when it arrived (the runtime's start before the first)
+    bool ever_heard = false;
+    bool goodbye = false;  // it shut down its runtime; nothing more comes from it
+    Status error;          // an MPI error talking to it
+  };
+
+  Status Init(std::chrono::milliseconds timeout);
+  void Loop();
+  void Shutdown();
+  bool Goodbye();
+
+  void Execute(MpiOp& op);
+  Status Run(const MpiOp& op);
+  Status RunAllGather(const MpiOp& op);
+  Status RunReduceScatter(const MpiOp& op);
+  Status RunAllReduce(const MpiOp& op);
+  Status RunBroadcast(const MpiOp& op);
+  Status RunBarrier(const MpiOp& op);
+
+  // Checks the return code of a call that starts a non-blocking operation.
+  Status Started(int rc, std::string_view call, const MpiOp& op);
+  // Polls `request` until it completes, servicing heartbeats in between. Fails when a peer
+  // reports a failure, when the process exits, or when `op.timeout` passes without completion.
+  Status Await(MPI_Request* request, std::string_view call, const MpiOp& op);
+
+  void ServiceHeartbeats();
+  void ReceiveBeats(Clock::time_point now);
+  void SendBeats();
+  // Aborted when a peer said it failed or left, or cannot be reached.
+  Status PeerProblem(const MpiOp& op, Clock::time_point now) const;
+  // "waiting for rank 1 (no heartbeat for 3.2 s: dead or hung; ...)" from the heartbeats. With
+  // `include_late`, live ranks that have not reached the operation are listed too (their
+  // heartbeats may be up to an interval old, so only at a timeout).
+  std::string WaitingFor(const MpiOp& op, Clock::time_point now, bool include_late) const;
+  std::string Context(const MpiOp& op) const;
+
+  // Makes `error` the runtime's failure (the first one wins) and tells the peers.
+  void Fail(const Status& error);
+
+  // Host scratch of at least `bytes` (kept and reused; only this thread uses it).
+  Result<void*> Scratch(size_t bytes);
+
+  MpiRuntime& rt_;
+  int rank_ = 0;
+  int world_ = 1;
+  bool own_mpi_ = true;  // this thread called MPI_Init_thread, so it calls MPI_Finalize
+  MPI_Comm ops_ = MPI_COMM_NULL;
+  MPI_Comm beats_ = MPI_COMM_NULL;
+  std::vector<Peer> peers_;
+  Beat me_;
+  bool failed_ = false;  // this thread's copy of !rt_.failure_.ok()
+  Clock::time_point next_beat_;
+  std::unique_ptr<float[]> scratch_;
+  size_t scratch_bytes_ = 0;
+};
+
+void MpiRuntime::Thread::Main(std::chrono::milliseconds timeout, std::promise<Status>* started) {
+  Status init = Init(timeout);
+  const bool ok = init.ok();
+  started->set_value(std::move(init));
+  if (!ok) return;
+  Loop();
+  Shutdown();
+}
+
+Status MpiRuntime::Thread::Init(std::chrono::milliseconds timeout) {
+  int initialized = 0;
+  STRATA_RETURN_IF_ERROR(MpiStatus(MPI_Initialized(&initialized), "MPI_Initialized", "mpi"));
+  if (initialized != 0) {
+    // The application owns MPI. Calls from this thread are only allowed with THREAD_MULTIPLE.
+    int level = MPI_THREAD_SINGLE;
+    STRATA_RETURN_IF_ERROR(MpiStatus(MPI_Query_thread(&level), "MPI_Query_thread", "mpi"));
+    if (level != MPI_THREAD_MULTIPLE) {
+      return UnavailableError(fmt::format(
+          "mpi: MPI was initialised by the application with thread level {}; Strata makes its MPI "
+          "calls from its own thread and then needs MPI_THREAD_MULTIPLE (or leave MPI_Init to "
+          "Strata)",
+          level));
+    }
+    own_mpi_ = false;
+  } else {
+    int provided = MPI_THREAD_SINGLE;
+    STRATA_RETURN_IF_ERROR(
+        MpiStatus(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided),
+                  "MPI_Init_thread", "mpi"));
+    if (provided < MPI_THREAD_FUNNELED) {
+      return UnavailableError(fmt::format(
+          "mpi: MPI_Init_thread provided thread level {}, below MPI_THREAD_FUNNELED", provided));
+    }
+    // Errors come back as codes (converted by MpiStatus) instead of aborting the job.
+    STRATA_RETURN_IF_ERROR(MpiStatus(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN),
+                                     "MPI_Comm_set_errhandler", "mpi"));
+  }
+  STRATA_RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank", "mpi"));
+  STRATA_RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(MPI_COMM_WORLD, &world_), "MPI_Comm_size", "mpi"));
+
+  // Private communicators, so that nothing else in the process can match our messages. The
+  // duplication is collective: a rank that never starts its runtime must not hang this one.
+  const auto deadline = Clock::now() + timeout;
+  for (MPI_Comm* comm : {&ops_, &beats_}) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    STRATA_RETURN_IF_ERROR(
+        MpiStatus(MPI_Comm_idup(MPI_COMM_WORLD, comm, &request), "MPI_Comm_idup", "mpi"));
+    for (;;) {
+      int done = 0;
+      STRATA_RETURN_IF_ERROR(
+          MpiStatus(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", "mpi start"));
+      if (done != 0) break;
+      if (Clock::now() >= deadline) {
+        return DeadlineExceededError(fmt::format(
+            "mpi: rank {} of {}: the other ranks did not start their MPI runtime (MPI_Comm_idup) "
+            "within {} ms",
+            rank_, world_, timeout.count()));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    STRATA_RETURN_IF_ERROR(MpiStatus(MPI_Comm_set_errhandler(*comm, MPI_ERRORS_RETURN),
+                                     "MPI_Comm_set_errhandler", "mpi"));
+  }
+
+  const auto now = Clock::now();
+  peers_.resize(static_cast<size_t>(world_));
+  for (int p = 0; p < world_; ++p) {
+    Peer& peer = peers_[static_cast<size_t>(p)];
+    peer.heard = now;
+    if (p == rank_) continue;
+    STRATA_RETURN_IF_ERROR(
+        MpiStatus(MPI_Irecv(&peer.in, sizeof(Beat), MPI_BYTE, p, kHeartbeatTag, beats_, &peer.recv),
+                  "MPI_Irecv", "mpi heartbeat"));
+  }
+  next_beat_ = now;
+  rt_.rank_ = rank_;
+  rt_.world_ = world_;
+  STRATA_LOG(debug, comm, "mpi: rank {} of {} started (thread level funneled, own MPI: {})", rank_,
+             world_, own_mpi_);
+  return Status::Ok();
+}
+
+void MpiRuntime::Thread::Loop() {
+  for (;;) {
+    std::shared_ptr<MpiOp> op;
+    bool stop = false;
+    {
+      std::unique_lock lock(rt_.mu_);
+      // The first queued operation runs once its stream reached it (or was cancelled), or at
+      // once after a failure (it then fails without touching its buffers).
+      auto runnable = [&] {
+        return !rt_.queue_.empty() &&
+               (rt_.queue_.front()->state != MpiOp::State::kQueued || !rt_.failure_.ok());
+      };
+      rt_.work_cv_.wait_until(lock, next_beat_, [&] { return rt_.stop_ || runnable(); });
+      if (runnable()) {
+        op = std::move(rt_.queue_.front());
+        rt_.queue_.pop_front();
+      } else {
+        stop = rt_.stop_;
+      }
+    }
+    if (op != nullptr) {
+      Execute(*op);
+    } else if (stop) {
+      return;
+    }
+    ServiceHeartbeats();
+  }
+}
+
+void MpiRuntime::Thread::Execute(MpiOp& op) {
+  Status failure;
+  MpiOp::State state;
+  Status cancel_reason;
+  {
+    std::lock_guard lock(rt_.mu_);
+    failure = rt_.failure_;
+    state = op.state;
+    cancel_reason = op.cancel_reason;
+  }
+  const int64_t start_ns = op.trace != nullptr ? TraceRecorder::NowNs() : 0;
+  Status result;
+  if (!failure.ok()) {
+    result = failure;
+  } else if (state == MpiOp::State::kCancelled) {
+    // Its stream failed before reaching it. The other ranks will wait for this rank in vain, so
+    // the runtime fails; they learn it from the next heartbeat.
+    result = AbortedError(fmt::format("{}: not run: its stream failed first: {}", Context(op),
+                                      cancel_reason.ToString()));
+    Fail(result);
+  } else {
+    me_.started = static_cast<int64_t>(op.seq);
+    result = Run(op);
+    if (result.ok()) {
+      me_.completed = static_cast<int64_t>(op.seq);
+    } else {
+      Fail(result);
+    }
+  }
+  if (op.trace != nullptr) {
+    op.trace->Complete(op.track, TraceName(op.desc), "comm", start_ns, TraceRecorder::NowNs(),
+                       {{"bytes", static_cast<double>(OpBytes(op.desc, world_))},
+                        {"seq", static_cast<double>(op.seq)}});
+  }
+  {
+    std::lock_guard lock(rt_.mu_);
+    op.result = std::move(result);
+    op.state = MpiOp::State::kDone;
+  }
+  rt_.done_cv_.notify_all();
+}
+
+void MpiRuntime::Thread::Fail(const Status& error) {
+  bool first = false;
+  {
+    std::lock_guard lock(rt_.mu_);
+    if (rt_.failure_.ok()) {
+      rt_.failure_ = error;
+      first = true;
+    }
+  }
+  failed_ = true;
+  next_beat_ = Clock::now();  // tell the peers now, not at the next interval
+  if (first) {
+    STRATA_LOG(error, comm, "{}; every later MPI collective of this process fails with this error",
+               error.ToString());
+  }
+}
+
+std::string MpiRuntime::Thread::Context(const MpiOp& op) const {
+  return fmt::format("{} on rank {}", op.name, rank_);
+}
+
+Status MpiRuntime::Thread::Started(int rc, std::string_view call, const MpiOp& op) {
+  return MpiStatus(rc, call, Context(op));
+}
+
+Status MpiRuntime::Thread::Await(MPI_Request* request, std::string_view call, const MpiOp& op) {
+  const auto deadline = Clock::now() + op.timeout;
+  auto next_check = Clock::now() + kCheckInterval;
+  // Spin briefly (small operations finish in microseconds), then back off so that ranks
+  // sharing cores still make progress. MPI only progresses inside MPI calls, so the nap is short.
+  int polls = 0;
+  auto nap = std::chrono::microseconds(10);
+  for (;;) {
+    int done = 0;
+    const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      const Status error = MpiStatus(rc, call, Context(op));
+      return Status(error.code(), fmt::format("{}; {}", error.message(),
+                                              WaitingFor(op, Clock::now(), /*include_late=*/true)));
+    }
+    if (done != 0) return Status::Ok();
+    const auto now = Clock::now();
+    if (now >= next_check) {  // heartbeats cost O(world) MPI calls: not on every poll
+      next_check = now + kCheckInterval;
+      ServiceHeartbeats();
+      STRATA_RETURN_IF_ERROR(PeerProblem(op, now));
+      if (rt_.stopping_.load(std::memory_order_acquire)) {
+        return CancelledError(
+            fmt::format("{}: the process is exiting with the operation in progress", Context(op)));
+      }
+    }
+    if (now >= deadline) {
+      return DeadlineExceededError(fmt::format("{}: no progress within {} ms ({}); {}", Context(op),
+                                               op.timeout.count(), call,
+                                               WaitingFor(op, now, /*include_late=*/true)));
+    }
+    if (++polls < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(250));
+    }
+  }
+}
+
+// ---- heartbeats --------------------------------------------------------------------------------
+
+void MpiRuntime::Thread::ServiceHeartbeats() {
+  const auto now = Clock::now();
+  ReceiveBeats(now);
+  if (now >= next_beat_) {
+    SendBeats();
+    next_beat_ = now + kHeartbeatInterval;
+  }
+}
+
+void MpiRuntime::Thread::ReceiveBeats(Clock::time_point now) {
+  for (int p = 0; p < world_; ++p) {
+    Peer& peer = peers_[static_cast<size_t>(p)];
+    while (peer.recv != MPI_REQUEST_NULL) {
+      int done = 0;
+      int rc = MPI_Test(&peer.recv, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        peer.error = MpiStatus(rc, "MPI_Test", fmt::format("heartbeat from rank {}", p));
+        peer.recv = MPI_REQUEST_NULL;
+        break;
+      }
+      if (done == 0) break;
+      peer.last = peer.in;
+      peer.heard = now;
+      peer.ever_heard = true;
+      if (peer.last.state == kGoodbye) {
+        peer.goodbye = true;  // its last message on this communicator: no new receive
+        break;
+      }
+      rc = MPI_Irecv(&peer.in, sizeof(Beat), MPI_BYTE, p, kHeartbeatTag, beats_, &peer.recv);
+      if (rc != MPI_SUCCESS) {
+        peer.error = MpiStatus(rc, "MPI_Irecv", fmt::format("heartbeat from rank {}", p));
+        peer.recv = MPI_REQUEST_NULL;
+      }
+    }
+  }
+}
+
+void MpiRuntime::Thread::SendBeats() {
+  me_.state = failed_ ? kFailed : kRunning;
+  for (int p = 0; p < world_; ++p) {
+    Peer& peer = peers_[static_cast<size_t>(p)];
+    if (p == rank_ || !peer.error.ok()) continue;
+    if (peer.send != MPI_REQUEST_NULL) {
+      // At most one heartbeat in flight per peer: a peer that stopped receiving (dead) must not
+      // make us queue messages without bound.
+      int done = 0;
+      const int rc = MPI_Test(&peer.send, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        peer.error = MpiStatus(rc, "MPI_Test", fmt::format("heartbeat to rank {}", p));
+        peer.send = MPI_REQUEST_NULL;
+        continue;
+      }
+      if (done == 0) continue;
+    }
+    peer.out = me_;
+    const int rc =
+        MPI_Isend(&peer.out, sizeof(Beat), MPI_BYTE, p, kHeartbeatTag, beats_, &peer.send);
+    if (rc != MPI_SUCCESS) {
+      peer.error = MpiStatus(rc, "MPI_Isend", fmt::format("heartbeat to rank {}", p));
+      peer.send = MPI_REQUEST_NULL;
+    }
+  }
+}
+
+Status MpiRuntime::Thread::PeerProblem(const MpiOp& op, Clock::time_point now) const {
+  for (int p = 0; p < world_; ++p) {
+    const Peer& peer = peers_[static_cast<size_t>(p)];
+    if (p == rank_) continue;
+    if (!peer.error.ok()) {
+      return AbortedError(fmt::format("{}: rank {} cannot be reached: {}; {}", Context(op), p,
+                                      peer.error.message(),
+                                      WaitingFor(op, now, /*include_late=*/false)));
+    }
+    // A peer that completed this operation has done its part, whatever it did next: finished
+    // its work and said goodbye (the last operation of a run), or failed at a later one.
+    if (peer.last.completed >= static_cast<int64_t>(op.seq)) continue;
+    if (peer.last.state == kFailed) {
+      return AbortedError(fmt::format(
+          "{}: rank {} reported a failure of its collectives (at its op #{}); {}", Context(op), p,
+          peer.last.started, WaitingFor(op, now, /*include_late=*/false)));
+    }
+    if (peer.goodbye) {
+      return AbortedError(fmt::format(
+          "{}: rank {} shut down its MPI runtime (its process is exiting) after op #{}: the ranks "
+          "did not enqueue the same collectives; {}",
+          Context(op), p, peer.last.completed, WaitingFor(op, now, /*include_late=*/false)));
+    }
+  }
+  return Status::Ok();
+}
+
+std::string MpiRuntime::Thread::WaitingFor(const MpiOp& op, Clock::time_point now,
+                                           bool include_late) const {
+  std::string waiting;
+  for (int p = 0; p < world_; ++p) {
+    const Peer& peer = peers_[static_cast<size_t>(p)];
+    if (p == rank_) continue;
+    const auto silence = now - peer.heard;
+    std::string why;
+    if (peer.error.ok() && peer.last.completed >= static_cast<int64_t>(op.seq)) {
+      continue;  // it completed this operation: not waited for
+    }
+    if (!peer.error.ok()) {
+      why = fmt::format("unreachable: {}", peer.error.message());
+    } else if (peer.goodbye) {
+      why = fmt::format("shut down after op #{}", peer.last.completed);
+    } else if (peer.last.state == kFailed) {
+      why = fmt::format("its collectives failed at op #{}", peer.last.started);
+    } else if (silence >= kSilentAfter) {
+      why = peer.ever_heard
+                ? fmt::format(
+                      "no heartbeat for {:.1f} s: dead or hung; its last one reported op "
+                      "#{} started, #{} completed",
+                      Seconds(silence), peer.last.started, peer.last.completed)
+                : fmt::format("no heartbeat for {:.1f} s: dead or hung; never heard from",
+                              Seconds(silence));
+    } else if (include_late && peer.last.started < static_cast<int64_t>(op.seq)) {
+      why = fmt::format(
+          "alive (heard {:.1f} s ago) but has not reached this operation: it started op #{} and "
+          "completed #{}",
+          Seconds(silence), peer.last.started, peer.last.completed);
+    } else {
+      continue;  // it reached the operation and is alive
+    }
+    waiting += fmt::format("{}rank {} ({})", waiting.empty() ? "" : "; ", p, why);
+  }
+  if (waiting.empty()) {
+    return include_late
+               ? "every other rank reached this operation and is alive; MPI did not complete it"
+               : "no other rank is known to have failed";
+  }
+  return "waiting for " + waiting;
+}
+
+// ---- exit --------------------------------------------------------------------------------------
+
+void MpiRuntime::Thread::Shutdown() {
+  bool had_queued = false;
+  {
+    std::lock_guard lock(rt_.mu_);
+    for (auto& op : rt_.queue_) {
+      op->result = CancelledError(fmt::format("{}: not run: the process is exiting", op->name));
+      op->state = MpiOp::State::kDone;
+      had_queued = true;
+    }
+    rt_.queue_.clear();
+  }
+  rt_.done_cv_.notify_all();
+  if (had_queued) {
+    Fail(CancelledError("mpi: the process exited with collective operations still queued"));
+  }
+  if (failed_) {
+    STRATA_LOG(warn, comm,
+               "mpi: not calling MPI_Finalize after a failure (it could hang on a dead peer or a "
+               "pending operation); the launcher may report that this process exited without it");
+    return;
+  }
+  if (!Goodbye()) {
+    STRATA_LOG(warn, comm,
+               "mpi: not every rank said goodbye (a peer failed or went silent for {} s); not "
+               "calling MPI_Finalize",
+               std::chrono::duration_cast<std::chrono::seconds>(kExitSilence).count());
+    return;
+  }
+  MpiStatus(MPI_Comm_free(&ops_), "MPI_Comm_free", "mpi exit").IgnoreError();
+  MpiStatus(MPI_Comm_free(&beats_), "MPI_Comm_free", "mpi exit").IgnoreError();
+  if (own_mpi_) {
+    const Status finalized = MpiStatus(MPI_Finalize(), "MPI_Finalize", "mpi exit");
+    if (!finalized.ok()) STRATA_LOG(warn, comm, "{}", finalized.ToString());
+  }
+}
+
+bool MpiRuntime::Thread::Goodbye() {
+  // Every peer gets a goodbye (after the heartbeat in flight to it, if any) and sends one; on
+  // one communicator messages from one sender arrive in order, so after its goodbye nothing more
+  // comes from a peer, and no receive is left posted when MPI_Finalize runs.
+  me_.state = kGoodbye;
+  std::vector<bool> sent(static_cast<size_t>(world_), false);
+  for (;;) {
+    const auto now = Clock::now();
+    ReceiveBeats(now);
+    bool done = true;
+    for (int p = 0; p < world_; ++p) {
+      Peer& peer = peers_[static_cast<size_t>(p)];
+      if (p == rank_) continue;
+      if (!peer.error.ok() || peer.last.state == kFailed) return false;
+      if (peer.send != MPI_REQUEST_NULL) {
+        int complete = 0;
+        if (MPI_Test(&peer.send, &complete, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+      }
+      if (!sent[static_cast<size_t>(p)] && peer.send == MPI_REQUEST_NULL) {
+        peer.out = me_;
+        if (MPI_Isend(&peer.out, sizeof(Beat), MPI_BYTE, p, kHeartbeatTag, beats_, &peer.send) !=
+            MPI_SUCCESS) {
+          return false;
+        }
+        sent[static_cast<size_t>(p)] = true;
+      }
+      if (!peer.goodbye) {
+        if (now - peer.heard >= kExitSilence) return false;
+        done = false;
+      }
+      if (!sent[static_cast<size_t>(p)] || peer.send != MPI_REQUEST_NULL) done = false;
+    }
+    if (done) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// ---- the operations ----------------------------------------------------------------------------
+
+Result<void*> MpiRuntime::Thread::Scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    const size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
+    scratch_.reset(new (std::nothrow) float[floats]);
+    scratch_bytes_ = scratch_ != nullptr ? floats * sizeof(float) : 0;
+    if (scratch_ == nullptr) {
+      return ResourceExhaustedError(
+          fmt::format("mpi: cannot allocate {} bytes of staging memory", bytes));
+    }
+  }
+  return static_cast<void*>(scratch_.get());
+}
+
+Status MpiRuntime::Thread::Run(const MpiOp& op) {
+  switch (op.desc.kind) {
+    case OpKind::kAllGather:
+      return RunAllGather(op);
+    case OpKind::kReduceScatter:
+      return RunReduceScatter(op);
+    case OpKind::kAllReduce:
+      return RunAllReduce(op);
+    case OpKind::kBroadcast:
+      return RunBroadcast(op);
+    case OpKind::kBarrier:
+      return RunBarrier(op);
+  }
+  return InternalError(fmt::format("{}: unknown operation", Context(op)));
+}
+
+Status MpiRuntime::Thread::RunBarrier(const MpiOp& op) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  STRATA_RETURN_IF_ERROR(Started(MPI_Ibarrier(ops_, &request), "MPI_Ibarrier", op));
+  return Await(&request, "MPI_Ibarrier", op);
+}
+
+Status MpiRuntime::Thread::RunBroadcast(const MpiOp& op) {
+  auto* buf = static_cast<std::byte*>(op.desc.recv);
+  const size_t bytes = op.desc.count;
+  const size_t chunk = std::max<size_t>(1, op.tuning.max_call_elements);
+  for (size_t offset = 0; offset < bytes; offset += chunk) {
+    const size_t length = std::min(chunk, bytes - offset);
+    MPI_Request request = MPI_REQUEST_NULL;
+    STRATA_RETURN_IF_ERROR(Started(
+        MPI_Ibcast(buf + offset, static_cast<int>(length), MPI_BYTE, op.desc.root, ops_, &request),
+        "MPI_Ibcast", op));
+    STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ibcast", op));
+  }
+  return Status::Ok();
+}
+
+Status MpiRuntime::Thread::RunAllGather(const MpiOp& op) {
+  const OpDesc& d = op.desc;
+  const size_t n = d.count;
+  const size_t elem = device::DTypeSize(d.dtype);
+  const MPI_Datatype type = ElementType(d.dtype);
+  const auto* send = static_cast<const std::byte*>(d.send);
+  auto* recv = static_cast<std::byte*>(d.recv);
+  const auto world = static_cast<size_t>(world_);
+  const auto rank = static_cast<size_t>(rank_);
+
+  if (n <= op.tuning.max_call_elements) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    const void* source = IsInPlace(d, rank_) ? MPI_IN_PLACE : d.send;
+    STRATA_RETURN_IF_ERROR(Started(MPI_Iallgather(source, static_cast<int>(n), type, recv,
+                                                  static_cast<int>(n), type, ops_, &request),
+                                   "MPI_Iallgather", op));
+    return Await(&request, "MPI_Iallgather", op);
+  }
+  // Too many elements for one call: gather piece by piece through scratch, where rank q's piece
+  // sits at q * piece (one rank's piece would be strided in recv).
+  const size_t piece_max =
+      std::max<size_t>(1, std::min(op.tuning.stage_elements * sizeof(float) / (world * elem),
+                                   op.tuning.max_call_elements));
+  STRATA_ASSIGN_OR_RETURN(void* scratch_ptr, Scratch(world * piece_max * elem));
+  auto* scratch = static_cast<std::byte*>(scratch_ptr);
+  for (size_t offset = 0; offset < n; offset += piece_max) {
+    const size_t piece = std::min(piece_max, n - offset);
+    std::memcpy(scratch + rank * piece * elem, send + offset * elem, piece * elem);
+    MPI_Request request = MPI_REQUEST_NULL;
+    STRATA_RETURN_IF_ERROR(Started(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, scratch,
+                                                  static_cast<int>(piece), type, ops_, &request),
+                                   "MPI_Iallgather", op));
+    STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Iallgather", op));
+    for (size_t q = 0; q < world; ++q) {
+      std::memcpy(recv + (q * n + offset) * elem, scratch + q * piece * elem, piece * elem);
+    }
+  }
+  return Status::Ok();
+}
+
+Status MpiRuntime::Thread::RunReduceScatter(const MpiOp& op) {
+  const OpDesc& d = op.desc;
+  const size_t n = d.count;
+  const size_t elem = device::DTypeSize(d.dtype);
+  const auto* send = static_cast<const std::byte*>(d.send);
+  auto* recv = static_cast<std::byte*>(d.recv);
+  const auto world = static_cast<size_t>(world_);
+  const float scale = d.op == ReduceOp::kAvg ? AvgScale(world_) : 1.0f;
+
+  if (d.dtype == device::DType::kF32 && !IsInPlace(d, rank_) && n <= op.tuning.max_call_elements) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    STRATA_RETURN_IF_ERROR(Started(MPI_Ireduce_scatter_block(d.send, d.recv, static_cast<int>(n),
+                                                             MPI_FLOAT, MPI_SUM, ops_, &request),
+                                   "MPI_Ireduce_scatter_block", op));
+    STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ireduce_scatter_block", op));
+    auto* out = static_cast<float*>(d.recv);
+    if (scale != 1.0f) NarrowFromF32(out, scale, out, device::DType::kF32, n);
+    return Status::Ok();
+  }
+  // Staged through fp32 scratch, piece by piece: every rank's part of the piece is widened into
+  // scratch (rank q's at q * piece), reduced in place (the sum lands at the start), then scaled
+  // and rounded once into recv. Used for 16-bit types (exact fp32 sums, one rounding), for the
+  // in-place form (MPI's own in-place form would overwrite the start of send) and for counts
+  // beyond one MPI call.
+  const size_t piece_max =
+      std::max<size_t>(1, std::min(op.tuning.stage_elements / world, op.tuning.max_call_elements));
+  STRATA_ASSIGN_OR_RETURN(void* scratch_ptr, Scratch(world * piece_max * sizeof(float)));
+  auto* scratch = static_cast<float*>(scratch_ptr);
+  for (size_t offset = 0; offset < n; offset += piece_max) {
+    const size_t piece = std::min(piece_max, n - offset);
+    for (size_t q = 0; q < world; ++q) {
+      WidenToF32(send + (q * n + offset) * elem, d.dtype, scratch + q * piece, piece);
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    STRATA_RETURN_IF_ERROR(
+        Started(MPI_Ireduce_scatter_block(MPI_IN_PLACE, scratch, static_cast<int>(piece), MPI_FLOAT,
+                                          MPI_SUM, ops_, &request),
+                "MPI_Ireduce_scatter_block", op));
+    STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ireduce_scatter_block", op));
+    NarrowFromF32(scratch, scale, recv + offset * elem, d.dtype, piece);
+  }
+  return Status::Ok();
+}
+
+Status MpiRuntime::Thread::RunAllReduce(const MpiOp& op) {
+  // A reduce-scatter (each element is summed on exactly one rank) followed by an all-gather of
+  // the results: every rank receives the very same bits, whatever algorithms MPI picks.
+  const OpDesc& d = op.desc;
+  const size_t n = d.count;
+  const size_t elem = device::DTypeSize(d.dtype);
+  const MPI_Datatype type = ElementType(d.dtype);
+  const bool fp32 = d.dtype == device::DType::kF32;
+  const bool in_place = IsInPlace(d, rank_);
+  const auto* send = static_cast<const std::byte*>(d.send);
+  auto* recv = static_cast<std::byte*>(d.recv);
+  const auto world = static_cast<size_t>(world_);
+  const auto rank = static_cast<size_t>(rank_);
+  const float scale = d.op == ReduceOp::kAvg ? AvgScale(world_) : 1.0f;
+
+  // fp32 is reduced in recv itself; 16-bit types are widened into fp32 scratch first.
+  const size_t round_max =
+      fp32 ? std::max<size_t>(1, op.tuning.max_call_elements)
+           : std::max<size_t>(1, std::min(op.tuning.stage_elements, op.tuning.max_call_elements));
+  float* scratch = nullptr;
+  if (!fp32) {
+    STRATA_ASSIGN_OR_RETURN(void* scratch_ptr, Scratch(std::min(round_max, n) * sizeof(float)));
+    scratch = static_cast<float*>(scratch_ptr);
+  }
+  std::vector<int> counts(world);
+  std::vector<int> displs(world);
+  for (size_t offset = 0; offset < n; offset += round_max) {
+    const size_t length = std::min(round_max, n - offset);
+    // Rank q owns counts[q] elements of the round at displs[q] (the first length % world ranks
+    // one more).
+    size_t at = 0;
+    for (size_t q = 0; q < world; ++q) {
+      counts[q] = static_cast<int>(length / world + (q < length % world ? 1 : 0));
+      displs[q] = static_cast<int>(at);
+      at += static_cast<size_t>(counts[q]);
+    }
+    const auto mine = static_cast<size_t>(counts[rank]);
+    const auto my_offset = static_cast<size_t>(displs[rank]);
+    std::byte* round = recv + offset * elem;
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (fp32) {
+      auto* out = reinterpret_cast<float*>(round);
+      if (!in_place) {
+        STRATA_RETURN_IF_ERROR(
+            Started(MPI_Ireduce_scatter(send + offset * elem, out + my_offset, counts.data(),
+                                        MPI_FLOAT, MPI_SUM, ops_, &request),
+                    "MPI_Ireduce_scatter", op));
+        STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ireduce_scatter", op));
+      } else {
+        // In place, MPI leaves this rank's sums at the start of the round; move them home.
+        STRATA_RETURN_IF_ERROR(Started(MPI_Ireduce_scatter(MPI_IN_PLACE, out, counts.data(),
+                                                           MPI_FLOAT, MPI_SUM, ops_, &request),
+                                       "MPI_Ireduce_scatter", op));
+        STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ireduce_scatter", op));
+        if (my_offset != 0 && mine > 0) {
+          std::memmove(out + my_offset, out, mine * sizeof(float));
+        }
+      }
+      if (scale != 1.0f) {
+        NarrowFromF32(out + my_offset, scale, out + my_offset, device::DType::kF32, mine);
+      }
+    } else {
+      WidenToF32(send + offset * elem, d.dtype, scratch, length);
+      STRATA_RETURN_IF_ERROR(Started(MPI_Ireduce_scatter(MPI_IN_PLACE, scratch, counts.data(),
+                                                         MPI_FLOAT, MPI_SUM, ops_, &request),
+                                     "MPI_Ireduce_scatter", op));
+      STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ireduce_scatter", op));
+      NarrowFromF32(scratch, scale, round + my_offset * elem, d.dtype, mine);
+    }
+    STRATA_RETURN_IF_ERROR(
+        Started(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, round, counts.data(),
+                                displs.data(), type, ops_, &request),
+                "MPI_Iallgatherv", op));
+    STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Iallgatherv", op));
+  }
+  return Status::Ok();
+}
+
+// ---- MpiRuntime --------------------------------------------------------------------------------
+
+Result<MpiRuntime*> MpiRuntime::Instance(std::chrono::milliseconds timeout) {
+  std::lock_guard lock(g_instance_mu);
+  if (g_exiting) {
+    return FailedPreconditionError("mpi: the process is exiting; the MPI runtime has shut down");
+  }
+  if (g_instance != nullptr) return g_instance;
+  if (g_start_error != nullptr) return *g_start_error;
+
+  // The logger must exist before the atexit handler is registered, so that it is destroyed
+  // after the handler ran (the handler logs).
+  (void)log::Enabled(log::Subsystem::comm, log::Level::debug);
+  auto runtime = std::unique_ptr<MpiRuntime>(new MpiRuntime());
+  Status started = runtime->Start(timeout);
+  if (!started.ok()) {
+    // MPI cannot be initialised twice in a process: the failure is final.
+    g_start_error = new Status(
+        UnavailableError(fmt::format("the MPI backend cannot start: {}", started.ToString())));
+    return *g_start_error;
+  }
+  if (std::atexit(&MpiRuntime::ShutdownAtExit) != 0) {
+    STRATA_LOG(warn, comm, "mpi: cannot register the exit handler; MPI_Finalize will not run");
+  }
+  g_instance = runtime.release();
+  return g_instance;
+}
+
+Status MpiRuntime::Start(std::chrono::milliseconds timeout) {
+  thread_ = std::make_unique<Thread>(*this);
+  // Shared with the thread, so that the promise outlives its set_value even when this function
+  // has returned by then.
+  auto started = std::make_shared<std::promise<Status>>();
+  std::future<Status> result = started->get_future();
+  try {
+    thread_->thread = std::thread(
+        [thread = thread_.get(), timeout, started] { thread->Main(timeout, started.get()); });
+  } catch (const std::system_error& e) {
+    return ResourceExhaustedError(fmt::format("mpi: cannot start the MPI thread: {}", e.what()));
+  }
+  Status status = result.get();
+  if (!status.ok()) thread_->thread.join();
+  return status;
+}
+
+void MpiRuntime::ShutdownAtExit() {
+  MpiRuntime* runtime = nullptr;
+  {
+    std::lock_guard lock(g_instance_mu);
+    g_exiting = true;
+    runtime = g_instance;
+  }
+  if (runtime != nullptr) runtime->Stop();
+}
+
+void MpiRuntime::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  stopping_.store(true, std::memory_order_release);
+  work_cv_.notify_all();
+  if (thread_ != nullptr && thread_->thread.joinable()) thread_->thread.join();
+}
+
+Status MpiRuntime::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+Status MpiRuntime::Submit(std::shared_ptr<MpiOp> op, device::Device* device,
+                          device::Stream* stream) {
+  std::lock_guard submit_lock(submit_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_.ok()) return failure_;
+    if (stop_) return FailedPreconditionError("mpi: the process is exiting");
+  }
+  op->seq = next_seq_ + 1;
+  op->name = fmt::format("mpi {}", DescribeOp(op->desc, op->seq));
+  Status notified;
+  if (device != nullptr) {
+    STRATA_RETURN_IF_ERROR(device->HostTask(
+        *stream, [this, op] { return StreamTask(*op); }, op->name));
+    // Only a device failure (sticky error) makes this fail now; the op is then queued cancelled
+    // (unless its host task already ran), so that the host task does not wait forever.
+    notified =
+        device->Notify(*stream, [this, op](const Status& status) { StreamDone(*op, status); });
+  }
+  ++next_seq_;
+  {
+    std::lock_guard lock(mu_);
+    if (device == nullptr) {
+      op->state = MpiOp::State::kReady;
+    } else if (!notified.ok() && op->state == MpiOp::State::kQueued) {
+      op->state = MpiOp::State::kCancelled;
+      op->cancel_reason = notified;
+    }
+    queue_.push_back(std::move(op));
+  }
+  work_cv_.notify_all();
+  return notified;
+}
+
+Status MpiRuntime::RunNow(std::shared_ptr<MpiOp> op) {
+  STRATA_RETURN_IF_ERROR(Submit(op, nullptr, nullptr));
+  std::unique_lock lock(mu_);
+  done_cv_.wait(lock, [&] { return op->state == MpiOp::State::kDone; });
+  return op->result;
+}
+
+Status MpiRuntime::StreamTask(MpiOp& op) {
+  std::unique_lock lock(mu_);
+  if (op.state == MpiOp::State::kQueued) {
+    op.state = MpiOp::State::kReady;
+    work_cv_.notify_all();
+  }
+  done_cv_.wait(lock, [&] { return op.state == MpiOp::State::kDone; });
+  return op.result;
+}
+
+void MpiRuntime::StreamDone(MpiOp& op, const Status& device_status) {
+  std::lock_guard lock(mu_);
+  if (op.state != MpiOp::State::kQueued) return;
+  op.state = MpiOp::State::kCancelled;
+  op.cancel_reason =
+      device_status.ok() ? InternalError("its host task did not run") : device_status;
+  work_cv_.notify_all();
+}
+
+}  // namespace strata::comm::internal

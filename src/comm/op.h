@@ -1,0 +1,73 @@
+// What the Collective backends share: one plain description of an operation (OpDesc), its
+// argument checks, its name in messages and traces, and the host loops that stage 16-bit values
+// through fp32 for a reduction.
+//
+// The arithmetic contract, the same on every backend:
+//   - sum: the fp32 sum over ranks (in an order the backend chooses), rounded once to `dtype`.
+//   - avg: that fp32 sum times kAvgScale(world) = 1.0f / world (the reciprocal rounded to fp32),
+//     then rounded once to `dtype`. With world size 1 both are the identity.
+// 16-bit inputs are widened to fp32 exactly, so a bf16 / fp16 reduction rounds exactly once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "strata/collective.h"
+#include "strata/device.h"
+#include "strata/status.h"
+
+namespace strata::comm::internal {
+
+enum class OpKind : uint8_t { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
+std::string_view OpKindName(OpKind kind);  // "all-gather", "reduce-scatter", ...
+
+// One collective call's arguments, exactly as the caller gave them.
+struct OpDesc {
+  OpKind kind = OpKind::kBarrier;
+  const void* send = nullptr;  // AllGather, ReduceScatter, AllReduce
+  void* recv = nullptr;        // AllGather, ReduceScatter, AllReduce; Broadcast's buffer
+  size_t count = 0;  // elements (per rank for AllGather / ReduceScatter); bytes for Broadcast
+  device::DType dtype = device::DType::kF32;  // not used by Broadcast and Barrier
+  ReduceOp op = ReduceOp::kSum;               // ReduceScatter and AllReduce
+  int root = 0;                               // Broadcast
+};
+
+// InvalidArgument (naming `backend`, the operation and the argument) unless the arguments fit
+// the contract of strata/collective.h for a world of `world` ranks of which this is `rank`:
+// known dtype and op, non-null and dtype-aligned buffers when count > 0, no size overflow, a
+// root in [0, world), and buffers that are either disjoint or exactly in place:
+//   AllGather      send == recv + rank * count
+//   ReduceScatter  recv == send + rank * count
+//   AllReduce      send == recv
+Status ValidateOp(std::string_view backend, const OpDesc& desc, int rank, int world);
+
+// True when the operation moves no data (count 0; Barrier is never empty).
+bool IsEmpty(const OpDesc& desc);
+// True for the in-place forms listed above.
+bool IsInPlace(const OpDesc& desc, int rank);
+
+// "all-reduce #12 (1000003 x bf16, avg)", "broadcast #3 (4096 B from rank 1)", "barrier #7".
+std::string DescribeOp(const OpDesc& desc, uint64_t seq);
+
+// The name of the operation's trace event: "all-reduce bf16", "broadcast", "barrier" (the
+// sequence number and size go into the event's arguments).
+std::string TraceName(const OpDesc& desc);
+
+// The bytes an operation touches in its largest buffer (the number traces report): the gathered
+// or scattered whole for AllGather / ReduceScatter, the buffer for AllReduce / Broadcast, 0 for
+// Barrier.
+uint64_t OpBytes(const OpDesc& desc, int world);
+
+// 1.0f / world, the factor of kAvg.
+inline float AvgScale(int world) {
+  return 1.0f / static_cast<float>(world);
+}
+
+// dst[i] = fp32 value of src[i] (src of `dtype`).
+void WidenToF32(const void* src, device::DType dtype, float* dst, size_t n);
+// dst[i] = src[i] * scale rounded to `dtype` (scale 1.0f leaves fp32 values untouched).
+void NarrowFromF32(const float* src, float scale, void* dst, device::DType dtype, size_t n);
+
+}  // namespace strata::comm::internal

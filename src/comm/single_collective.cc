@@ -1,0 +1,82 @@
+#include "comm/single_collective.h"
+
+#include <utility>
+
+#include "strata/trace.h"
+
+namespace strata::comm::internal {
+
+SingleCollective::SingleCollective(device::Device& device, const CollectiveOptions& options)
+    : device_(device),
+      trace_(options.trace),
+      track_(options.trace != nullptr ? options.trace->Track("comm") : 0) {}
+
+Status SingleCollective::Run(const OpDesc& desc, device::Stream& stream) {
+  STRATA_RETURN_IF_ERROR(ValidateOp("single", desc, /*rank=*/0, /*world=*/1));
+  if (IsEmpty(desc)) return Status::Ok();
+  const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const bool copies = desc.kind == OpKind::kAllGather || desc.kind == OpKind::kReduceScatter ||
+                      desc.kind == OpKind::kAllReduce;
+
+  auto start_ns = std::make_shared<std::atomic<int64_t>>(0);
+  if (trace_ != nullptr) {
+    STRATA_RETURN_IF_ERROR(device_.Notify(stream, [start_ns](const Status&) {
+      start_ns->store(TraceRecorder::NowNs(), std::memory_order_relaxed);
+    }));
+  }
+  if (copies && !IsInPlace(desc, /*rank=*/0)) {
+    STRATA_RETURN_IF_ERROR(device_.CopyAsync(desc.recv, desc.send,
+                                             desc.count * device::DTypeSize(desc.dtype),
+                                             device::CopyKind::kDeviceToDevice, stream));
+  }
+  if (trace_ != nullptr) {
+    STRATA_RETURN_IF_ERROR(device_.Notify(stream, [trace = trace_, track = track_, start_ns,
+                                                   name = TraceName(desc), seq,
+                                                   bytes = OpBytes(desc, 1)](const Status&) {
+      const int64_t end = TraceRecorder::NowNs();
+      const int64_t start = start_ns->load(std::memory_order_relaxed);
+      trace->Complete(track, name, "comm", start != 0 ? start : end, end,
+                      {{"bytes", static_cast<double>(bytes)}, {"seq", static_cast<double>(seq)}});
+    }));
+  }
+  return Status::Ok();
+}
+
+Status SingleCollective::AllGather(const void* send, void* recv, size_t count, device::DType dtype,
+                                   device::Stream& stream) {
+  return Run(
+      {.kind = OpKind::kAllGather, .send = send, .recv = recv, .count = count, .dtype = dtype},
+      stream);
+}
+
+Status SingleCollective::ReduceScatter(const void* send, void* recv, size_t count,
+                                       device::DType dtype, ReduceOp op, device::Stream& stream) {
+  return Run({.kind = OpKind::kReduceScatter,
+              .send = send,
+              .recv = recv,
+              .count = count,
+              .dtype = dtype,
+              .op = op},
+             stream);
+}
+
+Status SingleCollective::AllReduce(const void* send, void* recv, size_t count, device::DType dtype,
+                                   ReduceOp op, device::Stream& stream) {
+  return Run({.kind = OpKind::kAllReduce,
+              .send = send,
+              .recv = recv,
+              .count = count,
+              .dtype = dtype,
+              .op = op},
+             stream);
+}
+
+Status SingleCollective::Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) {
+  return Run({.kind = OpKind::kBroadcast, .recv = buf, .count = bytes, .root = root}, stream);
+}
+
+Status SingleCollective::Barrier(device::Stream& stream) {
+  return Run({.kind = OpKind::kBarrier}, stream);
+}
+
+}  // namespace strata::comm::internal

@@ -1,0 +1,47 @@
+// The single-rank backend: the Collective of a world of one process, on any device.
+//
+// With one rank every operation's result is its input: AllGather, ReduceScatter and AllReduce
+// are one device-to-device copy from send to recv (nothing when in place; kAvg divides by 1, the
+// identity), Broadcast (root 0) and Barrier enqueue nothing. Stream order holds trivially: the
+// copy is stream work like any other. Arguments are checked exactly as the other backends check
+// them, so code written against this backend is valid for the others.
+//
+// Traces: each operation is recorded on the track "comm" from the moment the stream reaches it to
+// the moment it completed (two Notify calls, only when a recorder is attached).
+#pragma once
+
+#include <atomic>
+#include <memory>
+
+#include "comm/op.h"
+#include "strata/collective.h"
+
+namespace strata::comm::internal {
+
+class SingleCollective final : public Collective {
+ public:
+  SingleCollective(device::Device& device, const CollectiveOptions& options);
+
+  Backend backend() const override { return Backend::kSingle; }
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+
+  Status AllGather(const void* send, void* recv, size_t count, device::DType dtype,
+                   device::Stream& stream) override;
+  Status ReduceScatter(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
+                       device::Stream& stream) override;
+  Status AllReduce(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
+                   device::Stream& stream) override;
+  Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) override;
+  Status Barrier(device::Stream& stream) override;
+
+ private:
+  Status Run(const OpDesc& desc, device::Stream& stream);
+
+  device::Device& device_;
+  TraceRecorder* const trace_;
+  const uint32_t track_;
+  std::atomic<uint64_t> seq_{0};
+};
+
+}  // namespace strata::comm::internal

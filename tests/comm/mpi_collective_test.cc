@@ -1,0 +1,417 @@
+// The MPI backend with several ranks. Every rank runs this whole binary under mpirun (ctest:
+// comm_mpi_np2, comm_mpi_np4), so every test enqueues the same collectives in the same order on
+// every rank. Inputs are functions of (rank, index), so each rank computes the expected result
+// locally; fp32 sums of the inputs are exact, so the expectation does not depend on the order in
+// which MPI adds.
+//
+//   mpirun -n 4 --oversubscribe build/<dir>/tests/comm/strata_comm_mpi_tests
+#include "comm/mpi_collective.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "comm/comm_test_util.h"
+#include "strata/collective.h"
+#include "strata/device.h"
+#include "strata/trace.h"
+
+namespace strata::comm {
+namespace {
+
+using device::DType;
+using testing::ExactSum;
+using testing::ExpectedBits;
+using testing::InputValue;
+using testing::LoadBits;
+using testing::StoreValue;
+
+// Generous: a failure on one rank should fail the others instead of hanging the test, but a
+// slow, oversubscribed machine must not trip it.
+constexpr auto kTimeout = std::chrono::seconds(60);
+
+class MpiFixture {
+ protected:
+  void Open(const internal::MpiTuning& tuning = {}) {
+    device::DeviceOptions options;
+    options.memory_budget = uint64_t{1} << 30;
+    ASSERT_OK_AND_ASSIGN(device_, device::CreateDevice(options));
+    ASSERT_OK_AND_ASSIGN(a_, device_->CreateStream("comm-a"));
+    ASSERT_OK_AND_ASSIGN(b_, device_->CreateStream("comm-b"));
+    CollectiveOptions collective_options;
+    collective_options.timeout = kTimeout;
+    collective_options.trace = &trace_;
+    ASSERT_OK_AND_ASSIGN(collective_, internal::CreateMpiCollective(*device_, collective_options,
+                                                                    DetectLaunch(), tuning));
+    rank_ = collective_->rank();
+    world_ = collective_->world_size();
+  }
+  void Close() {
+    if (a_ != nullptr) EXPECT_OK(device_->Synchronize(*a_));
+    if (b_ != nullptr) EXPECT_OK(device_->Synchronize(*b_));
+    collective_.reset();
+    a_.reset();
+    b_.reset();
+    for (void* p : allocations_)
+      device_->Free(p);
+    allocations_.clear();
+  }
+
+  // Device memory of n elements, zeroed.
+  void* Buffer(size_t n, DType dtype) {
+    auto ptr = device_->Alloc(std::max<size_t>(1, n * device::DTypeSize(dtype)));
+    EXPECT_TRUE(ptr.ok()) << ptr.status().ToString();
+    if (!ptr.ok()) return nullptr;
+    allocations_.push_back(*ptr);
+    std::memset(*ptr, 0, n * device::DTypeSize(dtype));
+    return *ptr;
+  }
+  // Element j of `buffer` = InputValue(rank, index_base + j) for j < n.
+  static void FillInput(void* buffer, DType dtype, size_t n, int rank, size_t index_base = 0) {
+    for (size_t j = 0; j < n; ++j)
+      StoreValue(buffer, dtype, j, InputValue(rank, index_base + j));
+  }
+
+  TraceRecorder trace_;
+  std::unique_ptr<device::Device> device_;
+  std::unique_ptr<device::Stream> a_, b_;
+  std::unique_ptr<Collective> collective_;
+  std::vector<void*> allocations_;
+  int rank_ = 0;
+  int world_ = 1;
+};
+
+// ---- each operation, each dtype and op, in place or not, small to large, chunked or not ---------
+
+struct Size {
+  size_t count;
+  bool chunked;  // a tiny MpiTuning, so that the op is cut into many MPI calls and staged rounds
+};
+void PrintTo(const Size& size, std::ostream* os) {
+  *os << size.count << (size.chunked ? " chunked" : "");
+}
+
+internal::MpiTuning TuningFor(const Size& size) {
+  internal::MpiTuning tuning;
+  if (size.chunked) {
+    tuning.stage_elements = 1000;
+    tuning.max_call_elements = 777;
+  }
+  return tuning;
+}
+
+using OpParam = std::tuple<DType, ReduceOp, bool /*in_place*/, Size>;
+
+std::string OpParamName(const ::testing::TestParamInfo<OpParam>& info) {
+  const auto& [dtype, op, in_place, size] = info.param;
+  return fmt::format("{}_{}_{}_{}{}", device::DTypeName(dtype), ReduceOpName(op),
+                     in_place ? "inplace" : "outofplace", size.count,
+                     size.chunked ? "_chunked" : "");
+}
+
+class MpiOpTest : public MpiFixture, public ::testing::TestWithParam<OpParam> {
+ protected:
+  void SetUp() override { Open(TuningFor(std::get<3>(GetParam()))); }
+  void TearDown() override { Close(); }
+};
+
+TEST_P(MpiOpTest, AllReduce) {
+  const auto& [dtype, op, in_place, size] = GetParam();
+  const size_t n = size.count;
+  void* send = Buffer(n, dtype);
+  void* recv = in_place ? send : Buffer(n, dtype);
+  FillInput(send, dtype, n, rank_);
+  ASSERT_OK(collective_->AllReduce(send, recv, n, dtype, op, *a_));
+  ASSERT_OK(device_->Synchronize(*a_));
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(LoadBits(recv, dtype, i), ExpectedBits(dtype, ExactSum(i, world_), op, world_))
+        << "element " << i << " on rank " << rank_;
+  }
+  if (!in_place) {  // send is untouched
+    for (size_t i = 0; i < n; i += 997) {
+      ASSERT_EQ(LoadBits(send, dtype, i),
+                ExpectedBits(dtype, InputValue(rank_, i), ReduceOp::kSum, 1));
+    }
+  }
+}
+
+TEST_P(MpiOpTest, ReduceScatter) {
+  const auto& [dtype, op, in_place, size] = GetParam();
+  const size_t n = size.count;  // per rank
+  const size_t whole = n * static_cast<size_t>(world_);
+  const size_t elem = device::DTypeSize(dtype);
+  void* send = Buffer(whole, dtype);
+  FillInput(send, dtype, whole, rank_);
+  void* recv = in_place ? static_cast<std::byte*>(send) + static_cast<size_t>(rank_) * n * elem
+                        : Buffer(n, dtype);
+  ASSERT_OK(collective_->ReduceScatter(send, recv, n, dtype, op, *a_));
+  ASSERT_OK(device_->Synchronize(*a_));
+  const size_t base = static_cast<size_t>(rank_) * n;
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(LoadBits(recv, dtype, i), ExpectedBits(dtype, ExactSum(base + i, world_), op, world_))
+        << "element " << i << " on rank " << rank_;
+  }
+  if (in_place) {  // the other ranks' parts of send are untouched
+    for (size_t i = 0; i < whole; i += 991) {
+      if (i / n == static_cast<size_t>(rank_)) continue;
+      ASSERT_EQ(LoadBits(send, dtype, i),
+                ExpectedBits(dtype, InputValue(rank_, i), ReduceOp::kSum, 1));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, MpiOpTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                       ::testing::Values(ReduceOp::kSum, ReduceOp::kAvg), ::testing::Bool(),
+                       ::testing::Values(Size{1, false}, Size{1000003, false}, Size{10007, true})),
+    OpParamName);
+
+using GatherParam = std::tuple<DType, bool /*in_place*/, Size>;
+
+std::string GatherParamName(const ::testing::TestParamInfo<GatherParam>& info) {
+  const auto& [dtype, in_place, size] = info.param;
+  return fmt::format("{}_{}_{}{}", device::DTypeName(dtype), in_place ? "inplace" : "outofplace",
+                     size.count, size.chunked ? "_chunked" : "");
+}
+
+class MpiAllGatherTest : public MpiFixture, public ::testing::TestWithParam<GatherParam> {
+ protected:
+  void SetUp() override { Open(TuningFor(std::get<2>(GetParam()))); }
+  void TearDown() override { Close(); }
+};
+
+TEST_P(MpiAllGatherTest, AllGather) {
+  const auto& [dtype, in_place, size] = GetParam();
+  const size_t n = size.count;
+  const size_t elem = device::DTypeSize(dtype);
+  void* recv = Buffer(n * static_cast<size_t>(world_), dtype);
+  void* send = in_place ? static_cast<std::byte*>(recv) + static_cast<size_t>(rank_) * n * elem
+                        : Buffer(n, dtype);
+  // Rank r contributes InputValue(r, r * n + j), so the gathered whole is InputValue(q, i) at i.
+  FillInput(send, dtype, n, rank_, static_cast<size_t>(rank_) * n);
+  ASSERT_OK(collective_->AllGather(send, recv, n, dtype, *a_));
+  ASSERT_OK(device_->Synchronize(*a_));
+  for (size_t i = 0; i < n * static_cast<size_t>(world_); ++i) {
+    const int q = static_cast<int>(i / n);
+    ASSERT_EQ(LoadBits(recv, dtype, i), ExpectedBits(dtype, InputValue(q, i), ReduceOp::kSum, 1))
+        << "element " << i << " on rank " << rank_;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, MpiAllGatherTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16), ::testing::Bool(),
+                       ::testing::Values(Size{1, false}, Size{1000003, false}, Size{10007, true})),
+    GatherParamName);
+
+// ---- the rest ----------------------------------------------------------------------------------
+
+class MpiCollectiveTest : public MpiFixture, public ::testing::Test {
+ protected:
+  void SetUp() override { Open(); }
+  void TearDown() override { Close(); }
+};
+
+TEST_F(MpiCollectiveTest, RankAndWorldComeFromTheLauncher) {
+  const LaunchInfo launch = DetectLaunch();
+  EXPECT_EQ(collective_->backend(), Backend::kMpi);
+  EXPECT_EQ(rank_, launch.rank);
+  EXPECT_EQ(world_, launch.world_size);
+  EXPECT_GE(world_, 2) << "run this binary under mpirun with at least 2 ranks";
+}
+
+TEST_F(MpiCollectiveTest, AllReduceGivesEveryRankTheSameBits) {
+  // Random inputs whose sums round (unlike the exact inputs above): the result depends on the
+  // order of the additions, and every rank must still get the very same bits.
+  constexpr size_t kCount = 300007;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(device::DTypeName(dtype));
+    void* data = Buffer(kCount, dtype);
+    std::mt19937 random(1234 + static_cast<unsigned>(rank_));
+    std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> exponent(-20, 20);
+    for (size_t i = 0; i < kCount; ++i)
+      StoreValue(data, dtype, i, std::ldexp(mantissa(random), exponent(random)));
+    ASSERT_OK(collective_->AllReduce(data, data, kCount, dtype, ReduceOp::kSum, *a_));
+    // Gather every rank's result and compare them bit for bit.
+    const size_t elem = device::DTypeSize(dtype);
+    void* all = Buffer(kCount * static_cast<size_t>(world_), dtype);
+    ASSERT_OK(collective_->AllGather(data, all, kCount, dtype, *a_));
+    ASSERT_OK(device_->Synchronize(*a_));
+    for (int q = 0; q < world_; ++q) {
+      ASSERT_EQ(std::memcmp(static_cast<std::byte*>(all) + static_cast<size_t>(q) * kCount * elem,
+                            data, kCount * elem),
+                0)
+          << "rank " << q << "'s result differs from rank " << rank_ << "'s";
+    }
+  }
+}
+
+TEST_F(MpiCollectiveTest, BroadcastFromEveryRoot) {
+  for (size_t bytes : {size_t{1}, size_t{4099}, (size_t{1} << 20) + 3}) {
+    auto* buffer = static_cast<uint8_t*>(Buffer(bytes, DType::kBF16));  // 2x the bytes: plenty
+    for (int root = 0; root < world_; ++root) {
+      SCOPED_TRACE(fmt::format("{} bytes from rank {}", bytes, root));
+      for (size_t i = 0; i < bytes; ++i)
+        buffer[i] = static_cast<uint8_t>(rank_ == root ? (i * 7 + root * 13) : 0xee);
+      ASSERT_OK(collective_->Broadcast(buffer, bytes, root, *a_));
+      ASSERT_OK(device_->Synchronize(*a_));
+      for (size_t i = 0; i < bytes; ++i) {
+        ASSERT_EQ(buffer[i], static_cast<uint8_t>(i * 7 + root * 13)) << i;
+      }
+      EXPECT_EQ(buffer[bytes], 0) << "a byte past the broadcast changed";
+    }
+  }
+}
+
+TEST_F(MpiCollectiveTest, BarrierWaitsForEveryRank) {
+  // Rank r reaches the barrier (world - 1 - r) * 100 ms late; nobody may leave it before the
+  // last one arrived. Times are steady_clock nanoseconds, comparable across processes of one
+  // machine, exchanged as raw bytes with an all-gather.
+  auto* times = static_cast<int64_t*>(Buffer(2 * static_cast<size_t>(world_), DType::kF32));
+  auto* mine = static_cast<int64_t*>(Buffer(2, DType::kF32));  // fp32 x 2 = one int64
+  auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  int64_t arrived = 0;
+  int64_t left = 0;
+  ASSERT_OK(device_->HostTask(
+      *a_,
+      [&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100 * (world_ - 1 - rank_)));
+        arrived = now_ns();
+        *mine = arrived;
+        return Status::Ok();
+      },
+      "arrive"));
+  ASSERT_OK(collective_->Barrier(*a_));
+  ASSERT_OK(device_->HostTask(
+      *a_,
+      [&] {
+        left = now_ns();
+        return Status::Ok();
+      },
+      "leave"));
+  ASSERT_OK(collective_->AllGather(mine, times, 2, DType::kF32, *a_));
+  ASSERT_OK(device_->Synchronize(*a_));
+  for (int q = 0; q < world_; ++q) {
+    EXPECT_LE(times[q], left) << "rank " << q << " arrived after rank " << rank_ << " left";
+  }
+  EXPECT_EQ(times[rank_], arrived);
+}
+
+TEST_F(MpiCollectiveTest, ManyOperationsOnTwoStreamsFollowEnqueueOrder) {
+  // 200 all-reduces alternating between two streams, each on its own buffer. Rank-dependent
+  // delays on one stream make the streams reach their operations in a different order on each
+  // rank; the backend must still run them in enqueue order everywhere (or it deadlocks or mixes
+  // buffers up).
+  constexpr int kOps = 200;
+  constexpr size_t kCount = 257;
+  std::vector<float*> buffers;
+  for (int k = 0; k < kOps; ++k) {
+    buffers.push_back(static_cast<float*>(Buffer(kCount, DType::kF32)));
+  }
+  for (int k = 0; k < kOps; ++k) {
+    device::Stream& stream = k % 2 == 0 ? *a_ : *b_;
+    if (k % 40 == (rank_ % 2 == 0 ? 0 : 1)) {
+      ASSERT_OK(device_->HostTask(
+          stream,
+          [] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            return Status::Ok();
+          },
+          "delay"));
+    }
+    ASSERT_OK(
+        device_->Fill(buffers[k], DType::kF32, static_cast<float>(k * 16 + rank_), kCount, stream));
+    const ReduceOp op = k % 3 == 0 ? ReduceOp::kAvg : ReduceOp::kSum;
+    ASSERT_OK(collective_->AllReduce(buffers[k], buffers[k], kCount, DType::kF32, op, stream));
+  }
+  ASSERT_OK(device_->Synchronize(*a_));
+  ASSERT_OK(device_->Synchronize(*b_));
+  for (int k = 0; k < kOps; ++k) {
+    float sum = 0.0f;
+    for (int r = 0; r < world_; ++r)
+      sum += static_cast<float>(k * 16 + r);
+    const float expected = k % 3 == 0 ? sum * (1.0f / static_cast<float>(world_)) : sum;
+    ASSERT_EQ(buffers[k][0], expected) << "operation " << k;
+    ASSERT_EQ(buffers[k][kCount - 1], expected) << "operation " << k;
+  }
+}
+
+TEST_F(MpiCollectiveTest, AnOperationSeesEarlierStreamWorkAndLaterWorkSeesItsResult) {
+  constexpr size_t kCount = 100000;
+  auto* x = static_cast<float*>(Buffer(kCount, DType::kF32));
+  auto* y = static_cast<float*>(Buffer(kCount, DType::kF32));
+  // Stream b produces x; stream a waits for it (an event), reduces it, and scales the result.
+  ASSERT_OK_AND_ASSIGN(auto produced, device_->CreateEvent());
+  ASSERT_OK(device_->HostTask(
+      *b_,
+      [] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return Status::Ok();
+      },
+      "slow producer"));
+  ASSERT_OK(device_->Fill(x, DType::kF32, static_cast<float>(rank_ + 1), kCount, *b_));
+  ASSERT_OK(device_->Record(*produced, *b_));
+  ASSERT_OK(device_->Wait(*a_, *produced));
+  ASSERT_OK(collective_->AllReduce(x, y, kCount, DType::kF32, ReduceOp::kSum, *a_));
+  ASSERT_OK(device_->Scale(y, DType::kF32, 2.0f, kCount, *a_));
+  ASSERT_OK(device_->Synchronize(*a_));
+  const float expected = static_cast<float>(world_ * (world_ + 1));  // 2 * sum of 1..world
+  EXPECT_EQ(y[0], expected);
+  EXPECT_EQ(y[kCount - 1], expected);
+}
+
+TEST_F(MpiCollectiveTest, TwoCollectivesShareOneOrder) {
+  CollectiveOptions options;
+  options.timeout = kTimeout;
+  ASSERT_OK_AND_ASSIGN(auto second, CreateCollective(*device_, options));
+  EXPECT_EQ(second->backend(), Backend::kMpi);
+  auto* x = static_cast<float*>(Buffer(64, DType::kF32));
+  auto* y = static_cast<float*>(Buffer(64, DType::kF32));
+  for (int k = 0; k < 10; ++k) {
+    ASSERT_OK(device_->Fill(x, DType::kF32, 1.0f, 64, *a_));
+    ASSERT_OK(device_->Fill(y, DType::kF32, 2.0f, 64, *b_));
+    ASSERT_OK(collective_->AllReduce(x, x, 64, DType::kF32, ReduceOp::kSum, *a_));
+    ASSERT_OK(second->AllReduce(y, y, 64, DType::kF32, ReduceOp::kSum, *b_));
+  }
+  ASSERT_OK(device_->Synchronize(*a_));
+  ASSERT_OK(device_->Synchronize(*b_));
+  EXPECT_EQ(x[63], static_cast<float>(world_));
+  EXPECT_EQ(y[63], 2.0f * static_cast<float>(world_));
+}
+
+TEST_F(MpiCollectiveTest, RecordsOperationsOnTheCommTrack) {
+  auto* x = static_cast<float*>(Buffer(1024, DType::kF32));
+  ASSERT_OK(collective_->AllReduce(x, x, 1024, DType::kF32, ReduceOp::kSum, *a_));
+  ASSERT_OK(collective_->Barrier(*a_));
+  ASSERT_OK(device_->Synchronize(*a_));
+  const auto names = trace_.TrackNames();
+  std::vector<std::string> comm;
+  for (const TraceEvent& event : trace_.Events()) {
+    if (names.at(event.track) == "comm") comm.push_back(event.name);
+  }
+  EXPECT_EQ(comm, (std::vector<std::string>{"all-reduce fp32", "barrier"}));
+}
+
+TEST_F(MpiCollectiveTest, RootOutsideTheWorldIsInvalid) {
+  auto* x = Buffer(16, DType::kF32);
+  EXPECT_EQ(collective_->Broadcast(x, 16, world_, *a_).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::comm
