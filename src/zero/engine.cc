@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 
 #include "common/log.h"
 #include "device/pinned_pool.h"
@@ -198,10 +199,13 @@ struct Engine::Impl {
   std::unique_ptr<offload::TierManager> otm;
   std::vector<std::vector<SubGroup>> subgroups;  // per unit
 
-  // Gathered buffers in flight (stage 3), freed by Notify once compute used them.
+  // Transient device buffers (stage-3 gathered units, per-unit gradients): at most
+  // max_live_bytes of them exist at once; each is freed by a Notify once its last stream used it.
+  // `owned` holds those not yet handed to a Notify, for clean-up after a failed step.
   std::mutex live_mu;
   std::condition_variable live_cv;
   uint64_t live_bytes = 0;
+  std::unordered_map<void*, uint64_t> owned;
 
   // Compute-stream clock: what ran when, to tell exposed waits from hidden ones.
   std::atomic<uint64_t> compute_done{0};
@@ -213,6 +217,7 @@ struct Engine::Impl {
   struct Job {
     int unit = 0;
     std::shared_ptr<device::Event> grads_ready;  // grad shard final on the host
+    optim::AdamHyper hyper;                      // this job's own copy (no sharing with Step)
   };
   std::thread opt_thread;
   std::mutex opt_mu;
@@ -221,12 +226,13 @@ struct Engine::Impl {
   int opt_pending = 0;
   bool opt_stop = false;
   Status opt_error;
-  optim::AdamHyper step_hyper;  // set before jobs of a step are queued
+  optim::AdamHyper step_hyper;  // the driving thread's; jobs get copies
   int64_t optimizer_ns = 0;     // total optimizer work this step (guarded by opt_mu)
 
   std::optional<optim::LrSchedule> lr;
   std::optional<optim::LossScaler> scaler;
   int64_t steps_taken = 0;
+  bool in_step = false;  // between the scheduler's BeginStep and EndStep
   optim::Isa isa = optim::Isa::kScalar;
 
   Impl(Model& m, EngineOptions o)
@@ -245,15 +251,19 @@ struct Engine::Impl {
   // Parameters for use by compute.
   Result<UnitView> AcquireParams(int u, std::string_view owner, int64_t* io_wait_ns);
   Status ReleaseParams(int u, const UnitView& view);
-  Status FreeAfterCompute(void* ptr, uint64_t bytes);
+  Result<void*> AllocLive(uint64_t bytes);
+  Status FreeLiveAfter(device::Stream& stream, void* ptr);
+  void CleanUpFailedStep();
+  Result<StepResult> StepImpl(std::span<const Batch* const> micro_batches);
   Status ReduceGrads(int u, void* grads, int mb, bool last);
   Status LandGradShard(int u, const void* dev_shard, int mb);
 
   // Optimizer.
   Status DeviceOptimizerStep(int u);
-  Status CpuOptimizerUnit(int u);
+  Status CpuOptimizerUnit(int u, const optim::AdamHyper& hyper);
   void OptimizerThread();
-  Status QueueOptimizer(int u, std::shared_ptr<device::Event> ready);
+  Status QueueOptimizer(int u, std::shared_ptr<device::Event> ready,
+                        const optim::AdamHyper& hyper);
   Status WaitOptimizer(int64_t* waited_ns);
   Result<double> LocalGradSumSquares();
   Result<float> AllReduceHostFloat(float value);
@@ -323,8 +333,36 @@ double Engine::Impl::ExposedSince(int64_t t0_ns) const {
   return now > idle_from ? Seconds(now - idle_from) : 0.0;
 }
 
-Status Engine::Impl::FreeAfterCompute(void* ptr, uint64_t bytes) {
-  return dev.Notify(*compute, [this, ptr, bytes](const Status&) {
+// Waits until `bytes` more fit under max_live_bytes (or nothing is live: one buffer larger than
+// the bound still goes through), then allocates them on the device.
+Result<void*> Engine::Impl::AllocLive(uint64_t bytes) {
+  {
+    std::unique_lock<std::mutex> lock(live_mu);
+    live_cv.wait(lock, [&] { return live_bytes == 0 || live_bytes + bytes <= max_live_bytes; });
+    live_bytes += bytes;
+  }
+  Result<void*> p = dev.Alloc(bytes);
+  std::lock_guard<std::mutex> lock(live_mu);
+  if (!p.ok()) {
+    live_bytes -= bytes;
+    live_cv.notify_all();
+    return p.status();
+  }
+  owned.emplace(*p, bytes);
+  return p;
+}
+
+// Frees a buffer from AllocLive once the work enqueued on `stream` so far has run.
+Status Engine::Impl::FreeLiveAfter(device::Stream& stream, void* ptr) {
+  uint64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(live_mu);
+    auto it = owned.find(ptr);
+    if (it == owned.end()) return InternalError("FreeLiveAfter: not a live buffer");
+    bytes = it->second;
+    owned.erase(it);
+  }
+  Status st = dev.Notify(stream, [this, ptr, bytes](const Status&) {
     dev.Free(ptr);
     {
       std::lock_guard<std::mutex> lock(live_mu);
@@ -332,6 +370,40 @@ Status Engine::Impl::FreeAfterCompute(void* ptr, uint64_t bytes) {
     }
     live_cv.notify_all();
   });
+  if (!st.ok()) {  // not enqueued: take it back so the clean-up frees it
+    std::lock_guard<std::mutex> lock(live_mu);
+    owned.emplace(ptr, bytes);
+  }
+  return st;
+}
+
+// After a failed step: no optimizer work may outlive TrainStep, and no transient buffer may leak.
+void Engine::Impl::CleanUpFailedStep() {
+  {
+    std::unique_lock<std::mutex> lock(opt_mu);
+    opt_pending -= static_cast<int>(opt_queue.size());
+    opt_queue.clear();
+    opt_cv.wait(lock, [&] { return opt_pending == 0; });
+    opt_error = Status::Ok();
+  }
+  (void)dev.Synchronize(*compute);
+  (void)dev.Synchronize(*comm_stream);
+  std::unordered_map<void*, uint64_t> leftovers;
+  {
+    std::lock_guard<std::mutex> lock(live_mu);
+    leftovers.swap(owned);
+    for (const auto& [ptr, bytes] : leftovers) live_bytes -= bytes;
+  }
+  live_cv.notify_all();
+  for (const auto& [ptr, bytes] : leftovers) dev.Free(ptr);
+  for (void*& p : persistent_full) {
+    if (p != nullptr) dev.Free(p);
+    p = nullptr;
+  }
+  if (otm) (void)otm->TakeWritebackError();
+  if (ptm) (void)ptm->TakeWritebackError();
+  if (sched && in_step) sched->EndStep();
+  in_step = false;
 }
 
 // ---- set-up -----------------------------------------------------------------------------------
@@ -416,6 +488,13 @@ Status Engine::Impl::Init() {
                                                     : std::max(shard_bytes_total, 4 * largest);
     if (param_home == Tier::kNvme) {
       to.host_budget = opt.param_host_budget != 0 ? opt.param_host_budget : 4 * largest;
+      // The optimizer holds one unit's host copy while backward stages another through host
+      // memory: two of the largest shard is the least that cannot run dry.
+      if (to.host_budget < 2 * largest) {
+        STRATA_LOG(warn, zero, "parameter host budget {} B raised to {} B (two of the largest shard)",
+                   to.host_budget, 2 * largest);
+        to.host_budget = 2 * largest;
+      }
     } else if (param_home == Tier::kHost) {
       to.host_budget = shard_bytes_total + 2 * largest;
     } else {
@@ -435,6 +514,9 @@ Status Engine::Impl::Init() {
     offload::PrefetchOptions po = offload::PrefetchOptions::FromConfig(cfg, csz);
     po.enabled = opt.prefetch;
     po.trace = opt.trace;
+    // The engine keeps small units gathered itself (persistent_full); the scheduler must not
+    // also hold their shards with leases, which the optimizer's writes would wait on.
+    po.persistence_threshold_bytes = 0;
     sched = std::make_unique<offload::PrefetchScheduler>(*ptm, po);
     persistent.assign(n_units, false);
     persistent_full.assign(n_units, nullptr);
@@ -442,9 +524,6 @@ Status Engine::Impl::Init() {
       STRATA_RETURN_IF_ERROR(sched->AddUnit(u, {u}, layouts[u].name));
       persistent[u] = layouts[u].numel < cfg.zero.stage3_param_persistence_threshold;
     }
-    const uint64_t largest_full = static_cast<uint64_t>(max_padded) * csz;
-    max_live_bytes = std::max<uint64_t>(
-        static_cast<uint64_t>(cfg.zero.stage3_max_live_parameters) * csz, 2 * largest_full);
   }
   if (cpu_optimizer) {
     int64_t sg = std::max<int64_t>(cfg.zero.sub_group_size, 1);
@@ -485,6 +564,15 @@ Status Engine::Impl::Init() {
       }
     }
     STRATA_RETURN_IF_ERROR(otm->Start());
+  }
+
+  // Transient buffers: gathered units (stage 3) and per-unit fp32 gradients. At least two units'
+  // worth, so that one unit's gather and another's gradient reduction can be in flight.
+  {
+    const uint64_t largest = static_cast<uint64_t>(max_padded) * ((stage == 3 ? csz : 0) + 4);
+    const uint64_t configured =
+        stage == 3 ? static_cast<uint64_t>(cfg.zero.stage3_max_live_parameters) * csz : 0;
+    max_live_bytes = std::max<uint64_t>(configured, 2 * largest);
   }
 
   // Memory per stage.
@@ -602,35 +690,33 @@ Result<UnitView> Engine::Impl::AcquireParams(int u, std::string_view owner,
     return view;
   }
   const uint64_t bytes = static_cast<uint64_t>(l.padded_numel()) * csz;
-  if (!persistent[u]) {
-    // Back-pressure: at most max_live_bytes of gathered units in flight.
-    std::unique_lock<std::mutex> lock(live_mu);
-    live_cv.wait(lock, [&] { return live_bytes == 0 || live_bytes + bytes <= max_live_bytes; });
-    live_bytes += bytes;
-  }
+  // Back-pressure: at most max_live_bytes of gathered units and gradients in flight. A failure
+  // below leaves the buffer in `owned`, where the failed step's clean-up frees it.
+  STRATA_ASSIGN_OR_RETURN(void* full, AllocLive(bytes));
   const int64_t t0 = TraceRecorder::NowNs();
   auto leases = sched->Acquire(u, Access::kRead, owner);
   *io_wait_ns += TraceRecorder::NowNs() - t0;
   if (!leases.ok()) return leases.status();
-  auto full = dev.Alloc(bytes);
-  if (!full.ok()) {
-    (void)sched->Release(u, *leases);
-    return full.status();
-  }
   // The shard is ready (Acquire returned); gather it on the comm stream.
-  Status st = comm.AllGather((*leases)[0].data(), *full, l.shard_numel, cdt, *comm_stream);
+  Status st = comm.AllGather((*leases)[0].data(), full, l.shard_numel, cdt, *comm_stream);
   Status rel = sched->Release(u, *leases, false, comm_stream.get());
   STRATA_RETURN_IF_ERROR(st);
   STRATA_RETURN_IF_ERROR(rel);
   STRATA_RETURN_IF_ERROR(ComputeWaitComm());
-  if (persistent[u]) persistent_full[u] = *full;
-  view.data = *full;
+  if (persistent[u]) {
+    // Kept for the rest of the step (freed at its end, or by the clean-up).
+    std::lock_guard<std::mutex> lock(live_mu);
+    owned.erase(full);
+    live_bytes -= bytes;
+    persistent_full[u] = full;
+  }
+  view.data = full;
   return view;
 }
 
 Status Engine::Impl::ReleaseParams(int u, const UnitView& view) {
   if (stage <= 2 || persistent[u]) return Status::Ok();
-  return FreeAfterCompute(view.data, static_cast<uint64_t>(layouts[u].padded_numel()) * csz);
+  return FreeLiveAfter(*compute, view.data);
 }
 
 // ---- gradients ----------------------------------------------------------------------------------
@@ -642,7 +728,7 @@ Status Engine::Impl::ReduceGrads(int u, void* grads, int mb, bool last) {
   const size_t shard = static_cast<size_t>(l.shard_numel);
   if (stage <= 1) {
     STRATA_RETURN_IF_ERROR(dev.Axpy(1.0f, grads, full_grads[u], DType::kF32, padded, *compute));
-    return dev.Notify(*compute, [this, grads](const Status&) { dev.Free(grads); });
+    return FreeLiveAfter(*compute, grads);
   }
   // Stages 2-3: reduce-scatter this unit now, keep only the shard.
   STRATA_RETURN_IF_ERROR(dev.Record(*ev_compute, *compute));
@@ -661,14 +747,16 @@ Status Engine::Impl::ReduceGrads(int u, void* grads, int mb, bool last) {
       STRATA_RETURN_IF_ERROR(LandGradShard(u, own, mb));
     }
   }
-  STRATA_RETURN_IF_ERROR(dev.Notify(*comm_stream, [this, grads](const Status&) { dev.Free(grads); }));
+  STRATA_RETURN_IF_ERROR(FreeLiveAfter(*comm_stream, grads));
+  // overlap_comm false: the rest of backward waits for this reduction (DeepSpeed's behaviour).
+  if (!cfg.zero.overlap_comm) STRATA_RETURN_IF_ERROR(ComputeWaitComm());
   if (last && cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
       !cfg.fp16.enabled) {
     std::shared_ptr<device::Event> ready;
     STRATA_ASSIGN_OR_RETURN(auto ev, dev.CreateEvent());
     ready = std::move(ev);
     STRATA_RETURN_IF_ERROR(dev.Record(*ready, *comm_stream));
-    STRATA_RETURN_IF_ERROR(QueueOptimizer(u, ready));
+    STRATA_RETURN_IF_ERROR(QueueOptimizer(u, ready, step_hyper));
   }
   return Status::Ok();
 }
@@ -729,14 +817,16 @@ Status Engine::Impl::DeviceOptimizerStep(int u) {
 // One unit's CPU optimizer step: its sub-groups in order, each read ahead (the next one is
 // prefetched before the current one is updated) and written behind (released dirty; the tier
 // manager writes it to NVMe when it needs the room).
-Status Engine::Impl::CpuOptimizerUnit(int u) {
+Status Engine::Impl::CpuOptimizerUnit(int u, const optim::AdamHyper& hyper) {
   const auto& l = layouts[u];
   const float* grad = reinterpret_cast<const float*>(grad_shard_host[u].data());
   Lease param_lease;
   char* out = nullptr;
   if (stage == 3 && param_home != Tier::kDevice) {
+    // Read-write, not overwrite: if a sub-group fails, the ones not yet updated keep their
+    // current values (consistent with their master weights).
     STRATA_ASSIGN_OR_RETURN(param_lease,
-                            ptm->Acquire(u, Tier::kHost, Access::kOverwrite, "optimizer"));
+                            ptm->Acquire(u, Tier::kHost, Access::kReadWrite, "optimizer"));
     out = static_cast<char*>(param_lease.data());
   } else {
     out = param_stage[u].data();
@@ -760,7 +850,7 @@ Status Engine::Impl::CpuOptimizerUnit(int u) {
     s.n = static_cast<size_t>(g.numel);
     s.out16 = out + g.offset * csz;
     s.out_dtype = cdt;
-    Status st = optim::CpuAdamStep(step_hyper, s, co);
+    Status st = optim::CpuAdamStep(hyper, s, co);
     lease.Release(st.ok());
     STRATA_RETURN_IF_ERROR(st);
   }
@@ -788,7 +878,7 @@ void Engine::Impl::OptimizerThread() {
       std::lock_guard<std::mutex> lock(opt_mu);
       skip = !opt_error.ok();
     }
-    if (st.ok() && !skip) st = CpuOptimizerUnit(job.unit);
+    if (st.ok() && !skip) st = CpuOptimizerUnit(job.unit, job.hyper);
     const int64_t t1 = TraceRecorder::NowNs();
     {
       std::lock_guard<std::mutex> lock(opt_mu);
@@ -800,10 +890,11 @@ void Engine::Impl::OptimizerThread() {
   }
 }
 
-Status Engine::Impl::QueueOptimizer(int u, std::shared_ptr<device::Event> ready) {
+Status Engine::Impl::QueueOptimizer(int u, std::shared_ptr<device::Event> ready,
+                                    const optim::AdamHyper& hyper) {
   {
     std::lock_guard<std::mutex> lock(opt_mu);
-    opt_queue.push_back(Job{u, std::move(ready)});
+    opt_queue.push_back(Job{u, std::move(ready), hyper});
     ++opt_pending;
   }
   opt_cv.notify_all();
@@ -870,6 +961,12 @@ Result<float> Engine::Impl::AllReduceHostFloat(float value) {
 
 Result<StepResult> Engine::Impl::Step(std::span<const Batch* const> micro_batches) {
   if (micro_batches.empty()) return InvalidArgumentError("TrainStep: no micro-batches");
+  Result<StepResult> r = StepImpl(micro_batches);
+  if (!r.ok()) CleanUpFailedStep();
+  return r;
+}
+
+Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_batches) {
   const int64_t step_t0 = TraceRecorder::NowNs();
   StepResult result;
   int64_t io_wait_ns = 0;
@@ -899,6 +996,7 @@ Result<StepResult> Engine::Impl::Step(std::span<const Batch* const> micro_batche
   step_hyper.grad_scale = inv;
 
   if (sched) sched->BeginStep();
+  in_step = true;
   for (int u = 0; u < n_units; ++u) {
     const size_t padded = static_cast<size_t>(layouts[u].padded_numel());
     if (stage <= 1) {
@@ -923,7 +1021,7 @@ Result<StepResult> Engine::Impl::Step(std::span<const Batch* const> micro_batche
       STRATA_ASSIGN_OR_RETURN(UnitView p, AcquireParams(u, "backward", &io_wait_ns));
       exposed_io += ExposedSince(t0);
       const size_t padded = static_cast<size_t>(layouts[u].padded_numel());
-      STRATA_ASSIGN_OR_RETURN(void* g, dev.Alloc(padded * 4));
+      STRATA_ASSIGN_OR_RETURN(void* g, AllocLive(padded * 4));
       STRATA_RETURN_IF_ERROR(dev.Fill(g, DType::kF32, 0.0f, padded, *compute));
       UnitView gv{g, DType::kF32, &layouts[u].slots};
       STRATA_RETURN_IF_ERROR(model.Backward(u, p, gv, *compute));
@@ -959,7 +1057,9 @@ Result<StepResult> Engine::Impl::Step(std::span<const Batch* const> micro_batche
       STRATA_ASSIGN_OR_RETURN(auto ev, dev.CreateEvent());
       ready = std::move(ev);
       STRATA_RETURN_IF_ERROR(dev.Record(*ready, *comm_stream));
-      for (int u = n_units - 1; u >= 0; --u) STRATA_RETURN_IF_ERROR(QueueOptimizer(u, ready));
+      for (int u = n_units - 1; u >= 0; --u) {
+        STRATA_RETURN_IF_ERROR(QueueOptimizer(u, ready, step_hyper));
+      }
     }
   }
 
@@ -1002,8 +1102,10 @@ Result<StepResult> Engine::Impl::Step(std::span<const Batch* const> micro_batche
   }
 
   int64_t opt_wait_ns = 0;
+  if (!result.skipped && !overlapped) {
+    step_hyper.grad_scale = inv * clip_coef;  // (overlapped jobs already have theirs: no clipping)
+  }
   if (!result.skipped) {
-    step_hyper.grad_scale = inv * clip_coef;
     if (!cpu_optimizer) {
       const int64_t t0 = TraceRecorder::NowNs();
       for (int u = n_units - 1; u >= 0; --u) STRATA_RETURN_IF_ERROR(DeviceOptimizerStep(u));
@@ -1012,7 +1114,9 @@ Result<StepResult> Engine::Impl::Step(std::span<const Batch* const> micro_batche
       std::lock_guard<std::mutex> lock(opt_mu);
       optimizer_ns += TraceRecorder::NowNs() - t0;
     } else if (!overlapped) {
-      for (int u = n_units - 1; u >= 0; --u) STRATA_RETURN_IF_ERROR(QueueOptimizer(u, nullptr));
+      for (int u = n_units - 1; u >= 0; --u) {
+        STRATA_RETURN_IF_ERROR(QueueOptimizer(u, nullptr, step_hyper));
+      }
     }
   }
   if (cpu_optimizer) {
@@ -1055,6 +1159,7 @@ Result<StepResult> Engine::Impl::Step(std::span<const Batch* const> micro_batche
     }
     sched->EndStep();
   }
+  in_step = false;
 
   result.step = steps_taken;
   result.loss = loss_sum / n_mb;
