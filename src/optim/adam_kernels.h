@@ -1,0 +1,36 @@
+// The CPU Adam kernels, one per instruction set, each in its own translation unit compiled with
+// that ISA's flags (adam_scalar.cc: baseline x86-64; adam_avx2.cc: -mavx2 -mfma -mf16c;
+// adam_avx512.cc: -mavx512f -mavx512bw -mavx512vl). adam_cpu.cc validates, splits the shard and
+// calls the kernel of the chosen ISA only after checking at run time that the CPU has it.
+//
+// This header is included by all of them, so it declares plain data and functions only: no
+// inline code that one ISA's TU could emit and another's could end up calling.
+#pragma once
+
+#include <cstddef>
+
+#include "optim/adam_element.h"
+
+namespace strata::optim::detail {
+
+// One contiguous range of a shard: n elements of each array, out16 (may be null when
+// out == kNone) of `out`'s type. Arrays do not overlap.
+struct AdamKernelRange {
+  float* master;
+  const float* grad;
+  float* m;
+  float* v;
+  void* out16;
+  size_t n;
+  OutKind out;
+  // Write out16 with non-temporal (streaming) stores where its alignment allows: worth it when
+  // the shard is much larger than the last-level cache (the copy is not read back soon), and
+  // it saves the read-for-ownership of out16's lines.
+  bool stream_out16;
+};
+
+void AdamKernelScalar(const AdamStepScalars& s, const AdamKernelRange& r);
+void AdamKernelAvx2(const AdamStepScalars& s, const AdamKernelRange& r);
+void AdamKernelAvx512(const AdamStepScalars& s, const AdamKernelRange& r);
+
+}  // namespace strata::optim::detail

@@ -1,0 +1,64 @@
+// The scalar (reference) CPU Adam kernel: AdamElementUnfused per element, the same operations
+// as the CUDA kernel. Compiled for baseline x86-64 with -ffp-contract=off (CMakeLists.txt), so
+// that no a * b + c becomes an FMA even if a wider -march is set for the whole build.
+#include <cstdint>
+#include <cstring>
+
+#include "device/dtype_convert.h"
+#include "optim/adam_kernels.h"
+
+namespace strata::optim::detail {
+namespace {
+
+template <DecayMode kDecay, OutKind kOut>
+void Run(const AdamStepScalars& s, const AdamKernelRange& r) {
+  float* __restrict__ master = r.master;
+  const float* __restrict__ grad = r.grad;
+  float* __restrict__ m = r.m;
+  float* __restrict__ v = r.v;
+  for (size_t i = 0; i < r.n; ++i) {
+    float p = master[i];
+    float mi = m[i];
+    float vi = v[i];
+    AdamElementUnfused<kDecay>(s, grad[i], p, mi, vi);
+    master[i] = p;
+    m[i] = mi;
+    v[i] = vi;
+    if constexpr (kOut == OutKind::kBF16) {
+      static_cast<uint16_t*>(r.out16)[i] = device::convert::FloatToBf16(p);
+    } else if constexpr (kOut == OutKind::kF16) {
+      static_cast<uint16_t*>(r.out16)[i] = device::convert::FloatToF16(p);
+    } else if constexpr (kOut == OutKind::kF32) {
+      static_cast<float*>(r.out16)[i] = p;
+    }
+  }
+}
+
+template <DecayMode kDecay>
+void RunOut(const AdamStepScalars& s, const AdamKernelRange& r) {
+  switch (r.out) {
+    case OutKind::kNone:
+      return Run<kDecay, OutKind::kNone>(s, r);
+    case OutKind::kBF16:
+      return Run<kDecay, OutKind::kBF16>(s, r);
+    case OutKind::kF16:
+      return Run<kDecay, OutKind::kF16>(s, r);
+    case OutKind::kF32:
+      return Run<kDecay, OutKind::kF32>(s, r);
+  }
+}
+
+}  // namespace
+
+void AdamKernelScalar(const AdamStepScalars& s, const AdamKernelRange& r) {
+  switch (s.decay) {
+    case DecayMode::kNone:
+      return RunOut<DecayMode::kNone>(s, r);
+    case DecayMode::kDecoupled:
+      return RunOut<DecayMode::kDecoupled>(s, r);
+    case DecayMode::kL2:
+      return RunOut<DecayMode::kL2>(s, r);
+  }
+}
+
+}  // namespace strata::optim::detail
