@@ -526,7 +526,8 @@ Status Engine::Impl::Init() {
     }
   }
   if (cpu_optimizer) {
-    int64_t sg = std::max<int64_t>(cfg.zero.sub_group_size, 1);
+    // sub_group_size 0 means no tiling: one sub-group per unit shard.
+    int64_t sg = cfg.zero.sub_group_size > 0 ? cfg.zero.sub_group_size : max_shard;
     sg = (sg + kShardAlignElems - 1) / kShardAlignElems * kShardAlignElems;
     offload::TierManagerOptions to;
     to.device = &dev;

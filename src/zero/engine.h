@@ -85,8 +85,9 @@ struct StepResult {
   double lr = 0.0;
   double loss_scale = 1.0;
   bool skipped = false;        // fp16 overflow: no update
-  // Wall-clock split of the step (seconds). compute: the compute stream's busy time;
-  // exposed_*: time the driving thread waited for that kind of work.
+  // Wall-clock split of the step (seconds). exposed_*: time the step waited for that kind of
+  // work with nothing else to do (docs/zero.md); compute: the rest, step_s minus the exposed
+  // times.
   double step_s = 0.0;
   double compute_s = 0.0;
   double exposed_comm_s = 0.0;
