@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -158,8 +159,12 @@ class ToyModel final : public Model {
         "toy forward");
   }
 
+  // Called on the driving thread at each Backward call (tests use it to kill a rank mid-step).
+  std::function<void(int unit)> on_backward;
+
   Status Backward(int unit, const UnitView& params, const UnitView& grads,
                   device::Stream& stream) override {
+    if (on_backward) on_backward(unit);
     UnitView p = params;
     UnitView g = grads;
     return device_.HostTask(
@@ -250,6 +255,7 @@ struct ToyRun {
     uint64_t pool_bytes = 64ull << 20;
     uint64_t param_device_budget = 0;
     uint64_t param_host_budget = 0;
+    std::chrono::milliseconds comm_timeout{60'000};
   };
 
   Options o;
@@ -286,7 +292,7 @@ struct ToyRun {
     STRATA_ASSIGN_OR_RETURN(device, device::CreateDevice(dopt));
     comm::CollectiveOptions copt;
     copt.backend = o.backend;
-    copt.timeout = std::chrono::seconds(60);
+    copt.timeout = o.comm_timeout;
     if (o.backend == comm::Backend::kSingle) {
       // Directly, so that a reference run also works inside an mpirun job (CreateCollective
       // refuses the single backend when the launcher started several ranks).
