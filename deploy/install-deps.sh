@@ -25,6 +25,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   fio                   # benchmarks/nvme_vs_fio.py compares against it
   python3               # benchmark scripts
+  python3-torch         # the PyTorch reference (oracle) the model tests compare against
 )
 
 missing=()
