@@ -1,0 +1,265 @@
+#include "model/llama_config.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace strata::model {
+
+namespace {
+
+using Json = nlohmann::json;
+
+struct Preset {
+  const char* name;
+  LlamaConfig config;
+};
+
+LlamaConfig Make(const char* name, int64_t vocab, int64_t hidden, int64_t inter, int64_t layers,
+                 int64_t heads, int64_t kv_heads, int64_t max_pos, double eps, double theta,
+                 bool tied) {
+  LlamaConfig c;
+  c.name = name;
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = inter;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.max_position_embeddings = max_pos;
+  c.rms_norm_eps = eps;
+  c.rope_theta = theta;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+const std::vector<Preset>& Presets() {
+  static const std::vector<Preset> presets = {
+      {"llama-tiny", Make("llama-tiny", 256, 64, 160, 2, 4, 2, 128, 1e-5, 10000.0, false)},
+      {"llama-20m", Make("llama-20m", 4096, 384, 1024, 10, 6, 2, 512, 1e-5, 10000.0, false)},
+      {"llama2-7b", Make("llama2-7b", 32000, 4096, 11008, 32, 32, 32, 4096, 1e-5, 10000.0, false)},
+      {"llama2-13b",
+       Make("llama2-13b", 32000, 5120, 13824, 40, 40, 40, 4096, 1e-5, 10000.0, false)},
+      {"llama2-70b", Make("llama2-70b", 32000, 8192, 28672, 80, 64, 8, 4096, 1e-5, 10000.0, false)},
+      {"llama3-8b", Make("llama3-8b", 128256, 4096, 14336, 32, 32, 8, 8192, 1e-5, 500000.0, false)},
+      {"llama3-70b",
+       Make("llama3-70b", 128256, 8192, 28672, 80, 64, 8, 8192, 1e-5, 500000.0, false)},
+  };
+  return presets;
+}
+
+Result<int64_t> GetInt(const Json& j, const char* key, std::string_view source, bool required,
+                       int64_t fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required) {
+      return InvalidArgumentError(fmt::format("{}: the key '{}' is missing", source, key));
+    }
+    return fallback;
+  }
+  if (!it->is_number_integer()) {
+    return InvalidArgumentError(
+        fmt::format("{}: '{}' must be an integer, got {}", source, key, it->dump()));
+  }
+  return it->get<int64_t>();
+}
+
+Result<double> GetDouble(const Json& j, const char* key, std::string_view source,
+                         double fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_number()) {
+    return InvalidArgumentError(
+        fmt::format("{}: '{}' must be a number, got {}", source, key, it->dump()));
+  }
+  return it->get<double>();
+}
+
+}  // namespace
+
+int64_t LlamaConfig::BlockParameters() const {
+  const int64_t h = hidden_size;
+  return h * h * 2 + h * kv_dim() * 2 + 3 * h * intermediate_size + 2 * h;
+}
+
+int64_t LlamaConfig::ParameterCount() const {
+  const int64_t embed = vocab_size * hidden_size;
+  return embed + num_hidden_layers * BlockParameters() + hidden_size +
+         (tie_word_embeddings ? 0 : embed);
+}
+
+double LlamaConfig::TrainFlopsPerToken(int64_t seq_len) const {
+  const double matrix = static_cast<double>(num_hidden_layers) *
+                            static_cast<double>(BlockParameters() - 2 * hidden_size) +
+                        static_cast<double>(vocab_size) * static_cast<double>(hidden_size);
+  // Attention: q k^T and p v, each 2 * seq * hidden per token forward (causal: half of it).
+  const double attention = static_cast<double>(num_hidden_layers) * 2.0 * 2.0 *
+                           static_cast<double>(seq_len) * static_cast<double>(hidden_size) * 0.5;
+  return 6.0 * matrix + 3.0 * attention;
+}
+
+Status LlamaConfig::Validate() const {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_key_value_heads},
+      {"max_position_embeddings", max_position_embeddings},
+  };
+  for (const auto& [key, value] : sizes) {
+    if (value <= 0) {
+      return InvalidArgumentError(
+          fmt::format("model '{}': {} is {}; expected a positive integer", name, key, value));
+    }
+  }
+  if (hidden_size % num_attention_heads != 0) {
+    return InvalidArgumentError(fmt::format(
+        "model '{}': hidden_size {} is not a multiple of num_attention_heads {}", name,
+        hidden_size, num_attention_heads));
+  }
+  if (num_attention_heads % num_key_value_heads != 0) {
+    return InvalidArgumentError(fmt::format(
+        "model '{}': num_attention_heads {} is not a multiple of num_key_value_heads {}", name,
+        num_attention_heads, num_key_value_heads));
+  }
+  if (head_dim() % 2 != 0) {
+    return InvalidArgumentError(fmt::format(
+        "model '{}': the head dimension {} (hidden_size / num_attention_heads) is odd; rotary "
+        "embeddings need an even one",
+        name, head_dim()));
+  }
+  if (!(rms_norm_eps > 0.0)) {
+    return InvalidArgumentError(
+        fmt::format("model '{}': rms_norm_eps is {}; expected > 0", name, rms_norm_eps));
+  }
+  if (!(rope_theta > 0.0)) {
+    return InvalidArgumentError(
+        fmt::format("model '{}': rope_theta is {}; expected > 0", name, rope_theta));
+  }
+  return Status::Ok();
+}
+
+Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_view source) {
+  Json j;
+  try {
+    j = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    return InvalidArgumentError(fmt::format("{}: not valid JSON: {}", source, e.what()));
+  }
+  if (!j.is_object()) {
+    return InvalidArgumentError(fmt::format("{}: expected a JSON object", source));
+  }
+  if (auto it = j.find("model_type"); it != j.end() && it->is_string()) {
+    const std::string type = it->get<std::string>();
+    if (type != "llama" && type != "mistral") {
+      return InvalidArgumentError(fmt::format(
+          "{}: model_type is '{}'; Strata trains Llama-family decoders (\"llama\")", source,
+          type));
+    }
+  }
+  if (auto it = j.find("hidden_act"); it != j.end() && it->is_string() && *it != "silu") {
+    return InvalidArgumentError(fmt::format(
+        "{}: hidden_act is {}; the Llama MLP Strata implements uses \"silu\"", source,
+        it->dump()));
+  }
+  LlamaConfig c;
+  c.name = std::string(source);
+  STRATA_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, "vocab_size", source, true, 0));
+  STRATA_ASSIGN_OR_RETURN(c.hidden_size, GetInt(j, "hidden_size", source, true, 0));
+  STRATA_ASSIGN_OR_RETURN(c.intermediate_size, GetInt(j, "intermediate_size", source, true, 0));
+  STRATA_ASSIGN_OR_RETURN(c.num_hidden_layers, GetInt(j, "num_hidden_layers", source, true, 0));
+  STRATA_ASSIGN_OR_RETURN(c.num_attention_heads,
+                          GetInt(j, "num_attention_heads", source, true, 0));
+  STRATA_ASSIGN_OR_RETURN(c.num_key_value_heads, GetInt(j, "num_key_value_heads", source, false,
+                                                        c.num_attention_heads));
+  STRATA_ASSIGN_OR_RETURN(c.max_position_embeddings,
+                          GetInt(j, "max_position_embeddings", source, false, 2048));
+  STRATA_ASSIGN_OR_RETURN(c.rms_norm_eps, GetDouble(j, "rms_norm_eps", source, 1e-6));
+  STRATA_ASSIGN_OR_RETURN(c.rope_theta, GetDouble(j, "rope_theta", source, 10000.0));
+  if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      return InvalidArgumentError(fmt::format(
+          "{}: 'tie_word_embeddings' must be true or false, got {}", source, it->dump()));
+    }
+    c.tie_word_embeddings = it->get<bool>();
+  }
+  Status valid = c.Validate();
+  if (!valid.ok()) return valid;
+  return c;
+}
+
+Result<LlamaConfig> LoadLlamaConfig(const std::string& path) {
+  std::filesystem::path p(path);
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) p /= "config.json";
+  std::ifstream in(p);
+  if (!in) {
+    return NotFoundError(fmt::format(
+        "{}: no model config (a Hugging Face model directory holds config.json)", p.string()));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  STRATA_ASSIGN_OR_RETURN(LlamaConfig c, ParseLlamaConfig(text.str(), p.string()));
+  c.name = path;
+  return c;
+}
+
+Result<LlamaConfig> LlamaPreset(std::string_view name) {
+  for (const Preset& p : Presets()) {
+    if (name == p.name) return p.config;
+  }
+  std::string names;
+  for (const Preset& p : Presets()) names += std::string(names.empty() ? "" : ", ") + p.name;
+  return NotFoundError(fmt::format("no model preset '{}' (presets: {})", name, names));
+}
+
+std::vector<std::string> LlamaPresetNames() {
+  std::vector<std::string> out;
+  for (const Preset& p : Presets()) out.emplace_back(p.name);
+  return out;
+}
+
+Result<LlamaConfig> ResolveModel(const std::string& model) {
+  std::error_code ec;
+  if (std::filesystem::exists(model, ec)) return LoadLlamaConfig(model);
+  Result<LlamaConfig> preset = LlamaPreset(model);
+  if (preset.ok()) return preset;
+  return NotFoundError(fmt::format(
+      "'{}' is neither a model directory (with config.json) nor a preset ({})", model,
+      [] {
+        std::string names;
+        for (const auto& n : LlamaPresetNames()) names += (names.empty() ? "" : ", ") + n;
+        return names;
+      }()));
+}
+
+std::string ToHfConfigJson(const LlamaConfig& c, std::string_view torch_dtype) {
+  Json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_act", "silu"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"attention_bias", false},
+      {"initializer_range", 0.02},
+      {"torch_dtype", std::string(torch_dtype)},
+      {"bos_token_id", 1},
+      {"eos_token_id", 2},
+  };
+  return j.dump(2) + "\n";
+}
+
+}  // namespace strata::model

@@ -1,0 +1,69 @@
+// The shape of a Llama-family decoder: from a Hugging Face config.json, or a named preset.
+//
+//   STRATA_ASSIGN_OR_RETURN(LlamaConfig c, ResolveModel("/models/llama-70b"));   // a directory
+//   STRATA_ASSIGN_OR_RETURN(LlamaConfig c, ResolveModel("llama-20m"));           // a preset
+//
+// The keys read from config.json (Hugging Face's LlamaConfig names): vocab_size, hidden_size,
+// intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default:
+// num_attention_heads), max_position_embeddings, rms_norm_eps, rope_theta (default 10000),
+// tie_word_embeddings (default false), model_type (must be "llama" or "mistral" when present),
+// hidden_act (must be "silu" when present). Other keys are ignored. Errors name the file and the
+// key, and say what was expected.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/status.h"
+
+namespace strata::model {
+
+struct LlamaConfig {
+  std::string name;  // the preset's name, or the directory it was read from
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  int64_t num_key_value_heads = 32;
+  int64_t max_position_embeddings = 4096;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t kv_dim() const { return head_dim() * num_key_value_heads; }
+  // Parameters of one decoder block: q, k, v, o projections, gate/up/down, two RMSNorm weights.
+  int64_t BlockParameters() const;
+  // All parameters: embeddings, blocks, final norm, and the LM head unless tied.
+  int64_t ParameterCount() const;
+  // Forward + backward FLOPs per token for a sequence of `seq_len` (6 * matrix parameters plus
+  // the attention score and value products), for TFLOPS reporting.
+  double TrainFlopsPerToken(int64_t seq_len) const;
+
+  // InvalidArgument, naming the field, for non-positive sizes, heads that do not divide the
+  // hidden size, kv heads that do not divide the heads, an odd head dimension (rotary embedding
+  // rotates pairs), eps <= 0 or theta <= 0.
+  Status Validate() const;
+
+  friend bool operator==(const LlamaConfig&, const LlamaConfig&) = default;
+};
+
+// Parses a config.json text; `source` names it in errors.
+Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_view source);
+// Reads `path`: a config.json file, or a directory holding one. NotFound names the path when
+// there is none.
+Result<LlamaConfig> LoadLlamaConfig(const std::string& path);
+// A named preset: "llama-tiny" (tests), "llama-20m" (the main job), "llama2-7b", "llama2-13b",
+// "llama2-70b", "llama3-8b", "llama3-70b". NotFound lists the names.
+Result<LlamaConfig> LlamaPreset(std::string_view name);
+std::vector<std::string> LlamaPresetNames();
+// A directory (or config.json path) if one exists at `model`, else a preset name.
+Result<LlamaConfig> ResolveModel(const std::string& model);
+// A Hugging Face config.json for `config` (LlamaForCausalLM), which `transformers` loads.
+// `torch_dtype`: "float32", "bfloat16" or "float16".
+std::string ToHfConfigJson(const LlamaConfig& config, std::string_view torch_dtype);
+
+}  // namespace strata::model
