@@ -1223,6 +1223,51 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model& model, EngineOptions optio
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
+Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
+                                              const Config& config, int world_size,
+                                              int optimizer_pipeline_depth) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
+  const int stage = config.zero.stage;
+  const uint64_t csz = device::DTypeSize(ComputeDType(config));
+  const Tier param_home = stage == 3 ? HomeOf(config.zero.offload_param.device) : Tier::kDevice;
+  const Tier optim_home = stage == 0 ? Tier::kDevice : HomeOf(config.zero.offload_optimizer.device);
+  const bool cpu_optimizer = optim_home != Tier::kDevice;
+  auto cls = [](uint64_t bytes) { return static_cast<uint64_t>(device::PinnedPool::SizeClass(bytes)); };
+  uint64_t total = 0, largest_param = 0, largest_group = 0, max_shard = 0, params_all = 0;
+  int64_t sg = config.zero.sub_group_size;
+  for (const auto& l : layouts) max_shard = std::max<uint64_t>(max_shard, l.shard_numel);
+  if (sg <= 0) sg = static_cast<int64_t>(max_shard);
+  sg = (sg + kShardAlignElems - 1) / kShardAlignElems * kShardAlignElems;
+  uint64_t groups_all = 0;
+  for (const auto& l : layouts) {
+    const uint64_t shard = static_cast<uint64_t>(l.shard_numel);
+    largest_param = std::max(largest_param, cls(shard * csz));
+    params_all += cls(shard * csz);
+    if (cpu_optimizer) {
+      total += cls(shard * 4);                                     // gradient shard
+      if (stage <= 2 || param_home == Tier::kDevice) total += cls(shard * csz);  // staging
+      for (int64_t off = 0; off < l.shard_numel; off += sg) {
+        const uint64_t g = cls(12 * static_cast<uint64_t>(std::min<int64_t>(sg, l.shard_numel - off)));
+        groups_all += g;
+        largest_group = std::max(largest_group, g);
+      }
+    }
+  }
+  if (cpu_optimizer) {
+    total += cls(max_shard * 4);  // landing buffer
+    total += optim_home == Tier::kHost
+                 ? groups_all
+                 : static_cast<uint64_t>(optimizer_pipeline_depth) * largest_group;
+  }
+  if (stage == 3) {
+    if (param_home == Tier::kHost) total += params_all + 2 * largest_param;
+    else if (param_home == Tier::kNvme) total += 4 * largest_param;
+    else total += 2 * largest_param;
+  }
+  // Fragmentation margin, and never less than 16 MiB.
+  return std::max<uint64_t>(total + total / 4 + (4u << 20), 16u << 20);
+}
+
 Result<StepResult> Engine::TrainStep(std::span<const Batch* const> micro_batches) {
   return impl_->Step(micro_batches);
 }

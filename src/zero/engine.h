@@ -113,6 +113,13 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Pinned-pool bytes the engine needs for `units` on `world_size` ranks with `config` (host
+  // copies of offloaded states, gradient shards, staging), with a margin for the pool's size
+  // classes. For sizing strata.memory.pinned_pool when it is "auto".
+  static Result<uint64_t> PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
+                                              const Config& config, int world_size,
+                                              int optimizer_pipeline_depth = 4);
+
   // One optimizer step over `micro_batches` (gradient_accumulation_steps of them, this rank's).
   Result<StepResult> TrainStep(std::span<const Batch* const> micro_batches);
 

@@ -266,6 +266,33 @@ TEST(EngineTest, OptimizerWriteErrorIsReportedAndStatesStayConsistent) {
   EXPECT_GT(old_groups + new_groups, 0);
 }
 
+// The planned pinned-pool size is enough to train (and the pool is then not much larger).
+TEST(EngineTest, PlannedPinnedPoolIsEnough) {
+  for (int stage : {1, 2, 3}) {
+    for (const char* where : {"cpu", "nvme"}) {
+      SCOPED_TRACE(fmt::format("stage {} offload {}", stage, where));
+      ToyRun::Options o;
+      o.layers = 3;
+      o.width = 96;
+      o.steps = 3;
+      o.config_json = ConfigJson(stage, stage == 3 ? where : "none", where);
+      auto config = ParseConfig(o.config_json, "<t>");
+      ASSERT_TRUE(config.ok()) << config.status().ToString();
+      auto probe_device = device::CreateDevice({});
+      ASSERT_TRUE(probe_device.ok());
+      testing::ToyModel probe(**probe_device, o.layers, o.width);
+      auto bytes = Engine::PlanPinnedPoolBytes(probe.units(), *config, 1);
+      ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+      o.pool_bytes = *bytes;
+      ToyRun run;
+      Status st = run.Setup(o);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      st = run.Train();
+      EXPECT_TRUE(st.ok()) << st.ToString();
+    }
+  }
+}
+
 TEST(EngineTest, MissingPoolOrPathIsAClearError) {
   ToyRun::Options o;
   o.config_json = ConfigJson(3, "nvme", "nvme");
