@@ -1,0 +1,81 @@
+// The Llama-family decoder as a zero::Model, on the CPU device (the CPU kernels of cpu_ops.h).
+//
+// Units, in order (their parameters carry Hugging Face's tensor names):
+//   0          "embed"      model.embed_tokens.weight [V, H]
+//   1 .. L     "layers.i"   model.layers.i.input_layernorm.weight [H],
+//                           model.layers.i.self_attn.{q,k,v,o}_proj.weight,
+//                           model.layers.i.post_attention_layernorm.weight [H],
+//                           model.layers.i.mlp.{gate,up,down}_proj.weight
+//   L + 1      "head"       model.norm.weight [H], lm_head.weight [V, H]
+// Activation checkpointing: each block keeps only its input during forward and recomputes its
+// internals in backward (always on: on the CPU device activations are host memory, and a
+// block's internals are ~10x its input).
+//
+// A micro-batch is a LlamaBatch of `micro_batch` sequences of seq_len + 1 tokens: inputs are the
+// first seq_len, targets the last seq_len (targets < 0 are ignored). The loss is the mean
+// cross-entropy over the micro-batch's (non-ignored) targets.
+//
+// Not supported yet: tie_word_embeddings (the LM head would share unit 0's weight across units;
+// Create returns Unimplemented), and the CUDA device (its kernels are a later step; Create
+// returns Unimplemented).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/llama_config.h"
+#include "strata/device.h"
+#include "zero/model.h"
+
+namespace strata::model {
+
+struct LlamaBatch : zero::Batch {
+  std::vector<int32_t> tokens;  // micro_batch * (seq_len + 1)
+};
+
+// Hugging Face names of unit `unit`'s parameters, in the unit's order.
+std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& config, int unit);
+int LlamaNumUnits(const LlamaConfig& config);
+
+class LlamaModel final : public zero::Model {
+ public:
+  static Result<std::unique_ptr<LlamaModel>> Create(device::Device& device,
+                                                    const LlamaConfig& config, int64_t seq_len,
+                                                    int64_t micro_batch, uint64_t init_seed = 0);
+  ~LlamaModel() override;
+
+  std::vector<zero::UnitSpec> units() const override;
+  // Hugging Face's initialisation: weights ~ N(0, 0.02), norm weights 1; seeded by init_seed,
+  // the unit and the parameter, never by the rank.
+  Status InitUnit(int unit, const std::vector<zero::ParamSlot>& slots,
+                  std::span<float> flat) const override;
+  Status BeginMicroBatch(const zero::Batch& batch, float loss_scale,
+                         device::Stream& stream) override;
+  Status Forward(int unit, const zero::UnitView& params, device::Stream& stream) override;
+  Status Backward(int unit, const zero::UnitView& params, const zero::UnitView& grads,
+                  device::Stream& stream) override;
+  Result<double> EndMicroBatch(device::Stream& stream) override;
+
+  const LlamaConfig& config() const { return config_; }
+  int64_t tokens_per_micro_batch() const { return seq_len_ * micro_batch_; }
+
+ private:
+  struct State;
+  LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
+             int64_t micro_batch, uint64_t init_seed);
+  Status BlockForward(int layer, const zero::UnitView& p);
+  Status BlockBackward(int layer, const zero::UnitView& p, const zero::UnitView& g);
+  Status HeadForward(const zero::UnitView& p);
+  Status HeadBackward(const zero::UnitView& p, const zero::UnitView& g);
+
+  device::Device& device_;
+  const LlamaConfig config_;
+  const int64_t seq_len_;
+  const int64_t micro_batch_;
+  const uint64_t init_seed_;
+  std::unique_ptr<State> state_;  // touched only by the compute stream's tasks
+};
+
+}  // namespace strata::model
