@@ -14,4 +14,10 @@ void RegisterEnvCommand(CLI::App& app, int* exit_code);
 // `strata nvme-bench`: measures and tunes NVMe paths for offload.
 void RegisterNvmeBenchCommand(CLI::App& app, int* exit_code);
 
+// `strata data`: token data utilities (`strata data synth` writes a synthetic corpus).
+void RegisterDataCommand(CLI::App& app, int* exit_code);
+
+// `strata train`: trains a Llama-family model with the ZeRO engine (train/trainer.h).
+void RegisterTrainCommand(CLI::App& app, int* exit_code);
+
 }  // namespace strata::cli

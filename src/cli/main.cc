@@ -62,6 +62,8 @@ int Run(int argc, char** argv) {
   int exit_code = kExitOk;
   RegisterEnvCommand(app, &exit_code);
   RegisterNvmeBenchCommand(app, &exit_code);
+  RegisterDataCommand(app, &exit_code);
+  RegisterTrainCommand(app, &exit_code);
   // Set after the subcommands are added, so that they do not inherit it.
   app.footer("Run 'strata <command> --help' for the options of a command.");
 

@@ -39,7 +39,7 @@ LlamaConfig Make(const char* name, int64_t vocab, int64_t hidden, int64_t inter,
 const std::vector<Preset>& Presets() {
   static const std::vector<Preset> presets = {
       {"llama-tiny", Make("llama-tiny", 256, 64, 160, 2, 4, 2, 128, 1e-5, 10000.0, false)},
-      {"llama-20m", Make("llama-20m", 4096, 384, 1024, 10, 6, 2, 512, 1e-5, 10000.0, false)},
+      {"llama-20m", Make("llama-20m", 1024, 384, 1024, 12, 6, 2, 512, 1e-5, 10000.0, false)},
       {"llama2-7b", Make("llama2-7b", 32000, 4096, 11008, 32, 32, 32, 4096, 1e-5, 10000.0, false)},
       {"llama2-13b",
        Make("llama2-13b", 32000, 5120, 13824, 40, 40, 40, 4096, 1e-5, 10000.0, false)},

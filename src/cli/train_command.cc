@@ -1,0 +1,45 @@
+// `strata train`: trains a Llama-family model with the ZeRO engine (see train/trainer.h).
+#include <memory>
+#include <string>
+
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "train/trainer.h"
+
+namespace strata::cli {
+
+void RegisterTrainCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<train::TrainOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train a Llama-family model with ZeRO (stages 0-3) and offload to host memory or NVMe, "
+      "from a DeepSpeed config; launch with mpirun / srun for several ranks");
+  cmd->add_option("--config", o->config_path, "DeepSpeed JSON config")->required();
+  cmd->add_option("--model", o->model,
+                  "Hugging Face model directory (config.json) or a preset (llama-tiny, llama-20m, "
+                  "llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b)")
+      ->required();
+  cmd->add_option("--data", o->data, "Token file: FILE.npy or raw FILE.bin (see --data-dtype)")
+      ->required();
+  cmd->add_option("--data-dtype", o->data_dtype, "Token type of a raw .bin file")
+      ->check(CLI::IsMember({"uint16", "uint32", "int32"}))
+      ->capture_default_str();
+  cmd->add_option("--seq-len", o->seq_len,
+                  "Tokens per sequence (default: min(256, max_position_embeddings))");
+  cmd->add_option("--steps", o->steps, "Optimizer steps to run")->capture_default_str();
+  cmd->add_option("--save", o->save_dir,
+                  "Write the model here in Hugging Face layout (config.json, model.safetensors)");
+  cmd->add_option("--save-every", o->save_every, "Also save every N steps (0: only at the end)");
+  cmd->add_option("--trace", o->trace_path, "Write a Chrome / Perfetto timeline (per rank)");
+  cmd->add_option("--metrics", o->metrics_path, "Write one JSON object per step (rank 0)");
+  cmd->add_option("--sampling", o->sampling, "Order of the training sequences")
+      ->check(CLI::IsMember({"random", "sequential"}))
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the data order")->capture_default_str();
+  cmd->callback([o, exit_code] {
+    const Status st = train::RunTraining(*o);
+    *exit_code = st.ok() ? kExitOk : ReportError("train", st);
+  });
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,799 @@
+#include "train/safetensors.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "common/errno.h"
+#include "common/log.h"
+
+namespace strata::train {
+
+// The data section is copied byte for byte; a big-endian host would need a swap we do not do.
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+using device::DType;
+
+// The reference implementation refuses headers above 100 MB; so do we, before allocating.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+// Conversions go through a bounce buffer of this many elements at a time.
+constexpr uint64_t kBounceElements = 64 * 1024;
+
+struct DTypeEntry {
+  SafetensorsDType dtype;
+  std::string_view name;
+  size_t size;
+};
+constexpr DTypeEntry kDTypes[] = {
+    {SafetensorsDType::kBool, "BOOL", 1},      {SafetensorsDType::kU8, "U8", 1},
+    {SafetensorsDType::kI8, "I8", 1},          {SafetensorsDType::kF8E5M2, "F8_E5M2", 1},
+    {SafetensorsDType::kF8E4M3, "F8_E4M3", 1}, {SafetensorsDType::kI16, "I16", 2},
+    {SafetensorsDType::kU16, "U16", 2},        {SafetensorsDType::kF16, "F16", 2},
+    {SafetensorsDType::kBF16, "BF16", 2},      {SafetensorsDType::kI32, "I32", 4},
+    {SafetensorsDType::kU32, "U32", 4},        {SafetensorsDType::kF32, "F32", 4},
+    {SafetensorsDType::kF64, "F64", 8},        {SafetensorsDType::kI64, "I64", 8},
+    {SafetensorsDType::kU64, "U64", 8},
+};
+
+// Closes a file descriptor on scope exit unless released.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+// Reads exactly `length` bytes at `offset`; end of file first is DataLoss (the file is shorter
+// than its header says).
+Status PreadFully(int fd, void* buffer, uint64_t length, uint64_t offset, const std::string& path) {
+  auto* out = static_cast<char*>(buffer);
+  uint64_t done = 0;
+  while (done < length) {
+    ssize_t n = ::pread(fd, out + done, length - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, fmt::format("pread {} at offset {}", path, offset + done));
+    }
+    if (n == 0) {
+      return DataLossError(
+          fmt::format("{}: unexpected end of file at offset {} (wanted {} bytes at "
+                      "offset {}); the file is truncated",
+                      path, offset + done, length, offset));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status PwriteFully(int fd, const void* buffer, uint64_t length, uint64_t offset,
+                   const std::string& path) {
+  const auto* in = static_cast<const char*>(buffer);
+  uint64_t done = 0;
+  while (done < length) {
+    ssize_t n = ::pwrite(fd, in + done, length - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, fmt::format("pwrite {} at offset {}", path, offset + done));
+    }
+    if (n == 0) {
+      return DataLossError(
+          fmt::format("pwrite {} at offset {} wrote nothing", path, offset + done));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+float LoadFloat(const void* src, DType dtype, uint64_t i) {
+  switch (dtype) {
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, static_cast<const char*>(src) + i * 4, 4);
+      return f;
+    }
+    case DType::kBF16:
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, static_cast<const char*>(src) + i * 2, 2);
+      return dtype == DType::kBF16 ? device::Bf16ToFloat(h) : device::F16ToFloat(h);
+    }
+  }
+  return 0.0f;
+}
+
+void StoreFloat(void* dst, DType dtype, uint64_t i, float f) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(static_cast<char*>(dst) + i * 4, &f, 4);
+      return;
+    case DType::kBF16:
+    case DType::kF16: {
+      uint16_t h = dtype == DType::kBF16 ? device::FloatToBf16(f) : device::FloatToF16(f);
+      std::memcpy(static_cast<char*>(dst) + i * 2, &h, 2);
+      return;
+    }
+  }
+}
+
+// dst[i] = src[i] for n elements, converting through fp32 (exact from 16-bit formats; one
+// round-to-nearest-even to them).
+void ConvertElements(const void* src, DType from, void* dst, DType to, uint64_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, n * device::DTypeSize(from));
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i)
+    StoreFloat(dst, to, i, LoadFloat(src, from, i));
+}
+
+// a * b, or nullopt on overflow.
+std::optional<uint64_t> CheckedMul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+std::string ShapeString(const std::vector<uint64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// Checks that [element_offset, element_offset + count) lies within `tensor` and that its dtype
+// converts; returns the tensor's device dtype.
+Result<DType> CheckRange(const SafetensorsTensor& tensor, uint64_t element_offset, uint64_t count,
+                         const std::string& path) {
+  if (element_offset > tensor.num_elements || count > tensor.num_elements - element_offset) {
+    return OutOfRangeError(
+        fmt::format("{}: tensor '{}' has {} elements; elements [{}, {}+{}) are past its end", path,
+                    tensor.name, tensor.num_elements, element_offset, element_offset, count));
+  }
+  std::optional<DType> dtype = ToDeviceDType(tensor.dtype);
+  if (!dtype) {
+    return UnimplementedError(
+        fmt::format("{}: tensor '{}' has dtype {}; only F32, BF16 and F16 can be converted", path,
+                    tensor.name, SafetensorsDTypeName(tensor.dtype)));
+  }
+  return *dtype;
+}
+
+// Parses JSON text, rejecting a repeated key in the top-level object (the safetensors spec forbids
+// it and nlohmann would silently keep the last one).
+Result<Json> ParseHeaderJson(std::string_view text, const std::string& path,
+                             std::string_view what) {
+  int depth = 0;
+  std::set<std::string> top_keys;
+  std::string duplicate;
+  auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        ++depth;
+        break;
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        --depth;
+        break;
+      case Json::parse_event_t::key:
+        if (depth == 1 && parsed.is_string() &&
+            !top_keys.insert(parsed.get<std::string>()).second && duplicate.empty()) {
+          duplicate = parsed.get<std::string>();
+        }
+        break;
+      case Json::parse_event_t::value:
+        break;
+    }
+    return true;
+  };
+  Json root;
+  try {
+    root = Json::parse(text.begin(), text.end(), callback);
+  } catch (const Json::exception& e) {
+    return InvalidArgumentError(fmt::format("{}: {} is not valid JSON: {}", path, what, e.what()));
+  }
+  if (!duplicate.empty()) {
+    return InvalidArgumentError(
+        fmt::format("{}: {} has the key '{}' more than once", path, what, duplicate));
+  }
+  if (!root.is_object()) {
+    return InvalidArgumentError(
+        fmt::format("{}: {} is a JSON {}, expected an object", path, what, root.type_name()));
+  }
+  return root;
+}
+
+// Validates one tensor entry of a header (offsets not yet checked against each other).
+Result<SafetensorsTensor> ParseTensorEntry(const std::string& name, const Json& entry,
+                                           uint64_t data_size, uint64_t data_offset,
+                                           const std::string& path) {
+  auto bad = [&](std::string_view why) {
+    return InvalidArgumentError(fmt::format("{}: tensor '{}': {}", path, name, why));
+  };
+  if (!entry.is_object())
+    return bad(fmt::format("entry is a JSON {}, expected an object", entry.type_name()));
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!entry.contains(key)) return bad(fmt::format("entry has no \"{}\"", key));
+  }
+  SafetensorsTensor tensor;
+  tensor.name = name;
+
+  const Json& dtype = entry["dtype"];
+  if (!dtype.is_string()) return bad("\"dtype\" is not a string");
+  std::optional<SafetensorsDType> parsed = ParseSafetensorsDType(dtype.get<std::string>());
+  if (!parsed) return bad(fmt::format("unknown dtype \"{}\"", dtype.get<std::string>()));
+  tensor.dtype = *parsed;
+
+  const Json& shape = entry["shape"];
+  if (!shape.is_array()) return bad("\"shape\" is not an array");
+  uint64_t elements = 1;
+  for (const Json& d : shape) {
+    if (!d.is_number_unsigned()) {
+      return bad(fmt::format("\"shape\" {} holds something other than non-negative integers",
+                             shape.dump()));
+    }
+    tensor.shape.push_back(d.get<uint64_t>());
+    std::optional<uint64_t> product = CheckedMul(elements, tensor.shape.back());
+    if (!product) return bad(fmt::format("shape {} overflows 64 bits", shape.dump()));
+    elements = *product;
+  }
+  tensor.num_elements = elements;
+  std::optional<uint64_t> bytes = CheckedMul(elements, SafetensorsDTypeSize(tensor.dtype));
+  if (!bytes) return bad(fmt::format("shape {} overflows 64 bits", shape.dump()));
+
+  const Json& offsets = entry["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned()) {
+    return bad(fmt::format("\"data_offsets\" {} is not [begin, end] with non-negative integers",
+                           offsets.dump()));
+  }
+  tensor.data_begin = offsets[0].get<uint64_t>();
+  tensor.data_end = offsets[1].get<uint64_t>();
+  if (tensor.data_begin > tensor.data_end) {
+    return bad(fmt::format("\"data_offsets\" [{}, {}] ends before it begins", tensor.data_begin,
+                           tensor.data_end));
+  }
+  if (tensor.data_end > data_size) {
+    return DataLossError(fmt::format(
+        "{}: tensor '{}': \"data_offsets\" [{}, {}] go past the end of the data section ({} "
+        "bytes); the file is truncated or the header is wrong",
+        path, name, tensor.data_begin, tensor.data_end, data_size));
+  }
+  if (tensor.data_end - tensor.data_begin != *bytes) {
+    return bad(
+        fmt::format("\"data_offsets\" [{}, {}] span {} bytes, but shape {} of {} needs {} bytes",
+                    tensor.data_begin, tensor.data_end, tensor.data_end - tensor.data_begin,
+                    ShapeString(tensor.shape), SafetensorsDTypeName(tensor.dtype), *bytes));
+  }
+  tensor.file_offset = data_offset + tensor.data_begin;
+  return tensor;
+}
+
+// Writes `text` to a new file at `path` and fsyncs it.
+Status WriteSmallFile(const std::string& path, std::string_view text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("create {}", path));
+  FdCloser closer(fd);
+  STRATA_RETURN_IF_ERROR(PwriteFully(fd, text.data(), text.size(), 0, path));
+  if (::fsync(fd) != 0) return ErrnoToStatus(errno, fmt::format("fsync {}", path));
+  if (::close(closer.release()) != 0) return ErrnoToStatus(errno, fmt::format("close {}", path));
+  return Status::Ok();
+}
+
+Status FsyncPath(const std::string& path, int flags) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open {} to fsync it", path));
+  FdCloser closer(fd);
+  if (::fsync(fd) != 0) return ErrnoToStatus(errno, fmt::format("fsync {}", path));
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Dtypes
+
+std::string_view SafetensorsDTypeName(SafetensorsDType dtype) {
+  for (const DTypeEntry& e : kDTypes) {
+    if (e.dtype == dtype) return e.name;
+  }
+  return "?";
+}
+
+size_t SafetensorsDTypeSize(SafetensorsDType dtype) {
+  for (const DTypeEntry& e : kDTypes) {
+    if (e.dtype == dtype) return e.size;
+  }
+  return 1;
+}
+
+std::optional<SafetensorsDType> ParseSafetensorsDType(std::string_view name) {
+  for (const DTypeEntry& e : kDTypes) {
+    if (e.name == name) return e.dtype;
+  }
+  return std::nullopt;
+}
+
+SafetensorsDType ToSafetensorsDType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return SafetensorsDType::kF32;
+    case DType::kBF16:
+      return SafetensorsDType::kBF16;
+    case DType::kF16:
+      return SafetensorsDType::kF16;
+  }
+  return SafetensorsDType::kF32;
+}
+
+std::optional<DType> ToDeviceDType(SafetensorsDType dtype) {
+  switch (dtype) {
+    case SafetensorsDType::kF32:
+      return DType::kF32;
+    case SafetensorsDType::kBF16:
+      return DType::kBF16;
+    case SafetensorsDType::kF16:
+      return DType::kF16;
+    default:
+      return std::nullopt;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsFile
+
+Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open safetensors file {}", path));
+  FdCloser closer(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, fmt::format("fstat {}", path));
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidArgumentError(fmt::format("{}: not a regular file", path));
+  }
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) {
+    return DataLossError(fmt::format(
+        "{}: {} bytes long, shorter than the 8-byte header length of a safetensors file", path,
+        file_size));
+  }
+  unsigned char length_bytes[8];
+  STRATA_RETURN_IF_ERROR(PreadFully(fd, length_bytes, 8, 0, path));
+  uint64_t header_length = 0;
+  for (int i = 7; i >= 0; --i)
+    header_length = (header_length << 8) | length_bytes[i];
+  if (header_length > file_size - 8) {
+    return DataLossError(fmt::format(
+        "{}: the header is said to be {} bytes long but the file has only {} bytes after the "
+        "length; truncated, or not a safetensors file",
+        path, header_length, file_size - 8));
+  }
+  if (header_length > kMaxHeaderBytes) {
+    return InvalidArgumentError(
+        fmt::format("{}: a {}-byte header is larger than the {} bytes allowed", path, header_length,
+                    kMaxHeaderBytes));
+  }
+  std::string text(header_length, '\0');
+  STRATA_RETURN_IF_ERROR(PreadFully(fd, text.data(), header_length, 8, path));
+  STRATA_ASSIGN_OR_RETURN(Json root, ParseHeaderJson(text, path, "the header"));
+
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  file->file_size_ = file_size;
+  file->data_offset_ = 8 + header_length;
+  const uint64_t data_size = file_size - file->data_offset_;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object()) {
+        return InvalidArgumentError(
+            fmt::format("{}: \"__metadata__\" is a JSON {}, expected an object of strings", path,
+                        value.type_name()));
+      }
+      for (const auto& [mk, mv] : value.items()) {
+        if (!mv.is_string()) {
+          return InvalidArgumentError(
+              fmt::format("{}: \"__metadata__\" key '{}' is a JSON {}, expected a string", path, mk,
+                          mv.type_name()));
+        }
+        file->metadata_[mk] = mv.get<std::string>();
+      }
+      continue;
+    }
+    STRATA_ASSIGN_OR_RETURN(SafetensorsTensor tensor,
+                            ParseTensorEntry(key, value, data_size, file->data_offset_, path));
+    file->tensors_.push_back(std::move(tensor));
+  }
+  std::sort(file->tensors_.begin(), file->tensors_.end(),
+            [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+              return std::tie(a.data_begin, a.data_end, a.name) <
+                     std::tie(b.data_begin, b.data_end, b.name);
+            });
+  // Sorted by begin, two non-empty ranges overlap exactly when one begins before the furthest
+  // end seen so far. Empty tensors own no bytes and overlap nothing.
+  const SafetensorsTensor* furthest = nullptr;
+  for (const SafetensorsTensor& t : file->tensors_) {
+    if (t.num_bytes() == 0) continue;
+    if (furthest != nullptr && t.data_begin < furthest->data_end) {
+      return InvalidArgumentError(
+          fmt::format("{}: tensors '{}' (bytes [{}, {})) and '{}' (bytes [{}, {})) overlap", path,
+                      furthest->name, furthest->data_begin, furthest->data_end, t.name,
+                      t.data_begin, t.data_end));
+    }
+    if (furthest == nullptr || t.data_end > furthest->data_end) furthest = &t;
+  }
+  for (size_t i = 0; i < file->tensors_.size(); ++i)
+    file->by_name_.emplace(file->tensors_[i].name, i);
+  file->fd_ = closer.release();
+  STRATA_LOG(debug, train, "opened {}: {} tensors, data at offset {}", path, file->tensors_.size(),
+             file->data_offset_);
+  return file;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const SafetensorsTensor* SafetensorsFile::Find(std::string_view name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+Status SafetensorsFile::ReadRange(std::string_view name, uint64_t element_offset, uint64_t count,
+                                  void* dst, DType dst_dtype) const {
+  const SafetensorsTensor* tensor = Find(name);
+  if (tensor == nullptr) {
+    return NotFoundError(fmt::format("{}: no tensor named '{}'", path_, name));
+  }
+  STRATA_ASSIGN_OR_RETURN(DType src_dtype, CheckRange(*tensor, element_offset, count, path_));
+  const uint64_t src_size = device::DTypeSize(src_dtype);
+  const uint64_t offset = tensor->file_offset + element_offset * src_size;
+  if (src_dtype == dst_dtype) return PreadFully(fd_, dst, count * src_size, offset, path_);
+  std::vector<char> bounce(std::min(count, kBounceElements) * src_size);
+  const uint64_t dst_size = device::DTypeSize(dst_dtype);
+  for (uint64_t done = 0; done < count;) {
+    const uint64_t n = std::min(count - done, kBounceElements);
+    STRATA_RETURN_IF_ERROR(
+        PreadFully(fd_, bounce.data(), n * src_size, offset + done * src_size, path_));
+    ConvertElements(bounce.data(), src_dtype, static_cast<char*>(dst) + done * dst_size, dst_dtype,
+                    n);
+    done += n;
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsModel
+
+Result<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path source(path);
+  if (fs::is_directory(source, ec)) {
+    if (fs::exists(source / kSafetensorsModelFile, ec)) {
+      source /= kSafetensorsModelFile;
+    } else if (fs::exists(source / kSafetensorsIndexFile, ec)) {
+      source /= kSafetensorsIndexFile;
+    } else {
+      return NotFoundError(fmt::format("model directory {} holds neither {} nor {}", path,
+                                       kSafetensorsModelFile, kSafetensorsIndexFile));
+    }
+  }
+  std::unique_ptr<SafetensorsModel> model(new SafetensorsModel());
+  model->source_ = source.string();
+  if (source.extension() != ".json") {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                            SafetensorsFile::Open(model->source_));
+    for (const SafetensorsTensor& t : file->tensors())
+      model->by_name_.emplace(t.name, file.get());
+    model->files_.push_back(std::move(file));
+    return model;
+  }
+
+  // A sharded model: the index maps each tensor to a file beside it.
+  const std::string& index = model->source_;
+  int fd = ::open(index.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open safetensors index {}", index));
+  FdCloser closer(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, fmt::format("fstat {}", index));
+  if (static_cast<uint64_t>(st.st_size) > kMaxHeaderBytes) {
+    return InvalidArgumentError(fmt::format("{}: {} bytes is too large for an index", index,
+                                            static_cast<uint64_t>(st.st_size)));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  STRATA_RETURN_IF_ERROR(PreadFully(fd, text.data(), text.size(), 0, index));
+  STRATA_ASSIGN_OR_RETURN(Json root, ParseHeaderJson(text, index, "the index"));
+  if (!root.contains("weight_map") || !root["weight_map"].is_object()) {
+    return InvalidArgumentError(fmt::format(
+        "{}: the index has no \"weight_map\" object (tensor name -> file name)", index));
+  }
+  std::map<std::string, std::string> weight_map;
+  std::set<std::string> shards;
+  for (const auto& [tensor, shard] : root["weight_map"].items()) {
+    if (!shard.is_string()) {
+      return InvalidArgumentError(
+          fmt::format("{}: \"weight_map\" maps '{}' to a JSON {}, expected a file name", index,
+                      tensor, shard.type_name()));
+    }
+    std::string name = shard.get<std::string>();
+    fs::path shard_path(name);
+    bool escapes = name.empty() || shard_path.is_absolute();
+    for (const fs::path& part : shard_path)
+      escapes = escapes || part == "..";
+    if (escapes) {
+      return InvalidArgumentError(fmt::format(
+          "{}: \"weight_map\" maps '{}' to '{}', expected a file name inside the index's directory",
+          index, tensor, name));
+    }
+    weight_map.emplace(tensor, name);
+    shards.insert(name);
+  }
+  const fs::path dir = source.parent_path();
+  std::map<std::string, const SafetensorsFile*> by_shard;
+  for (const std::string& shard : shards) {
+    Result<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open((dir / shard).string());
+    if (!file.ok()) return file.status().WithContext(fmt::format("shard '{}' of {}", shard, index));
+    by_shard[shard] = file->get();
+    model->files_.push_back(std::move(file).value());
+  }
+  for (const auto& [tensor, shard] : weight_map) {
+    const SafetensorsFile* file = by_shard[shard];
+    if (file->Find(tensor) == nullptr) {
+      return InvalidArgumentError(fmt::format(
+          "{}: \"weight_map\" puts tensor '{}' in shard '{}', but {} has no such tensor", index,
+          tensor, shard, file->path()));
+    }
+    model->by_name_.emplace(tensor, file);
+  }
+  return model;
+}
+
+std::vector<std::string> SafetensorsModel::TensorNames() const {
+  std::vector<std::string> names;
+  names.reserve(by_name_.size());
+  for (const auto& [name, file] : by_name_)
+    names.push_back(name);
+  return names;
+}
+
+Result<const SafetensorsFile*> SafetensorsModel::FileOf(std::string_view name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) {
+    return NotFoundError(fmt::format("{}: the model has no tensor named '{}'", source_, name));
+  }
+  return it->second;
+}
+
+Result<const SafetensorsTensor*> SafetensorsModel::Find(std::string_view name) const {
+  STRATA_ASSIGN_OR_RETURN(const SafetensorsFile* file, FileOf(name));
+  return file->Find(name);
+}
+
+Status SafetensorsModel::ReadRange(std::string_view name, uint64_t element_offset, uint64_t count,
+                                   void* dst, DType dst_dtype) const {
+  STRATA_ASSIGN_OR_RETURN(const SafetensorsFile* file, FileOf(name));
+  return file->ReadRange(name, element_offset, count, dst, dst_dtype);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsLayout
+
+Result<SafetensorsLayout> SafetensorsLayout::Compute(
+    const std::vector<SafetensorsTensorSpec>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  SafetensorsLayout layout;
+  std::set<std::string_view> names;
+  for (const SafetensorsTensorSpec& spec : tensors) {
+    if (spec.name.empty())
+      return InvalidArgumentError("safetensors layout: a tensor has an empty name");
+    if (spec.name == "__metadata__") {
+      return InvalidArgumentError(
+          "safetensors layout: \"__metadata__\" is reserved, not a tensor name");
+    }
+    if (!names.insert(spec.name).second) {
+      return InvalidArgumentError(
+          fmt::format("safetensors layout: tensor '{}' appears more than once", spec.name));
+    }
+  }
+  // Largest elements first keeps every tensor aligned to its element size without padding.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return SafetensorsDTypeSize(tensors[a].dtype) > SafetensorsDTypeSize(tensors[b].dtype);
+  });
+
+  OrderedJson header = OrderedJson::object();
+  if (!metadata.empty()) {
+    OrderedJson meta = OrderedJson::object();
+    for (const auto& [k, v] : metadata)
+      meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  uint64_t offset = 0;
+  for (size_t i : order) {
+    const SafetensorsTensorSpec& spec = tensors[i];
+    SafetensorsTensor t;
+    t.name = spec.name;
+    t.dtype = spec.dtype;
+    t.shape = spec.shape;
+    std::optional<uint64_t> elements = 1;
+    for (uint64_t d : spec.shape)
+      if (elements) elements = CheckedMul(*elements, d);
+    std::optional<uint64_t> bytes =
+        elements ? CheckedMul(*elements, SafetensorsDTypeSize(spec.dtype)) : std::nullopt;
+    if (!bytes || offset + *bytes < offset) {
+      return InvalidArgumentError(
+          fmt::format("safetensors layout: tensor '{}' of shape {} is too large", spec.name,
+                      ShapeString(spec.shape)));
+    }
+    t.num_elements = *elements;
+    t.data_begin = offset;
+    t.data_end = offset + *bytes;
+    offset = t.data_end;
+    header[t.name] = OrderedJson{{"dtype", std::string(SafetensorsDTypeName(t.dtype))},
+                                 {"shape", t.shape},
+                                 {"data_offsets", {t.data_begin, t.data_end}}};
+    layout.tensors_.push_back(std::move(t));
+  }
+  layout.data_size_ = offset;
+
+  std::string json = header.dump();
+  // Spaces after the JSON (allowed by JSON and by the reference reader) start the data at a
+  // multiple of 8.
+  json.append((8 - (8 + json.size()) % 8) % 8, ' ');
+  layout.header_.reserve(8 + json.size());
+  uint64_t length = json.size();
+  for (int i = 0; i < 8; ++i)
+    layout.header_.push_back(static_cast<char>((length >> (8 * i)) & 0xff));
+  layout.header_ += json;
+  for (SafetensorsTensor& t : layout.tensors_)
+    t.file_offset = layout.header_.size() + t.data_begin;
+  for (size_t i = 0; i < layout.tensors_.size(); ++i)
+    layout.by_name_.emplace(layout.tensors_[i].name, i);
+  return layout;
+}
+
+const SafetensorsTensor* SafetensorsLayout::Find(std::string_view name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsWriter
+
+SafetensorsWriter::SafetensorsWriter(std::string path, SafetensorsLayout layout, int fd)
+    : path_(std::move(path)), layout_(std::move(layout)), fd_(fd) {}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    const std::string& path, const SafetensorsLayout& layout) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("create safetensors file {}", path));
+  FdCloser closer(fd);
+  const auto size = static_cast<off_t>(layout.file_size());
+  // Reserving the blocks now turns a full disk into an error here, before any data is written.
+  // fallocate, not posix_fallocate: glibc's emulation writes every block where the filesystem
+  // cannot, which for a checkpoint is gigabytes; a sparse file is the better fallback.
+  if (::fallocate(fd, 0, 0, size) != 0) {
+    const int err = errno;
+    if (err != EOPNOTSUPP && err != ENOSYS) {
+      return ErrnoToStatus(err, fmt::format("reserve {} bytes for {}", layout.file_size(), path));
+    }
+    STRATA_LOG_ONCE(debug, train, "fallocate unsupported for {}; the file will be sparse", path);
+    if (::ftruncate(fd, size) != 0) {
+      return ErrnoToStatus(errno,
+                           fmt::format("ftruncate {} to {} bytes", path, layout.file_size()));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(PwriteFully(fd, layout.header().data(), layout.header().size(), 0, path));
+  return std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter(path, layout, closer.release()));
+}
+
+Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Open(
+    const std::string& path, const SafetensorsLayout& layout) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0)
+    return ErrnoToStatus(errno, fmt::format("open safetensors file {} for writing", path));
+  FdCloser closer(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, fmt::format("fstat {}", path));
+  if (static_cast<uint64_t>(st.st_size) != layout.file_size()) {
+    return FailedPreconditionError(fmt::format(
+        "{}: {} bytes, but the layout needs {}; was it created (SafetensorsWriter::Create) from "
+        "the same tensor list?",
+        path, static_cast<uint64_t>(st.st_size), layout.file_size()));
+  }
+  std::string header(layout.header().size(), '\0');
+  STRATA_RETURN_IF_ERROR(PreadFully(fd, header.data(), header.size(), 0, path));
+  if (header != layout.header()) {
+    return FailedPreconditionError(fmt::format(
+        "{}: the header differs from this layout's; the file was created from another tensor list",
+        path));
+  }
+  return std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter(path, layout, closer.release()));
+}
+
+Status SafetensorsWriter::WriteRange(std::string_view name, uint64_t element_offset, uint64_t count,
+                                     const void* src, DType src_dtype) {
+  if (fd_ < 0) {
+    return FailedPreconditionError(fmt::format("{}: WriteRange after Finish", path_));
+  }
+  const SafetensorsTensor* tensor = layout_.Find(name);
+  if (tensor == nullptr) {
+    return NotFoundError(fmt::format("{}: the layout has no tensor named '{}'", path_, name));
+  }
+  STRATA_ASSIGN_OR_RETURN(DType file_dtype, CheckRange(*tensor, element_offset, count, path_));
+  const uint64_t file_size = device::DTypeSize(file_dtype);
+  const uint64_t offset = tensor->file_offset + element_offset * file_size;
+  if (src_dtype == file_dtype) return PwriteFully(fd_, src, count * file_size, offset, path_);
+  std::vector<char> bounce(std::min(count, kBounceElements) * file_size);
+  const uint64_t src_size = device::DTypeSize(src_dtype);
+  for (uint64_t done = 0; done < count;) {
+    const uint64_t n = std::min(count - done, kBounceElements);
+    ConvertElements(static_cast<const char*>(src) + done * src_size, src_dtype, bounce.data(),
+                    file_dtype, n);
+    STRATA_RETURN_IF_ERROR(
+        PwriteFully(fd_, bounce.data(), n * file_size, offset + done * file_size, path_));
+    done += n;
+  }
+  return Status::Ok();
+}
+
+Status SafetensorsWriter::Finish() {
+  if (fd_ < 0) return Status::Ok();
+  const int fd = std::exchange(fd_, -1);
+  // Closed whatever happens: a failed fsync leaves the page cache state unknown, and retrying
+  // on the same descriptor would report success falsely (the error is consumed).
+  Status status;
+  if (::fsync(fd) != 0) status = ErrnoToStatus(errno, fmt::format("fsync {}", path_));
+  if (::close(fd) != 0 && status.ok())
+    status = ErrnoToStatus(errno, fmt::format("close {}", path_));
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Index and commit
+
+Status WriteSafetensorsIndex(const std::string& path, uint64_t total_size,
+                             const std::map<std::string, std::string>& weight_map) {
+  OrderedJson index = OrderedJson::object();
+  index["metadata"] = OrderedJson{{"total_size", total_size}};
+  OrderedJson map = OrderedJson::object();
+  for (const auto& [tensor, file] : weight_map)
+    map[tensor] = file;
+  index["weight_map"] = std::move(map);
+  return WriteSmallFile(path, index.dump(2) + "\n");
+}
+
+Status CommitFile(const std::string& tmp_path, const std::string& final_path) {
+  STRATA_RETURN_IF_ERROR(FsyncPath(tmp_path, O_RDONLY));
+  if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
+    return ErrnoToStatus(errno, fmt::format("rename {} to {}", tmp_path, final_path));
+  }
+  std::string dir = std::filesystem::path(final_path).parent_path().string();
+  return FsyncPath(dir.empty() ? std::string(".") : dir, O_RDONLY | O_DIRECTORY);
+}
+
+}  // namespace strata::train
