@@ -177,6 +177,19 @@ struct Engine::Impl {
   std::vector<void*> full_params;
   // Stages 0-1: full fp32 gradient accumulators (device).
   std::vector<void*> full_grads;
+  // Stages 2-3: the reduction bucket (reduce_bucket_size). Units whose gradient is smaller than
+  // the bucket are copied into it (each rank's part at stride bucket_cap) and reduce-scattered
+  // together when it is full or backward ends; larger units are reduced on their own.
+  void* bucket = nullptr;
+  int64_t bucket_cap = 0;   // elements per rank
+  int64_t bucket_fill = 0;  // elements per rank in use
+  struct Pending {
+    int unit;
+    int64_t offset;  // in the rank's block
+    int mb;
+    bool last;
+  };
+  std::vector<Pending> bucket_units;
   // Stages 1-3, device optimizer: grad shard accumulators (device; stage 1 uses full_grads).
   std::vector<void*> grad_shard_dev;
   // CPU optimizer: grad shard accumulators (host) and the staging buffer they arrive through.
@@ -257,6 +270,11 @@ struct Engine::Impl {
   Result<StepResult> StepImpl(std::span<const Batch* const> micro_batches);
   Status ReduceGrads(int u, void* grads, int mb, bool last);
   Status LandGradShard(int u, const void* dev_shard, int mb);
+  Status FinishReducedShard(int u, void* own, int mb, bool last, bool direct_done);
+  Status FlushBucket();
+  bool Bucketed(int u) const {
+    return bucket != nullptr && layouts[u].shard_numel <= bucket_cap;
+  }
 
   // Optimizer.
   Status DeviceOptimizerStep(int u);
@@ -287,6 +305,7 @@ Engine::Impl::~Impl() {
                     &persistent_full}) {
     for (void* p : *vec) dev.Free(p);
   }
+  dev.Free(bucket);
 }
 
 // ---- compute-stream clock -----------------------------------------------------------------------
@@ -400,6 +419,8 @@ void Engine::Impl::CleanUpFailedStep() {
     if (p != nullptr) dev.Free(p);
     p = nullptr;
   }
+  bucket_units.clear();
+  bucket_fill = 0;
   if (otm) (void)otm->TakeWritebackError();
   if (ptm) (void)ptm->TakeWritebackError();
   if (sched && in_step) sched->EndStep();
@@ -605,6 +626,19 @@ Status Engine::Impl::Init() {
       }
     }
   }
+  // The reduction bucket: as large as reduce_bucket_size, but no larger than the units that fit
+  // in it need together.
+  if (stage >= 2 && world > 1) {
+    const int64_t per_rank = std::max<int64_t>(cfg.zero.reduce_bucket_size / world, 1);
+    int64_t small = 0;
+    for (const auto& l : layouts) {
+      if (l.shard_numel <= per_rank) small += l.shard_numel;
+    }
+    bucket_cap = std::min(per_rank, small);
+    if (bucket_cap > 0 && layouts.size() > 1) {
+      STRATA_ASSIGN_OR_RETURN(bucket, dev.Alloc(static_cast<uint64_t>(bucket_cap) * world * 4));
+    }
+  }
   if (cpu_optimizer) {
     STRATA_ASSIGN_OR_RETURN(grad_landing, HostBuffer::Make(opt.pool, max_shard * 4,
                                                            "gradient landing buffer (host)"));
@@ -731,26 +765,57 @@ Status Engine::Impl::ReduceGrads(int u, void* grads, int mb, bool last) {
     STRATA_RETURN_IF_ERROR(dev.Axpy(1.0f, grads, full_grads[u], DType::kF32, padded, *compute));
     return FreeLiveAfter(*compute, grads);
   }
-  // Stages 2-3: reduce-scatter this unit now, keep only the shard.
+  // Stages 2-3: keep only the shard.
   STRATA_RETURN_IF_ERROR(dev.Record(*ev_compute, *compute));
   STRATA_RETURN_IF_ERROR(dev.Wait(*comm_stream, *ev_compute));
+  if (Bucketed(static_cast<int>(u))) {
+    // Into the bucket (each rank's part at its stride), then the unit's buffer can go.
+    if (bucket_fill + static_cast<int64_t>(shard) > bucket_cap) STRATA_RETURN_IF_ERROR(FlushBucket());
+    for (int r = 0; r < world; ++r) {
+      STRATA_RETURN_IF_ERROR(dev.CopyAsync(
+          static_cast<char*>(bucket) + (static_cast<int64_t>(r) * bucket_cap + bucket_fill) * 4,
+          static_cast<const char*>(grads) + l.shard_offset(r) * 4, shard * 4,
+          device::CopyKind::kDeviceToDevice, *comm_stream));
+    }
+    bucket_units.push_back(Pending{u, bucket_fill, mb, last});
+    bucket_fill += static_cast<int64_t>(shard);
+    STRATA_RETURN_IF_ERROR(FreeLiveAfter(*comm_stream, grads));
+    if (u == 0) STRATA_RETURN_IF_ERROR(FlushBucket());  // backward of this micro-batch ends
+    return Status::Ok();
+  }
+  if (bucket_fill > 0) STRATA_RETURN_IF_ERROR(FlushBucket());  // keep the reductions in order
   char* own = static_cast<char*>(grads) + l.shard_offset(rank) * 4;
+  bool direct = false;
   if (!cpu_optimizer && mb == 0) {
     STRATA_RETURN_IF_ERROR(comm.ReduceScatter(grads, grad_shard_dev[u], shard, DType::kF32,
                                               comm::ReduceOp::kSum, *comm_stream));
+    direct = true;
   } else {
     STRATA_RETURN_IF_ERROR(comm.ReduceScatter(grads, own, shard, DType::kF32,
                                               comm::ReduceOp::kSum, *comm_stream));
-    if (!cpu_optimizer) {
-      STRATA_RETURN_IF_ERROR(
-          dev.Axpy(1.0f, own, grad_shard_dev[u], DType::kF32, shard, *comm_stream));
-    } else {
-      STRATA_RETURN_IF_ERROR(LandGradShard(u, own, mb));
-    }
   }
+  STRATA_RETURN_IF_ERROR(FinishReducedShard(u, own, mb, last, direct));
   STRATA_RETURN_IF_ERROR(FreeLiveAfter(*comm_stream, grads));
   // overlap_comm false: the rest of backward waits for this reduction (DeepSpeed's behaviour).
   if (!cfg.zero.overlap_comm) STRATA_RETURN_IF_ERROR(ComputeWaitComm());
+  return Status::Ok();
+}
+
+// A unit's reduced gradient shard is at `own` (device, comm-stream order): accumulate it where
+// the optimizer reads it, and in the last micro-batch queue the unit's overlapped optimizer step.
+Status Engine::Impl::FinishReducedShard(int u, void* own, int mb, bool last, bool direct_done) {
+  const size_t shard = static_cast<size_t>(layouts[u].shard_numel);
+  if (!direct_done) {
+    if (cpu_optimizer) {
+      STRATA_RETURN_IF_ERROR(LandGradShard(u, own, mb));
+    } else if (mb == 0) {
+      STRATA_RETURN_IF_ERROR(dev.CopyAsync(grad_shard_dev[u], own, shard * 4,
+                                           device::CopyKind::kDeviceToDevice, *comm_stream));
+    } else {
+      STRATA_RETURN_IF_ERROR(
+          dev.Axpy(1.0f, own, grad_shard_dev[u], DType::kF32, shard, *comm_stream));
+    }
+  }
   if (last && cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
       !cfg.fp16.enabled) {
     std::shared_ptr<device::Event> ready;
@@ -759,6 +824,23 @@ Status Engine::Impl::ReduceGrads(int u, void* grads, int mb, bool last) {
     STRATA_RETURN_IF_ERROR(dev.Record(*ready, *comm_stream));
     STRATA_RETURN_IF_ERROR(QueueOptimizer(u, ready, step_hyper));
   }
+  return Status::Ok();
+}
+
+// One reduce-scatter for every unit in the bucket (the whole capacity: the parts past the fill
+// hold stale values, reduced and never read), then each unit's piece of this rank's block.
+Status Engine::Impl::FlushBucket() {
+  if (bucket_units.empty()) return Status::Ok();
+  char* own = static_cast<char*>(bucket) + static_cast<int64_t>(rank) * bucket_cap * 4;
+  STRATA_RETURN_IF_ERROR(comm.ReduceScatter(bucket, own, static_cast<size_t>(bucket_cap),
+                                            DType::kF32, comm::ReduceOp::kSum, *comm_stream));
+  std::vector<Pending> units = std::move(bucket_units);
+  bucket_units.clear();
+  bucket_fill = 0;
+  for (const Pending& p : units) {
+    STRATA_RETURN_IF_ERROR(FinishReducedShard(p.unit, own + p.offset * 4, p.mb, p.last, false));
+  }
+  if (!cfg.zero.overlap_comm) STRATA_RETURN_IF_ERROR(ComputeWaitComm());
   return Status::Ok();
 }
 

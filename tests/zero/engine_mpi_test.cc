@@ -26,7 +26,7 @@ using testing::ToyRun;
 constexpr double kTolerance = 2e-4;
 constexpr int kSteps = 12;
 
-std::string ConfigJson(int stage, const std::string& where) {
+std::string ConfigJson(int stage, const std::string& where, const std::string& extra = "") {
   std::string zero = fmt::format(R"("stage": {})", stage);
   if (stage == 3 && where != "none") {
     zero += fmt::format(R"(, "offload_param": {{"device": "{}", "nvme_path": "@NVME@"}})", where);
@@ -35,7 +35,7 @@ std::string ConfigJson(int stage, const std::string& where) {
     zero += fmt::format(R"(, "offload_optimizer": {{"device": "{}", "nvme_path": "@NVME@"}})",
                         where);
   }
-  zero += R"(, "sub_group_size": 4096, "stage3_param_persistence_threshold": 0)";
+  zero += R"(, "sub_group_size": 4096, "stage3_param_persistence_threshold": 0)" + extra;
   return fmt::format(
       R"({{"optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
           "gradient_clipping": 1.0, "zero_optimization": {{{}}}}})",
@@ -69,11 +69,11 @@ class EngineMpiTest : public ::testing::Test {
     first_ = nullptr;
   }
 
-  void Check(int stage, const std::string& where) {
+  void Check(int stage, const std::string& where, const std::string& extra = "") {
     ASSERT_NE(reference_, nullptr);
     ToyRun run;
     ToyRun::Options o;
-    o.config_json = ConfigJson(stage, where);
+    o.config_json = ConfigJson(stage, where, extra);
     o.backend = comm::Backend::kAuto;
     o.steps = kSteps;
     Status st = run.Setup(o);
@@ -118,6 +118,16 @@ TEST_F(EngineMpiTest, Stage2NvmeOffload) { Check(2, "nvme"); }
 TEST_F(EngineMpiTest, Stage3NoOffload) { Check(3, "none"); }
 TEST_F(EngineMpiTest, Stage3CpuOffload) { Check(3, "cpu"); }
 TEST_F(EngineMpiTest, Stage3NvmeOffload) { Check(3, "nvme"); }
+// Reduction buckets: the default (5e8 elements) holds every unit of the toy model, so the tests
+// above reduce one bucket per micro-batch. Here: a bucket of one unit per rank (flushed per
+// unit), two units, and none at all (every unit reduced on its own) — the same bits each time.
+TEST_F(EngineMpiTest, Stage2OneUnitBucket) {
+  Check(2, "cpu", fmt::format(R"(, "reduce_bucket_size": {})", 2048 * world_));
+}
+TEST_F(EngineMpiTest, Stage3TwoUnitBucket) {
+  Check(3, "nvme", fmt::format(R"(, "reduce_bucket_size": {})", 4096 * world_));
+}
+TEST_F(EngineMpiTest, Stage3NoBucket) { Check(3, "none", R"(, "reduce_bucket_size": 1)"); }
 
 }  // namespace
 }  // namespace strata::zero
