@@ -195,5 +195,9 @@ uint16_t FloatToBf16(float f);
 float Bf16ToFloat(uint16_t h);
 uint16_t FloatToF16(float f);
 float F16ToFloat(uint16_t h);
+// Host-side bulk conversion: dst[i] = src[i] for n elements, from `from` to `to` through fp32
+// (exact from the 16-bit formats; one round to nearest even into them; a plain copy when the
+// dtypes match). src and dst are host memory, need not be aligned, and must not overlap.
+void ConvertHost(const void* src, DType from, void* dst, DType to, size_t n);
 
 }  // namespace strata::device

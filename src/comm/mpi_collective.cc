@@ -11,7 +11,7 @@ namespace strata::comm::internal {
 
 namespace {
 
-class MpiCollective final : public Collective {
+class MpiCollective final : public OpCollective {
  public:
   MpiCollective(device::Device& device, const CollectiveOptions& options, MpiRuntime& runtime,
                 const MpiTuning& tuning)
@@ -26,41 +26,8 @@ class MpiCollective final : public Collective {
   int rank() const override { return runtime_.rank(); }
   int world_size() const override { return runtime_.world_size(); }
 
-  Status AllGather(const void* send, void* recv, size_t count, device::DType dtype,
-                   device::Stream& stream) override {
-    return Submit(
-        {.kind = OpKind::kAllGather, .send = send, .recv = recv, .count = count, .dtype = dtype},
-        stream);
-  }
-  Status ReduceScatter(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
-                       device::Stream& stream) override {
-    return Submit({.kind = OpKind::kReduceScatter,
-                   .send = send,
-                   .recv = recv,
-                   .count = count,
-                   .dtype = dtype,
-                   .op = op},
-                  stream);
-  }
-  Status AllReduce(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
-                   device::Stream& stream) override {
-    return Submit({.kind = OpKind::kAllReduce,
-                   .send = send,
-                   .recv = recv,
-                   .count = count,
-                   .dtype = dtype,
-                   .op = op},
-                  stream);
-  }
-  Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) override {
-    return Submit({.kind = OpKind::kBroadcast, .recv = buf, .count = bytes, .root = root}, stream);
-  }
-  Status Barrier(device::Stream& stream) override {
-    return Submit({.kind = OpKind::kBarrier}, stream);
-  }
-
  private:
-  Status Submit(const OpDesc& desc, device::Stream& stream) {
+  Status Run(const OpDesc& desc, device::Stream& stream) override {
     STRATA_RETURN_IF_ERROR(ValidateOp("mpi", desc, rank(), world_size()));
     // An empty operation is empty on every rank (the counts must agree): nothing to run.
     if (IsEmpty(desc)) return runtime_.failure();

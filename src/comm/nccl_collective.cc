@@ -120,7 +120,7 @@ struct NcclWatch {
   }
 };
 
-class NcclCollective final : public Collective {
+class NcclCollective final : public OpCollective {
  public:
   NcclCollective(device::Device& device, const CollectiveOptions& options, ncclComm_t comm,
                  int rank, int world, int ordinal, void* barrier_buffer)
@@ -178,41 +178,8 @@ class NcclCollective final : public Collective {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
-  Status AllGather(const void* send, void* recv, size_t count, device::DType dtype,
-                   device::Stream& stream) override {
-    return Enqueue(
-        {.kind = OpKind::kAllGather, .send = send, .recv = recv, .count = count, .dtype = dtype},
-        stream);
-  }
-  Status ReduceScatter(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
-                       device::Stream& stream) override {
-    return Enqueue({.kind = OpKind::kReduceScatter,
-                    .send = send,
-                    .recv = recv,
-                    .count = count,
-                    .dtype = dtype,
-                    .op = op},
-                   stream);
-  }
-  Status AllReduce(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
-                   device::Stream& stream) override {
-    return Enqueue({.kind = OpKind::kAllReduce,
-                    .send = send,
-                    .recv = recv,
-                    .count = count,
-                    .dtype = dtype,
-                    .op = op},
-                   stream);
-  }
-  Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) override {
-    return Enqueue({.kind = OpKind::kBroadcast, .recv = buf, .count = bytes, .root = root}, stream);
-  }
-  Status Barrier(device::Stream& stream) override {
-    return Enqueue({.kind = OpKind::kBarrier}, stream);
-  }
-
  private:
-  Status Enqueue(const OpDesc& desc, device::Stream& stream);
+  Status Run(const OpDesc& desc, device::Stream& stream) override;
   // The NCCL calls (and the device's Cast / Scale) of one operation, on `cuda_stream`.
   Status Issue(const OpDesc& desc, const std::string& name, void* scratch, device::Stream& stream,
                cudaStream_t cuda_stream);
@@ -235,7 +202,7 @@ class NcclCollective final : public Collective {
   std::thread watchdog_;
 };
 
-Status NcclCollective::Enqueue(const OpDesc& desc, device::Stream& stream) {
+Status NcclCollective::Run(const OpDesc& desc, device::Stream& stream) {
   STRATA_RETURN_IF_ERROR(ValidateOp("nccl", desc, rank_, world_));
   STRATA_ASSIGN_OR_RETURN(void* native, device::NativeCudaStream(stream));
   auto* cuda_stream = static_cast<cudaStream_t>(native);

@@ -70,4 +70,43 @@ void WidenToF32(const void* src, device::DType dtype, float* dst, size_t n);
 // dst[i] = src[i] * scale rounded to `dtype` (scale 1.0f leaves fp32 values untouched).
 void NarrowFromF32(const float* src, float scale, void* dst, device::DType dtype, size_t n);
 
+// A Collective whose five operations are one OpDesc each, run by `Run` (every backend).
+class OpCollective : public Collective {
+ public:
+  Status AllGather(const void* send, void* recv, size_t count, device::DType dtype,
+                   device::Stream& stream) final {
+    return Run(
+        {.kind = OpKind::kAllGather, .send = send, .recv = recv, .count = count, .dtype = dtype},
+        stream);
+  }
+  Status ReduceScatter(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
+                       device::Stream& stream) final {
+    return Run({.kind = OpKind::kReduceScatter,
+                .send = send,
+                .recv = recv,
+                .count = count,
+                .dtype = dtype,
+                .op = op},
+               stream);
+  }
+  Status AllReduce(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
+                   device::Stream& stream) final {
+    return Run({.kind = OpKind::kAllReduce,
+                .send = send,
+                .recv = recv,
+                .count = count,
+                .dtype = dtype,
+                .op = op},
+               stream);
+  }
+  Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) final {
+    return Run({.kind = OpKind::kBroadcast, .recv = buf, .count = bytes, .root = root}, stream);
+  }
+  Status Barrier(device::Stream& stream) final { return Run({.kind = OpKind::kBarrier}, stream); }
+
+ protected:
+  // Checks and enqueues one operation on `stream` (see strata/collective.h for the contract).
+  virtual Status Run(const OpDesc& desc, device::Stream& stream) = 0;
+};
+
 }  // namespace strata::comm::internal

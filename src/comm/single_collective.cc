@@ -42,41 +42,4 @@ Status SingleCollective::Run(const OpDesc& desc, device::Stream& stream) {
   return Status::Ok();
 }
 
-Status SingleCollective::AllGather(const void* send, void* recv, size_t count, device::DType dtype,
-                                   device::Stream& stream) {
-  return Run(
-      {.kind = OpKind::kAllGather, .send = send, .recv = recv, .count = count, .dtype = dtype},
-      stream);
-}
-
-Status SingleCollective::ReduceScatter(const void* send, void* recv, size_t count,
-                                       device::DType dtype, ReduceOp op, device::Stream& stream) {
-  return Run({.kind = OpKind::kReduceScatter,
-              .send = send,
-              .recv = recv,
-              .count = count,
-              .dtype = dtype,
-              .op = op},
-             stream);
-}
-
-Status SingleCollective::AllReduce(const void* send, void* recv, size_t count, device::DType dtype,
-                                   ReduceOp op, device::Stream& stream) {
-  return Run({.kind = OpKind::kAllReduce,
-              .send = send,
-              .recv = recv,
-              .count = count,
-              .dtype = dtype,
-              .op = op},
-             stream);
-}
-
-Status SingleCollective::Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) {
-  return Run({.kind = OpKind::kBroadcast, .recv = buf, .count = bytes, .root = root}, stream);
-}
-
-Status SingleCollective::Barrier(device::Stream& stream) {
-  return Run({.kind = OpKind::kBarrier}, stream);
-}
-
 }  // namespace strata::comm::internal

@@ -18,7 +18,7 @@
 
 namespace strata::comm::internal {
 
-class SingleCollective final : public Collective {
+class SingleCollective final : public OpCollective {
  public:
   SingleCollective(device::Device& device, const CollectiveOptions& options);
 
@@ -26,17 +26,8 @@ class SingleCollective final : public Collective {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
 
-  Status AllGather(const void* send, void* recv, size_t count, device::DType dtype,
-                   device::Stream& stream) override;
-  Status ReduceScatter(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
-                       device::Stream& stream) override;
-  Status AllReduce(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
-                   device::Stream& stream) override;
-  Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) override;
-  Status Barrier(device::Stream& stream) override;
-
  private:
-  Status Run(const OpDesc& desc, device::Stream& stream);
+  Status Run(const OpDesc& desc, device::Stream& stream) override;
 
   device::Device& device_;
   TraceRecorder* const trace_;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/log.h"
 #include "common/units.h"
@@ -91,6 +92,31 @@ uint16_t FloatToF16(float f) {
 }
 float F16ToFloat(uint16_t h) {
   return convert::F16ToFloat(h);
+}
+
+void ConvertHost(const void* src, DType from, void* dst, DType to, size_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, n * DTypeSize(from));
+    return;
+  }
+  const auto* in = static_cast<const char*>(src);
+  auto* out = static_cast<char*>(dst);
+  for (size_t i = 0; i < n; ++i) {
+    float f = 0.0f;
+    if (from == DType::kF32) {
+      std::memcpy(&f, in + i * 4, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, in + i * 2, 2);
+      f = from == DType::kBF16 ? convert::Bf16ToFloat(h) : convert::F16ToFloat(h);
+    }
+    if (to == DType::kF32) {
+      std::memcpy(out + i * 4, &f, 4);
+    } else {
+      const uint16_t h = to == DType::kBF16 ? convert::FloatToBf16(f) : convert::FloatToF16(f);
+      std::memcpy(out + i * 2, &h, 2);
+    }
+  }
 }
 
 namespace internal {

@@ -79,23 +79,7 @@ void Rotate(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, f
 }  // namespace
 
 void ConvertToFloat(const void* src, DType dtype, size_t n, float* dst) {
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return;
-    case DType::kBF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i)
-        dst[i] = device::Bf16ToFloat(s[i]);
-      return;
-    }
-    case DType::kF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i)
-        dst[i] = device::F16ToFloat(s[i]);
-      return;
-    }
-  }
+  device::ConvertHost(src, dtype, dst, DType::kF32, n);
 }
 
 const float* WeightAsFloat(Weight w, size_t n, std::vector<float>& scratch) {

@@ -158,31 +158,10 @@ void Run(const AdamStepScalars& s, const AdamKernelRange& r) {
   if (i < r.n) Partial<kDecay, kOut>(c, r, i, r.n - i);
 }
 
-template <DecayMode kDecay>
-void RunOut(const AdamStepScalars& s, const AdamKernelRange& r) {
-  switch (r.out) {
-    case OutKind::kNone:
-      return Run<kDecay, OutKind::kNone>(s, r);
-    case OutKind::kBF16:
-      return Run<kDecay, OutKind::kBF16>(s, r);
-    case OutKind::kF16:
-      return Run<kDecay, OutKind::kF16>(s, r);
-    case OutKind::kF32:
-      return Run<kDecay, OutKind::kF32>(s, r);
-  }
-}
-
 }  // namespace
 
 void AdamKernelAvx512(const AdamStepScalars& s, const AdamKernelRange& r) {
-  switch (s.decay) {
-    case DecayMode::kNone:
-      return RunOut<DecayMode::kNone>(s, r);
-    case DecayMode::kDecoupled:
-      return RunOut<DecayMode::kDecoupled>(s, r);
-    case DecayMode::kL2:
-      return RunOut<DecayMode::kL2>(s, r);
-  }
+  DispatchAdam(s.decay, r.out, [&]<DecayMode kDecay, OutKind kOut>() { Run<kDecay, kOut>(s, r); });
 }
 
 }  // namespace strata::optim::detail

@@ -29,6 +29,32 @@ struct AdamKernelRange {
   bool stream_out16;
 };
 
+// Calls `kernel.template operator()<kDecay, kOut>()` for the run-time decay mode and output kind:
+// each ISA's kernel is a template over both, so the hot loop has no per-element branch on them.
+template <typename Kernel>
+void DispatchAdam(DecayMode decay, OutKind out, Kernel&& kernel) {
+  auto with_out = [&]<DecayMode kDecay>() {
+    switch (out) {
+      case OutKind::kNone:
+        return kernel.template operator()<kDecay, OutKind::kNone>();
+      case OutKind::kBF16:
+        return kernel.template operator()<kDecay, OutKind::kBF16>();
+      case OutKind::kF16:
+        return kernel.template operator()<kDecay, OutKind::kF16>();
+      case OutKind::kF32:
+        return kernel.template operator()<kDecay, OutKind::kF32>();
+    }
+  };
+  switch (decay) {
+    case DecayMode::kNone:
+      return with_out.template operator()<DecayMode::kNone>();
+    case DecayMode::kDecoupled:
+      return with_out.template operator()<DecayMode::kDecoupled>();
+    case DecayMode::kL2:
+      return with_out.template operator()<DecayMode::kL2>();
+  }
+}
+
 void AdamKernelScalar(const AdamStepScalars& s, const AdamKernelRange& r);
 void AdamKernelAvx2(const AdamStepScalars& s, const AdamKernelRange& r);
 void AdamKernelAvx512(const AdamStepScalars& s, const AdamKernelRange& r);

@@ -105,46 +105,10 @@ Status PwriteFully(int fd, const void* buffer, uint64_t length, uint64_t offset,
   return Status::Ok();
 }
 
-float LoadFloat(const void* src, DType dtype, uint64_t i) {
-  switch (dtype) {
-    case DType::kF32: {
-      float f;
-      std::memcpy(&f, static_cast<const char*>(src) + i * 4, 4);
-      return f;
-    }
-    case DType::kBF16:
-    case DType::kF16: {
-      uint16_t h;
-      std::memcpy(&h, static_cast<const char*>(src) + i * 2, 2);
-      return dtype == DType::kBF16 ? device::Bf16ToFloat(h) : device::F16ToFloat(h);
-    }
-  }
-  return 0.0f;
-}
-
-void StoreFloat(void* dst, DType dtype, uint64_t i, float f) {
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(static_cast<char*>(dst) + i * 4, &f, 4);
-      return;
-    case DType::kBF16:
-    case DType::kF16: {
-      uint16_t h = dtype == DType::kBF16 ? device::FloatToBf16(f) : device::FloatToF16(f);
-      std::memcpy(static_cast<char*>(dst) + i * 2, &h, 2);
-      return;
-    }
-  }
-}
-
 // dst[i] = src[i] for n elements, converting through fp32 (exact from 16-bit formats; one
 // round-to-nearest-even to them).
 void ConvertElements(const void* src, DType from, void* dst, DType to, uint64_t n) {
-  if (from == to) {
-    std::memcpy(dst, src, n * device::DTypeSize(from));
-    return;
-  }
-  for (uint64_t i = 0; i < n; ++i)
-    StoreFloat(dst, to, i, LoadFloat(src, from, i));
+  device::ConvertHost(src, from, dst, to, static_cast<size_t>(n));
 }
 
 // a * b, or nullopt on overflow.

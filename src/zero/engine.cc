@@ -61,32 +61,6 @@ Tier HomeOf(OffloadDevice device) {
   return Tier::kDevice;
 }
 
-float ToFloat(const void* base, DType dtype, size_t i) {
-  switch (dtype) {
-    case DType::kF32:
-      return static_cast<const float*>(base)[i];
-    case DType::kBF16:
-      return device::Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16:
-      return device::F16ToFloat(static_cast<const uint16_t*>(base)[i]);
-  }
-  return 0.0f;
-}
-
-void FromFloat(const float* src, void* dst, DType dtype, size_t n) {
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return;
-    case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = device::FloatToBf16(src[i]);
-      return;
-    case DType::kF16:
-      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = device::FloatToF16(src[i]);
-      return;
-  }
-}
-
 // A host buffer from the pinned pool when there is one (registered, fast copies), else from the
 // heap (the CPU device takes any host memory).
 class HostBuffer {
@@ -651,7 +625,7 @@ Status Engine::Impl::Init() {
     STRATA_RETURN_IF_ERROR(model.InitUnit(static_cast<int>(u), l.slots,
                                           std::span<float>(full.data(), l.used_numel)));
     std::vector<char> cast(full.size() * csz);
-    FromFloat(full.data(), cast.data(), cdt, full.size());
+    device::ConvertHost(full.data(), DType::kF32, cast.data(), cdt, full.size());
     if (stage <= 2) {
       STRATA_RETURN_IF_ERROR(dev.CopyAsync(full_params[u], cast.data(), cast.size(),
                                            device::CopyKind::kHostToDevice, *compute));
@@ -1287,7 +1261,7 @@ Result<std::vector<float>> Engine::Impl::GatherShards(int u, const void* own_sha
   dev.Free(buf);
   STRATA_RETURN_IF_ERROR(st);
   std::vector<float> out(static_cast<size_t>(l.used_numel));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = ToFloat(host.data(), dtype, i);
+  device::ConvertHost(host.data(), dtype, out.data(), DType::kF32, out.size());
   return out;
 }
 
@@ -1369,7 +1343,7 @@ Result<std::vector<float>> Engine::GatherParams(int unit) {
                                            device::CopyKind::kDeviceToHost, *m.comm_stream));
     STRATA_RETURN_IF_ERROR(m.dev.Synchronize(*m.comm_stream));
     std::vector<float> out(static_cast<size_t>(l.used_numel));
-    for (size_t i = 0; i < out.size(); ++i) out[i] = ToFloat(host.data(), m.cdt, i);
+    device::ConvertHost(host.data(), m.cdt, out.data(), DType::kF32, out.size());
     return out;
   }
   std::vector<char> shard(static_cast<size_t>(l.shard_numel) * m.csz);
