@@ -260,6 +260,14 @@ struct Engine::Impl {
   Result<double> LocalGradSumSquares();
   Result<float> AllReduceHostFloat(float value);
   Status WriteParamShard(int u, const void* host_src);
+  Status ReadParamShard(int u, void* host_dst);
+  // Calls fn(slot, offset in the parameter, count, offset in the rank's shard) for every
+  // parameter range that falls within elements [begin, end) of the rank's shard of unit u.
+  template <typename Fn>
+  Status ForEachPiece(int u, int64_t begin, int64_t end, Fn&& fn) const;
+  Status LoadUnitStates(int u, const InitialStates& initial);
+  Status SaveUnitStates(int u, const StateWriter& write);
+  Status InitUnitFromModel(int u);
   Result<std::vector<float>> GatherShards(int u, const void* own_shard_host, DType dtype);
 };
 
@@ -618,26 +626,34 @@ Status Engine::Impl::Init() {
                                                            "gradient landing buffer (host)"));
   }
 
-  // Initial values: every rank computes each unit in full (fp32) and keeps what it owns.
+  // Initial values: from the caller's reader, or every rank computes each unit in full (fp32)
+  // and keeps what it owns.
   for (size_t u = 0; u < n_units; ++u) {
-    const auto& l = layouts[u];
-    std::vector<float> full(static_cast<size_t>(l.padded_numel()), 0.0f);
-    STRATA_RETURN_IF_ERROR(model.InitUnit(static_cast<int>(u), l.slots,
-                                          std::span<float>(full.data(), l.used_numel)));
-    std::vector<char> cast(full.size() * csz);
-    device::ConvertHost(full.data(), DType::kF32, cast.data(), cdt, full.size());
-    if (stage <= 2) {
-      STRATA_RETURN_IF_ERROR(dev.CopyAsync(full_params[u], cast.data(), cast.size(),
-                                           device::CopyKind::kHostToDevice, *compute));
-      STRATA_RETURN_IF_ERROR(dev.Synchronize(*compute));
+    if (opt.initial.has_value()) {
+      STRATA_RETURN_IF_ERROR(LoadUnitStates(static_cast<int>(u), *opt.initial));
+      if (opt.initial->progress) opt.initial->progress(static_cast<int>(u) + 1, static_cast<int>(n_units));
     } else {
-      STRATA_RETURN_IF_ERROR(
-          WriteParamShard(static_cast<int>(u), cast.data() + l.shard_offset(rank) * csz));
+      STRATA_RETURN_IF_ERROR(InitUnitFromModel(static_cast<int>(u)));
     }
-    STRATA_RETURN_IF_ERROR(InitOptimizerStates(static_cast<int>(u), full));
   }
   if (cpu_optimizer) opt_thread = std::thread([this] { OptimizerThread(); });
   return Status::Ok();
+}
+
+Status Engine::Impl::InitUnitFromModel(int u) {
+  const auto& l = layouts[u];
+  std::vector<float> full(static_cast<size_t>(l.padded_numel()), 0.0f);
+  STRATA_RETURN_IF_ERROR(model.InitUnit(u, l.slots, std::span<float>(full.data(), l.used_numel)));
+  std::vector<char> cast(full.size() * csz);
+  device::ConvertHost(full.data(), DType::kF32, cast.data(), cdt, full.size());
+  if (stage <= 2) {
+    STRATA_RETURN_IF_ERROR(dev.CopyAsync(full_params[u], cast.data(), cast.size(),
+                                         device::CopyKind::kHostToDevice, *compute));
+    STRATA_RETURN_IF_ERROR(dev.Synchronize(*compute));
+  } else {
+    STRATA_RETURN_IF_ERROR(WriteParamShard(u, cast.data() + l.shard_offset(rank) * csz));
+  }
+  return InitOptimizerStates(u, full);
 }
 
 Status Engine::Impl::InitOptimizerStates(int u, const std::vector<float>& full) {
@@ -1238,6 +1254,140 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
   return result;
 }
 
+// ---- checkpoint states ---------------------------------------------------------------------------
+
+// Unit u's parameter shard (stage 3), in the compute dtype, into host memory.
+Status Engine::Impl::ReadParamShard(int u, void* host_dst) {
+  const uint64_t bytes = static_cast<uint64_t>(layouts[u].shard_numel) * csz;
+  if (stage <= 2) {
+    const char* own = static_cast<const char*>(full_params[u]) + layouts[u].shard_offset(rank) * csz;
+    STRATA_RETURN_IF_ERROR(dev.CopyAsync(host_dst, own, bytes, device::CopyKind::kDeviceToHost,
+                                         *comm_stream));
+    return dev.Synchronize(*comm_stream);
+  }
+  if (param_home == Tier::kDevice) {
+    STRATA_ASSIGN_OR_RETURN(Lease lease, ptm->Acquire(u, Tier::kDevice, Access::kRead, "checkpoint"));
+    STRATA_RETURN_IF_ERROR(dev.CopyAsync(host_dst, lease.data(), bytes,
+                                         device::CopyKind::kDeviceToHost, *comm_stream));
+    return dev.Synchronize(*comm_stream);
+  }
+  STRATA_ASSIGN_OR_RETURN(Lease lease, ptm->Acquire(u, Tier::kHost, Access::kRead, "checkpoint"));
+  std::memcpy(host_dst, lease.data(), bytes);
+  return Status::Ok();
+}
+
+template <typename Fn>
+Status Engine::Impl::ForEachPiece(int u, int64_t begin, int64_t end, Fn&& fn) const {
+  const auto& l = layouts[u];
+  const int64_t base = l.shard_offset(rank);
+  for (size_t i = 0; i < l.slots.size(); ++i) {
+    const ParamSlot& slot = l.slots[i];
+    const int64_t lo = std::max(slot.offset, base + begin);
+    const int64_t hi = std::min(slot.offset + slot.numel, base + end);
+    if (lo >= hi) continue;
+    STRATA_RETURN_IF_ERROR(fn(static_cast<int>(i), lo - slot.offset, hi - lo, lo - base));
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::SaveUnitStates(int u, const StateWriter& write) {
+  const auto& l = layouts[u];
+  const int64_t shard = l.shard_numel;
+  auto emit = [&](StateKind kind, int64_t begin, int64_t end, const char* base, DType dtype) {
+    const size_t es = device::DTypeSize(dtype);
+    return ForEachPiece(u, begin, end, [&](int slot, int64_t off, int64_t count, int64_t rel) {
+      return write(StatePiece{u, slot, kind, off, count}, base + (rel - begin) * static_cast<int64_t>(es),
+                   dtype);
+    });
+  };
+  {
+    std::vector<char> params(static_cast<size_t>(shard) * csz);
+    STRATA_RETURN_IF_ERROR(ReadParamShard(u, params.data()));
+    STRATA_RETURN_IF_ERROR(emit(StateKind::kParams, 0, shard, params.data(), cdt));
+  }
+  const StateKind kinds[3] = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
+  if (!cpu_optimizer) {
+    const int64_t first = stage == 0 ? l.shard_offset(rank) : 0;
+    void* const bufs[3] = {master_dev[u], m_dev[u], v_dev[u]};
+    std::vector<float> host(static_cast<size_t>(shard));
+    for (int k = 0; k < 3; ++k) {
+      STRATA_RETURN_IF_ERROR(dev.CopyAsync(host.data(), static_cast<const float*>(bufs[k]) + first,
+                                           host.size() * 4, device::CopyKind::kDeviceToHost,
+                                           *comm_stream));
+      STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+      STRATA_RETURN_IF_ERROR(emit(kinds[k], 0, shard, reinterpret_cast<const char*>(host.data()),
+                                  DType::kF32));
+    }
+    return Status::Ok();
+  }
+  // One sub-group at a time: an NVMe-homed shard is never held whole in host memory.
+  for (const SubGroup& g : subgroups[u]) {
+    STRATA_ASSIGN_OR_RETURN(Lease lease, otm->Acquire(g.id, Tier::kHost, Access::kRead, "checkpoint"));
+    const char* base = static_cast<const char*>(lease.data());
+    for (int k = 0; k < 3; ++k) {
+      STRATA_RETURN_IF_ERROR(emit(kinds[k], g.offset, g.offset + g.numel, base + k * g.numel * 4,
+                                  DType::kF32));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::LoadUnitStates(int u, const InitialStates& initial) {
+  if (!initial.read) return InvalidArgumentError("engine: loading states needs a reader");
+  const auto& l = layouts[u];
+  const size_t shard = static_cast<size_t>(l.shard_numel);
+  // The rank's shard of each state; alignment gaps and padding stay zero.
+  std::vector<float> master(shard, 0.0f), m, v;
+  auto fill = [&](StateKind kind, std::vector<float>& out) {
+    return ForEachPiece(u, 0, l.shard_numel, [&](int slot, int64_t off, int64_t count, int64_t rel) {
+      return initial.read(StatePiece{u, slot, kind, off, count}, out.data() + rel, DType::kF32);
+    });
+  };
+  STRATA_RETURN_IF_ERROR(fill(initial.with_optimizer ? StateKind::kMaster : StateKind::kParams, master));
+  m.assign(shard, 0.0f);
+  v.assign(shard, 0.0f);
+  if (initial.with_optimizer) {
+    STRATA_RETURN_IF_ERROR(fill(StateKind::kExpAvg, m));
+    STRATA_RETURN_IF_ERROR(fill(StateKind::kExpAvgSq, v));
+  }
+  // Parameters: the master weights in the compute dtype (what the optimizer's fused copy writes).
+  std::vector<char> cast(shard * csz);
+  device::ConvertHost(master.data(), DType::kF32, cast.data(), cdt, shard);
+  if (stage <= 2) {
+    char* own = static_cast<char*>(full_params[u]) + l.shard_offset(rank) * csz;
+    STRATA_RETURN_IF_ERROR(dev.CopyAsync(own, cast.data(), cast.size(),
+                                         device::CopyKind::kHostToDevice, *comm_stream));
+    STRATA_RETURN_IF_ERROR(comm.AllGather(own, full_params[u], l.shard_numel, cdt, *comm_stream));
+    STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+  } else {
+    STRATA_RETURN_IF_ERROR(WriteParamShard(u, cast.data()));
+  }
+  const std::vector<float>* const states[3] = {&master, &m, &v};
+  if (!cpu_optimizer) {
+    void* const bufs[3] = {master_dev[u], m_dev[u], v_dev[u]};
+    for (int k = 0; k < 3; ++k) {
+      float* own = static_cast<float*>(bufs[k]) + (stage == 0 ? l.shard_offset(rank) : 0);
+      STRATA_RETURN_IF_ERROR(dev.CopyAsync(own, states[k]->data(), shard * 4,
+                                           device::CopyKind::kHostToDevice, *comm_stream));
+      if (stage == 0) {  // every rank keeps every state
+        STRATA_RETURN_IF_ERROR(comm.AllGather(own, bufs[k], l.shard_numel, DType::kF32, *comm_stream));
+      }
+      STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+    }
+    return Status::Ok();
+  }
+  for (const SubGroup& g : subgroups[u]) {
+    STRATA_ASSIGN_OR_RETURN(Lease lease,
+                            otm->Acquire(g.id, Tier::kHost, Access::kOverwrite, "checkpoint load"));
+    auto* p = static_cast<float*>(lease.data());
+    for (int k = 0; k < 3; ++k) {
+      std::memcpy(p + k * g.numel, states[k]->data() + g.offset, static_cast<size_t>(g.numel) * 4);
+    }
+    lease.Release(true);
+  }
+  return otm->TakeWritebackError();
+}
+
 // ---- gathering for tests and checkpoints --------------------------------------------------------
 
 // All-gathers each rank's shard (host memory, `dtype`) of unit u and returns the unit in fp32.
@@ -1347,15 +1497,7 @@ Result<std::vector<float>> Engine::GatherParams(int unit) {
     return out;
   }
   std::vector<char> shard(static_cast<size_t>(l.shard_numel) * m.csz);
-  if (m.param_home == Tier::kDevice) {
-    STRATA_ASSIGN_OR_RETURN(Lease lease, m.ptm->Acquire(unit, Tier::kDevice, Access::kRead, "gather"));
-    STRATA_RETURN_IF_ERROR(m.dev.CopyAsync(shard.data(), lease.data(), shard.size(),
-                                           device::CopyKind::kDeviceToHost, *m.comm_stream));
-    STRATA_RETURN_IF_ERROR(m.dev.Synchronize(*m.comm_stream));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(Lease lease, m.ptm->Acquire(unit, Tier::kHost, Access::kRead, "gather"));
-    std::memcpy(shard.data(), lease.data(), shard.size());
-  }
+  STRATA_RETURN_IF_ERROR(m.ReadParamShard(unit, shard.data()));
   return m.GatherShards(unit, shard.data(), m.cdt);
 }
 
@@ -1384,6 +1526,66 @@ Result<std::vector<float>> Engine::GatherMaster(int unit) {
     }
   }
   return m.GatherShards(unit, shard.data(), DType::kF32);
+}
+
+std::string_view StateKindName(StateKind kind) {
+  switch (kind) {
+    case StateKind::kParams:
+      return "params";
+    case StateKind::kMaster:
+      return "master";
+    case StateKind::kExpAvg:
+      return "exp_avg";
+    case StateKind::kExpAvgSq:
+      break;
+  }
+  return "exp_avg_sq";
+}
+
+Status Engine::SaveStates(const StateWriter& write, const StateProgress& progress) {
+  Impl& m = *impl_;
+  if (!write) return InvalidArgumentError("SaveStates: no writer");
+  if (m.in_step) return FailedPreconditionError("SaveStates: a step is in progress");
+  const int n = static_cast<int>(m.layouts.size());
+  for (int u = 0; u < n; ++u) {
+    STRATA_RETURN_IF_ERROR(m.SaveUnitStates(u, write));
+    if (progress) progress(u + 1, n);
+  }
+  return Status::Ok();
+}
+
+Status Engine::LoadStates(const InitialStates& initial) {
+  Impl& m = *impl_;
+  if (m.in_step) return FailedPreconditionError("LoadStates: a step is in progress");
+  const int n = static_cast<int>(m.layouts.size());
+  for (int u = 0; u < n; ++u) {
+    STRATA_RETURN_IF_ERROR(m.LoadUnitStates(u, initial));
+    if (initial.progress) initial.progress(u + 1, n);
+  }
+  return Status::Ok();
+}
+
+EngineCounters Engine::counters() const {
+  EngineCounters c;
+  c.optimizer_steps = impl_->steps_taken;
+  if (impl_->scaler) c.loss_scaler = impl_->scaler->state();
+  return c;
+}
+
+Status Engine::RestoreCounters(const EngineCounters& c) {
+  Impl& m = *impl_;
+  if (c.optimizer_steps < 0) {
+    return InvalidArgumentError(
+        fmt::format("optimizer step count {}: expected >= 0", c.optimizer_steps));
+  }
+  if (c.loss_scaler.has_value() != m.scaler.has_value()) {
+    return InvalidArgumentError(
+        m.scaler ? "the checkpoint has no loss-scaler state, but fp16 is enabled"
+                 : "the checkpoint has a loss-scaler state (fp16), but fp16 is not enabled");
+  }
+  if (m.scaler) STRATA_RETURN_IF_ERROR(m.scaler->Restore(*c.loss_scaler));
+  m.steps_taken = c.optimizer_steps;
+  return Status::Ok();
 }
 
 EngineStats Engine::stats() const {

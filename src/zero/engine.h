@@ -29,15 +29,19 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/collective.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/status.h"
+#include "optim/loss_scaler.h"
 #include "zero/model.h"
 #include "zero/partition.h"
 
@@ -52,6 +56,48 @@ class PinnedPool;
 }  // namespace strata
 
 namespace strata::zero {
+
+// The states a checkpoint holds per parameter: the parameters in the compute dtype, and the
+// optimizer's fp32 master weights and Adam moments.
+enum class StateKind : uint8_t { kParams, kMaster, kExpAvg, kExpAvgSq };
+std::string_view StateKindName(StateKind kind);  // "params", "master", "exp_avg", "exp_avg_sq"
+
+// One piece of a state a rank owns: elements [offset, offset + count) of parameter `slot` of
+// unit `unit` (row-major, as in the unpartitioned tensor). What a rank owns is its shard of the
+// unit's flat buffer (partition.h), cut at parameter boundaries; the ranks' pieces of a state
+// cover every element of every parameter exactly once, whatever the stage.
+struct StatePiece {
+  int unit = 0;
+  int slot = 0;
+  StateKind kind = StateKind::kParams;
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
+// Checkpoint callbacks. A writer receives `count` elements of `dtype` (the compute dtype for
+// kParams, fp32 for the rest); a reader fills `out` with `count` elements of `dtype` (always
+// fp32). Both are called on the engine's driving thread.
+using StateWriter =
+    std::function<Status(const StatePiece& piece, const void* data, device::DType dtype)>;
+using StateReader = std::function<Status(const StatePiece& piece, void* out, device::DType dtype)>;
+// Progress of a save or load: units done out of total.
+using StateProgress = std::function<void(int done, int total)>;
+
+// What to load instead of Model::InitUnit when the engine is created.
+struct InitialStates {
+  StateReader read;
+  // true: master weights and moments from the reader (a resumed checkpoint; parameters are the
+  // master weights in the compute dtype). false: parameters only (kParams, read as fp32: weights
+  // of a model to fine-tune); master = those values, moments zero.
+  bool with_optimizer = false;
+  StateProgress progress;
+};
+
+// Counters a checkpoint carries besides the tensors.
+struct EngineCounters {
+  int64_t optimizer_steps = 0;                  // optimizer steps taken (skipped ones excluded)
+  std::optional<optim::LossScalerState> loss_scaler;  // fp16 only
+};
 
 struct EngineOptions {
   Config config;                         // zero_optimization, optimizer, scheduler, fp16/bf16, ...
@@ -76,6 +122,8 @@ struct EngineOptions {
   int cpu_adam_threads = 1;
   bool prefetch = true;                  // the stage-3 prefetch scheduler (false: on demand)
   TraceRecorder* trace = nullptr;
+  // Where the initial states come from (unset: Model::InitUnit, moments zero).
+  std::optional<InitialStates> initial;
 };
 
 struct StepResult {
@@ -128,6 +176,19 @@ class Engine {
   Result<std::vector<float>> GatherParams(int unit);
   // Collective: unit `unit`'s fp32 master weights (used_numel elements).
   Result<std::vector<float>> GatherMaster(int unit);
+
+  // Collective (every rank, between steps): hands this rank's pieces of every state to `write`
+  // — parameters in the compute dtype, then master, exp_avg, exp_avg_sq in fp32 — unit by unit,
+  // reading NVMe-homed states through the tier managers (one sub-group at a time).
+  Status SaveStates(const StateWriter& write, const StateProgress& progress = {});
+  // Collective: replaces every state with what `initial.read` returns for this rank's pieces
+  // (see InitialStates) and re-derives the parameters (gathered again at stages 0-2).
+  Status LoadStates(const InitialStates& initial);
+
+  EngineCounters counters() const;
+  // InvalidArgument for a negative step count, or a loss-scaler state without fp16 (or the
+  // reverse), or one the scaler refuses.
+  Status RestoreCounters(const EngineCounters& counters);
 
   const std::vector<UnitLayout>& layouts() const;
   EngineStats stats() const;

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -256,6 +257,7 @@ struct ToyRun {
     uint64_t param_device_budget = 0;
     uint64_t param_host_budget = 0;
     std::chrono::milliseconds comm_timeout{60'000};
+    std::optional<InitialStates> initial;  // EngineOptions::initial
   };
 
   Options o;
@@ -325,6 +327,7 @@ struct ToyRun {
     eo.overlap_optimizer = o.overlap_optimizer;
     eo.param_device_budget = o.param_device_budget;
     eo.param_host_budget = o.param_host_budget;
+    eo.initial = o.initial;
     STRATA_ASSIGN_OR_RETURN(engine, Engine::Create(*model, eo));
     return Status::Ok();
   }
