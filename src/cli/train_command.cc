@@ -17,8 +17,9 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", o->config_path, "DeepSpeed JSON config")->required();
   cmd->add_option("--model", o->model,
                   "Hugging Face model directory (config.json) or a preset (llama-tiny, llama-20m, "
-                  "llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b)")
-      ->required();
+                  "llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b); a directory with "
+                  "model.safetensors (or its index) is fine-tuned from those weights. Optional "
+                  "with --resume");
   cmd->add_option("--data", o->data, "Token file: FILE.npy or raw FILE.bin (see --data-dtype)")
       ->required();
   cmd->add_option("--data-dtype", o->data_dtype, "Token type of a raw .bin file")
@@ -26,16 +27,26 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--seq-len", o->seq_len,
                   "Tokens per sequence (default: min(256, max_position_embeddings))");
-  cmd->add_option("--steps", o->steps, "Optimizer steps to run")->capture_default_str();
+  cmd->add_option("--steps", o->steps,
+                  "Training steps to reach (a resumed run continues up to this total)")
+      ->capture_default_str();
   cmd->add_option("--save", o->save_dir,
-                  "Write the model here in Hugging Face layout (config.json, model.safetensors)");
+                  "Write checkpoints here: DIR/step-N/ (Hugging Face model + optimizer and "
+                  "trainer state) and DIR/latest");
+  cmd->add_option("--resume", o->resume_dir,
+                  "Continue from a checkpoint: a --save directory (its latest) or a step "
+                  "directory; any number of ranks");
+  cmd->add_option("--save-shard-size", o->max_shard_bytes,
+                  "Split checkpoint files above this many bytes, with an index (default 5GiB)")
+      ->transform(ByteSize());
   cmd->add_option("--save-every", o->save_every, "Also save every N steps (0: only at the end)");
   cmd->add_option("--trace", o->trace_path, "Write a Chrome / Perfetto timeline (per rank)");
   cmd->add_option("--metrics", o->metrics_path, "Write one JSON object per step (rank 0)");
   cmd->add_option("--sampling", o->sampling, "Order of the training sequences")
       ->check(CLI::IsMember({"random", "sequential"}))
       ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the data order")->capture_default_str();
+  cmd->add_option("--seed", o->seed,
+                  "Seed of the data order (default 1234; a resumed run keeps its checkpoint's)");
   cmd->callback([o, exit_code] {
     const Status st = train::RunTraining(*o);
     *exit_code = st.ok() ? kExitOk : ReportError("train", st);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "common/units.h"
 #include "device/pinned_pool.h"
 #include "model/llama_config.h"
 #include "model/llama_model.h"
@@ -19,6 +20,7 @@
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/trace.h"
+#include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/safetensors.h"
 #include "zero/engine.h"
@@ -35,28 +37,6 @@ std::string RankPath(const std::string& path, int rank, int world) {
       .string();
 }
 
-std::string HumanBytes(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", v, units[u]);
-}
-
-SafetensorsDType ToSafetensors(device::DType d) {
-  switch (d) {
-    case device::DType::kBF16:
-      return SafetensorsDType::kBF16;
-    case device::DType::kF16:
-      return SafetensorsDType::kF16;
-    case device::DType::kF32:
-      break;
-  }
-  return SafetensorsDType::kF32;
-}
 
 const char* TorchDtype(device::DType d) {
   switch (d) {
@@ -70,69 +50,6 @@ const char* TorchDtype(device::DType d) {
   return "float32";
 }
 
-// Writes DIR/config.json and DIR/model.safetensors (Hugging Face layout). Collective: every rank
-// takes part in the gathers; rank 0 writes.
-Status SaveModel(zero::Engine& engine, const model::LlamaConfig& cfg, const std::string& dir,
-                 int rank, const std::function<void(const std::string&)>& print) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const device::DType dtype = engine.compute_dtype();
-  std::vector<SafetensorsTensorSpec> specs;
-  for (const auto& l : engine.layouts()) {
-    for (const auto& s : l.slots) {
-      specs.push_back({s.name, ToSafetensors(dtype),
-                       std::vector<uint64_t>(s.shape.begin(), s.shape.end())});
-    }
-  }
-  STRATA_ASSIGN_OR_RETURN(SafetensorsLayout layout,
-                          SafetensorsLayout::Compute(specs, {{"format", "pt"}}));
-  std::unique_ptr<SafetensorsWriter> writer;
-  const std::string final_path = (std::filesystem::path(dir) / "model.safetensors").string();
-  const std::string tmp_path = final_path + ".tmp";
-  if (rank == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      return Status(StatusCode::kPermissionDenied,
-                    fmt::format("--save {}: cannot create the directory: {}", dir, ec.message()));
-    }
-    STRATA_ASSIGN_OR_RETURN(writer, SafetensorsWriter::Create(tmp_path, layout));
-  }
-  size_t done = 0;
-  for (const auto& l : engine.layouts()) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> unit, engine.GatherParams(l.index));
-    if (rank == 0) {
-      for (const auto& s : l.slots) {
-        STRATA_RETURN_IF_ERROR(writer->WriteRange(s.name, 0, static_cast<uint64_t>(s.numel),
-                                                  unit.data() + s.offset, device::DType::kF32));
-      }
-      ++done;
-      if (print && engine.layouts().size() > 4 && done % 4 == 0) {
-        print(fmt::format("  saving: {}/{} units", done, engine.layouts().size()));
-      }
-    }
-  }
-  if (rank != 0) return Status::Ok();
-  STRATA_RETURN_IF_ERROR(writer->Finish());
-  STRATA_RETURN_IF_ERROR(CommitFile(tmp_path, final_path));
-  const std::string cfg_final = (std::filesystem::path(dir) / "config.json").string();
-  {
-    std::ofstream out(cfg_final + ".tmp");
-    out << model::ToHfConfigJson(cfg, TorchDtype(dtype));
-    if (!out) {
-      return Status(StatusCode::kPermissionDenied,
-                    fmt::format("{}: cannot write the model config", cfg_final));
-    }
-  }
-  STRATA_RETURN_IF_ERROR(CommitFile(cfg_final + ".tmp", cfg_final));
-  if (print) {
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    print(fmt::format("saved {} ({} tensors, {}) in {:.1f} s", dir, specs.size(),
-                      HumanBytes(layout.file_size()), s));
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status RunTraining(const TrainOptions& o) {
@@ -142,9 +59,36 @@ Status RunTraining(const TrainOptions& o) {
   };
   if (o.steps < 1) return InvalidArgumentError(fmt::format("--steps {}: expected >= 1", o.steps));
   STRATA_ASSIGN_OR_RETURN(Config config, LoadConfigFile(o.config_path));
-  STRATA_ASSIGN_OR_RETURN(model::LlamaConfig mcfg, model::ResolveModel(o.model));
+
+  // A checkpoint to resume: its trainer state fixes the data order, the schedule and the model.
+  std::string resume_dir;
+  std::optional<TrainerState> resumed;
+  if (!o.resume_dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(resume_dir, ResolveCheckpoint(o.resume_dir));
+    STRATA_ASSIGN_OR_RETURN(TrainerState st, ReadTrainerState(resume_dir));
+    resumed = st;
+  } else if (o.model.empty()) {
+    return InvalidArgumentError("--model: required (a model directory or preset) unless --resume is given");
+  }
+  const std::string model_arg = o.model.empty() ? resume_dir : o.model;
+  STRATA_ASSIGN_OR_RETURN(model::LlamaConfig mcfg, model::ResolveModel(model_arg));
+  if (resumed) STRATA_RETURN_IF_ERROR(CheckSameModel(resume_dir, mcfg));
+  if (resumed && o.seq_len > 0 && static_cast<uint64_t>(o.seq_len) != resumed->seq_len) {
+    return InvalidArgumentError(fmt::format(
+        "--seq-len {}: the checkpoint {} was trained with sequences of {} tokens; resuming keeps "
+        "the data order, so the sequence length cannot change",
+        o.seq_len, resume_dir, resumed->seq_len));
+  }
   const int64_t seq_len =
-      o.seq_len > 0 ? o.seq_len : std::min<int64_t>(256, mcfg.max_position_embeddings);
+      o.seq_len > 0 ? o.seq_len
+                    : (resumed ? static_cast<int64_t>(resumed->seq_len)
+                               : std::min<int64_t>(256, mcfg.max_position_embeddings));
+  if (resumed && o.seed.has_value() && *o.seed != resumed->seed) {
+    return InvalidArgumentError(fmt::format(
+        "--seed {}: the checkpoint {} was trained with data seed {}; resuming keeps the data order",
+        *o.seed, resume_dir, resumed->seed));
+  }
+  const uint64_t seed = resumed ? resumed->seed : o.seed.value_or(1234);
 
   // Devices and ranks.
   const comm::LaunchInfo launch = comm::DetectLaunch();
@@ -166,10 +110,14 @@ Status RunTraining(const TrainOptions& o) {
   };
 
   STRATA_ASSIGN_OR_RETURN(BatchSizes batch, ResolveBatchSizes(config.batch, world));
+  int64_t scheduler_total_steps = 0;
   if (!config.scheduler.total_num_steps.has_value() &&
       (config.scheduler.type == SchedulerType::kWarmupDecayLR ||
        config.scheduler.type == SchedulerType::kWarmupCosineLR)) {
-    config.scheduler.total_num_steps = o.steps;
+    // The schedule's length is the run's: a resumed run keeps the one it started with.
+    scheduler_total_steps =
+        resumed && resumed->scheduler_total_steps > 0 ? resumed->scheduler_total_steps : o.steps;
+    config.scheduler.total_num_steps = scheduler_total_steps;
   }
 
   // Data.
@@ -183,7 +131,7 @@ Status RunTraining(const TrainOptions& o) {
   sopt.seq_len = static_cast<uint64_t>(seq_len);
   sopt.global_batch = layout.global_batch();
   STRATA_ASSIGN_OR_RETURN(sopt.mode, ParseSamplingMode(o.sampling));
-  sopt.seed = o.seed;
+  sopt.seed = seed;
   STRATA_ASSIGN_OR_RETURN(SequenceSampler sampler, SequenceSampler::Create(&data, sopt));
 
   // Model, store, pool, engine.
@@ -224,7 +172,51 @@ Status RunTraining(const TrainOptions& o) {
                   "accumulation), {} steps",
                   o.data, data.size(), seq_len, layout.global_batch(), layout.micro_batch,
                   layout.grad_accum, o.steps));
+  // Initial states: a checkpoint, a model directory's weights, or the model's own init.
+  std::unique_ptr<StateFiles> files;
+  if (resumed) {
+    STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenCheckpoint(resume_dir, llama->units()));
+  } else if (HasWeights(model_arg)) {
+    STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenWeights(model_arg, llama->units()));
+  } else if (std::filesystem::is_directory(model_arg)) {
+    say(fmt::format("  {} holds no weights (model.safetensors): starting from random weights",
+                    model_arg));
+  }
+  const auto load_t0 = std::chrono::steady_clock::now();
+  if (files) {
+    say(fmt::format("  loading {} from {} ({} over all ranks)",
+                    files->has_optimizer() ? "weights and optimizer states" : "weights",
+                    files->source(), FormatBytes(files->total_bytes())));
+    eo.initial = files->Initial(UnitProgress(rank == 0 ? print : nullptr, "loading"));
+  }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::Create(*llama, eo));
+  int64_t first_step = 0;
+  if (files) {
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count();
+    say(fmt::format("  loaded in {:.1f} s ({:.0f} MB/s over all ranks)", s,
+                    static_cast<double>(files->total_bytes()) / std::max(s, 1e-6) / 1e6));
+  }
+  if (resumed) {
+    STRATA_RETURN_IF_ERROR(engine->RestoreCounters(resumed->counters)
+                               .WithContext(fmt::format("resuming {}", resume_dir)));
+    STRATA_RETURN_IF_ERROR(
+        sampler.Restore(resumed->sampler).WithContext(fmt::format("resuming {}", resume_dir)));
+    if (resumed->global_batch != layout.global_batch()) {
+      say(fmt::format("  note: the checkpoint was trained with a global batch of {} sequences, "
+                      "this run uses {}: the loss curve continues, but not as the old run would "
+                      "have",
+                      resumed->global_batch, layout.global_batch()));
+    }
+    first_step = resumed->step;
+    say(fmt::format("  resumed {} at step {} (saved on {} rank(s), now {})", resume_dir,
+                    first_step, resumed->world_size, world));
+    if (first_step >= o.steps) {
+      say(fmt::format("the checkpoint is at step {}; --steps {}: nothing to do", first_step,
+                      o.steps));
+      return Status::Ok();
+    }
+  }
 
   std::unique_ptr<std::ofstream> metrics;
   if (!o.metrics_path.empty() && rank == 0) {
@@ -239,7 +231,8 @@ Status RunTraining(const TrainOptions& o) {
   const uint64_t tokens_per_step = layout.global_batch() * static_cast<uint64_t>(seq_len);
   const size_t row = static_cast<size_t>(seq_len) + 1;
   zero::EngineStats last{};
-  for (int64_t step = 0; step < o.steps; ++step) {
+  std::string last_save;
+  for (int64_t step = first_step; step < o.steps; ++step) {
     std::vector<model::LlamaBatch> mbs(static_cast<size_t>(layout.grad_accum));
     std::vector<const zero::Batch*> ptrs;
     for (int a = 0; a < layout.grad_accum; ++a) {
@@ -263,9 +256,9 @@ Status RunTraining(const TrainOptions& o) {
         "compute {:.3f} + comm {:.3f} + io {:.3f} + optim {:.3f} | nvme r {} w {} | prefetch "
         "hit {:.0f}% | peak device {} host {}{}",
         step + 1, r.loss, r.lr, tok_s, tflops, r.step_s, r.compute_s, r.exposed_comm_s,
-        r.exposed_io_s, r.exposed_optimizer_s, HumanBytes(nvme_read), HumanBytes(nvme_write),
-        100.0 * st.prefetch_hit_rate, HumanBytes(st.device_peak_bytes),
-        HumanBytes(st.host_peak_bytes), r.skipped ? " | skipped (fp16 overflow)" : ""));
+        r.exposed_io_s, r.exposed_optimizer_s, FormatBytes(nvme_read), FormatBytes(nvme_write),
+        100.0 * st.prefetch_hit_rate, FormatBytes(st.device_peak_bytes),
+        FormatBytes(st.host_peak_bytes), r.skipped ? " | skipped (fp16 overflow)" : ""));
     if (metrics) {
       nlohmann::json j = {{"step", step + 1},
                           {"loss", r.loss},
@@ -290,17 +283,34 @@ Status RunTraining(const TrainOptions& o) {
     }
     const bool last_step = step + 1 == o.steps;
     if (!o.save_dir.empty() && (last_step || (o.save_every > 0 && (step + 1) % o.save_every == 0))) {
-      STRATA_RETURN_IF_ERROR(SaveModel(*engine, mcfg, o.save_dir, rank, say));
+      TrainerState ts;
+      ts.step = step + 1;
+      ts.counters = engine->counters();
+      ts.sampler = sampler.state();
+      ts.world_size = world;
+      ts.global_batch = layout.global_batch();
+      ts.seq_len = static_cast<uint64_t>(seq_len);
+      ts.scheduler_total_steps = scheduler_total_steps;
+      ts.seed = seed;
+      ts.compute_dtype = TorchDtype(engine->compute_dtype());
+      ts.data_path = o.data;
+      ts.data_tokens = data.size();
+      SaveOptions so;
+      so.max_shard_bytes = o.max_shard_bytes;
+      so.print = say;
+      STRATA_ASSIGN_OR_RETURN(last_save, SaveCheckpoint(*engine, *comm, *dev, mcfg, ts,
+                                                        o.save_dir, so));
     }
   }
   if (trace) {
     STRATA_RETURN_IF_ERROR(trace->WriteChromeJson(RankPath(o.trace_path, rank, world)));
     say(fmt::format("trace written to {}", RankPath(o.trace_path, 0, world)));
   }
-  if (!o.save_dir.empty()) {
-    say(fmt::format("the model is in {} (Hugging Face layout: "
-                    "transformers.AutoModelForCausalLM.from_pretrained(\"{}\") loads it)",
-                    o.save_dir, o.save_dir));
+  if (!last_save.empty()) {
+    say(fmt::format("the model is in {} (also {}/latest), in Hugging Face layout: "
+                    "transformers.AutoModelForCausalLM.from_pretrained(\"{}\") loads it; "
+                    "continue training with --resume {}",
+                    last_save, o.save_dir, last_save, o.save_dir));
   }
   return Status::Ok();
 }

@@ -10,14 +10,19 @@
 // writes a Chrome / Perfetto timeline of every stream, I/O queue and collective on each rank
 // (FILE gets ".rank<r>" before its extension when there are several ranks).
 //
-// --save DIR writes, at the end (and every --save-every steps), the model in Hugging Face layout:
-// DIR/config.json and DIR/model.safetensors (parameters in the compute dtype; `transformers`
-// loads the directory directly), atomically (temporary names, fsync, rename). Interim: rank 0
-// gathers one unit at a time and writes the file; optimizer state and resume come next.
+// --save DIR writes a checkpoint at the end (and every --save-every steps): DIR/step-NNNNNNNN/
+// with the model in Hugging Face layout (config.json, model.safetensors; `transformers` loads the
+// directory directly), the optimizer states and the trainer state beside it, and DIR/latest
+// pointing at the newest (train/checkpoint.h). Every rank writes its own part; a save is
+// atomic. --resume DIR (a save directory or one step directory) continues a run exactly where
+// it stopped — same data order, LR schedule, loss scale — on any number of ranks; --steps is the
+// total to reach. --model DIR with model.safetensors (or its index) in it fine-tunes those
+// weights (streamed per rank into its shards, converted to the compute dtype).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "strata/status.h"
@@ -26,17 +31,21 @@ namespace strata::train {
 
 struct TrainOptions {
   std::string config_path;       // DeepSpeed JSON
-  std::string model;             // a Hugging Face model directory (config.json) or a preset
+  // A Hugging Face model directory (config.json, and weights when model.safetensors or its index
+  // is there) or a preset. May be empty with resume_dir (the checkpoint's config is used).
+  std::string model;
   std::string data;              // token file (.npy, or raw .bin with data_dtype)
   std::string data_dtype = "uint16";
   int64_t seq_len = 0;           // 0: min(256, max_position_embeddings)
   int64_t steps = 100;
   std::string save_dir;          // empty: no checkpoint
   int64_t save_every = 0;        // 0: only at the end
+  std::string resume_dir;        // a checkpoint to continue from (save dir or step dir)
+  uint64_t max_shard_bytes = 5ull << 30;  // checkpoint files are split above this
   std::string trace_path;
   std::string metrics_path;
   std::string sampling = "random";  // "random" or "sequential"
-  uint64_t seed = 1234;
+  std::optional<uint64_t> seed;  // data order (default 1234; a resumed run keeps its own)
   // Where rank 0's progress lines go (default: stdout).
   std::function<void(const std::string&)> print;
 };

@@ -1,6 +1,8 @@
 // `strata train` end to end on one process: a tiny Llama trained for a few steps with ZeRO-3 and
-// NVMe offload, its progress lines, metrics and Hugging Face checkpoint; and clear errors for
-// bad input.
+// NVMe offload, its progress lines, metrics and checkpoints (Hugging Face model + optimizer and
+// trainer state); resuming continues the loss curve bit for bit, also from sharded files;
+// fine-tuning loads a model directory's weights; and clear errors for bad input. Resuming on a
+// different number of ranks is tested under mpirun (tests/train/resume_ranks.py).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -46,8 +48,11 @@ TEST(TrainCommandTest, TrainsATinyLlamaAndSavesAHuggingFaceCheckpoint) {
   EXPECT_THAT(r.out, HasSubstr("ZeRO stage 3, parameters on nvme, optimizer on nvme, bf16"));
   EXPECT_THAT(r.out, HasSubstr("step     6 | loss "));
   EXPECT_THAT(r.out, HasSubstr("from_pretrained"));
-  EXPECT_TRUE(std::filesystem::exists(dir.file("ckpt/model.safetensors")));
-  EXPECT_TRUE(std::filesystem::exists(dir.file("ckpt/config.json")));
+  for (const char* f : {"config.json", "model.safetensors", "optimizer.safetensors",
+                        "trainer_state.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir.file(std::string("ckpt/step-00000006/") + f))) << f;
+  }
+  EXPECT_EQ(std::filesystem::read_symlink(dir.file("ckpt/latest")), "step-00000006");
   // One metrics line per step, with the fields the docs list.
   std::ifstream metrics(dir.file("metrics.jsonl"));
   int lines = 0;
@@ -88,6 +93,162 @@ TEST(TrainCommandTest, BadInputIsOneClearError) {
   r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", odd});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr(odd));
+}
+
+std::vector<double> Losses(const std::string& metrics_path) {
+  std::vector<double> out;
+  std::ifstream in(metrics_path);
+  for (std::string line; std::getline(in, line);) {
+    out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  }
+  return out;
+}
+
+// Train 6 steps saving every 3; resume from step 3 (whole files, and files split into shards
+// with an index): steps 4-6 give the same losses, bit for bit.
+TEST(TrainCommandTest, ResumeContinuesTheLossCurveExactly) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"}).exit_code, 0);
+  const std::string config = WriteConfig(
+      dir, R"(, "gradient_clipping": 1.0, "scheduler": {"type": "WarmupCosineLR",
+              "params": {"warmup_num_steps": 2, "total_num_steps": "auto"}})");
+  for (const std::string shard : {"5GiB", "20000"}) {
+    SCOPED_TRACE("--save-shard-size " + shard);
+    const std::string ck = dir.file("ck" + shard);
+    auto full = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                           "--seq-len", "32", "--steps", "6", "--save", ck, "--save-every", "3",
+                           "--save-shard-size", shard, "--metrics", dir.file("full.jsonl")},
+                          std::chrono::seconds(120));
+    ASSERT_EQ(full.exit_code, 0) << full.out << full.err;
+    if (shard != "5GiB") {
+      EXPECT_TRUE(std::filesystem::exists(ck + "/step-00000003/model.safetensors.index.json"));
+      EXPECT_TRUE(std::filesystem::exists(ck + "/step-00000003/optimizer.safetensors.index.json"));
+      EXPECT_FALSE(std::filesystem::exists(ck + "/step-00000003/model.safetensors"));
+    }
+    auto resumed = RunStrata({"train", "--config", config, "--data", data, "--steps", "6",
+                              "--resume", ck + "/step-00000003", "--metrics",
+                              dir.file("resumed.jsonl")},
+                             std::chrono::seconds(120));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+    EXPECT_THAT(resumed.out, HasSubstr("resumed " + ck + "/step-00000003 at step 3"));
+    EXPECT_THAT(resumed.out, HasSubstr("loading weights and optimizer states from"));
+    const auto a = Losses(dir.file("full.jsonl"));
+    const auto b = Losses(dir.file("resumed.jsonl"));
+    ASSERT_EQ(a.size(), 6u);
+    ASSERT_EQ(b.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(a[3 + i], b[i]) << "step " << 4 + i;
+    // --resume on the save directory takes its latest: step 6, nothing left to do.
+    auto done = RunStrata({"train", "--config", config, "--data", data, "--steps", "6",
+                           "--resume", ck});
+    ASSERT_EQ(done.exit_code, 0) << done.err;
+    EXPECT_THAT(done.out, HasSubstr("nothing to do"));
+  }
+}
+
+// A Hugging Face directory with weights is fine-tuned from them (in another dtype: saved bf16,
+// trained fp32): the first loss is the trained model's, not a random one's.
+TEST(TrainCommandTest, FineTunesAModelDirectory) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"}).exit_code, 0);
+  auto pre = RunStrata({"train", "--config", WriteConfig(dir), "--model", "llama-tiny", "--data",
+                        data, "--seq-len", "32", "--steps", "30", "--save", dir.file("pre"),
+                        "--metrics", dir.file("pre.jsonl")},
+                       std::chrono::seconds(120));
+  ASSERT_EQ(pre.exit_code, 0) << pre.out << pre.err;
+  const std::string fp32 = dir.file("fp32.json");
+  std::ofstream(fp32) << R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW",
+      "params": {"lr": 0.001}}, "zero_optimization": {"stage": 2}})";
+  auto ft = RunStrata({"train", "--config", fp32, "--model", dir.file("pre/latest"), "--data",
+                       data, "--seq-len", "32", "--steps", "2", "--metrics",
+                       dir.file("ft.jsonl")},
+                      std::chrono::seconds(120));
+  ASSERT_EQ(ft.exit_code, 0) << ft.out << ft.err;
+  EXPECT_THAT(ft.out, HasSubstr("loading weights from"));
+  const auto before = Losses(dir.file("pre.jsonl"));
+  const auto after = Losses(dir.file("ft.jsonl"));
+  ASSERT_EQ(after.size(), 2u);
+  // ln(256) = 5.55 at random init; the pre-trained model is well below.
+  EXPECT_LT(after[0], before[0] - 0.3) << "first loss " << after[0] << " vs " << before[0];
+  EXPECT_LT(after[0], before.back() + 0.3) << "first loss " << after[0] << " vs " << before.back();
+}
+
+TEST(TrainCommandTest, BadModelsAndCheckpointsAreClearErrors) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"}).exit_code, 0);
+  const std::string config = WriteConfig(dir);
+  auto r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                      "--seq-len", "16", "--steps", "1", "--save", dir.file("ck")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string step = dir.file("ck/step-00000001");
+  namespace fs = std::filesystem;
+
+  // A model directory without config.json.
+  fs::create_directories(dir.file("empty"));
+  r = RunStrata({"train", "--config", config, "--model", dir.file("empty"), "--data", data});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr(dir.file("empty")));
+  EXPECT_THAT(r.err, HasSubstr("config.json"));
+
+  // A safetensors file with a truncated header.
+  fs::create_directories(dir.file("trunc"));
+  fs::copy_file(step + "/config.json", dir.file("trunc/config.json"));
+  {
+    std::ifstream in(step + "/model.safetensors", std::ios::binary);
+    std::string bytes(200, '\0');
+    in.read(bytes.data(), 200);
+    std::ofstream(dir.file("trunc/model.safetensors"), std::ios::binary) << bytes;
+  }
+  r = RunStrata({"train", "--config", config, "--model", dir.file("trunc"), "--data", data,
+                 "--seq-len", "16", "--steps", "1"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr(dir.file("trunc/model.safetensors")));
+
+  // Weights of another shape: a config claiming a wider model than the tensors hold.
+  fs::create_directories(dir.file("shape"));
+  fs::copy_file(step + "/model.safetensors", dir.file("shape/model.safetensors"));
+  {
+    std::ifstream in(step + "/config.json");
+    auto j = nlohmann::json::parse(in);
+    j["intermediate_size"] = j["intermediate_size"].get<int>() * 2;
+    std::ofstream(dir.file("shape/config.json")) << j.dump();
+  }
+  r = RunStrata({"train", "--config", config, "--model", dir.file("shape"), "--data", data,
+                 "--seq-len", "16", "--steps", "1"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("has shape"));
+  EXPECT_THAT(r.err, HasSubstr("mlp"));
+
+  // A checkpoint of a different model.
+  r = RunStrata({"train", "--config", config, "--model", "llama-20m", "--data", data,
+                 "--resume", dir.file("ck")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("different model"));
+  EXPECT_THAT(r.err, HasSubstr("vocab_size is 256 in the checkpoint, 1024 in this run"));
+
+  // Something that is not a checkpoint; a model directory (no optimizer states) as --resume.
+  r = RunStrata({"train", "--config", config, "--data", data, "--resume", dir.file("empty")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("not a Strata checkpoint"));
+  fs::copy(step, dir.file("noopt"));
+  fs::remove(dir.file("noopt/optimizer.safetensors"));
+  r = RunStrata({"train", "--config", config, "--data", data, "--resume", dir.file("noopt")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("no optimizer states"));
+
+  // A damaged trainer state.
+  std::ofstream(dir.file("noopt/trainer_state.json")) << "{\"format\": \"strata-checkpoint\"";
+  r = RunStrata({"train", "--config", config, "--data", data, "--resume", dir.file("noopt")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("trainer_state.json"));
+
+  // Resuming with another sequence length.
+  r = RunStrata({"train", "--config", config, "--data", data, "--resume", dir.file("ck"),
+                 "--seq-len", "32", "--steps", "3"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("sequence length cannot change"));
 }
 
 }  // namespace

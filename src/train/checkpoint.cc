@@ -1,0 +1,613 @@
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/errno.h"
+#include "common/log.h"
+#include "common/units.h"
+#include "train/safetensors.h"
+
+namespace strata::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kTrainerStateFile = "trainer_state.json";
+constexpr const char* kLatest = "latest";
+
+std::string StepDirName(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+std::string OptimizerName(zero::StateKind kind, const std::string& param) {
+  return std::string(zero::StateKindName(kind)) + "." + param;
+}
+
+const char* TorchDtypeName(device::DType d) {
+  switch (d) {
+    case device::DType::kBF16:
+      return "bfloat16";
+    case device::DType::kF16:
+      return "float16";
+    case device::DType::kF32:
+      break;
+  }
+  return "float32";
+}
+
+
+// A set of tensors split into files of at most max_bytes of data each (in the given order; a
+// tensor larger than max_bytes gets a file of its own).
+struct FileSet {
+  std::string base;  // "model" or "optimizer"
+  std::vector<std::string> files;
+  std::vector<SafetensorsLayout> layouts;
+  std::map<std::string, size_t, std::less<>> file_of;
+  uint64_t total_bytes = 0;
+
+  std::string index_name() const { return base + ".safetensors.index.json"; }
+  bool sharded() const { return files.size() > 1; }
+};
+
+Result<FileSet> PlanFiles(const std::string& base, const std::vector<SafetensorsTensorSpec>& specs,
+                          uint64_t max_bytes) {
+  FileSet set;
+  set.base = base;
+  std::vector<std::vector<SafetensorsTensorSpec>> groups(1);
+  uint64_t in_group = 0;
+  for (const auto& s : specs) {
+    uint64_t n = SafetensorsDTypeSize(s.dtype);
+    for (uint64_t d : s.shape) n *= d;
+    if (in_group > 0 && in_group + n > max_bytes) {
+      groups.emplace_back();
+      in_group = 0;
+    }
+    groups.back().push_back(s);
+    in_group += n;
+    set.total_bytes += n;
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const std::string name =
+        groups.size() == 1 ? base + ".safetensors"
+                           : fmt::format("{}-{:05d}-of-{:05d}.safetensors", base, i + 1, groups.size());
+    STRATA_ASSIGN_OR_RETURN(SafetensorsLayout layout,
+                            SafetensorsLayout::Compute(groups[i], {{"format", "pt"}}));
+    for (const auto& s : groups[i]) set.file_of[s.name] = i;
+    set.files.push_back(name);
+    set.layouts.push_back(std::move(layout));
+  }
+  return set;
+}
+
+// Every rank learns whether every rank succeeded. Returns this rank's own error, or Aborted
+// naming the ranks that failed.
+Status AgreeOk(comm::Collective& comm, device::Device& dev, device::Stream& stream,
+               const Status& mine, std::string_view what) {
+  const int world = comm.world_size();
+  if (world == 1) return mine;
+  std::vector<float> flags(static_cast<size_t>(world), 0.0f);
+  STRATA_ASSIGN_OR_RETURN(void* buf, dev.Alloc(static_cast<size_t>(world) * sizeof(float)));
+  const float me = mine.ok() ? 0.0f : 1.0f;
+  char* own = static_cast<char*>(buf) + static_cast<size_t>(comm.rank()) * sizeof(float);
+  Status st = dev.CopyAsync(own, &me, sizeof(float), device::CopyKind::kHostToDevice, stream);
+  if (st.ok()) st = comm.AllGather(own, buf, 1, device::DType::kF32, stream);
+  if (st.ok()) {
+    st = dev.CopyAsync(flags.data(), buf, flags.size() * sizeof(float),
+                       device::CopyKind::kDeviceToHost, stream);
+  }
+  if (st.ok()) st = dev.Synchronize(stream);
+  dev.Free(buf);
+  if (!mine.ok()) return mine;
+  STRATA_RETURN_IF_ERROR(st);
+  std::string failed;
+  for (int r = 0; r < world; ++r) {
+    if (flags[static_cast<size_t>(r)] != 0.0f) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (failed.empty()) return Status::Ok();
+  return Status(StatusCode::kAborted, fmt::format("{}: failed on rank(s) {} (see their error)", what, failed));
+}
+
+// Writes `text` to `path` and fsyncs it.
+Status WriteDurable(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("create {}", path));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return ErrnoToStatus(err, fmt::format("write {}", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoToStatus(err, fmt::format("fsync {}", path));
+  }
+  if (::close(fd) != 0) return ErrnoToStatus(errno, fmt::format("close {}", path));
+  return Status::Ok();
+}
+
+Status FsyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open directory {}", dir));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoToStatus(err, fmt::format("fsync directory {}", dir));
+  return Status::Ok();
+}
+
+nlohmann::json SamplerToJson(const SamplerState& s) {
+  return {{"step", s.step},       {"epoch", s.epoch},
+          {"position", s.position}, {"seq_len", s.seq_len},
+          {"num_windows", s.num_windows}, {"seed", s.seed},
+          {"mode", std::string(SamplingModeName(s.mode))}};
+}
+
+nlohmann::json StateToJson(const TrainerState& st) {
+  nlohmann::json j;
+  j["format"] = "strata-checkpoint";
+  j["version"] = kCheckpointFormatVersion;
+  j["step"] = st.step;
+  j["optimizer_steps"] = st.counters.optimizer_steps;
+  if (st.counters.loss_scaler.has_value()) {
+    const auto& ls = *st.counters.loss_scaler;
+    j["loss_scaler"] = {{"scale", ls.scale},
+                        {"iteration", ls.iteration},
+                        {"last_overflow_iteration", ls.last_overflow_iteration},
+                        {"hysteresis_left", ls.hysteresis_left},
+                        {"overflows_at_min_scale", ls.overflows_at_min_scale}};
+  } else {
+    j["loss_scaler"] = nullptr;
+  }
+  j["sampler"] = SamplerToJson(st.sampler);
+  j["world_size"] = st.world_size;
+  j["global_batch"] = st.global_batch;
+  j["seq_len"] = st.seq_len;
+  j["scheduler_total_steps"] = st.scheduler_total_steps;
+  j["seed"] = st.seed;
+  j["compute_dtype"] = st.compute_dtype;
+  j["data"] = {{"path", st.data_path}, {"tokens", st.data_tokens}};
+  return j;
+}
+
+std::vector<SafetensorsTensorSpec> ParamSpecs(const std::vector<zero::UnitLayout>& layouts,
+                                              SafetensorsDType dtype) {
+  std::vector<SafetensorsTensorSpec> specs;
+  for (const auto& l : layouts) {
+    for (const auto& s : l.slots) {
+      specs.push_back({s.name, dtype, std::vector<uint64_t>(s.shape.begin(), s.shape.end())});
+    }
+  }
+  return specs;
+}
+
+std::vector<SafetensorsTensorSpec> OptimizerSpecs(const std::vector<zero::UnitLayout>& layouts) {
+  std::vector<SafetensorsTensorSpec> specs;
+  for (zero::StateKind kind :
+       {zero::StateKind::kMaster, zero::StateKind::kExpAvg, zero::StateKind::kExpAvgSq}) {
+    for (const auto& l : layouts) {
+      for (const auto& s : l.slots) {
+        specs.push_back({OptimizerName(kind, s.name), SafetensorsDType::kF32,
+                         std::vector<uint64_t>(s.shape.begin(), s.shape.end())});
+      }
+    }
+  }
+  return specs;
+}
+
+}  // namespace
+
+// ---- progress ----------------------------------------------------------------------------------
+
+zero::StateProgress UnitProgress(std::function<void(const std::string&)> print, std::string what) {
+  if (!print) return {};
+  struct State {
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point last = t0;
+  };
+  auto state = std::make_shared<State>();
+  return [print = std::move(print), what = std::move(what), state](int done, int total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done >= total || now - state->last < std::chrono::seconds(1)) return;
+    state->last = now;
+    print(fmt::format("  {}: {}/{} units ({:.1f} s)", what, done, total,
+                      std::chrono::duration<double>(now - state->t0).count()));
+  };
+}
+
+// ---- saving ------------------------------------------------------------------------------------
+
+Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
+                                   device::Device& device, const model::LlamaConfig& config,
+                                   const TrainerState& state, const std::string& save_dir,
+                                   const SaveOptions& options) {
+  const int rank = comm.rank();
+  const auto& layouts = engine.layouts();
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream,
+                          device.CreateStream("checkpoint"));
+  const std::string final_dir = (fs::path(save_dir) / StepDirName(state.step)).string();
+  const std::string tmp_dir = (fs::path(save_dir) / ("." + StepDirName(state.step) + ".tmp")).string();
+  const std::string what = fmt::format("saving checkpoint {}", final_dir);
+  const auto t0 = std::chrono::steady_clock::now();
+  const zero::StateProgress progress =
+      UnitProgress(rank == 0 ? options.print : nullptr, "saving checkpoint");
+
+  STRATA_ASSIGN_OR_RETURN(
+      FileSet params,
+      PlanFiles("model", ParamSpecs(layouts, ToSafetensorsDType(engine.compute_dtype())),
+                options.max_shard_bytes));
+  STRATA_ASSIGN_OR_RETURN(FileSet optim,
+                          PlanFiles("optimizer", OptimizerSpecs(layouts), options.max_shard_bytes));
+  FileSet* sets[2] = {&params, &optim};
+
+  // 1. Rank 0 makes the temporary directory and creates every file (header, size).
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers[2];
+  Status st;
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(save_dir, ec);
+    if (ec) {
+      st = Status(StatusCode::kPermissionDenied,
+                  fmt::format("--save {}: cannot create the directory: {}", save_dir, ec.message()));
+    }
+    if (st.ok()) {
+      fs::remove_all(tmp_dir, ec);  // a save that crashed earlier
+      fs::create_directories(tmp_dir, ec);
+      if (ec) {
+        st = Status(StatusCode::kPermissionDenied,
+                    fmt::format("{}: cannot create the directory: {}", tmp_dir, ec.message()));
+      }
+    }
+    for (int k = 0; k < 2 && st.ok(); ++k) {
+      for (size_t f = 0; f < sets[k]->files.size() && st.ok(); ++f) {
+        Result<std::unique_ptr<SafetensorsWriter>> w = SafetensorsWriter::Create(
+            (fs::path(tmp_dir) / sets[k]->files[f]).string(), sets[k]->layouts[f]);
+        if (w.ok()) writers[k].push_back(std::move(*w));
+        else st = w.status();
+      }
+    }
+  }
+  STRATA_RETURN_IF_ERROR(AgreeOk(comm, device, *stream, st, what));
+
+  // 2. Every rank writes its pieces.
+  if (rank != 0) {
+    for (int k = 0; k < 2 && st.ok(); ++k) {
+      for (size_t f = 0; f < sets[k]->files.size() && st.ok(); ++f) {
+        Result<std::unique_ptr<SafetensorsWriter>> w = SafetensorsWriter::Open(
+            (fs::path(tmp_dir) / sets[k]->files[f]).string(), sets[k]->layouts[f]);
+        if (w.ok()) writers[k].push_back(std::move(*w));
+        else st = w.status();
+      }
+    }
+  }
+  if (st.ok()) {
+    st = engine.SaveStates(
+        [&](const zero::StatePiece& p, const void* data, device::DType dtype) -> Status {
+          const std::string& pname = layouts[p.unit].slots[p.slot].name;
+          const int k = p.kind == zero::StateKind::kParams ? 0 : 1;
+          const std::string name = k == 0 ? pname : OptimizerName(p.kind, pname);
+          auto it = sets[k]->file_of.find(name);
+          if (it == sets[k]->file_of.end()) {
+            return InternalError(fmt::format("checkpoint: no file for tensor '{}'", name));
+          }
+          return writers[k][it->second]->WriteRange(name, static_cast<uint64_t>(p.offset),
+                                                    static_cast<uint64_t>(p.count), data, dtype);
+        },
+        progress);
+  }
+  for (int k = 0; k < 2; ++k) {
+    for (auto& w : writers[k]) {
+      Status f = w->Finish();
+      if (st.ok()) st = f;
+    }
+  }
+  STRATA_RETURN_IF_ERROR(AgreeOk(comm, device, *stream, st, what));
+
+  // 3. Rank 0 writes the small files and publishes the directory.
+  if (rank == 0) {
+    for (int k = 0; k < 2 && st.ok(); ++k) {
+      if (!sets[k]->sharded()) continue;
+      std::map<std::string, std::string> weight_map;
+      for (const auto& [name, f] : sets[k]->file_of) weight_map[name] = sets[k]->files[f];
+      st = WriteSafetensorsIndex((fs::path(tmp_dir) / sets[k]->index_name()).string(),
+                                 sets[k]->total_bytes, weight_map);
+    }
+    if (st.ok()) {
+      st = WriteDurable((fs::path(tmp_dir) / "config.json").string(),
+                        model::ToHfConfigJson(config, TorchDtypeName(engine.compute_dtype())));
+    }
+    if (st.ok()) {
+      st = WriteDurable((fs::path(tmp_dir) / kTrainerStateFile).string(),
+                        StateToJson(state).dump(2) + "\n");
+    }
+    if (st.ok()) st = FsyncDir(tmp_dir);
+    if (st.ok()) {
+      // Replace an older save of the same step (a resumed run saving again) only now.
+      std::error_code ec;
+      const std::string old_dir = final_dir + ".old";
+      if (fs::exists(final_dir, ec)) {
+        fs::remove_all(old_dir, ec);
+        fs::rename(final_dir, old_dir, ec);
+        if (ec) {
+          st = ErrnoToStatus(ec.value(), fmt::format("move the old {} aside", final_dir));
+        }
+      }
+      if (st.ok()) {
+        fs::rename(tmp_dir, final_dir, ec);
+        if (ec) st = ErrnoToStatus(ec.value(), fmt::format("rename {} to {}", tmp_dir, final_dir));
+      }
+      if (st.ok()) st = FsyncDir(save_dir);
+      if (st.ok()) {
+        const std::string link = (fs::path(save_dir) / kLatest).string();
+        const std::string link_tmp = (fs::path(save_dir) / ".latest.tmp").string();
+        fs::remove(link_tmp, ec);
+        if (fs::exists(fs::symlink_status(link)) && !fs::is_symlink(fs::symlink_status(link))) {
+          st = Status(StatusCode::kFailedPrecondition,
+                      fmt::format("{} exists and is not a symbolic link; not replacing it", link));
+        } else {
+          fs::create_directory_symlink(StepDirName(state.step), link_tmp, ec);
+          if (!ec) fs::rename(link_tmp, link, ec);
+          if (ec) st = ErrnoToStatus(ec.value(), fmt::format("point {} at {}", link, final_dir));
+        }
+      }
+      if (st.ok()) st = FsyncDir(save_dir);
+      fs::remove_all(old_dir, ec);
+    }
+  }
+  STRATA_RETURN_IF_ERROR(AgreeOk(comm, device, *stream, st, what));
+  if (rank == 0 && options.print) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double bytes = static_cast<double>(params.total_bytes + optim.total_bytes);
+    options.print(fmt::format(
+        "saved checkpoint {} ({} parameters + {} optimizer states) in {:.1f} s ({:.0f} MB/s)",
+        final_dir, FormatBytes(params.total_bytes), FormatBytes(optim.total_bytes), s,
+        bytes / std::max(s, 1e-6) / 1e6));
+  }
+  return final_dir;
+}
+
+// ---- reading -----------------------------------------------------------------------------------
+
+bool HasWeights(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(dir) / kSafetensorsModelFile, ec) ||
+         fs::exists(fs::path(dir) / kSafetensorsIndexFile, ec);
+}
+
+Result<std::string> ResolveCheckpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return NotFoundError(fmt::format("--resume {}: no such directory", path));
+  if (!fs::is_directory(path, ec)) {
+    return InvalidArgumentError(fmt::format("--resume {}: not a directory", path));
+  }
+  if (fs::exists(fs::path(path) / kTrainerStateFile, ec)) return path;
+  const fs::path latest = fs::path(path) / kLatest;
+  if (fs::exists(latest / kTrainerStateFile, ec)) {
+    const fs::path target = fs::read_symlink(latest, ec);
+    return (ec ? latest : fs::path(path) / target).string();
+  }
+  return NotFoundError(fmt::format(
+      "--resume {}: not a Strata checkpoint (no {} in it, and no '{}' link to a step directory "
+      "holding one)",
+      path, kTrainerStateFile, kLatest));
+}
+
+Result<TrainerState> ReadTrainerState(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / kTrainerStateFile).string();
+  std::ifstream in(path);
+  if (!in) return NotFoundError(fmt::format("{}: cannot open", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  TrainerState st;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(ss.str());
+    if (j.value("format", std::string()) != "strata-checkpoint") {
+      return InvalidArgumentError(fmt::format("{}: not a Strata trainer state (\"format\" is not "
+                                              "\"strata-checkpoint\")", path));
+    }
+    const int version = j.at("version").get<int>();
+    if (version != kCheckpointFormatVersion) {
+      return InvalidArgumentError(fmt::format("{}: format version {}; this build reads version {}",
+                                              path, version, kCheckpointFormatVersion));
+    }
+    st.step = j.at("step").get<int64_t>();
+    st.counters.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    if (!j.at("loss_scaler").is_null()) {
+      const auto& ls = j.at("loss_scaler");
+      optim::LossScalerState s;
+      s.scale = ls.at("scale").get<double>();
+      s.iteration = ls.at("iteration").get<int64_t>();
+      s.last_overflow_iteration = ls.at("last_overflow_iteration").get<int64_t>();
+      s.hysteresis_left = ls.at("hysteresis_left").get<int>();
+      s.overflows_at_min_scale = ls.at("overflows_at_min_scale").get<int64_t>();
+      st.counters.loss_scaler = s;
+    }
+    const auto& sj = j.at("sampler");
+    st.sampler.step = sj.at("step").get<uint64_t>();
+    st.sampler.epoch = sj.at("epoch").get<uint64_t>();
+    st.sampler.position = sj.at("position").get<uint64_t>();
+    st.sampler.seq_len = sj.at("seq_len").get<uint64_t>();
+    st.sampler.num_windows = sj.at("num_windows").get<uint64_t>();
+    st.sampler.seed = sj.at("seed").get<uint64_t>();
+    STRATA_ASSIGN_OR_RETURN(st.sampler.mode, ParseSamplingMode(sj.at("mode").get<std::string>()));
+    st.world_size = j.at("world_size").get<int>();
+    st.global_batch = j.at("global_batch").get<uint64_t>();
+    st.seq_len = j.at("seq_len").get<uint64_t>();
+    st.scheduler_total_steps = j.at("scheduler_total_steps").get<int64_t>();
+    st.seed = j.at("seed").get<uint64_t>();
+    st.compute_dtype = j.at("compute_dtype").get<std::string>();
+    st.data_path = j.at("data").at("path").get<std::string>();
+    st.data_tokens = j.at("data").at("tokens").get<uint64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgumentError(fmt::format("{}: {}", path, e.what()));
+  }
+  if (st.step < 0 || st.counters.optimizer_steps < 0 || st.counters.optimizer_steps > st.step) {
+    return InvalidArgumentError(fmt::format("{}: step {} / optimizer_steps {} are inconsistent",
+                                            path, st.step, st.counters.optimizer_steps));
+  }
+  return st;
+}
+
+Status CheckSameModel(const std::string& step_dir, const model::LlamaConfig& c) {
+  STRATA_ASSIGN_OR_RETURN(model::LlamaConfig saved, model::LoadLlamaConfig(step_dir));
+  auto differ = [&](const char* field, auto a, auto b) -> Status {
+    if (a == b) return Status::Ok();
+    return InvalidArgumentError(fmt::format(
+        "checkpoint {} is from a different model: {} is {} in the checkpoint, {} in this run",
+        step_dir, field, a, b));
+  };
+  STRATA_RETURN_IF_ERROR(differ("vocab_size", saved.vocab_size, c.vocab_size));
+  STRATA_RETURN_IF_ERROR(differ("hidden_size", saved.hidden_size, c.hidden_size));
+  STRATA_RETURN_IF_ERROR(differ("intermediate_size", saved.intermediate_size, c.intermediate_size));
+  STRATA_RETURN_IF_ERROR(differ("num_hidden_layers", saved.num_hidden_layers, c.num_hidden_layers));
+  STRATA_RETURN_IF_ERROR(
+      differ("num_attention_heads", saved.num_attention_heads, c.num_attention_heads));
+  STRATA_RETURN_IF_ERROR(
+      differ("num_key_value_heads", saved.num_key_value_heads, c.num_key_value_heads));
+  STRATA_RETURN_IF_ERROR(differ("tie_word_embeddings", saved.tie_word_embeddings, c.tie_word_embeddings));
+  STRATA_RETURN_IF_ERROR(differ("rms_norm_eps", saved.rms_norm_eps, c.rms_norm_eps));
+  STRATA_RETURN_IF_ERROR(differ("rope_theta", saved.rope_theta, c.rope_theta));
+  return differ("max_position_embeddings", saved.max_position_embeddings,
+                c.max_position_embeddings);
+}
+
+// ---- loading -----------------------------------------------------------------------------------
+
+struct StateFiles::Impl {
+  std::string source;
+  std::unique_ptr<SafetensorsModel> weights;
+  std::unique_ptr<SafetensorsModel> optimizer;  // null for weights only
+  std::vector<std::vector<std::string>> names;   // [unit][slot]
+  uint64_t total_bytes = 0;
+};
+
+namespace {
+
+std::string ShapeString(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Every tensor `name` of `units` (through `rename`) must exist in `m` with the parameter's shape
+// and a float dtype.
+Status CheckTensors(const SafetensorsModel& m, const std::vector<zero::UnitSpec>& units,
+                    const std::function<std::string(const std::string&)>& rename,
+                    uint64_t* bytes) {
+  for (const auto& u : units) {
+    for (const auto& p : u.params) {
+      const std::string name = rename(p.name);
+      Result<const SafetensorsTensor*> t = m.Find(name);
+      if (!t.ok()) {
+        return NotFoundError(fmt::format("{}: the model's tensor '{}' is missing", m.source(), name));
+      }
+      const std::vector<uint64_t> want(p.shape.begin(), p.shape.end());
+      Result<const SafetensorsFile*> file = m.FileOf(name);
+      const std::string where = file.ok() ? (*file)->path() : m.source();
+      if ((*t)->shape != want) {
+        return InvalidArgumentError(fmt::format("{}: tensor '{}' has shape {}; the model needs {}",
+                                                where, name, ShapeString((*t)->shape),
+                                                ShapeString(want)));
+      }
+      if (!ToDeviceDType((*t)->dtype).has_value()) {
+        return InvalidArgumentError(fmt::format(
+            "{}: tensor '{}' is {}; loading reads F32, BF16 or F16", where, name,
+            SafetensorsDTypeName((*t)->dtype)));
+      }
+      *bytes += (*t)->num_bytes();
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<std::vector<std::string>> SlotNames(const std::vector<zero::UnitSpec>& units) {
+  std::vector<std::vector<std::string>> names;
+  for (const auto& u : units) {
+    names.emplace_back();
+    for (const auto& p : u.params) names.back().push_back(p.name);
+  }
+  return names;
+}
+
+}  // namespace
+
+StateFiles::StateFiles(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StateFiles::~StateFiles() = default;
+
+Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& path,
+                                                            const std::vector<zero::UnitSpec>& units) {
+  auto impl = std::make_unique<Impl>();
+  impl->source = path;
+  STRATA_ASSIGN_OR_RETURN(impl->weights, SafetensorsModel::Open(path));
+  STRATA_RETURN_IF_ERROR(CheckTensors(*impl->weights, units,
+                                      [](const std::string& n) { return n; }, &impl->total_bytes));
+  impl->names = SlotNames(units);
+  return std::unique_ptr<StateFiles>(new StateFiles(std::move(impl)));
+}
+
+Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
+    const std::string& step_dir, const std::vector<zero::UnitSpec>& units) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StateFiles> files, OpenWeights(step_dir, units));
+  Impl& impl = *files->impl_;
+  const fs::path dir(step_dir);
+  std::error_code ec;
+  const fs::path single = dir / "optimizer.safetensors";
+  const fs::path index = dir / "optimizer.safetensors.index.json";
+  if (!fs::exists(single, ec) && !fs::exists(index, ec)) {
+    return NotFoundError(fmt::format(
+        "{}: no optimizer states (optimizer.safetensors or its index); a model directory without "
+        "them is loaded with --model, not --resume",
+        step_dir));
+  }
+  STRATA_ASSIGN_OR_RETURN(impl.optimizer,
+                          SafetensorsModel::Open((fs::exists(single, ec) ? single : index).string()));
+  for (zero::StateKind kind :
+       {zero::StateKind::kMaster, zero::StateKind::kExpAvg, zero::StateKind::kExpAvgSq}) {
+    STRATA_RETURN_IF_ERROR(CheckTensors(
+        *impl.optimizer, units, [&](const std::string& n) { return OptimizerName(kind, n); },
+        &impl.total_bytes));
+  }
+  return files;
+}
+
+zero::InitialStates StateFiles::Initial(zero::StateProgress progress) const {
+  zero::InitialStates init;
+  init.with_optimizer = impl_->optimizer != nullptr;
+  init.progress = std::move(progress);
+  const Impl* impl = impl_.get();
+  init.read = [impl](const zero::StatePiece& p, void* out, device::DType dtype) -> Status {
+    if (p.unit < 0 || static_cast<size_t>(p.unit) >= impl->names.size() || p.slot < 0 ||
+        static_cast<size_t>(p.slot) >= impl->names[p.unit].size()) {
+      return InternalError(fmt::format("checkpoint: no parameter {} of unit {}", p.slot, p.unit));
+    }
+    const std::string& name = impl->names[p.unit][p.slot];
+    if (p.kind == zero::StateKind::kParams) {
+      return impl->weights->ReadRange(name, static_cast<uint64_t>(p.offset),
+                                      static_cast<uint64_t>(p.count), out, dtype);
+    }
+    if (!impl->optimizer) return InternalError("checkpoint: no optimizer states opened");
+    return impl->optimizer->ReadRange(OptimizerName(p.kind, name), static_cast<uint64_t>(p.offset),
+                                      static_cast<uint64_t>(p.count), out, dtype);
+  };
+  return init;
+}
+
+bool StateFiles::has_optimizer() const { return impl_->optimizer != nullptr; }
+const std::string& StateFiles::source() const { return impl_->source; }
+uint64_t StateFiles::total_bytes() const { return impl_->total_bytes; }
+
+}  // namespace strata::train

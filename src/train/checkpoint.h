@@ -1,0 +1,123 @@
+// Checkpoints: the model's unpartitioned states, written by every rank into its own byte ranges
+// of shared files, so that a checkpoint saved on N ranks loads on M ranks, under any ZeRO stage
+// and offload.
+//
+//   SAVE/step-00000300/
+//     config.json                        Hugging Face LlamaConfig
+//     model.safetensors                  parameters in the compute dtype, HF tensor names
+//                                        (or model-0000i-of-0000n.safetensors + model.safetensors
+//                                        .index.json above max_shard_bytes) — transformers loads
+//                                        the directory as it is
+//     optimizer.safetensors              fp32 "master.<name>", "exp_avg.<name>",
+//                                        "exp_avg_sq.<name>" (sharded the same way, with
+//                                        optimizer.safetensors.index.json)
+//     trainer_state.json                 step, optimizer steps, data position (SamplerState),
+//                                        loss-scaler state, LR-schedule length, batch shape, seed
+//   SAVE/latest -> step-00000300         symlink to the newest complete checkpoint
+//
+// A save is atomic: everything is written under SAVE/.step-00000300.tmp/, every file fsync'ed,
+// then the directory is renamed into place and `latest` is replaced (a new symlink renamed over
+// it); the parent directory is fsync'ed after each. A crash at any point leaves the previous
+// checkpoint and `latest` intact. docs/formats.md describes the files.
+//
+// Loading streams each rank's own pieces (zero::StatePiece) from the files with positioned reads,
+// converting any of F32 / BF16 / F16 to fp32: no rank ever holds more than one piece of the model
+// at once. The same reader loads a Hugging Face model directory's weights for fine-tuning.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/llama_config.h"
+#include "strata/collective.h"
+#include "strata/device.h"
+#include "strata/status.h"
+#include "train/data.h"
+#include "zero/engine.h"
+#include "zero/model.h"
+
+namespace strata::train {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// What trainer_state.json holds.
+struct TrainerState {
+  int64_t step = 0;  // trainer steps completed (the next step to run is step + 1)
+  zero::EngineCounters counters;
+  SamplerState sampler;
+  int world_size = 1;       // of the run that saved (informational)
+  uint64_t global_batch = 0;
+  uint64_t seq_len = 0;
+  int64_t scheduler_total_steps = 0;  // the LR schedule's length when it was derived from --steps
+  uint64_t seed = 0;                  // the sampler's seed
+  std::string compute_dtype;          // "float32", "bfloat16", "float16"
+  std::string data_path;
+  uint64_t data_tokens = 0;
+};
+
+struct SaveOptions {
+  // Parameter and optimizer files are split into shards of at most this many bytes of tensor
+  // data (a tensor is never split), with an index, as transformers does for large models.
+  uint64_t max_shard_bytes = 5ull << 30;
+  // Rank 0's progress lines ("saving checkpoint: 12/34 units").
+  std::function<void(const std::string&)> print;
+};
+
+// Collective (every rank, between steps): writes `state` and the engine's states as
+// SAVE/step-<state.step>/ and points SAVE/latest at it. Returns the step directory. When any
+// rank fails, every rank returns an error (naming the failing ranks) and the previous
+// checkpoint stays in place.
+Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
+                                   device::Device& device, const model::LlamaConfig& config,
+                                   const TrainerState& state, const std::string& save_dir,
+                                   const SaveOptions& options);
+
+// The step directory `path` names: itself when it holds trainer_state.json, else what its
+// `latest` link points to. NotFound / InvalidArgument naming the path otherwise.
+Result<std::string> ResolveCheckpoint(const std::string& path);
+// Reads and validates DIR/trainer_state.json.
+Result<TrainerState> ReadTrainerState(const std::string& step_dir);
+
+// InvalidArgument naming the checkpoint and the first field that differs when `step_dir` holds a
+// different model than `config` ("hidden_size is 384 in the checkpoint, 512 in the run").
+Status CheckSameModel(const std::string& step_dir, const model::LlamaConfig& config);
+
+// Parameter (and optimizer) tensors opened for loading into an engine.
+class StateFiles {
+ public:
+  // A Hugging Face model directory (or .safetensors / index file): weights only. Every parameter
+  // of `units` must be there with its shape (errors name the file, the tensor and both shapes).
+  static Result<std::unique_ptr<StateFiles>> OpenWeights(const std::string& path,
+                                                         const std::vector<zero::UnitSpec>& units);
+  // A checkpoint step directory: weights and optimizer states.
+  static Result<std::unique_ptr<StateFiles>> OpenCheckpoint(const std::string& step_dir,
+                                                            const std::vector<zero::UnitSpec>& units);
+  ~StateFiles();
+
+  // EngineOptions::initial / Engine::LoadStates for these files (with the optimizer states when
+  // they were opened from a checkpoint). The StateFiles must outlive its use.
+  zero::InitialStates Initial(zero::StateProgress progress = {}) const;
+  bool has_optimizer() const;
+  // What was opened (for messages).
+  const std::string& source() const;
+  // Bytes of tensor data a full load reads, summed over all ranks.
+  uint64_t total_bytes() const;
+
+ private:
+  struct Impl;
+  explicit StateFiles(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A progress callback for saves and loads: "  <what>: 12/34 units (3.1 s)", at most once a
+// second (nothing for operations that finish sooner). Null when `print` is.
+zero::StateProgress UnitProgress(std::function<void(const std::string&)> print, std::string what);
+
+// True when `dir` holds weights (model.safetensors or model.safetensors.index.json).
+bool HasWeights(const std::string& dir);
+
+}  // namespace strata::train
