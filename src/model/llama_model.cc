@@ -28,6 +28,7 @@ std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& c, int unit) {
   const int64_t h = c.hidden_size, kv = c.kv_dim(), inter = c.intermediate_size;
   if (unit == 0) return {{"model.embed_tokens.weight", {c.vocab_size, h}}};
   if (unit == LlamaNumUnits(c) - 1) {
+    if (c.tie_word_embeddings) return {{"model.norm.weight", {h}}};  // the LM head is the embedding
     return {{"model.norm.weight", {h}}, {"lm_head.weight", {c.vocab_size, h}}};
   }
   const std::string prefix = fmt::format("model.layers.{}.", unit - 1);
@@ -77,12 +78,6 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
     return UnimplementedError(fmt::format(
         "the Llama model runs on the CPU device only for now (got the {} device)",
         device::DeviceTypeName(device.type())));
-  }
-  if (config.tie_word_embeddings) {
-    return UnimplementedError(fmt::format(
-        "model '{}': tie_word_embeddings is not supported yet (the LM head would share the "
-        "embedding unit's weight)",
-        config.name));
   }
   if (seq_len < 1 || seq_len > config.max_position_embeddings) {
     return InvalidArgumentError(fmt::format(
@@ -169,7 +164,12 @@ Status LlamaModel::Forward(int unit, const zero::UnitView& params, device::Strea
                                        static_cast<size_t>(config_.vocab_size), h,
                                        st.block_in[0].data());
         }
-        if (unit == n - 1) return HeadForward(p);
+        if (unit == n - 1) {
+          if (config_.tie_word_embeddings) {
+            return InternalError("llama: the tied head needs the embedding unit (ForwardShared)");
+          }
+          return HeadForward(p, p.param(1));
+        }
         return BlockForward(unit - 1, p);
       },
       "llama forward");
@@ -188,8 +188,42 @@ Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::
           return cpu::EmbeddingBackward(st.inputs.data(), t, st.dres.data(),
                                         static_cast<size_t>(config_.vocab_size), h, G(g, 0));
         }
-        if (unit == n - 1) return HeadBackward(p, g);
+        if (unit == n - 1) {
+          if (config_.tie_word_embeddings) {
+            return InternalError("llama: the tied head needs the embedding unit (BackwardShared)");
+          }
+          return HeadBackward(p, g, p.param(1), G(g, 1));
+        }
         return BlockBackward(unit - 1, p, g);
+      },
+      "llama backward");
+}
+
+std::vector<int> LlamaModel::SharedUnits(int unit) const {
+  if (config_.tie_word_embeddings && unit == LlamaNumUnits(config_) - 1) return {0};
+  return {};
+}
+
+Status LlamaModel::ForwardShared(int unit, std::span<const zero::UnitView> params,
+                                 device::Stream& stream) {
+  if (unit != LlamaNumUnits(config_) - 1 || params.size() != 2) {
+    return InternalError(fmt::format("llama: unit {} shares no parameters", unit));
+  }
+  zero::UnitView p = params[0], embed = params[1];
+  return device_.HostTask(
+      stream, [this, p, embed]() { return HeadForward(p, embed.param(0)); }, "llama forward");
+}
+
+Status LlamaModel::BackwardShared(int unit, std::span<const zero::UnitView> params,
+                                  std::span<const zero::UnitView> grads, device::Stream& stream) {
+  if (unit != LlamaNumUnits(config_) - 1 || params.size() != 2 || grads.size() != 2) {
+    return InternalError(fmt::format("llama: unit {} shares no parameters", unit));
+  }
+  zero::UnitView p = params[0], embed = params[1], g = grads[0], gembed = grads[1];
+  return device_.HostTask(
+      stream,
+      [this, p, embed, g, gembed]() {
+        return HeadBackward(p, g, embed.param(0), G(gembed, 0));
       },
       "llama backward");
 }
@@ -312,7 +346,7 @@ Status LlamaModel::BlockBackward(int layer, const zero::UnitView& p, const zero:
   return Status::Ok();
 }
 
-Status LlamaModel::HeadForward(const zero::UnitView& p) {
+Status LlamaModel::HeadForward(const zero::UnitView& p, const void* lm) {
   State& st = *state_;
   const size_t t = st.inputs.size(), h = static_cast<size_t>(config_.hidden_size);
   const size_t v = static_cast<size_t>(config_.vocab_size);
@@ -322,7 +356,7 @@ Status LlamaModel::HeadForward(const zero::UnitView& p) {
   cpu::RmsNormForward(x.data(), W(p, 0), t, h, static_cast<float>(config_.rms_norm_eps),
                       st.head_x.data(), st.head_rstd.data());
   st.logits.resize(t * v);
-  cpu::LinearForward(st.head_x.data(), W(p, 1), t, h, v, st.logits.data());
+  cpu::LinearForward(st.head_x.data(), cpu::Weight{lm, p.dtype}, t, h, v, st.logits.data());
   st.lse.resize(t);
   STRATA_ASSIGN_OR_RETURN(float loss,
                           cpu::CrossEntropyForward(st.logits.data(), st.targets.data(), t, v,
@@ -331,7 +365,8 @@ Status LlamaModel::HeadForward(const zero::UnitView& p) {
   return Status::Ok();
 }
 
-Status LlamaModel::HeadBackward(const zero::UnitView& p, const zero::UnitView& g) {
+Status LlamaModel::HeadBackward(const zero::UnitView& p, const zero::UnitView& g, const void* lm,
+                                float* dlm) {
   State& st = *state_;
   const size_t t = st.inputs.size(), h = static_cast<size_t>(config_.hidden_size);
   const size_t v = static_cast<size_t>(config_.vocab_size);
@@ -340,8 +375,8 @@ Status LlamaModel::HeadBackward(const zero::UnitView& p, const zero::UnitView& g
                                                    st.lse.data(), t, v, cpu::kIgnoreIndex,
                                                    st.loss_scale, dlogits.data()));
   std::vector<float> dxn(t * h);
-  cpu::LinearBackward(st.head_x.data(), W(p, 1), dlogits.data(), t, h, v, dxn.data(),
-                      Accumulate::kOverwrite, G(g, 1));
+  cpu::LinearBackward(st.head_x.data(), cpu::Weight{lm, p.dtype}, dlogits.data(), t, h, v,
+                      dxn.data(), Accumulate::kOverwrite, dlm);
   st.dres.assign(t * h, 0.0f);
   cpu::RmsNormBackward(st.block_in.back().data(), W(p, 0), st.head_rstd.data(), dxn.data(), t, h,
                        st.dres.data(), G(g, 0));

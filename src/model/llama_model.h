@@ -7,6 +7,9 @@
 //                           model.layers.i.post_attention_layernorm.weight [H],
 //                           model.layers.i.mlp.{gate,up,down}_proj.weight
 //   L + 1      "head"       model.norm.weight [H], lm_head.weight [V, H]
+// With tie_word_embeddings the head has only model.norm.weight and reads the embedding matrix
+// as its LM head (zero::Model::SharedUnits): the engine gathers the embedding unit for the head
+// too and sums both gradients into it. Checkpoints then hold no lm_head.weight, as Hugging Face's.
 // Activation checkpointing: each block keeps only its input during forward and recomputes its
 // internals in backward (always on: on the CPU device activations are host memory, and a
 // block's internals are ~10x its input).
@@ -57,6 +60,12 @@ class LlamaModel final : public zero::Model {
   Status Backward(int unit, const zero::UnitView& params, const zero::UnitView& grads,
                   device::Stream& stream) override;
   Result<double> EndMicroBatch(device::Stream& stream) override;
+  // tie_word_embeddings: the head unit reads the embedding unit's matrix as its LM head.
+  std::vector<int> SharedUnits(int unit) const override;
+  Status ForwardShared(int unit, std::span<const zero::UnitView> params,
+                       device::Stream& stream) override;
+  Status BackwardShared(int unit, std::span<const zero::UnitView> params,
+                        std::span<const zero::UnitView> grads, device::Stream& stream) override;
 
   const LlamaConfig& config() const { return config_; }
   int64_t tokens_per_micro_batch() const { return seq_len_ * micro_batch_; }
@@ -67,8 +76,10 @@ class LlamaModel final : public zero::Model {
              int64_t micro_batch, uint64_t init_seed);
   Status BlockForward(int layer, const zero::UnitView& p);
   Status BlockBackward(int layer, const zero::UnitView& p, const zero::UnitView& g);
-  Status HeadForward(const zero::UnitView& p);
-  Status HeadBackward(const zero::UnitView& p, const zero::UnitView& g);
+  // The head: final norm (params.param(0)) and the LM head matrix `lm` with its gradient `dlm`
+  // (the head unit's second parameter, or the tied embedding matrix).
+  Status HeadForward(const zero::UnitView& p, const void* lm);
+  Status HeadBackward(const zero::UnitView& p, const zero::UnitView& g, const void* lm, float* dlm);
 
   device::Device& device_;
   const LlamaConfig config_;

@@ -32,6 +32,8 @@ std::string OptimizerName(zero::StateKind kind, const std::string& param) {
   return std::string(zero::StateKindName(kind)) + "." + param;
 }
 
+}  // namespace
+
 const char* TorchDtypeName(device::DType d) {
   switch (d) {
     case device::DType::kBF16:
@@ -43,6 +45,8 @@ const char* TorchDtypeName(device::DType d) {
   }
   return "float32";
 }
+
+namespace {
 
 
 // A set of tensors split into files of at most max_bytes of data each (in the given order; a

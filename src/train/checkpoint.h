@@ -117,6 +117,9 @@ class StateFiles {
 // second (nothing for operations that finish sooner). Null when `print` is.
 zero::StateProgress UnitProgress(std::function<void(const std::string&)> print, std::string what);
 
+// "float32", "bfloat16", "float16": the torch_dtype of config.json and trainer_state.json.
+const char* TorchDtypeName(device::DType dtype);
+
 // True when `dir` holds weights (model.safetensors or model.safetensors.index.json).
 bool HasWeights(const std::string& dir);
 

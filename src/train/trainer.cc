@@ -38,17 +38,6 @@ std::string RankPath(const std::string& path, int rank, int world) {
 }
 
 
-const char* TorchDtype(device::DType d) {
-  switch (d) {
-    case device::DType::kBF16:
-      return "bfloat16";
-    case device::DType::kF16:
-      return "float16";
-    case device::DType::kF32:
-      break;
-  }
-  return "float32";
-}
 
 }  // namespace
 
@@ -292,7 +281,7 @@ Status RunTraining(const TrainOptions& o) {
       ts.seq_len = static_cast<uint64_t>(seq_len);
       ts.scheduler_total_steps = scheduler_total_steps;
       ts.seed = seed;
-      ts.compute_dtype = TorchDtype(engine->compute_dtype());
+      ts.compute_dtype = TorchDtypeName(engine->compute_dtype());
       ts.data_path = o.data;
       ts.data_tokens = data.size();
       SaveOptions so;

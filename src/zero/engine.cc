@@ -141,6 +141,10 @@ struct Engine::Impl {
   Tier param_home = Tier::kDevice;
   Tier optim_home = Tier::kDevice;
   std::vector<UnitLayout> layouts;
+  // Tied weights: shared[u] = the earlier units unit u also reads (Model::SharedUnits), and the
+  // gradient buffer a shared unit's tying unit already added to, waiting for its own backward.
+  std::vector<std::vector<int>> shared;
+  std::vector<void*> pending_grad;
   int64_t max_shard = 0;
   int64_t max_padded = 0;
 
@@ -403,6 +407,7 @@ void Engine::Impl::CleanUpFailedStep() {
   }
   bucket_units.clear();
   bucket_fill = 0;
+  std::fill(pending_grad.begin(), pending_grad.end(), nullptr);  // freed with `owned` above
   if (otm) (void)otm->TakeWritebackError();
   if (ptm) (void)ptm->TakeWritebackError();
   if (sched && in_step) sched->EndStep();
@@ -452,6 +457,22 @@ Status Engine::Impl::Init() {
     max_padded = std::max(max_padded, l.padded_numel());
   }
   const size_t n_units = layouts.size();
+  shared.resize(n_units);
+  pending_grad.assign(n_units, nullptr);
+  uint64_t shared_live_bytes = 0;
+  for (size_t u = 0; u < n_units; ++u) {
+    shared[u] = model.SharedUnits(static_cast<int>(u));
+    for (size_t i = 0; i < shared[u].size(); ++i) {
+      const int s = shared[u][i];
+      if (s < 0 || s >= static_cast<int>(u) ||
+          std::count(shared[u].begin(), shared[u].begin() + static_cast<std::ptrdiff_t>(i), s) > 0) {
+        return InvalidArgumentError(fmt::format(
+            "model: unit {} ('{}') shares unit {}; a unit may share each earlier unit once", u,
+            layouts[u].name, s));
+      }
+      shared_live_bytes += static_cast<uint64_t>(layouts[s].padded_numel()) * (4 + 8);
+    }
+  }
 
   STRATA_ASSIGN_OR_RETURN(compute, dev.CreateStream("compute"));
   STRATA_ASSIGN_OR_RETURN(comm_stream, dev.CreateStream("comm"));
@@ -576,7 +597,9 @@ Status Engine::Impl::Init() {
     const uint64_t largest = static_cast<uint64_t>(max_padded) * ((stage == 3 ? csz : 0) + 4);
     const uint64_t configured =
         stage == 3 ? static_cast<uint64_t>(cfg.zero.stage3_max_live_parameters) * csz : 0;
-    max_live_bytes = std::max<uint64_t>(configured, 2 * largest);
+    // A tying unit holds its shared units gathered, and their gradients until their own
+    // backward, on top of that.
+    max_live_bytes = std::max<uint64_t>(configured, 2 * largest) + shared_live_bytes;
   }
 
   // Memory per stage.
@@ -1084,22 +1107,61 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
     for (int u = 0; u < n_units; ++u) {
       const int64_t t0 = TraceRecorder::NowNs();
       STRATA_ASSIGN_OR_RETURN(UnitView p, AcquireParams(u, "forward", &io_wait_ns));
+      if (shared[u].empty()) {
+        exposed_io += ExposedSince(t0);
+        STRATA_RETURN_IF_ERROR(model.Forward(u, p, *compute));
+        STRATA_RETURN_IF_ERROR(StampCompute());
+        STRATA_RETURN_IF_ERROR(ReleaseParams(u, p));
+        continue;
+      }
+      std::vector<UnitView> views{p};
+      for (int s : shared[u]) {
+        STRATA_ASSIGN_OR_RETURN(UnitView ps, AcquireParams(s, "forward (tied)", &io_wait_ns));
+        views.push_back(ps);
+      }
       exposed_io += ExposedSince(t0);
-      STRATA_RETURN_IF_ERROR(model.Forward(u, p, *compute));
+      STRATA_RETURN_IF_ERROR(model.ForwardShared(u, views, *compute));
       STRATA_RETURN_IF_ERROR(StampCompute());
       STRATA_RETURN_IF_ERROR(ReleaseParams(u, p));
+      for (size_t i = 0; i < shared[u].size(); ++i) {
+        STRATA_RETURN_IF_ERROR(ReleaseParams(shared[u][i], views[i + 1]));
+      }
     }
     for (int u = n_units - 1; u >= 0; --u) {
       const int64_t t0 = TraceRecorder::NowNs();
       STRATA_ASSIGN_OR_RETURN(UnitView p, AcquireParams(u, "backward", &io_wait_ns));
-      exposed_io += ExposedSince(t0);
-      const size_t padded = static_cast<size_t>(layouts[u].padded_numel());
-      STRATA_ASSIGN_OR_RETURN(void* g, AllocLive(padded * 4));
-      STRATA_RETURN_IF_ERROR(dev.Fill(g, DType::kF32, 0.0f, padded, *compute));
+      // The unit's gradient buffer: the one a tying unit already added to, or a zeroed one.
+      auto grad_buffer = [&](int v) -> Result<void*> {
+        if (void* held = std::exchange(pending_grad[v], nullptr)) return held;
+        const size_t padded = static_cast<size_t>(layouts[v].padded_numel());
+        STRATA_ASSIGN_OR_RETURN(void* g, AllocLive(padded * 4));
+        STRATA_RETURN_IF_ERROR(dev.Fill(g, DType::kF32, 0.0f, padded, *compute));
+        return g;
+      };
+      STRATA_ASSIGN_OR_RETURN(void* g, grad_buffer(u));
       UnitView gv{g, DType::kF32, &layouts[u].slots};
-      STRATA_RETURN_IF_ERROR(model.Backward(u, p, gv, *compute));
-      STRATA_RETURN_IF_ERROR(StampCompute());
-      STRATA_RETURN_IF_ERROR(ReleaseParams(u, p));
+      if (shared[u].empty()) {
+        exposed_io += ExposedSince(t0);
+        STRATA_RETURN_IF_ERROR(model.Backward(u, p, gv, *compute));
+        STRATA_RETURN_IF_ERROR(StampCompute());
+        STRATA_RETURN_IF_ERROR(ReleaseParams(u, p));
+      } else {
+        std::vector<UnitView> views{p}, gviews{gv};
+        for (int s : shared[u]) {
+          STRATA_ASSIGN_OR_RETURN(UnitView ps, AcquireParams(s, "backward (tied)", &io_wait_ns));
+          views.push_back(ps);
+          STRATA_ASSIGN_OR_RETURN(void* gs, grad_buffer(s));
+          pending_grad[s] = gs;  // reduced after s's own backward
+          gviews.push_back(UnitView{gs, DType::kF32, &layouts[s].slots});
+        }
+        exposed_io += ExposedSince(t0);
+        STRATA_RETURN_IF_ERROR(model.BackwardShared(u, views, gviews, *compute));
+        STRATA_RETURN_IF_ERROR(StampCompute());
+        STRATA_RETURN_IF_ERROR(ReleaseParams(u, p));
+        for (size_t i = 0; i < shared[u].size(); ++i) {
+          STRATA_RETURN_IF_ERROR(ReleaseParams(shared[u][i], views[i + 1]));
+        }
+      }
       STRATA_RETURN_IF_ERROR(ReduceGrads(u, g, mb, last));
     }
     STRATA_ASSIGN_OR_RETURN(double loss, model.EndMicroBatch(*compute));

@@ -11,7 +11,16 @@
 // enqueues work on `stream` (Device::HostTask on the CPU device, kernels on CUDA); the buffers it
 // is given stay valid until that work has run. A unit's `params` is the whole unit gathered, in
 // the compute dtype; `grads` is fp32, zero-filled by the engine, and Backward writes d(loss *
-// loss_scale)/d(param) of this micro-batch into it (only into its parameters' ranges).
+// loss_scale)/d(param) of this micro-batch into it (only into its parameters' ranges), adding
+// to what is there (see tied weights below).
+//
+// Tied weights. A unit may also read the parameters of earlier units (SharedUnits: an LM head
+// tied to the embedding matrix reads the embedding unit). For such a unit the engine calls
+// ForwardShared / BackwardShared instead, with the unit's own view first and then the shared
+// units' views, in SharedUnits order. The gradient views of the shared units are those units'
+// gradient buffers of this micro-batch: the shared unit's own Backward runs later and gets the
+// same buffer, already holding this unit's contribution. So every Backward must add into
+// `grads` (they are zero-filled unless a tying unit already added to them), never overwrite.
 //
 // The loss a model reports is the mean over its micro-batch's samples; the engine averages over
 // micro-batches and ranks, so every micro-batch must hold the same number of samples.
@@ -79,6 +88,18 @@ class Model {
   virtual Status Forward(int unit, const UnitView& params, device::Stream& stream) = 0;
   virtual Status Backward(int unit, const UnitView& params, const UnitView& grads,
                           device::Stream& stream) = 0;
+  // Units whose parameters `unit` also reads; each must be < unit. Default: none.
+  virtual std::vector<int> SharedUnits(int /*unit*/) const { return {}; }
+  // For a unit with shared units: params[0] is the unit's, params[1..] the shared units'.
+  virtual Status ForwardShared(int unit, std::span<const UnitView> params,
+                               device::Stream& stream) {
+    return Forward(unit, params[0], stream);
+  }
+  virtual Status BackwardShared(int unit, std::span<const UnitView> params,
+                                std::span<const UnitView> grads, device::Stream& stream) {
+    return Backward(unit, params[0], grads[0], stream);
+  }
+
   // Returns the micro-batch's (unscaled) loss; may synchronize `stream`.
   virtual Result<double> EndMicroBatch(device::Stream& stream) = 0;
 };

@@ -76,20 +76,34 @@ TEST(LlamaModelTest, UnitsCarryHuggingFaceNames) {
     for (const auto& p : u.params) total += p.numel();
   }
   EXPECT_EQ(total, TinyConfig().ParameterCount());
-  // What is not supported says so.
+  // Tied embeddings: no lm_head.weight; the head reads the embedding unit.
   LlamaConfig tied = TinyConfig();
   tied.tie_word_embeddings = true;
   auto t = LlamaModel::Create(**dev, tied, 8, 2);
-  ASSERT_FALSE(t.ok());
-  EXPECT_NE(t.status().message().find("tie_word_embeddings"), std::string::npos);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const auto tied_units = (*t)->units();
+  ASSERT_EQ(tied_units[3].params.size(), 1u);
+  EXPECT_EQ(tied_units[3].params[0].name, "model.norm.weight");
+  EXPECT_EQ((*t)->SharedUnits(3), std::vector<int>{0});
+  EXPECT_TRUE((*t)->SharedUnits(0).empty());
+  total = 0;
+  for (const auto& u : tied_units) {
+    for (const auto& p : u.params) total += p.numel();
+  }
+  EXPECT_EQ(total, tied.ParameterCount());
   auto long_seq = LlamaModel::Create(**dev, TinyConfig(), 65, 2);
   ASSERT_FALSE(long_seq.ok());
   EXPECT_NE(long_seq.status().message().find("max_position_embeddings"), std::string::npos);
 }
 
-TEST(LlamaModelTest, ForwardAndBackwardMatchPyTorch) {
+class LlamaOracleTest : public ::testing::TestWithParam<bool> {};
+
+// Untied and tied (tie_word_embeddings: the head and the embedding share one matrix, whose
+// gradient sums both uses).
+TEST_P(LlamaOracleTest, ForwardAndBackwardMatchPyTorch) {
   if (!HaveTorch()) GTEST_SKIP() << "needs Debian's /usr/bin/python3 with torch (python3-torch)";
-  const LlamaConfig cfg = TinyConfig();
+  LlamaConfig cfg = TinyConfig();
+  cfg.tie_word_embeddings = GetParam();
   const int64_t batch = 2, seq = 8;
   auto dev = device::CreateDevice({});
   ASSERT_TRUE(dev.ok());
@@ -119,14 +133,28 @@ TEST(LlamaModelTest, ForwardAndBackwardMatchPyTorch) {
 
   ASSERT_TRUE((*model)->BeginMicroBatch(b, 1.0f, **stream).ok());
   const int n = static_cast<int>(layouts->size());
+  auto pview = [&](int u) {
+    return zero::UnitView{params[u].data(), device::DType::kF32, &(*layouts)[u].slots};
+  };
+  auto gview = [&](int u) {
+    return zero::UnitView{grads[u].data(), device::DType::kF32, &(*layouts)[u].slots};
+  };
   for (int u = 0; u < n; ++u) {
-    zero::UnitView p{params[u].data(), device::DType::kF32, &(*layouts)[u].slots};
-    ASSERT_TRUE((*model)->Forward(u, p, **stream).ok());
+    if (cfg.tie_word_embeddings && u == n - 1) {
+      const zero::UnitView views[2] = {pview(u), pview(0)};
+      ASSERT_TRUE((*model)->ForwardShared(u, views, **stream).ok());
+    } else {
+      ASSERT_TRUE((*model)->Forward(u, pview(u), **stream).ok());
+    }
   }
   for (int u = n - 1; u >= 0; --u) {
-    zero::UnitView p{params[u].data(), device::DType::kF32, &(*layouts)[u].slots};
-    zero::UnitView g{grads[u].data(), device::DType::kF32, &(*layouts)[u].slots};
-    ASSERT_TRUE((*model)->Backward(u, p, g, **stream).ok());
+    if (cfg.tie_word_embeddings && u == n - 1) {
+      const zero::UnitView views[2] = {pview(u), pview(0)};
+      const zero::UnitView gviews[2] = {gview(u), gview(0)};
+      ASSERT_TRUE((*model)->BackwardShared(u, views, gviews, **stream).ok());
+    } else {
+      ASSERT_TRUE((*model)->Backward(u, pview(u), gview(u), **stream).ok());
+    }
   }
   auto loss = (*model)->EndMicroBatch(**stream);
   ASSERT_TRUE(loss.ok()) << loss.status().ToString();
@@ -174,6 +202,9 @@ TEST(LlamaModelTest, ForwardAndBackwardMatchPyTorch) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Heads, LlamaOracleTest, ::testing::Values(false, true),
+                         [](const auto& p) { return p.param ? "Tied" : "Untied"; });
 
 TEST(LlamaModelTest, TrainsThroughTheZeroEngineWithNvmeOffload) {
   const LlamaConfig cfg = TinyConfig();
@@ -227,6 +258,173 @@ TEST(LlamaModelTest, TrainsThroughTheZeroEngineWithNvmeOffload) {
   EXPECT_NEAR(losses.front(), std::log(static_cast<double>(cfg.vocab_size)), 0.5);
   EXPECT_LT(losses.back(), 0.5 * losses.front()) << "first " << losses.front() << " last "
                                                   << losses.back();
+}
+
+// Tied embeddings through the engine: the head gathers the embedding unit too and both
+// gradients are summed into it. On one rank every stage and offload does the same arithmetic,
+// so stage 0 (everything resident) and stage 3 with NVMe offload, and stage 2 with the CPU
+// optimizer, give bit-identical losses and weights; and the loss falls.
+TEST(LlamaModelTest, TiedEmbeddingsTrainIdenticallyUnderEveryStage) {
+  LlamaConfig cfg = TinyConfig();
+  cfg.tie_word_embeddings = true;
+  const int64_t batch = 4, seq = 16;
+  auto run = [&](const std::string& zero_json, std::vector<double>* losses,
+                 std::vector<std::vector<float>>* masters) {
+    auto dev = device::CreateDevice({});
+    ASSERT_TRUE(dev.ok());
+    comm::CollectiveOptions copt;
+    comm::internal::SingleCollective comm(**dev, copt);
+    io::StoreOptions sopt;
+    auto store = io::CreateBlockStore(sopt);
+    ASSERT_TRUE(store.ok());
+    device::PinnedPoolOptions popt;
+    popt.bytes = 64 << 20;
+    popt.device = dev->get();
+    popt.store = store->get();
+    auto pool = device::PinnedPool::Create(popt);
+    ASSERT_TRUE(pool.ok());
+    strata::testing::TempDir dir;
+    std::string z = zero_json;
+    for (size_t pos; (pos = z.find("@NVME@")) != std::string::npos;) z.replace(pos, 6, dir.path().string());
+    auto config = ParseConfig(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "gradient_clipping": 1.0, "zero_optimization": )" + z + "}", "<test>");
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    auto model = LlamaModel::Create(**dev, cfg, seq, batch, 1);
+    ASSERT_TRUE(model.ok());
+    zero::EngineOptions eo;
+    eo.config = *config;
+    eo.device = dev->get();
+    eo.comm = &comm;
+    eo.pool = pool->get();
+    eo.store = store->get();
+    auto engine = zero::Engine::Create(**model, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    std::mt19937 rng(5);
+    for (int step = 0; step < 30; ++step) {
+      std::vector<LlamaBatch> mbs(2);  // two micro-batches: accumulation into the tied gradient
+      std::vector<const zero::Batch*> ptrs;
+      for (auto& b : mbs) {
+        for (int64_t s = 0; s < batch; ++s) {
+          int32_t t = static_cast<int32_t>(rng() % cfg.vocab_size);
+          for (int64_t i = 0; i <= seq; ++i) b.tokens.push_back((t + i) % cfg.vocab_size);
+        }
+        ptrs.push_back(&b);
+      }
+      auto r = (*engine)->TrainStep(ptrs);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      losses->push_back(r->loss);
+    }
+    for (size_t u = 0; u < (*engine)->layouts().size(); ++u) {
+      auto m = (*engine)->GatherMaster(static_cast<int>(u));
+      ASSERT_TRUE(m.ok());
+      masters->push_back(*m);
+    }
+  };
+  std::vector<double> l0, l3, l2;
+  std::vector<std::vector<float>> m0, m3, m2;
+  run(R"({"stage": 0})", &l0, &m0);
+  run(R"({"stage": 3, "stage3_param_persistence_threshold": 0,
+          "offload_param": {"device": "nvme", "nvme_path": "@NVME@"},
+          "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}})", &l3, &m3);
+  run(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", &l2, &m2);
+  ASSERT_EQ(l0.size(), 30u);
+  EXPECT_EQ(l0, l3);
+  EXPECT_EQ(l0, l2);
+  EXPECT_EQ(m0, m3);
+  EXPECT_EQ(m0, m2);
+  EXPECT_LT(l0.back(), 0.5 * l0.front()) << "first " << l0.front() << " last " << l0.back();
+}
+
+// The engine sums the head's and the embedding's gradients into the tied matrix: AdamW's first
+// step moves every element by -lr * g / (|g| + eps) (bias-corrected m / sqrt(v)), so the update
+// of the embedding matrix after one stage-3 step must have the sign of the model's own tied
+// gradient (computed here without the engine) wherever that gradient is not tiny — including
+// the rows of tokens that are never inputs, which only the head's contribution reaches.
+TEST(LlamaModelTest, TiedGradientReachesTheEmbeddingThroughTheEngine) {
+  LlamaConfig cfg = TinyConfig();
+  cfg.tie_word_embeddings = true;
+  const int64_t batch = 2, seq = 8;
+  auto dev = device::CreateDevice({});
+  ASSERT_TRUE(dev.ok());
+  LlamaBatch b;
+  for (int64_t i = 0; i < batch * (seq + 1); ++i) b.tokens.push_back(static_cast<int32_t>((i * 7) % 40));
+  // The model's own gradient (tokens 40..63 never appear as inputs).
+  auto ref_model = LlamaModel::Create(**dev, cfg, seq, batch, 1);
+  ASSERT_TRUE(ref_model.ok());
+  auto stream = (*dev)->CreateStream("ref");
+  ASSERT_TRUE(stream.ok());
+  auto layouts = zero::LayoutModel((*ref_model)->units(), 1);
+  ASSERT_TRUE(layouts.ok());
+  const int n = static_cast<int>(layouts->size());
+  std::vector<std::vector<float>> params(n), grads(n);
+  for (int u = 0; u < n; ++u) {
+    params[u].assign(static_cast<size_t>((*layouts)[u].padded_numel()), 0.0f);
+    grads[u].assign(params[u].size(), 0.0f);
+    ASSERT_TRUE((*ref_model)->InitUnit(u, (*layouts)[u].slots, params[u]).ok());
+  }
+  auto view = [&](std::vector<std::vector<float>>& v, int u) {
+    return zero::UnitView{v[u].data(), device::DType::kF32, &(*layouts)[u].slots};
+  };
+  ASSERT_TRUE((*ref_model)->BeginMicroBatch(b, 1.0f, **stream).ok());
+  for (int u = 0; u < n - 1; ++u) ASSERT_TRUE((*ref_model)->Forward(u, view(params, u), **stream).ok());
+  const zero::UnitView hp[2] = {view(params, n - 1), view(params, 0)};
+  const zero::UnitView hg[2] = {view(grads, n - 1), view(grads, 0)};
+  ASSERT_TRUE((*ref_model)->ForwardShared(n - 1, hp, **stream).ok());
+  ASSERT_TRUE((*ref_model)->BackwardShared(n - 1, hp, hg, **stream).ok());
+  for (int u = n - 2; u >= 0; --u) {
+    ASSERT_TRUE((*ref_model)->Backward(u, view(params, u), view(grads, u), **stream).ok());
+  }
+  ASSERT_TRUE((*ref_model)->EndMicroBatch(**stream).ok());
+
+  comm::CollectiveOptions copt;
+  comm::internal::SingleCollective comm(**dev, copt);
+  io::StoreOptions sopt;
+  auto store = io::CreateBlockStore(sopt);
+  ASSERT_TRUE(store.ok());
+  device::PinnedPoolOptions popt;
+  popt.bytes = 64 << 20;
+  popt.device = dev->get();
+  popt.store = store->get();
+  auto pool = device::PinnedPool::Create(popt);
+  ASSERT_TRUE(pool.ok());
+  strata::testing::TempDir dir;
+  auto config = ParseConfig(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.001,
+      "weight_decay": 0.0, "eps": 1e-12}}, "zero_optimization": {"stage": 3,
+      "stage3_param_persistence_threshold": 0,
+      "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path().string() + R"("},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path().string() + R"("}}})",
+                            "<test>");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto model = LlamaModel::Create(**dev, cfg, seq, batch, 1);
+  ASSERT_TRUE(model.ok());
+  zero::EngineOptions eo;
+  eo.config = *config;
+  eo.device = dev->get();
+  eo.comm = &comm;
+  eo.pool = pool->get();
+  eo.store = store->get();
+  auto engine = zero::Engine::Create(**model, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const zero::Batch* ptr = &b;
+  ASSERT_TRUE((*engine)->TrainStep(std::span<const zero::Batch* const>(&ptr, 1)).ok());
+  auto after = (*engine)->GatherMaster(0);
+  ASSERT_TRUE(after.ok());
+  const auto& slot = (*layouts)[0].slots[0];
+  double gmax = 0;
+  for (int64_t i = 0; i < slot.numel; ++i) gmax = std::max(gmax, std::fabs(double(grads[0][i])));
+  int checked = 0, unseen_rows = 0, wrong = 0;
+  const int64_t h = cfg.hidden_size;
+  for (int64_t i = 0; i < slot.numel; ++i) {
+    const double g = grads[0][slot.offset + i];
+    if (std::fabs(g) < 1e-3 * gmax) continue;
+    const double delta = static_cast<double>((*after)[slot.offset + i]) - params[0][slot.offset + i];
+    ++checked;
+    if (i / h >= 40) ++unseen_rows;
+    if (!(delta * g < 0) || std::fabs(std::fabs(delta) - 0.001) > 2e-4) ++wrong;
+  }
+  EXPECT_GT(unseen_rows, 100) << "rows only the head's gradient reaches";
+  EXPECT_GT(checked, 1000);
+  EXPECT_EQ(wrong, 0) << "of " << checked << " elements";
 }
 
 }  // namespace

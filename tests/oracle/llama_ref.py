@@ -81,7 +81,9 @@ def main():
         mlp = F.silu(m @ g("mlp.gate_proj.weight").T) * (m @ g("mlp.up_proj.weight").T)
         x = x + mlp @ g("mlp.down_proj.weight").T
     x = rms_norm(x, params["model.norm.weight"], eps)
-    logits = x @ params["lm_head.weight"].T
+    # Tied embeddings: the LM head is the embedding matrix (its gradient sums both uses).
+    lm_head = params["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else params["lm_head.weight"]
+    logits = x @ lm_head.T
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                            ignore_index=-100)
     loss.backward()
