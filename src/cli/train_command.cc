@@ -42,9 +42,10 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--save-every", o->save_every, "Also save every N steps (0: only at the end)");
   cmd->add_option("--trace", o->trace_path, "Write a Chrome / Perfetto timeline (per rank)");
   cmd->add_option("--metrics", o->metrics_path, "Write one JSON object per step (rank 0)");
-  cmd->add_option("--sampling", o->sampling, "Order of the training sequences")
-      ->check(CLI::IsMember({"random", "sequential"}))
-      ->capture_default_str();
+  cmd->add_option("--sampling", o->sampling,
+                  "Order of the training sequences (default random; a resumed run keeps its "
+                  "checkpoint's)")
+      ->check(CLI::IsMember({"random", "sequential"}));
   cmd->add_option("--seed", o->seed,
                   "Seed of the data order (default 1234; a resumed run keeps its checkpoint's)");
   cmd->callback([o, exit_code] {

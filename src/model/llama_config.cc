@@ -167,8 +167,25 @@ Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_vie
         "{}: hidden_act is {}; the Llama MLP Strata implements uses \"silu\"", source,
         it->dump()));
   }
+  // Variants the kernels do not implement: refused rather than silently trained as plain Llama.
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    return UnimplementedError(fmt::format(
+        "{}: rope_scaling is {}; Strata implements plain rotary embeddings (rope_theta) only",
+        source, it->dump()));
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (auto it = j.find(key); it != j.end() && it->is_boolean() && it->get<bool>()) {
+      return UnimplementedError(
+          fmt::format("{}: {} is true; Strata's Llama has no bias terms", source, key));
+    }
+  }
   LlamaConfig c;
   c.name = std::string(source);
+  // Token ids are carried through to the configs Strata writes (a number or a list).
+  for (auto [key, out] : {std::pair{"bos_token_id", &c.bos_token_id_json},
+                          std::pair{"eos_token_id", &c.eos_token_id_json}}) {
+    if (auto it = j.find(key); it != j.end()) *out = it->dump();
+  }
   STRATA_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, "vocab_size", source, true, 0));
   STRATA_ASSIGN_OR_RETURN(c.hidden_size, GetInt(j, "hidden_size", source, true, 0));
   STRATA_ASSIGN_OR_RETURN(c.intermediate_size, GetInt(j, "intermediate_size", source, true, 0));
@@ -256,9 +273,9 @@ std::string ToHfConfigJson(const LlamaConfig& c, std::string_view torch_dtype) {
       {"attention_bias", false},
       {"initializer_range", 0.02},
       {"torch_dtype", std::string(torch_dtype)},
-      {"bos_token_id", 1},
-      {"eos_token_id", 2},
   };
+  j["bos_token_id"] = Json::parse(c.bos_token_id_json, nullptr, false);
+  j["eos_token_id"] = Json::parse(c.eos_token_id_json, nullptr, false);
   return j.dump(2) + "\n";
 }
 

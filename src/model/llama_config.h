@@ -7,7 +7,9 @@
 // intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default:
 // num_attention_heads), max_position_embeddings, rms_norm_eps, rope_theta (default 10000),
 // tie_word_embeddings (default false), model_type (must be "llama" or "mistral" when present),
-// hidden_act (must be "silu" when present). Other keys are ignored. Errors name the file and the
+// hidden_act (must be "silu" when present), bos_token_id / eos_token_id (carried through to the
+// configs Strata writes). rope_scaling (non-null), attention_bias or mlp_bias (true) are
+// Unimplemented: the kernels do not have them. Other keys are ignored. Errors name the file and the
 // key, and say what was expected.
 #pragma once
 
@@ -32,6 +34,9 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
+  // bos_token_id / eos_token_id as JSON text (a number, a list or null), kept from config.json.
+  std::string bos_token_id_json = "1";
+  std::string eos_token_id_json = "2";
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t kv_dim() const { return head_dim() * num_key_value_heads; }

@@ -404,6 +404,11 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
     const fs::path target = fs::read_symlink(latest, ec);
     return (ec ? latest : fs::path(path) / target).string();
   }
+  // A crash while an existing step directory was being replaced leaves it as "<step>.old".
+  if (fs::is_symlink(fs::symlink_status(latest, ec))) {
+    const fs::path old = fs::path(path) / (fs::read_symlink(latest, ec).string() + ".old");
+    if (!ec && fs::exists(old / kTrainerStateFile, ec)) return old.string();
+  }
   return NotFoundError(fmt::format(
       "--resume {}: not a Strata checkpoint (no {} in it, and no '{}' link to a step directory "
       "holding one)",
@@ -579,6 +584,7 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
   }
   STRATA_ASSIGN_OR_RETURN(impl.optimizer,
                           SafetensorsModel::Open((fs::exists(single, ec) ? single : index).string()));
+  impl.total_bytes = 0;  // a resume reads the master weights, not the parameter file
   for (zero::StateKind kind :
        {zero::StateKind::kMaster, zero::StateKind::kExpAvg, zero::StateKind::kExpAvgSq}) {
     STRATA_RETURN_IF_ERROR(CheckTensors(

@@ -372,7 +372,7 @@ Result<TokenDataset> TokenDataset::Open(const std::string& path, uint64_t vocab_
     const uint64_t item = TokenDtypeSize(bin_dtype);
     if (file_size % item != 0) {
       return InvalidArgumentError(fmt::format(
-          "{}: {} bytes is not a whole number of {} tokens ({} bytes each); wrong --dtype?", path,
+          "{}: {} bytes is not a whole number of {} tokens ({} bytes each); wrong --data-dtype?", path,
           file_size, TokenDtypeName(bin_dtype), item));
     }
     d.num_tokens_ = file_size / item;

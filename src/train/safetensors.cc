@@ -672,6 +672,9 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     }
   }
   STRATA_RETURN_IF_ERROR(PwriteFully(fd, layout.header().data(), layout.header().size(), 0, path));
+  // On a shared filesystem (NFS: close-to-open consistency) the other writers open the file on
+  // other nodes after the caller's barrier; make the size and header durable and visible first.
+  if (::fsync(fd) != 0) return ErrnoToStatus(errno, fmt::format("fsync {}", path));
   return std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter(path, layout, closer.release()));
 }
 

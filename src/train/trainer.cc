@@ -119,7 +119,17 @@ Status RunTraining(const TrainOptions& o) {
   SamplerOptions sopt;
   sopt.seq_len = static_cast<uint64_t>(seq_len);
   sopt.global_batch = layout.global_batch();
-  STRATA_ASSIGN_OR_RETURN(sopt.mode, ParseSamplingMode(o.sampling));
+  if (o.sampling.empty()) {
+    sopt.mode = resumed ? resumed->sampler.mode : SamplingMode::kRandom;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(sopt.mode, ParseSamplingMode(o.sampling));
+    if (resumed && sopt.mode != resumed->sampler.mode) {
+      return InvalidArgumentError(fmt::format(
+          "--sampling {}: the checkpoint {} was trained with {} sampling; resuming keeps the data "
+          "order",
+          o.sampling, resume_dir, SamplingModeName(resumed->sampler.mode)));
+    }
+  }
   sopt.seed = seed;
   STRATA_ASSIGN_OR_RETURN(SequenceSampler sampler, SequenceSampler::Create(&data, sopt));
 
@@ -128,8 +138,16 @@ Status RunTraining(const TrainOptions& o) {
                           model::LlamaModel::Create(*dev, mcfg, seq_len,
                                                     batch.train_micro_batch_size_per_gpu,
                                                     config.strata.seed));
+  const IoSettings& io_cfg = config.strata.io;
   io::StoreOptions store_opt;
-  store_opt.threads = config.strata.io.threads;
+  store_opt.backend = io_cfg.backend == IoBackend::kUring   ? io::Backend::kUring
+                      : io_cfg.backend == IoBackend::kPosix ? io::Backend::kPosix
+                                                            : io::Backend::kAuto;
+  store_opt.threads = io_cfg.threads;
+  store_opt.queue_depth = io_cfg.queue_depth;
+  store_opt.sqpoll = io_cfg.sqpoll;
+  store_opt.register_files = io_cfg.register_files;
+  store_opt.register_buffers = io_cfg.register_buffers;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<io::BlockStore> store, io::CreateBlockStore(store_opt));
   uint64_t pool_bytes = 0;
   if (config.strata.memory.pinned_pool.has_value()) {
@@ -140,6 +158,9 @@ Status RunTraining(const TrainOptions& o) {
   }
   device::PinnedPoolOptions popt;
   popt.bytes = pool_bytes;
+  popt.huge_pages = io_cfg.huge_pages == Toggle::kOn    ? HugePages::kOn
+                    : io_cfg.huge_pages == Toggle::kOff ? HugePages::kOff
+                                                        : HugePages::kAuto;
   popt.device = dev.get();
   popt.store = store.get();
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::PinnedPool> pool,
@@ -165,11 +186,18 @@ Status RunTraining(const TrainOptions& o) {
   std::unique_ptr<StateFiles> files;
   if (resumed) {
     STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenCheckpoint(resume_dir, llama->units()));
-  } else if (HasWeights(model_arg)) {
-    STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenWeights(model_arg, llama->units()));
-  } else if (std::filesystem::is_directory(model_arg)) {
-    say(fmt::format("  {} holds no weights (model.safetensors): starting from random weights",
-                    model_arg));
+  } else {
+    // A model directory, or its config.json: the weights sit beside it.
+    std::filesystem::path model_dir(model_arg);
+    if (!std::filesystem::is_directory(model_dir) && model_dir.filename() == "config.json") {
+      model_dir = model_dir.parent_path().empty() ? "." : model_dir.parent_path();
+    }
+    if (HasWeights(model_dir.string())) {
+      STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenWeights(model_dir.string(), llama->units()));
+    } else if (std::filesystem::is_directory(model_dir)) {
+      say(fmt::format("  {} holds no weights (model.safetensors): starting from random weights",
+                      model_dir.string()));
+    }
   }
   const auto load_t0 = std::chrono::steady_clock::now();
   if (files) {
@@ -209,7 +237,10 @@ Status RunTraining(const TrainOptions& o) {
 
   std::unique_ptr<std::ofstream> metrics;
   if (!o.metrics_path.empty() && rank == 0) {
-    metrics = std::make_unique<std::ofstream>(o.metrics_path, std::ios::trunc);
+    // A resumed run appends: the file then holds the whole curve (rewritten from the resumed
+    // step on if it went further).
+    metrics = std::make_unique<std::ofstream>(o.metrics_path,
+                                              resumed ? std::ios::app : std::ios::trunc);
     if (!*metrics) {
       return Status(StatusCode::kPermissionDenied,
                     fmt::format("--metrics {}: cannot open for writing", o.metrics_path));
@@ -266,6 +297,8 @@ Status RunTraining(const TrainOptions& o) {
                           {"nvme_write_bytes", nvme_write},
                           {"prefetch_hit_rate", st.prefetch_hit_rate},
                           {"device_peak_bytes", st.device_peak_bytes},
+                          {"param_device_peak_bytes", st.param_device_peak_bytes},
+                          {"param_device_budget_bytes", st.param_device_budget_bytes},
                           {"host_peak_bytes", st.host_peak_bytes}};
       *metrics << j.dump() << "\n";
       metrics->flush();

@@ -44,7 +44,8 @@ struct TrainOptions {
   uint64_t max_shard_bytes = 5ull << 30;  // checkpoint files are split above this
   std::string trace_path;
   std::string metrics_path;
-  std::string sampling = "random";  // "random" or "sequential"
+  // "random" or "sequential"; empty: random, or what a resumed checkpoint used.
+  std::string sampling;
   std::optional<uint64_t> seed;  // data order (default 1234; a resumed run keeps its own)
   // Where rank 0's progress lines go (default: stdout).
   std::function<void(const std::string&)> print;

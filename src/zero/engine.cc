@@ -508,8 +508,17 @@ Status Engine::Impl::Init() {
       shard_bytes_total += held;
       largest = std::max<uint64_t>(largest, held);
     }
-    to.device_budget = opt.param_device_budget != 0 ? opt.param_device_budget
-                                                    : std::max(shard_bytes_total, 4 * largest);
+    // Device-homed shards all live on the device. Offloaded ones are cached there only as far
+    // as the prefetch scheduler looks ahead (stage3_prefetch_bucket_size), plus the unit in use
+    // and the one being gathered: device memory for parameters stays within the prefetch budget
+    // whatever the model size.
+    const offload::PrefetchOptions pf = offload::PrefetchOptions::FromConfig(cfg, csz);
+    const uint64_t resident = std::max(shard_bytes_total, 4 * largest);
+    to.device_budget =
+        opt.param_device_budget != 0 ? opt.param_device_budget
+        : param_home == Tier::kDevice
+            ? resident
+            : std::min(resident, std::max(pf.device_lookahead_bytes + 2 * largest, 4 * largest));
     if (param_home == Tier::kNvme) {
       to.host_budget = opt.param_host_budget != 0 ? opt.param_host_budget : 4 * largest;
       // The optimizer holds one unit's host copy while backward stages another through host
@@ -1660,6 +1669,9 @@ EngineStats Engine::stats() const {
     s.param_nvme_read_bytes = host.fill_bytes;
     s.host_peak_bytes += host.peak;
     s.prefetch_hit_rate = m.sched->stats().hit_rate();
+    const auto dev_tier = m.ptm->stats(Tier::kDevice);
+    s.param_device_peak_bytes = dev_tier.peak;
+    s.param_device_budget_bytes = dev_tier.budget;
   }
   if (m.otm) {
     const auto nvme = m.otm->stats(Tier::kNvme);

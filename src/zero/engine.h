@@ -148,6 +148,11 @@ struct EngineStats {
   uint64_t param_nvme_read_bytes = 0, param_nvme_write_bytes = 0;
   uint64_t optim_nvme_read_bytes = 0, optim_nvme_write_bytes = 0;
   uint64_t device_peak_bytes = 0;
+  // Stage 3: parameter shards cached in device memory (the tier manager's device tier): its
+  // peak and its budget (all shards when parameters are homed on the device, else the prefetch
+  // lookahead plus two units).
+  uint64_t param_device_peak_bytes = 0;
+  uint64_t param_device_budget_bytes = 0;
   uint64_t host_peak_bytes = 0;   // pinned pool bytes held by the engine's tier managers
   double prefetch_hit_rate = 0.0;
 };

@@ -118,7 +118,8 @@ TEST(TrainCommandTest, ResumeContinuesTheLossCurveExactly) {
     const std::string ck = dir.file("ck" + shard);
     auto full = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
                            "--seq-len", "32", "--steps", "6", "--save", ck, "--save-every", "3",
-                           "--save-shard-size", shard, "--metrics", dir.file("full.jsonl")},
+                           "--save-shard-size", shard, "--sampling", "sequential",
+                           "--metrics", dir.file("full.jsonl")},
                           std::chrono::seconds(120));
     ASSERT_EQ(full.exit_code, 0) << full.out << full.err;
     if (shard != "5GiB") {
@@ -126,6 +127,8 @@ TEST(TrainCommandTest, ResumeContinuesTheLossCurveExactly) {
       EXPECT_TRUE(std::filesystem::exists(ck + "/step-00000003/optimizer.safetensors.index.json"));
       EXPECT_FALSE(std::filesystem::exists(ck + "/step-00000003/model.safetensors"));
     }
+    // (No --sampling: the checkpoint's sequential order is kept. The metrics file is appended.)
+    std::ofstream(dir.file("resumed.jsonl")) << "{\"step\": 0, \"loss\": 0.0}\n";
     auto resumed = RunStrata({"train", "--config", config, "--data", data, "--steps", "6",
                               "--resume", ck + "/step-00000003", "--metrics",
                               dir.file("resumed.jsonl")},
@@ -136,8 +139,13 @@ TEST(TrainCommandTest, ResumeContinuesTheLossCurveExactly) {
     const auto a = Losses(dir.file("full.jsonl"));
     const auto b = Losses(dir.file("resumed.jsonl"));
     ASSERT_EQ(a.size(), 6u);
-    ASSERT_EQ(b.size(), 3u);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(a[3 + i], b[i]) << "step " << 4 + i;
+    ASSERT_EQ(b.size(), 4u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(a[3 + i], b[1 + i]) << "step " << 4 + i;
+    // Another order than the checkpoint's is refused.
+    auto other = RunStrata({"train", "--config", config, "--data", data, "--steps", "6",
+                            "--resume", ck + "/step-00000003", "--sampling", "random"});
+    EXPECT_NE(other.exit_code, 0);
+    EXPECT_THAT(other.err, HasSubstr("sequential sampling"));
     // --resume on the save directory takes its latest: step 6, nothing left to do.
     auto done = RunStrata({"train", "--config", config, "--data", data, "--steps", "6",
                            "--resume", ck});

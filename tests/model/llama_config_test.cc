@@ -34,7 +34,8 @@ TEST(LlamaConfigTest, ParsesAHuggingFaceConfigAndRoundTrips) {
     "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
     "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
-    "tie_word_embeddings": false, "torch_dtype": "bfloat16"})";
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": 128000,
+    "eos_token_id": [128001, 128009], "rope_scaling": null, "attention_bias": false})";
   auto c = ParseLlamaConfig(text, "config.json");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->num_key_value_heads, 8);
@@ -44,6 +45,7 @@ TEST(LlamaConfigTest, ParsesAHuggingFaceConfigAndRoundTrips) {
   auto again = ParseLlamaConfig(ToHfConfigJson(*c, "bfloat16"), "config.json");
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(*again, *c);
+  EXPECT_NE(ToHfConfigJson(*c, "bfloat16").find("128009"), std::string::npos);
 }
 
 TEST(LlamaConfigTest, DefaultsForOptionalKeys) {
@@ -76,6 +78,13 @@ TEST(LlamaConfigTest, BadConfigsNameTheFileAndTheKey) {
       {R"({"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
            "num_hidden_layers": 0, "num_attention_heads": 4})",
        "num_hidden_layers is 0"},
+      {R"({"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4,
+           "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})",
+       "rope_scaling is"},
+      {R"({"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "attention_bias": true})",
+       "attention_bias is true"},
   };
   for (const Case& c : cases) {
     auto r = ParseLlamaConfig(c.json, "/models/x/config.json");

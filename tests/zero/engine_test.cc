@@ -305,3 +305,41 @@ TEST(EngineTest, MissingPoolOrPathIsAClearError) {
 
 }  // namespace
 }  // namespace strata::zero
+
+namespace strata::zero {
+namespace {
+
+// Parameters homed on NVMe are cached in device memory only as far as the prefetch scheduler
+// looks ahead (stage3_prefetch_bucket_size) plus the units in use: the tier manager's device
+// peak stays within that budget, which is well below the whole partition, and the results are
+// those of an unoffloaded run.
+TEST(EngineTest, OffloadedParametersUseOnlyThePrefetchBudgetOnTheDevice) {
+  ToyRun::Options o;
+  o.layers = 8;
+  o.width = 64;
+  o.steps = 4;
+  o.config_json = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1,
+        "stage3_param_persistence_threshold": 0, "sub_group_size": 4096,
+        "offload_param": {"device": "nvme", "nvme_path": "@NVME@"},
+        "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}}})";
+  ToyRun run;
+  Status st = run.Setup(o);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(run.Train().ok());
+  const EngineStats stats = run.engine->stats();
+  uint64_t all_shards = 0;
+  for (const auto& l : run.engine->layouts()) all_shards += static_cast<uint64_t>(l.shard_numel) * 4;
+  EXPECT_GT(stats.param_device_peak_bytes, 0u);
+  EXPECT_LE(stats.param_device_peak_bytes, stats.param_device_budget_bytes);
+  EXPECT_LT(stats.param_device_budget_bytes, all_shards);
+  o.config_json = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "zero_optimization": {"stage": 0}})";
+  auto reference = TrainAndGetMasters(o);
+  auto masters = run.Masters();
+  ASSERT_TRUE(masters.ok());
+  EXPECT_EQ(*masters, reference);
+}
+
+}  // namespace
+}  // namespace strata::zero
