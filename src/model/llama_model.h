@@ -18,9 +18,8 @@
 // first seq_len, targets the last seq_len (targets < 0 are ignored). The loss is the mean
 // cross-entropy over the micro-batch's (non-ignored) targets.
 //
-// Not supported yet: tie_word_embeddings (the LM head would share unit 0's weight across units;
-// Create returns Unimplemented), and the CUDA device (its kernels are a later step; Create
-// returns Unimplemented).
+// Not supported yet: the CUDA device (the kernels exist in cuda_ops.h, checked against the CPU
+// ones, but the decoder does not call them; Create returns Unimplemented).
 #pragma once
 
 #include <cstdint>
