@@ -1,0 +1,1237 @@
+// The Llama decoder's CUDA kernels (see cuda_ops.h for the contracts).
+//
+// Layout of this file: helpers (errors, dtype tags, reductions), the context (cuBLAS handle,
+// workspace, data-error record), then one section per op mirroring cpu_ops.cc. Where the CPU op
+// rounds every fp32 operation, the kernel does too (__fmul_rn and friends: nvcc would otherwise
+// fuse a * b + c), so element-wise results agree to the last bit or nearly; where the CPU sums
+// in double, so does the kernel.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "device/dtype_convert.h"
+#include "model/cuda_ops.h"
+
+namespace strata::model::cuda {
+namespace {
+
+namespace convert = ::strata::device::convert;
+
+constexpr unsigned kBlockThreads = 256;
+constexpr unsigned kWarpsPerBlock = kBlockThreads / 32;
+// Grid-stride loops need only enough blocks to fill the GPU a few times over.
+constexpr size_t kMaxBlocks = 4096;
+// Attention kernels: one warp per row, four warps per block.
+constexpr unsigned kAttentionWarps = 4;
+// RMSNorm's weight gradient: rows summed per partial.
+constexpr size_t kRmsNormRowsPerPartial = 64;
+constexpr size_t kWorkspaceAlignment = 256;
+
+unsigned GridFor(size_t n) {
+  return static_cast<unsigned>(std::min(kMaxBlocks, (n + kBlockThreads - 1) / kBlockThreads));
+}
+
+size_t AlignUp(size_t n) {
+  return (n + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+bool IsKnown(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+bool FitsInt(size_t n) {
+  return n <= static_cast<size_t>(INT_MAX);
+}
+
+// ---- errors -------------------------------------------------------------------------------------
+
+OpError CudaResult(cudaError_t err, const char* what, const char* op) {
+  if (err == cudaSuccess) return OpError{};
+  return OpError{ErrorSource::kCuda, static_cast<int>(err), what, op};
+}
+
+OpError CublasResult(cublasStatus_t status, const char* what, const char* op) {
+  if (status == CUBLAS_STATUS_SUCCESS) return OpError{};
+  return OpError{ErrorSource::kCublas, static_cast<int>(status), what, op};
+}
+
+OpError ArgumentError(const char* why, const char* op) {
+  return OpError{ErrorSource::kArgument, 0, why, op};
+}
+
+// The launch error of the kernel just enqueued.
+OpError LaunchResult(const char* op) {
+  return CudaResult(cudaGetLastError(), "kernel launch", op);
+}
+
+// ---- dtype tags ---------------------------------------------------------------------------------
+
+struct F32 {
+  using T = float;
+  __device__ static float Load(T v) { return v; }
+};
+struct BF16 {
+  using T = uint16_t;
+  __device__ static float Load(T v) { return convert::Bf16ToFloat(v); }
+  __device__ static T Store(float f) { return convert::FloatToBf16(f); }
+};
+struct F16 {
+  using T = uint16_t;
+  __device__ static float Load(T v) { return convert::F16ToFloat(v); }
+  __device__ static T Store(float f) { return convert::FloatToF16(f); }
+};
+
+// Calls fn(tag) with the tag of `dtype`, then returns the launch error of what fn enqueued.
+template <typename Fn>
+OpError ForWeightDType(DType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      fn(F32{});
+      return LaunchResult(op);
+    case DType::kBF16:
+      fn(BF16{});
+      return LaunchResult(op);
+    case DType::kF16:
+      fn(F16{});
+      return LaunchResult(op);
+  }
+  return ArgumentError("unknown weight dtype", op);
+}
+
+// ---- device helpers -----------------------------------------------------------------------------
+
+__device__ inline size_t FirstIndex() {
+  return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline size_t GridStride() {
+  return static_cast<size_t>(gridDim.x) * blockDim.x;
+}
+
+// The sum over the warp. A butterfly: every lane ends with the same bits (each step adds the
+// same two values, and fp addition is commutative), so branches on the result stay uniform.
+template <typename T>
+__device__ inline T WarpSum(T v) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The sum over a kBlockThreads block, the same in every thread and the same on every run.
+// `scratch` holds kWarpsPerBlock values; the call synchronizes the block (twice).
+template <typename T>
+__device__ T BlockSum(T v, T* scratch) {
+  v = WarpSum(v);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  T total = scratch[0];
+  for (unsigned w = 1; w < kWarpsPerBlock; ++w)
+    total += scratch[w];
+  __syncthreads();  // `scratch` may be reused at once
+  return total;
+}
+
+__device__ float BlockMax(float v, float* scratch) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = scratch[0];
+  for (unsigned w = 1; w < kWarpsPerBlock; ++w)
+    total = fmaxf(total, scratch[w]);
+  __syncthreads();
+  return total;
+}
+
+// Device-side twin of DataError (plain ints for atomicCAS).
+struct DeviceDataError {
+  int kind;
+  int position;
+  int value;
+  int bound;
+};
+static_assert(sizeof(DeviceDataError) == sizeof(DataError), "DataError layout");
+
+// Keeps the first error recorded since the last TakeDataError.
+__device__ void RecordDataError(DeviceDataError* record, DataErrorKind kind, size_t position,
+                                int32_t value, size_t bound) {
+  if (atomicCAS(&record->kind, 0, static_cast<int>(kind)) == 0) {
+    record->position = static_cast<int>(position);
+    record->value = value;
+    record->bound = static_cast<int>(bound);
+  }
+}
+
+}  // namespace
+
+// ---- cuBLAS handle ------------------------------------------------------------------------------
+
+// Owns one cuBLAS handle.
+class CublasHandle {
+ public:
+  CublasHandle() = default;
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  ~CublasHandle() {
+    if (handle_ != nullptr) (void)cublasDestroy(handle_);
+  }
+
+  // Creates the handle on the current device, bound to `stream`, with plain fp32 math (no TF32
+  // for fp32 GEMMs). Names the failing call in `*what`.
+  cublasStatus_t Create(cudaStream_t stream, const char** what) {
+    *what = "cublasCreate";
+    cublasStatus_t status = cublasCreate(&handle_);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      handle_ = nullptr;
+      return status;
+    }
+    *what = "cublasSetStream";
+    status = cublasSetStream(handle_, stream);
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    *what = "cublasSetMathMode";
+    return cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH);
+  }
+
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+// ---- context ------------------------------------------------------------------------------------
+
+struct OpsContext {
+  cudaStream_t stream = nullptr;
+  CublasHandle cublas;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  DeviceDataError* data_error = nullptr;
+};
+
+void OpsContextDeleter::operator()(OpsContext* context) const {
+  if (context == nullptr) return;
+  (void)cudaStreamSynchronize(context->stream);
+  (void)cudaFree(context->workspace);
+  (void)cudaFree(context->data_error);
+  delete context;
+}
+
+OpError CreateOpsContext(void* stream, OpsContextPtr* out) {
+  constexpr const char* kOp = "CreateOpsContext";
+  OpsContextPtr context(new OpsContext);
+  context->stream = static_cast<cudaStream_t>(stream);
+  const char* what = "";
+  const cublasStatus_t status = context->cublas.Create(context->stream, &what);
+  OpError error = CublasResult(status, what, kOp);
+  if (!error.ok()) return error;
+  error = CudaResult(cudaMalloc(&context->data_error, sizeof(DeviceDataError)), "cudaMalloc", kOp);
+  if (!error.ok()) return error;
+  error =
+      CudaResult(cudaMemsetAsync(context->data_error, 0, sizeof(DeviceDataError), context->stream),
+                 "cudaMemsetAsync", kOp);
+  if (!error.ok()) return error;
+  *out = std::move(context);
+  return OpError{};
+}
+
+namespace {
+
+OpError Reserve(OpsContext* context, size_t bytes, const char* op) {
+  if (bytes <= context->workspace_bytes) return OpError{};
+  // Kernels enqueued earlier may still use the old block.
+  OpError error = CudaResult(cudaStreamSynchronize(context->stream), "cudaStreamSynchronize", op);
+  if (!error.ok()) return error;
+  error = CudaResult(cudaFree(context->workspace), "cudaFree", op);
+  context->workspace = nullptr;
+  context->workspace_bytes = 0;
+  if (!error.ok()) return error;
+  constexpr size_t kGranule = size_t{1} << 20;  // fewer regrowths for slowly growing requests
+  const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
+  error = CudaResult(cudaMalloc(&context->workspace, rounded), "cudaMalloc", op);
+  if (!error.ok()) {
+    context->workspace = nullptr;
+    return error;
+  }
+  context->workspace_bytes = rounded;
+  return OpError{};
+}
+
+// Carves consecutive aligned pieces out of the context's workspace (after Reserve).
+class WorkspaceCarver {
+ public:
+  explicit WorkspaceCarver(OpsContext* context) : base_(static_cast<char*>(context->workspace)) {}
+  template <typename T>
+  T* Take(size_t count) {
+    T* p = reinterpret_cast<T*>(base_ + offset_);
+    offset_ += AlignUp(count * sizeof(T));
+    return p;
+  }
+
+ private:
+  char* base_;
+  size_t offset_ = 0;
+};
+
+}  // namespace
+
+OpError ReserveWorkspace(OpsContext* context, size_t bytes) {
+  return Reserve(context, bytes, "ReserveWorkspace");
+}
+
+OpError TakeDataError(OpsContext* context, DataError* out) {
+  constexpr const char* kOp = "TakeDataError";
+  DeviceDataError record{};
+  OpError error = CudaResult(cudaMemcpyAsync(&record, context->data_error, sizeof(record),
+                                             cudaMemcpyDeviceToHost, context->stream),
+                             "cudaMemcpyAsync", kOp);
+  if (!error.ok()) return error;
+  error = CudaResult(cudaStreamSynchronize(context->stream), "cudaStreamSynchronize", kOp);
+  if (!error.ok()) return error;
+  error =
+      CudaResult(cudaMemsetAsync(context->data_error, 0, sizeof(DeviceDataError), context->stream),
+                 "cudaMemsetAsync", kOp);
+  if (!error.ok()) return error;
+  out->kind = static_cast<DataErrorKind>(record.kind);
+  out->position = record.position;
+  out->value = record.value;
+  out->bound = record.bound;
+  return OpError{};
+}
+
+// ---- Embedding ----------------------------------------------------------------------------------
+
+namespace {
+
+template <typename E>
+__global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, size_t num_tokens,
+                                       const typename E::T* __restrict__ weight, size_t vocab,
+                                       size_t hidden, float* __restrict__ out,
+                                       DeviceDataError* record) {
+  const size_t n = num_tokens * hidden;
+  for (size_t idx = FirstIndex(); idx < n; idx += GridStride()) {
+    const size_t t = idx / hidden;
+    const size_t i = idx - t * hidden;
+    const int32_t token = tokens[t];
+    if (token < 0 || static_cast<size_t>(token) >= vocab) {
+      if (i == 0) RecordDataError(record, DataErrorKind::kToken, t, token, vocab);
+      out[idx] = 0.0f;
+      continue;
+    }
+    out[idx] = E::Load(weight[static_cast<size_t>(token) * hidden + i]);
+  }
+}
+
+// One block per position t. The block that holds the first occurrence of a token id owns its
+// row of dweight: it collects the positions holding that id in ascending order (a block-wide
+// ordered compaction, kBlockThreads positions at a time) and adds their rows of dout in that
+// order, which is the CPU's order. Blocks for later occurrences do nothing, so no two blocks
+// write one row and no atomics are needed.
+__global__ void EmbeddingBackwardKernel(const int32_t* __restrict__ tokens, size_t num_tokens,
+                                        const float* __restrict__ dout, size_t vocab, size_t hidden,
+                                        float* __restrict__ dweight, DeviceDataError* record) {
+  __shared__ size_t matches[kBlockThreads];
+  __shared__ unsigned warp_counts[kWarpsPerBlock];
+  const size_t t = blockIdx.x;
+  const int32_t token = tokens[t];
+  if (token < 0 || static_cast<size_t>(token) >= vocab) {  // uniform over the block
+    if (threadIdx.x == 0) RecordDataError(record, DataErrorKind::kToken, t, token, vocab);
+    return;
+  }
+  bool earlier = false;
+  for (size_t u = threadIdx.x; u < t; u += blockDim.x)
+    earlier = earlier || tokens[u] == token;
+  if (__syncthreads_or(earlier)) return;
+
+  float* row = dweight + static_cast<size_t>(token) * hidden;
+  const unsigned lane = threadIdx.x & 31;
+  const unsigned warp = threadIdx.x / 32;
+  for (size_t base = t; base < num_tokens; base += blockDim.x) {
+    const size_t u = base + threadIdx.x;
+    const bool match = u < num_tokens && tokens[u] == token;
+    const unsigned ballot = __ballot_sync(0xffffffffu, match);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    unsigned offset = 0, total = 0;
+    for (unsigned w = 0; w < kWarpsPerBlock; ++w) {
+      if (w < warp) offset += warp_counts[w];
+      total += warp_counts[w];
+    }
+    if (match) matches[offset + __popc(ballot & ((1u << lane) - 1u))] = u;
+    __syncthreads();
+    if (total > 0) {
+      for (size_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float acc = row[i];
+        for (unsigned m = 0; m < total; ++m)
+          acc = __fadd_rn(acc, dout[matches[m] * hidden + i]);
+        row[i] = acc;
+      }
+    }
+    __syncthreads();  // before `matches` and `warp_counts` are overwritten
+  }
+}
+
+}  // namespace
+
+OpError EmbeddingForward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
+                         Weight weight, size_t vocab, size_t hidden, float* out) {
+  constexpr const char* kOp = "EmbeddingForward";
+  if (num_tokens == 0 || hidden == 0) return OpError{};
+  return ForWeightDType(weight.dtype, kOp, [&](auto tag) {
+    using E = decltype(tag);
+    EmbeddingForwardKernel<E><<<GridFor(num_tokens * hidden), kBlockThreads, 0, context->stream>>>(
+        tokens, num_tokens, static_cast<const typename E::T*>(weight.data), vocab, hidden, out,
+        context->data_error);
+  });
+}
+
+OpError EmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
+                          const float* dout, size_t vocab, size_t hidden, float* dweight) {
+  constexpr const char* kOp = "EmbeddingBackward";
+  if (num_tokens == 0 || hidden == 0) return OpError{};
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
+  EmbeddingBackwardKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+      tokens, num_tokens, dout, vocab, hidden, dweight, context->data_error);
+  return LaunchResult(kOp);
+}
+
+// ---- RMSNorm ------------------------------------------------------------------------------------
+
+namespace {
+
+// One block per token row. y may alias x: each element is read, then written, by one thread.
+template <typename E>
+__global__ void RmsNormForwardKernel(const float* x, const typename E::T* __restrict__ weight,
+                                     size_t hidden, float eps, float* y, float* __restrict__ rstd) {
+  __shared__ double scratch[kWarpsPerBlock];
+  const size_t t = blockIdx.x;
+  const float* xr = x + t * hidden;
+  double sum_sq = 0.0;
+  for (size_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const double v = xr[i];
+    sum_sq += v * v;
+  }
+  sum_sq = BlockSum(sum_sq, scratch);
+  const float r = static_cast<float>(
+      1.0 / sqrt(sum_sq / static_cast<double>(hidden) + static_cast<double>(eps)));
+  if (threadIdx.x == 0) rstd[t] = r;
+  float* yr = y + t * hidden;
+  for (size_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    yr[i] = __fmul_rn(__fmul_rn(xr[i], r), E::Load(weight[i]));
+}
+
+// dx_j = r w_j dy_j - x_j r^3 / H * sum_i dy_i w_i x_i, one block per row (dx may alias dy: the
+// sum is complete before any dx is written).
+template <typename E>
+__global__ void RmsNormBackwardKernel(const float* __restrict__ x,
+                                      const typename E::T* __restrict__ weight,
+                                      const float* __restrict__ rstd, const float* dy,
+                                      size_t hidden, float* dx) {
+  __shared__ double scratch[kWarpsPerBlock];
+  const size_t t = blockIdx.x;
+  const float* xr = x + t * hidden;
+  const float* dyr = dy + t * hidden;
+  const float r = rstd[t];
+  double dot = 0.0;
+  for (size_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    dot += static_cast<double>(dyr[i]) * static_cast<double>(E::Load(weight[i])) *
+           static_cast<double>(xr[i]);
+  dot = BlockSum(dot, scratch);
+  const double rd = r;
+  const float coef = static_cast<float>(dot * rd * rd * rd / static_cast<double>(hidden));
+  float* dxr = dx + t * hidden;
+  for (size_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float w = E::Load(weight[i]);
+    dxr[i] = __fsub_rn(__fmul_rn(__fmul_rn(r, w), dyr[i]), __fmul_rn(xr[i], coef));
+  }
+}
+
+// partial[c, i] = sum over rows t of chunk c of dy[t, i] x[t, i] rstd[t].
+__global__ void RmsNormWeightPartialKernel(const float* __restrict__ x,
+                                           const float* __restrict__ rstd,
+                                           const float* __restrict__ dy, size_t num_tokens,
+                                           size_t hidden, float* __restrict__ partial) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= hidden) return;
+  const size_t chunk = blockIdx.y;
+  const size_t begin = chunk * kRmsNormRowsPerPartial;
+  const size_t end =
+      num_tokens - begin < kRmsNormRowsPerPartial ? num_tokens : begin + kRmsNormRowsPerPartial;
+  float acc = 0.0f;
+  for (size_t t = begin; t < end; ++t)
+    acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(dy[t * hidden + i], x[t * hidden + i]), rstd[t]));
+  partial[chunk * hidden + i] = acc;
+}
+
+// dweight[i] += sum over chunks of partial[c, i], in chunk order.
+__global__ void RmsNormWeightReduceKernel(const float* __restrict__ partial, size_t chunks,
+                                          size_t hidden, float* __restrict__ dweight) {
+  for (size_t i = FirstIndex(); i < hidden; i += GridStride()) {
+    float acc = 0.0f;
+    for (size_t c = 0; c < chunks; ++c)
+      acc = __fadd_rn(acc, partial[c * hidden + i]);
+    dweight[i] = __fadd_rn(dweight[i], acc);
+  }
+}
+
+}  // namespace
+
+OpError RmsNormForward(OpsContext* context, const float* x, Weight weight, size_t num_tokens,
+                       size_t hidden, float eps, float* y, float* rstd) {
+  constexpr const char* kOp = "RmsNormForward";
+  if (num_tokens == 0) return OpError{};
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
+  return ForWeightDType(weight.dtype, kOp, [&](auto tag) {
+    using E = decltype(tag);
+    RmsNormForwardKernel<E>
+        <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+            x, static_cast<const typename E::T*>(weight.data), hidden, eps, y, rstd);
+  });
+}
+
+OpError RmsNormBackward(OpsContext* context, const float* x, Weight weight, const float* rstd,
+                        const float* dy, size_t num_tokens, size_t hidden, float* dx,
+                        float* dweight) {
+  constexpr const char* kOp = "RmsNormBackward";
+  if (!IsKnown(weight.dtype)) return ArgumentError("unknown weight dtype", kOp);
+  if (num_tokens == 0 || hidden == 0) return OpError{};
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
+  // The weight gradient first: dx may alias dy.
+  if (dweight != nullptr) {
+    const size_t chunks = (num_tokens + kRmsNormRowsPerPartial - 1) / kRmsNormRowsPerPartial;
+    if (chunks > 65535) return ArgumentError("too many tokens for one call", kOp);
+    OpError error = Reserve(context, chunks * hidden * sizeof(float), kOp);
+    if (!error.ok()) return error;
+    float* partial = WorkspaceCarver(context).Take<float>(chunks * hidden);
+    const dim3 grid(static_cast<unsigned>((hidden + kBlockThreads - 1) / kBlockThreads),
+                    static_cast<unsigned>(chunks));
+    RmsNormWeightPartialKernel<<<grid, kBlockThreads, 0, context->stream>>>(x, rstd, dy, num_tokens,
+                                                                            hidden, partial);
+    error = LaunchResult(kOp);
+    if (!error.ok()) return error;
+    RmsNormWeightReduceKernel<<<GridFor(hidden), kBlockThreads, 0, context->stream>>>(
+        partial, chunks, hidden, dweight);
+    error = LaunchResult(kOp);
+    if (!error.ok()) return error;
+  }
+  return ForWeightDType(weight.dtype, kOp, [&](auto tag) {
+    using E = decltype(tag);
+    RmsNormBackwardKernel<E>
+        <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+            x, static_cast<const typename E::T*>(weight.data), rstd, dy, hidden, dx);
+  });
+}
+
+// ---- Linear -------------------------------------------------------------------------------------
+//
+// cuBLAS is column-major; a row-major [r, c] matrix is a column-major [c, r] one. So
+//   y[T, out] = x[T, in] W[out, in]^T   is   y^T = W^T' ... i.e. C[out, T] = op(A) B with
+//   A = W (seen as [in, out], transposed), B = x (seen as [in, T]);
+//   dx[T, in] = dy[T, out] W[out, in]   is   C[in, T] = A[in, out] B[out, T], A = W, B = dy;
+//   dW[out, in] += dy^T x               is   C[in, out] = A[in, T] op(B), A = x, B = dy
+//                                            (seen as [out, T], transposed).
+
+namespace {
+
+cudaDataType CudaTypeOf(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+template <typename D>
+__global__ void RoundActivationsKernel(const float* __restrict__ x, typename D::T* __restrict__ y,
+                                       size_t n) {
+  for (size_t i = FirstIndex(); i < n; i += GridStride())
+    y[i] = D::Store(x[i]);
+}
+
+// y[0, n) = x rounded to `dtype` (bf16 or fp16), enqueued on the context's stream.
+OpError RoundActivations(OpsContext* context, const float* x, size_t n, DType dtype, void* y,
+                         const char* op) {
+  if (dtype == DType::kBF16) {
+    RoundActivationsKernel<BF16>
+        <<<GridFor(n), kBlockThreads, 0, context->stream>>>(x, static_cast<uint16_t*>(y), n);
+  } else {
+    RoundActivationsKernel<F16>
+        <<<GridFor(n), kBlockThreads, 0, context->stream>>>(x, static_cast<uint16_t*>(y), n);
+  }
+  return LaunchResult(op);
+}
+
+// C[m, n] (column-major, fp32) = op_a(A) op_b(B) + beta C, inputs of `type`, fp32 accumulation.
+OpError Gemm(OpsContext* context, cublasOperation_t op_a, cublasOperation_t op_b, size_t m,
+             size_t n, size_t k, const void* a, size_t lda, const void* b, size_t ldb,
+             cudaDataType type, float beta, float* c, size_t ldc, const char* op) {
+  const float alpha = 1.0f;
+  return CublasResult(
+      cublasGemmEx(context->cublas.get(), op_a, op_b, static_cast<int>(m), static_cast<int>(n),
+                   static_cast<int>(k), &alpha, a, type, static_cast<int>(lda), b, type,
+                   static_cast<int>(ldb), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx", op);
+}
+
+}  // namespace
+
+OpError LinearForward(OpsContext* context, const float* x, Weight weight, size_t num_tokens,
+                      size_t in_features, size_t out_features, float* y) {
+  constexpr const char* kOp = "LinearForward";
+  if (!IsKnown(weight.dtype)) return ArgumentError("unknown weight dtype", kOp);
+  if (num_tokens == 0 || out_features == 0) return OpError{};
+  if (!FitsInt(num_tokens) || !FitsInt(in_features) || !FitsInt(out_features)) {
+    return ArgumentError("a dimension is 2^31 or more", kOp);
+  }
+  if (in_features == 0) {  // an empty sum: y = 0, as cblas_sgemm gives
+    return CudaResult(
+        cudaMemsetAsync(y, 0, num_tokens * out_features * sizeof(float), context->stream),
+        "cudaMemsetAsync", kOp);
+  }
+  const void* input = x;
+  if (weight.dtype != DType::kF32) {
+    const size_t n = num_tokens * in_features;
+    OpError error = Reserve(context, AlignUp(n * 2), kOp);
+    if (!error.ok()) return error;
+    void* rounded = WorkspaceCarver(context).Take<uint16_t>(n);
+    error = RoundActivations(context, x, n, weight.dtype, rounded, kOp);
+    if (!error.ok()) return error;
+    input = rounded;
+  }
+  return Gemm(context, CUBLAS_OP_T, CUBLAS_OP_N, out_features, num_tokens, in_features, weight.data,
+              in_features, input, in_features, CudaTypeOf(weight.dtype), 0.0f, y, out_features,
+              kOp);
+}
+
+OpError LinearBackward(OpsContext* context, const float* x, Weight weight, const float* dy,
+                       size_t num_tokens, size_t in_features, size_t out_features, float* dx,
+                       Accumulate dx_mode, float* dweight) {
+  constexpr const char* kOp = "LinearBackward";
+  if (!IsKnown(weight.dtype)) return ArgumentError("unknown weight dtype", kOp);
+  if (num_tokens == 0 || in_features == 0 || out_features == 0) return OpError{};
+  if (dx == nullptr && dweight == nullptr) return OpError{};
+  if (!FitsInt(num_tokens) || !FitsInt(in_features) || !FitsInt(out_features)) {
+    return ArgumentError("a dimension is 2^31 or more", kOp);
+  }
+  const cudaDataType type = CudaTypeOf(weight.dtype);
+  const void* dy_in = dy;
+  const void* x_in = x;
+  if (weight.dtype != DType::kF32) {
+    const size_t dy_n = num_tokens * out_features;
+    const size_t x_n = dweight != nullptr ? num_tokens * in_features : 0;
+    OpError error = Reserve(context, AlignUp(dy_n * 2) + AlignUp(x_n * 2), kOp);
+    if (!error.ok()) return error;
+    WorkspaceCarver carver(context);
+    void* dy16 = carver.Take<uint16_t>(dy_n);
+    error = RoundActivations(context, dy, dy_n, weight.dtype, dy16, kOp);
+    if (!error.ok()) return error;
+    dy_in = dy16;
+    if (x_n > 0) {
+      void* x16 = carver.Take<uint16_t>(x_n);
+      error = RoundActivations(context, x, x_n, weight.dtype, x16, kOp);
+      if (!error.ok()) return error;
+      x_in = x16;
+    }
+  }
+  if (dx != nullptr) {
+    const float beta = dx_mode == Accumulate::kAdd ? 1.0f : 0.0f;
+    OpError error =
+        Gemm(context, CUBLAS_OP_N, CUBLAS_OP_N, in_features, num_tokens, out_features, weight.data,
+             in_features, dy_in, out_features, type, beta, dx, in_features, kOp);
+    if (!error.ok()) return error;
+  }
+  if (dweight != nullptr) {
+    return Gemm(context, CUBLAS_OP_N, CUBLAS_OP_T, in_features, out_features, num_tokens, x_in,
+                in_features, dy_in, out_features, type, 1.0f, dweight, in_features, kOp);
+  }
+  return OpError{};
+}
+
+// ---- Rotary position embedding ------------------------------------------------------------------
+
+namespace {
+
+// cos/sin of p * theta^(-2i/d), in double as the CPU op, rounded to float; [seq, half] each.
+__global__ void RopeTableKernel(size_t seq, size_t head_dim, float theta, float* cos_table,
+                                float* sin_table) {
+  const size_t half = head_dim / 2;
+  for (size_t idx = FirstIndex(); idx < seq * half; idx += GridStride()) {
+    const size_t p = idx / half;
+    const size_t i = idx - p * half;
+    const double inv_freq = pow(static_cast<double>(theta),
+                                -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    const double angle = static_cast<double>(p) * inv_freq;
+    cos_table[idx] = static_cast<float>(cos(angle));
+    sin_table[idx] = static_cast<float>(sin(angle));
+  }
+}
+
+// Rotates every head of x by +angle (sign = 1) or -angle (sign = -1), one thread per pair.
+__global__ void RopeRotateKernel(float* x, size_t tokens, size_t seq, size_t heads, size_t head_dim,
+                                 const float* __restrict__ cos_table,
+                                 const float* __restrict__ sin_table, float sign) {
+  const size_t half = head_dim / 2;
+  const size_t n = tokens * heads * half;
+  for (size_t idx = FirstIndex(); idx < n; idx += GridStride()) {
+    const size_t pair_row = idx / half;  // t * heads + h
+    const size_t i = idx - pair_row * half;
+    const size_t p = (pair_row / heads) % seq;
+    float* row = x + pair_row * head_dim;
+    const float c = cos_table[p * half + i];
+    const float s = sign * sin_table[p * half + i];
+    const float a = row[i];
+    const float b = row[i + half];
+    row[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    row[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  }
+}
+
+OpError Rotate(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
+               size_t head_dim, float theta, float sign, const char* op) {
+  if (head_dim % 2 != 0) return ArgumentError("head_dim must be even", op);
+  const size_t half = head_dim / 2;
+  if (batch == 0 || seq == 0 || heads == 0 || half == 0) return OpError{};
+  OpError error = Reserve(context, 2 * AlignUp(seq * half * sizeof(float)), op);
+  if (!error.ok()) return error;
+  WorkspaceCarver carver(context);
+  float* cos_table = carver.Take<float>(seq * half);
+  float* sin_table = carver.Take<float>(seq * half);
+  RopeTableKernel<<<GridFor(seq * half), kBlockThreads, 0, context->stream>>>(seq, head_dim, theta,
+                                                                              cos_table, sin_table);
+  error = LaunchResult(op);
+  if (!error.ok()) return error;
+  RopeRotateKernel<<<GridFor(batch * seq * heads * half), kBlockThreads, 0, context->stream>>>(
+      x, batch * seq, seq, heads, head_dim, cos_table, sin_table, sign);
+  return LaunchResult(op);
+}
+
+}  // namespace
+
+OpError RopeForward(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
+                    size_t head_dim, float theta) {
+  return Rotate(context, x, batch, seq, heads, head_dim, theta, 1.0f, "RopeForward");
+}
+
+OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, size_t heads,
+                     size_t head_dim, float theta) {
+  // The rotation is orthogonal: its transpose is the rotation by -angle.
+  return Rotate(context, dx, batch, seq, heads, head_dim, theta, -1.0f, "RopeBackward");
+}
+
+// ---- Attention ----------------------------------------------------------------------------------
+//
+// Each warp owns one row; lane l holds elements l, l + 32, ... of a head vector (R per lane,
+// head_dim <= 32 R), so a dot product is R multiply-adds and a warp sum. The forward streams the
+// keys 0..i of query row i with an online softmax (running max m, running sum l in double);
+// lse = m + log(l). The backward recomputes p = exp(s - lse) per pair.
+
+namespace {
+
+struct AttentionShape {
+  size_t batch, seq, num_heads, num_kv_heads, head_dim;
+  size_t group;      // query heads per kv head
+  size_t q_stride;   // num_heads * head_dim
+  size_t kv_stride;  // num_kv_heads * head_dim
+  float scale;       // 1 / sqrt(head_dim)
+};
+
+template <int R>
+__device__ inline void LoadHeadVector(const float* src, size_t head_dim, unsigned lane,
+                                      float (&dst)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const size_t c = lane + 32 * r;
+    dst[r] = c < head_dim ? src[c] : 0.0f;
+  }
+}
+
+template <int R>
+__device__ inline float WarpDot(const float (&a)[R], const float* b, size_t head_dim,
+                                unsigned lane) {
+  float part = 0.0f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const size_t c = lane + 32 * r;
+    if (c < head_dim) part += a[r] * b[c];
+  }
+  return WarpSum(part);
+}
+
+// Warp per query row (b, h, i).
+template <int R>
+__global__ void AttentionForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
+                                       const float* __restrict__ v, AttentionShape shape,
+                                       float* __restrict__ out, float* __restrict__ lse) {
+  const size_t row = static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= shape.batch * shape.num_heads * shape.seq) return;  // the whole warp
+  const unsigned lane = threadIdx.x & 31;
+  const size_t i = row % shape.seq;
+  const size_t h = (row / shape.seq) % shape.num_heads;
+  const size_t b = row / (shape.seq * shape.num_heads);
+  const size_t g = h / shape.group;
+  const size_t d = shape.head_dim;
+  const float* kg = k + b * shape.seq * shape.kv_stride + g * d;
+  const float* vg = v + b * shape.seq * shape.kv_stride + g * d;
+  float qi[R], acc[R];
+  LoadHeadVector<R>(q + (b * shape.seq + i) * shape.q_stride + h * d, d, lane, qi);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    acc[r] = 0.0f;
+  float m = -INFINITY;
+  double l = 0.0;
+  for (size_t j = 0; j <= i; ++j) {
+    const float s = WarpDot<R>(qi, kg + j * shape.kv_stride, d, lane) * shape.scale;
+    if (s > m) {  // uniform: every lane holds the same s
+      const float correction = expf(m - s);
+      l *= correction;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        acc[r] *= correction;
+      m = s;
+    }
+    const float p = expf(s - m);
+    l += p;
+    const float* vj = vg + j * shape.kv_stride;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const size_t c = lane + 32 * r;
+      if (c < d) acc[r] += p * vj[c];
+    }
+  }
+  const float inv = static_cast<float>(1.0 / l);
+  float* oi = out + (b * shape.seq + i) * shape.q_stride + h * d;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const size_t c = lane + 32 * r;
+    if (c < d) oi[c] = acc[r] * inv;
+  }
+  if (lane == 0) {
+    lse[(b * shape.num_heads + h) * shape.seq + i] = m + static_cast<float>(log(l));
+  }
+}
+
+// Warp per query row (b, h, i): delta_i = dO_i . O_i (saved for the key kernel) and
+// dQ_i = scale * sum_{j<=i} dS_ij K_j with dS_ij = P_ij (dO_i . V_j - delta_i).
+template <int R>
+__global__ void AttentionBackwardQueryKernel(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ out, const float* __restrict__ lse, const float* __restrict__ dout,
+    AttentionShape shape, float* __restrict__ dq, float* __restrict__ delta) {
+  const size_t row = static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= shape.batch * shape.num_heads * shape.seq) return;
+  const unsigned lane = threadIdx.x & 31;
+  const size_t i = row % shape.seq;
+  const size_t h = (row / shape.seq) % shape.num_heads;
+  const size_t b = row / (shape.seq * shape.num_heads);
+  const size_t g = h / shape.group;
+  const size_t d = shape.head_dim;
+  const size_t q_off = (b * shape.seq + i) * shape.q_stride + h * d;
+  const float* kg = k + b * shape.seq * shape.kv_stride + g * d;
+  const float* vg = v + b * shape.seq * shape.kv_stride + g * d;
+  float qi[R], doi[R], dqi[R];
+  LoadHeadVector<R>(q + q_off, d, lane, qi);
+  LoadHeadVector<R>(dout + q_off, d, lane, doi);
+  double dot = 0.0;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const size_t c = lane + 32 * r;
+    if (c < d) dot += static_cast<double>(out[q_off + c]) * static_cast<double>(doi[r]);
+    dqi[r] = 0.0f;
+  }
+  const size_t stat = (b * shape.num_heads + h) * shape.seq + i;
+  const float di = static_cast<float>(WarpSum(dot));
+  if (lane == 0) delta[stat] = di;
+  const float lse_i = lse[stat];
+  for (size_t j = 0; j <= i; ++j) {
+    const float* kj = kg + j * shape.kv_stride;
+    const float s = WarpDot<R>(qi, kj, d, lane) * shape.scale;
+    const float p = expf(s - lse_i);
+    const float dp = WarpDot<R>(doi, vg + j * shape.kv_stride, d, lane);
+    const float ds = p * (dp - di);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const size_t c = lane + 32 * r;
+      if (c < d) dqi[r] += ds * kj[c];
+    }
+  }
+  float* dq_row = dq + q_off;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const size_t c = lane + 32 * r;
+    if (c < d) dq_row[c] = shape.scale * dqi[r];
+  }
+}
+
+// Warp per key row (b, g, j): over the query heads h of group g and the rows i >= j,
+// dV_j = sum P_ij dO_i and dK_j = scale * sum dS_ij Q_i. Overwrites dk and dv.
+template <int R>
+__global__ void AttentionBackwardKeyKernel(const float* __restrict__ q, const float* __restrict__ k,
+                                           const float* __restrict__ v,
+                                           const float* __restrict__ lse,
+                                           const float* __restrict__ delta,
+                                           const float* __restrict__ dout, AttentionShape shape,
+                                           float* __restrict__ dk, float* __restrict__ dv) {
+  const size_t row = static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= shape.batch * shape.num_kv_heads * shape.seq) return;
+  const unsigned lane = threadIdx.x & 31;
+  const size_t j = row % shape.seq;
+  const size_t g = (row / shape.seq) % shape.num_kv_heads;
+  const size_t b = row / (shape.seq * shape.num_kv_heads);
+  const size_t d = shape.head_dim;
+  const size_t kv_off = (b * shape.seq + j) * shape.kv_stride + g * d;
+  float kj[R], vj[R], dkj[R], dvj[R];
+  LoadHeadVector<R>(k + kv_off, d, lane, kj);
+  LoadHeadVector<R>(v + kv_off, d, lane, vj);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    dkj[r] = 0.0f;
+    dvj[r] = 0.0f;
+  }
+  for (size_t h = g * shape.group; h < (g + 1) * shape.group; ++h) {
+    const size_t stat_base = (b * shape.num_heads + h) * shape.seq;
+    for (size_t i = j; i < shape.seq; ++i) {
+      const size_t q_off = (b * shape.seq + i) * shape.q_stride + h * d;
+      const float* qi = q + q_off;
+      const float* doi = dout + q_off;
+      const float s = WarpDot<R>(kj, qi, d, lane) * shape.scale;
+      const float p = expf(s - lse[stat_base + i]);
+      const float dp = WarpDot<R>(vj, doi, d, lane);
+      const float ds = p * (dp - delta[stat_base + i]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const size_t c = lane + 32 * r;
+        if (c < d) {
+          dvj[r] += p * doi[c];
+          dkj[r] += ds * qi[c];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const size_t c = lane + 32 * r;
+    if (c < d) {
+      dk[kv_off + c] = shape.scale * dkj[r];
+      dv[kv_off + c] = dvj[r];
+    }
+  }
+}
+
+OpError CheckAttentionShape(size_t num_heads, size_t num_kv_heads, size_t head_dim,
+                            const char* op) {
+  if (num_kv_heads == 0 || num_heads % num_kv_heads != 0) {
+    return ArgumentError("num_heads must be a positive multiple of num_kv_heads", op);
+  }
+  if (head_dim == 0 || head_dim > kMaxAttentionHeadDim) {
+    return ArgumentError("head_dim must be in [1, 256]", op);
+  }
+  return OpError{};
+}
+
+AttentionShape MakeShape(size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
+                         size_t head_dim) {
+  return AttentionShape{batch,
+                        seq,
+                        num_heads,
+                        num_kv_heads,
+                        head_dim,
+                        num_heads / num_kv_heads,
+                        num_heads * head_dim,
+                        num_kv_heads * head_dim,
+                        1.0f / std::sqrt(static_cast<float>(head_dim))};
+}
+
+unsigned AttentionBlocks(size_t rows) {
+  return static_cast<unsigned>((rows + kAttentionWarps - 1) / kAttentionWarps);
+}
+
+// Calls fn(std::integral_constant<int, R>) for the smallest R in {1, 2, 4, 8} with
+// head_dim <= 32 R.
+template <typename Fn>
+void ForLanesPerHead(size_t head_dim, Fn&& fn) {
+  if (head_dim <= 32) {
+    fn(std::integral_constant<int, 1>{});
+  } else if (head_dim <= 64) {
+    fn(std::integral_constant<int, 2>{});
+  } else if (head_dim <= 128) {
+    fn(std::integral_constant<int, 4>{});
+  } else {
+    fn(std::integral_constant<int, 8>{});
+  }
+}
+
+}  // namespace
+
+OpError AttentionForward(OpsContext* context, const float* q, const float* k, const float* v,
+                         size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
+                         size_t head_dim, float* out, float* lse) {
+  constexpr const char* kOp = "AttentionForward";
+  OpError error = CheckAttentionShape(num_heads, num_kv_heads, head_dim, kOp);
+  if (!error.ok()) return error;
+  const size_t rows = batch * num_heads * seq;
+  if (rows == 0) return OpError{};
+  if (rows / kAttentionWarps >= UINT_MAX) return ArgumentError("too many rows", kOp);
+  const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
+  ForLanesPerHead(head_dim, [&](auto lanes) {
+    constexpr int R = decltype(lanes)::value;
+    AttentionForwardKernel<R><<<AttentionBlocks(rows), kAttentionWarps * 32, 0, context->stream>>>(
+        q, k, v, shape, out, lse);
+  });
+  return LaunchResult(kOp);
+}
+
+OpError AttentionBackward(OpsContext* context, const float* q, const float* k, const float* v,
+                          const float* out, const float* lse, const float* dout, size_t batch,
+                          size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
+                          float* dq, float* dk, float* dv) {
+  constexpr const char* kOp = "AttentionBackward";
+  OpError error = CheckAttentionShape(num_heads, num_kv_heads, head_dim, kOp);
+  if (!error.ok()) return error;
+  const size_t rows = batch * num_heads * seq;
+  if (rows == 0) {  // the CPU op still zeroes dk and dv
+    const size_t kv_bytes = batch * seq * num_kv_heads * head_dim * sizeof(float);
+    if (kv_bytes == 0) return OpError{};
+    error = CudaResult(cudaMemsetAsync(dk, 0, kv_bytes, context->stream), "cudaMemsetAsync", kOp);
+    if (!error.ok()) return error;
+    return CudaResult(cudaMemsetAsync(dv, 0, kv_bytes, context->stream), "cudaMemsetAsync", kOp);
+  }
+  if (rows / kAttentionWarps >= UINT_MAX) return ArgumentError("too many rows", kOp);
+  error = Reserve(context, rows * sizeof(float), kOp);
+  if (!error.ok()) return error;
+  float* delta = WorkspaceCarver(context).Take<float>(rows);
+  const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
+  const size_t kv_rows = batch * num_kv_heads * seq;
+  ForLanesPerHead(head_dim, [&](auto lanes) {
+    constexpr int R = decltype(lanes)::value;
+    AttentionBackwardQueryKernel<R>
+        <<<AttentionBlocks(rows), kAttentionWarps * 32, 0, context->stream>>>(
+            q, k, v, out, lse, dout, shape, dq, delta);
+    AttentionBackwardKeyKernel<R>
+        <<<AttentionBlocks(kv_rows), kAttentionWarps * 32, 0, context->stream>>>(
+            q, k, v, lse, delta, dout, shape, dk, dv);
+  });
+  return LaunchResult(kOp);
+}
+
+// ---- SwiGLU -------------------------------------------------------------------------------------
+
+namespace {
+
+// In double, as the CPU op, with every operation rounded (no fused multiply-add).
+__device__ inline double Sigmoid(double x) {
+  return __ddiv_rn(1.0, __dadd_rn(1.0, exp(-x)));
+}
+
+__global__ void SiluMulForwardKernel(const float* gate, const float* up, size_t n, float* h) {
+  for (size_t i = FirstIndex(); i < n; i += GridStride()) {
+    const double g = gate[i];
+    h[i] = static_cast<float>(__dmul_rn(__dmul_rn(g, Sigmoid(g)), static_cast<double>(up[i])));
+  }
+}
+
+// dgate and dup may alias dh: each element is read, then written, by one thread.
+__global__ void SiluMulBackwardKernel(const float* gate, const float* up, const float* dh, size_t n,
+                                      float* dgate, float* dup) {
+  for (size_t i = FirstIndex(); i < n; i += GridStride()) {
+    const double g = gate[i];
+    const double s = Sigmoid(g);
+    const double d = dh[i];
+    const double u = up[i];
+    // silu'(g) = s (1 + g (1 - s))
+    const double dsilu = __dmul_rn(s, __dadd_rn(1.0, __dmul_rn(g, __dsub_rn(1.0, s))));
+    dgate[i] = static_cast<float>(__dmul_rn(__dmul_rn(d, u), dsilu));
+    dup[i] = static_cast<float>(__dmul_rn(__dmul_rn(d, g), s));
+  }
+}
+
+}  // namespace
+
+OpError SiluMulForward(OpsContext* context, const float* gate, const float* up, size_t n,
+                       float* h) {
+  if (n == 0) return OpError{};
+  SiluMulForwardKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(gate, up, n, h);
+  return LaunchResult("SiluMulForward");
+}
+
+OpError SiluMulBackward(OpsContext* context, const float* gate, const float* up, const float* dh,
+                        size_t n, float* dgate, float* dup) {
+  if (n == 0) return OpError{};
+  SiluMulBackwardKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(gate, up, dh, n, dgate,
+                                                                           dup);
+  return LaunchResult("SiluMulBackward");
+}
+
+// ---- Residual -----------------------------------------------------------------------------------
+
+namespace {
+
+__global__ void AddKernel(const float* a, const float* b, size_t n, float* y) {
+  for (size_t i = FirstIndex(); i < n; i += GridStride())
+    y[i] = __fadd_rn(a[i], b[i]);
+}
+
+}  // namespace
+
+OpError ResidualAdd(OpsContext* context, const float* a, const float* b, size_t n, float* y) {
+  if (n == 0) return OpError{};
+  AddKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(a, b, n, y);
+  return LaunchResult("ResidualAdd");
+}
+
+OpError AccumulateGradient(OpsContext* context, const float* dy, size_t n, float* dx) {
+  if (n == 0) return OpError{};
+  AddKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(dx, dy, n, dx);
+  return LaunchResult("AccumulateGradient");
+}
+
+// ---- Cross-entropy ------------------------------------------------------------------------------
+
+namespace {
+
+__device__ inline bool IsBadTarget(int32_t target, size_t vocab, int32_t ignore_index) {
+  return target != ignore_index && (target < 0 || static_cast<size_t>(target) >= vocab);
+}
+
+// One block per row: lse[t] and the row's loss (0 for ignored and bad targets).
+__global__ void CrossEntropyRowKernel(const float* __restrict__ logits,
+                                      const int32_t* __restrict__ targets, size_t vocab,
+                                      int32_t ignore_index, float* __restrict__ lse,
+                                      double* __restrict__ row_loss, DeviceDataError* record) {
+  __shared__ float max_scratch[kWarpsPerBlock];
+  __shared__ double sum_scratch[kWarpsPerBlock];
+  const size_t t = blockIdx.x;
+  const float* row = logits + t * vocab;
+  float max = -INFINITY;
+  for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
+    max = fmaxf(max, row[j]);
+  max = BlockMax(max, max_scratch);
+  double sum = 0.0;
+  for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
+    sum += exp(static_cast<double>(row[j]) - static_cast<double>(max));
+  sum = BlockSum(sum, sum_scratch);
+  if (threadIdx.x != 0) return;
+  const double row_lse = static_cast<double>(max) + log(sum);
+  if (lse != nullptr) lse[t] = static_cast<float>(row_lse);
+  const int32_t target = targets[t];
+  if (IsBadTarget(target, vocab, ignore_index)) {
+    RecordDataError(record, DataErrorKind::kTarget, t, target, vocab);
+    row_loss[t] = 0.0;
+  } else {
+    row_loss[t] = target == ignore_index ? 0.0 : row_lse - static_cast<double>(row[target]);
+  }
+}
+
+// One block: *loss = sum(row_loss) / count over counted rows (0 when none), in a fixed order.
+__global__ void CrossEntropyMeanKernel(const double* __restrict__ row_loss,
+                                       const int32_t* __restrict__ targets, size_t num_tokens,
+                                       size_t vocab, int32_t ignore_index, float* loss) {
+  __shared__ double sum_scratch[kWarpsPerBlock];
+  __shared__ unsigned long long count_scratch[kWarpsPerBlock];
+  double total = 0.0;
+  unsigned long long count = 0;
+  for (size_t t = threadIdx.x; t < num_tokens; t += blockDim.x) {
+    total += row_loss[t];
+    const int32_t target = targets[t];
+    if (target != ignore_index && !IsBadTarget(target, vocab, ignore_index)) ++count;
+  }
+  total = BlockSum(total, sum_scratch);
+  count = BlockSum(count, count_scratch);
+  if (threadIdx.x == 0) {
+    *loss = count == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(count));
+  }
+}
+
+// One block: *scale = dloss / count (0 when no token counts); records bad targets.
+__global__ void CrossEntropyScaleKernel(const int32_t* __restrict__ targets, size_t num_tokens,
+                                        size_t vocab, int32_t ignore_index, float dloss,
+                                        float* scale, DeviceDataError* record) {
+  __shared__ unsigned long long count_scratch[kWarpsPerBlock];
+  unsigned long long count = 0;
+  for (size_t t = threadIdx.x; t < num_tokens; t += blockDim.x) {
+    const int32_t target = targets[t];
+    if (IsBadTarget(target, vocab, ignore_index)) {
+      RecordDataError(record, DataErrorKind::kTarget, t, target, vocab);
+    } else if (target != ignore_index) {
+      ++count;
+    }
+  }
+  count = BlockSum(count, count_scratch);
+  if (threadIdx.x == 0) *scale = count == 0 ? 0.0f : __fdiv_rn(dloss, static_cast<float>(count));
+}
+
+// One block per row: dlogits = (softmax - onehot) * scale, 0 for ignored (and bad) rows.
+// dlogits may alias logits: each element is read, then written, by one thread.
+__global__ void CrossEntropyGradKernel(const float* logits, const int32_t* __restrict__ targets,
+                                       const float* __restrict__ lse, size_t vocab,
+                                       int32_t ignore_index, const float* __restrict__ scale_ptr,
+                                       float* dlogits) {
+  const size_t t = blockIdx.x;
+  const int32_t target = targets[t];
+  const float* row = logits + t * vocab;
+  float* drow = dlogits + t * vocab;
+  if (target == ignore_index || IsBadTarget(target, vocab, ignore_index)) {
+    for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
+      drow[j] = 0.0f;
+    return;
+  }
+  const float scale = *scale_ptr;
+  const float row_lse = lse[t];
+  for (size_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    float g = __fmul_rn(expf(__fsub_rn(row[j], row_lse)), scale);
+    if (j == static_cast<size_t>(target)) g = __fsub_rn(g, scale);
+    drow[j] = g;
+  }
+}
+
+}  // namespace
+
+OpError CrossEntropyForward(OpsContext* context, const float* logits, const int32_t* targets,
+                            size_t num_tokens, size_t vocab, int32_t ignore_index, float* lse,
+                            float* loss) {
+  constexpr const char* kOp = "CrossEntropyForward";
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
+  if (num_tokens == 0) {
+    return CudaResult(cudaMemsetAsync(loss, 0, sizeof(float), context->stream), "cudaMemsetAsync",
+                      kOp);
+  }
+  if (vocab == 0) return ArgumentError("vocab is 0", kOp);
+  OpError error = Reserve(context, num_tokens * sizeof(double), kOp);
+  if (!error.ok()) return error;
+  double* row_loss = WorkspaceCarver(context).Take<double>(num_tokens);
+  CrossEntropyRowKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+      logits, targets, vocab, ignore_index, lse, row_loss, context->data_error);
+  error = LaunchResult(kOp);
+  if (!error.ok()) return error;
+  CrossEntropyMeanKernel<<<1, kBlockThreads, 0, context->stream>>>(row_loss, targets, num_tokens,
+                                                                   vocab, ignore_index, loss);
+  return LaunchResult(kOp);
+}
+
+OpError CrossEntropyBackward(OpsContext* context, const float* logits, const int32_t* targets,
+                             const float* lse, size_t num_tokens, size_t vocab,
+                             int32_t ignore_index, float dloss, float* dlogits) {
+  constexpr const char* kOp = "CrossEntropyBackward";
+  if (num_tokens == 0 || vocab == 0) return OpError{};
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
+  OpError error = Reserve(context, sizeof(float), kOp);
+  if (!error.ok()) return error;
+  float* scale = WorkspaceCarver(context).Take<float>(1);
+  CrossEntropyScaleKernel<<<1, kBlockThreads, 0, context->stream>>>(
+      targets, num_tokens, vocab, ignore_index, dloss, scale, context->data_error);
+  error = LaunchResult(kOp);
+  if (!error.ok()) return error;
+  CrossEntropyGradKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+      logits, targets, lse, vocab, ignore_index, scale, dlogits);
+  return LaunchResult(kOp);
+}
+
+}  // namespace strata::model::cuda

@@ -1,0 +1,183 @@
+// The Llama decoder's operations on a CUDA GPU, forward and backward (cuda_ops.cu): the same ops,
+// math and argument conventions as cpu_ops.h, which is their oracle (tests/model/cuda_ops_test.cc
+// compares them op by op with explicit tolerances).
+//
+// C++17 and no CUDA header: nvcc compiles cuda_ops.cu as C++17, and C++20 code includes this
+// header as is. Errors come back as an OpError holding the foreign code (cudaError_t or
+// cublasStatus_t as an int); cuda_ops_status.h turns it into a Status.
+//
+// Conventions, beyond those of cpu_ops.h (shapes, accumulation of weight gradients, aliasing):
+//   - Every pointer is device memory of the current CUDA device (the caller selects it), except
+//     scalars passed by value. Every op enqueues work on the context's stream and returns
+//     without waiting; outputs are ready once the stream reaches that point.
+//   - Activations and gradients are fp32; a weight is fp32, bf16 or fp16 (Weight).
+//   - Linear layers run on cuBLAS with fp32 accumulation (CUBLAS_COMPUTE_32F). With an fp32
+//     weight the GEMM is fp32 throughout (no TF32). With a bf16 (fp16) weight the GEMM inputs
+//     are bf16 (fp16): the fp32 activations and output gradients are rounded to the weight's
+//     dtype on the fly (in the context's workspace), for the forward and for both backward
+//     GEMMs; outputs and weight gradients stay fp32. The tensor cores do the work, at the cost of
+//     a rounding of up to 2^-8 (bf16) or 2^-11 (fp16) relative per input (docs/model.md gives
+//     the tolerances the tests hold the results to).
+//   - The other ops compute in fp32, with row reductions in double where the CPU ops use double,
+//     and no fused multiply-add where the CPU rounds each operation; element-wise ops
+//     (RoPE, SiluMul, residual, embedding forward) match the CPU to the last bit or nearly so.
+//   - Reductions are deterministic: no floating-point atomics; the same inputs give the same
+//     bits on every run (embedding backward sums repeated tokens in position order).
+//   - Bad data (a token or target out of range) cannot be reported synchronously: the kernel
+//     records the first it meets in the context and skips it (its output is then unspecified);
+//     TakeDataError (or CheckDataErrors in cuda_ops_status.h) waits for the stream and reports.
+//   - Sizes are those of one layer: each dimension below 2^31.
+//
+// Thread safety: an OpsContext is used by one thread at a time (it owns the stream's cuBLAS
+// handle and a workspace). Distinct contexts are independent.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace strata::model::cuda {
+
+// Numbered as strata::device::DType (cuda_ops_status.cc asserts that they match).
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// A read-only weight tensor in device memory, in its storage dtype.
+struct Weight {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
+// Whether a function writes (=) or adds (+=) into an activation-gradient buffer.
+enum class Accumulate : uint8_t { kOverwrite, kAdd };
+
+inline constexpr int32_t kIgnoreIndex = -100;
+
+// ---- errors -------------------------------------------------------------------------------------
+
+enum class ErrorSource : uint8_t {
+  kNone,      // success
+  kCuda,      // `code` is a cudaError_t
+  kCublas,    // `code` is a cublasStatus_t
+  kArgument,  // the sizes or dtypes are not supported; `what` says why
+};
+
+// The outcome of one call. `what` is a string literal: the failing CUDA or cuBLAS call
+// ("cudaMalloc", "cublasGemmEx", "kernel launch"), or the reason for kArgument.
+struct [[nodiscard]] OpError {
+  ErrorSource source = ErrorSource::kNone;
+  int code = 0;
+  const char* what = "";
+  const char* op = "";  // the op that failed ("LinearForward", ...)
+
+  bool ok() const { return source == ErrorSource::kNone; }
+};
+
+// Bad data a kernel met (see the conventions above).
+enum class DataErrorKind : int32_t {
+  kNone = 0,
+  kToken = 1,   // an embedding token id outside [0, bound)
+  kTarget = 2,  // a cross-entropy target neither ignore_index nor in [0, bound)
+};
+struct DataError {
+  DataErrorKind kind = DataErrorKind::kNone;
+  int32_t position = 0;  // the token's index (a count below 2^31)
+  int32_t value = 0;     // the offending id
+  int32_t bound = 0;     // vocab
+};
+
+// ---- context ------------------------------------------------------------------------------------
+
+// What the ops share on one stream: a cuBLAS handle bound to the stream, a device workspace
+// that grows on demand (bf16 copies of activations, attention and loss temporaries) and the
+// data-error record. Opaque.
+struct OpsContext;
+struct OpsContextDeleter {
+  // Waits for the stream, then frees the workspace and the cuBLAS handle.
+  void operator()(OpsContext* context) const;
+};
+using OpsContextPtr = std::unique_ptr<OpsContext, OpsContextDeleter>;
+
+// A context on `stream` (a cudaStream_t; nullptr is the legacy default stream) of the current
+// device. The stream must outlive the context.
+OpError CreateOpsContext(void* stream, OpsContextPtr* out);
+
+// Grows the workspace to at least `bytes` now, so that the ops need not. Growing waits for the
+// stream (the old block may be in use) and calls cudaMalloc; the memory is outside any
+// device::Device budget.
+OpError ReserveWorkspace(OpsContext* context, size_t bytes);
+
+// Waits for the stream, then copies the recorded data error (kind kNone when there is none) to
+// `*out` and clears the record.
+OpError TakeDataError(OpsContext* context, DataError* out);
+
+// ---- Embedding ----------------------------------------------------------------------------------
+// out[t, :] = weight[tokens[t], :].  tokens [T] int32, weight [V, H], out [T, H].
+// A token outside [0, V) gives a zero row and a data error.
+OpError EmbeddingForward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
+                         Weight weight, size_t vocab, size_t hidden, float* out);
+// dweight[tokens[t], :] += dout[t, :], repeated tokens added in position order (bit for bit the
+// CPU's sum). dout [T, H], dweight [V, H] fp32. Bad tokens are skipped and recorded.
+OpError EmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
+                          const float* dout, size_t vocab, size_t hidden, float* dweight);
+
+// ---- RMSNorm ------------------------------------------------------------------------------------
+// y = x * rstd * w; x, y [T, H] (y may alias x), weight [H], rstd [T].
+OpError RmsNormForward(OpsContext* context, const float* x, Weight weight, size_t num_tokens,
+                       size_t hidden, float eps, float* y, float* rstd);
+// dx [T, H] overwritten (may alias dy); dweight [H] accumulated (nullptr to skip), through
+// per-chunk partial sums (deterministic, not the CPU's order).
+OpError RmsNormBackward(OpsContext* context, const float* x, Weight weight, const float* rstd,
+                        const float* dy, size_t num_tokens, size_t hidden, float* dx,
+                        float* dweight);
+
+// ---- Linear (no bias), on cuBLAS ----------------------------------------------------------------
+// y = x W^T.  x [T, in], W [out, in], y [T, out].
+OpError LinearForward(OpsContext* context, const float* x, Weight weight, size_t num_tokens,
+                      size_t in_features, size_t out_features, float* y);
+// dx (=, or += with Accumulate::kAdd) dy W [T, in] (nullptr to skip); dweight += dy^T x
+// [out, in] fp32 (nullptr to skip). Does nothing when a dimension is 0, as the CPU op.
+OpError LinearBackward(OpsContext* context, const float* x, Weight weight, const float* dy,
+                       size_t num_tokens, size_t in_features, size_t out_features, float* dx,
+                       Accumulate dx_mode, float* dweight);
+
+// ---- Rotary position embedding (in place; head_dim even) ----------------------------------------
+OpError RopeForward(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
+                    size_t head_dim, float theta);
+OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, size_t heads,
+                     size_t head_dim, float theta);
+
+// ---- Causal grouped-query attention -------------------------------------------------------------
+// As cpu::AttentionForward / AttentionBackward. One warp per query row with an online softmax
+// (no [seq, seq] matrix); the backward recomputes the probabilities from lse, one warp per query
+// row for dq and one per key row for dk and dv (no atomics). head_dim <= kMaxAttentionHeadDim.
+inline constexpr size_t kMaxAttentionHeadDim = 256;
+OpError AttentionForward(OpsContext* context, const float* q, const float* k, const float* v,
+                         size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
+                         size_t head_dim, float* out, float* lse);
+OpError AttentionBackward(OpsContext* context, const float* q, const float* k, const float* v,
+                          const float* out, const float* lse, const float* dout, size_t batch,
+                          size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
+                          float* dq, float* dk, float* dv);
+
+// ---- SwiGLU's element-wise part -----------------------------------------------------------------
+OpError SiluMulForward(OpsContext* context, const float* gate, const float* up, size_t n, float* h);
+OpError SiluMulBackward(OpsContext* context, const float* gate, const float* up, const float* dh,
+                        size_t n, float* dgate, float* dup);
+
+// ---- Residual add -------------------------------------------------------------------------------
+OpError ResidualAdd(OpsContext* context, const float* a, const float* b, size_t n, float* y);
+OpError AccumulateGradient(OpsContext* context, const float* dy, size_t n, float* dx);
+
+// ---- Cross-entropy loss -------------------------------------------------------------------------
+// *loss (one device float) = the mean over counted tokens of lse[t] - logits[t, target[t]], 0
+// when none counts; lse [T] may be nullptr. Bad targets are recorded (the loss is unspecified).
+OpError CrossEntropyForward(OpsContext* context, const float* logits, const int32_t* targets,
+                            size_t num_tokens, size_t vocab, int32_t ignore_index, float* lse,
+                            float* loss);
+// As cpu::CrossEntropyBackward; `dloss` is a host value; dlogits may alias logits. The count of
+// counted tokens is computed on the GPU. Bad targets are recorded (dlogits is unspecified).
+OpError CrossEntropyBackward(OpsContext* context, const float* logits, const int32_t* targets,
+                             const float* lse, size_t num_tokens, size_t vocab,
+                             int32_t ignore_index, float dloss, float* dlogits);
+
+}  // namespace strata::model::cuda

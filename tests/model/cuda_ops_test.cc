@@ -1,0 +1,578 @@
+// Tests of the CUDA kernels (src/model/cuda_ops.h) against the CPU kernels (cpu_ops.h, which
+// cpu_ops_test.cc checks against PyTorch): random inputs, the same op on both, and an explicit
+// tolerance per op. An error is measured against the largest magnitude of the CPU result:
+//   |gpu - cpu| <= tol * max|cpu|   for every element.
+// Tolerances, and why:
+//   exact  embedding forward and backward, residual add, gradient accumulation: the same fp32
+//          operations in the same order (the embedding backward sums repeats in position order).
+//   1e-5   every other fp32 path: RMSNorm (double sums in another order), fp32 linear (cuBLAS and
+//          OpenBLAS sum in different orders), RoPE (CUDA's double sin/cos/pow), attention (online
+//          softmax and per-lane fp32 sums instead of sgemm), SiluMul, cross-entropy (CUDA's
+//          expf). The measured errors are far below (printed by each test).
+//   1e-2   linear with bf16 or fp16 weights: the GEMM inputs are rounded to the weight's dtype
+//          (activations and output gradients lose bits beyond 8 / 11), accumulation is fp32.
+// Sizes include 1-element cases and sizes that are not multiples of the block (256), the warp
+// (32) or the head-dim register tiles.
+//
+// Every GPU test is in the suite CudaOpsGpuTest (ctest label gpu) and skips when no CUDA device
+// can be created (no GPU or driver). CudaOpsTest runs everywhere.
+#include "model/cuda_ops.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device/device_test_util.h"
+#include "model/cpu_ops.h"
+#include "model/cuda_ops_status.h"
+#include "strata/device.h"
+
+namespace strata::model {
+namespace {
+
+using device::DType;
+
+constexpr double kF32Tolerance = 1e-5;
+constexpr double k16BitGemmTolerance = 1e-2;
+
+#define ASSERT_OP_OK(expr) ASSERT_OK(cuda::ToStatus(expr))
+
+std::vector<float> RandomVector(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v)
+    x = dist(rng) * scale;
+  return v;
+}
+
+std::vector<int32_t> RandomTokens(size_t n, int32_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v)
+    x = dist(rng);
+  return v;
+}
+
+// A weight in its storage dtype on the host; cpu() is the CPU ops' view of it.
+struct HostWeight {
+  DType dtype = DType::kF32;
+  std::vector<uint8_t> bytes;
+  cpu::Weight cpu() const { return cpu::Weight{bytes.data(), dtype}; }
+};
+
+HostWeight MakeWeight(const std::vector<float>& values, DType dtype) {
+  HostWeight w{dtype, std::vector<uint8_t>(values.size() * device::DTypeSize(dtype))};
+  device::ConvertHost(values.data(), DType::kF32, w.bytes.data(), dtype, values.size());
+  return w;
+}
+
+double GemmTolerance(DType dtype) {
+  return dtype == DType::kF32 ? kF32Tolerance : k16BitGemmTolerance;
+}
+
+// Expects |gpu - cpu| <= tol * max|cpu| elementwise; prints the measured worst error.
+void ExpectClose(const std::string& what, const std::vector<float>& gpu,
+                 const std::vector<float>& cpu, double tol) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double max_ref = 0.0;
+  for (float c : cpu)
+    max_ref = std::max(max_ref, std::abs(static_cast<double>(c)));
+  double worst = 0.0;
+  size_t at = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double err = std::abs(static_cast<double>(gpu[i]) - cpu[i]);
+    if (std::isnan(err) || err > worst) {
+      worst = std::isnan(err) ? INFINITY : err;
+      at = i;
+    }
+  }
+  std::printf("  %-34s max err %.3g, max |cpu| %.3g, ratio %.3g [tol %.0e]\n", what.c_str(), worst,
+              max_ref, max_ref > 0 ? worst / max_ref : worst, tol);
+  EXPECT_LE(worst, tol * max_ref) << what << ": element " << at << " is " << gpu[at] << ", CPU "
+                                  << cpu[at];
+}
+
+void ExpectBitEqual(const std::string& what, const std::vector<float>& gpu,
+                    const std::vector<float>& cpu) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (std::memcmp(&gpu[i], &cpu[i], sizeof(float)) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " is " << gpu[i] << ", CPU " << cpu[i];
+      return;
+    }
+  }
+}
+
+std::string Label(const std::string& what, DType dtype) {
+  return what + " " + std::string(device::DTypeName(dtype));
+}
+
+// ---- the fixture --------------------------------------------------------------------------------
+
+class CudaOpsGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    device::DeviceOptions options;
+    options.type = device::DeviceType::kCuda;
+    Result<std::unique_ptr<device::Device>> created = device::CreateDevice(options);
+    if (!created.ok()) GTEST_SKIP() << "no CUDA device: " << created.status().ToString();
+    device_ = std::move(created).value();
+    ASSERT_OK_AND_ASSIGN(stream_, device_->CreateStream("cuda-ops"));
+    ASSERT_OK_AND_ASSIGN(context_, cuda::CreateOpsContext(*stream_));
+  }
+
+  void TearDown() override {
+    context_.reset();  // waits for the stream
+    if (device_ != nullptr) {
+      for (void* p : buffers_)
+        device_->Free(p);
+    }
+    stream_.reset();
+    device_.reset();
+  }
+
+  cuda::OpsContext* context() { return context_.get(); }
+
+  // Device memory for n elements (at least one), freed by TearDown.
+  template <typename T>
+  T* Alloc(size_t n) {
+    Result<void*> p = device_->Alloc(std::max<size_t>(n, 1) * sizeof(T));
+    EXPECT_OK(p);
+    if (!p.ok()) return nullptr;
+    buffers_.push_back(*p);
+    return static_cast<T*>(*p);
+  }
+
+  // A device copy of `host` (waits for the copy).
+  template <typename T>
+  T* Upload(const std::vector<T>& host) {
+    T* p = Alloc<T>(host.size());
+    if (p != nullptr && !host.empty()) {
+      EXPECT_OK(device_->CopyAsync(p, host.data(), host.size() * sizeof(T),
+                                   device::CopyKind::kHostToDevice, *stream_));
+      EXPECT_OK(device_->Synchronize(*stream_));
+    }
+    return p;
+  }
+
+  // The first n elements at `p`, after the work enqueued so far.
+  template <typename T>
+  std::vector<T> Download(const T* p, size_t n) {
+    std::vector<T> host(n);
+    if (n > 0) {
+      EXPECT_OK(device_->CopyAsync(host.data(), p, n * sizeof(T), device::CopyKind::kDeviceToHost,
+                                   *stream_));
+    }
+    EXPECT_OK(device_->Synchronize(*stream_));
+    return host;
+  }
+
+  cuda::Weight Upload(const HostWeight& w) {
+    return cuda::ToCudaWeight(cpu::Weight{Upload(w.bytes), w.dtype});
+  }
+
+  std::unique_ptr<device::Device> device_;
+  std::unique_ptr<device::Stream> stream_;
+  cuda::OpsContextPtr context_;
+  std::vector<void*> buffers_;
+};
+
+constexpr DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+// ---- Embedding ----------------------------------------------------------------------------------
+
+TEST_F(CudaOpsGpuTest, EmbeddingMatchesTheCpuBitForBit) {
+  struct Size {
+    size_t tokens, vocab, hidden;
+  };
+  // Few ids, so that tokens repeat; 300 tokens span two compaction rounds of the backward.
+  for (const Size s : {Size{37, 11, 200}, Size{1, 3, 1}, Size{300, 5, 33}}) {
+    const auto tokens = RandomTokens(s.tokens, static_cast<int32_t>(s.vocab), 1);
+    const auto w = RandomVector(s.vocab * s.hidden, 2);
+    const auto dout = RandomVector(s.tokens * s.hidden, 3);
+    const auto dw0 = RandomVector(s.vocab * s.hidden, 4);
+    const int32_t* d_tokens = Upload(tokens);
+    for (const DType dtype : kDTypes) {
+      const HostWeight hw = MakeWeight(w, dtype);
+      std::vector<float> out_cpu(s.tokens * s.hidden);
+      ASSERT_OK(cpu::EmbeddingForward(tokens.data(), s.tokens, hw.cpu(), s.vocab, s.hidden,
+                                      out_cpu.data()));
+      float* d_out = Alloc<float>(out_cpu.size());
+      ASSERT_OP_OK(cuda::EmbeddingForward(context(), d_tokens, s.tokens, Upload(hw), s.vocab,
+                                          s.hidden, d_out));
+      ExpectBitEqual(Label("embedding out", dtype), Download(d_out, out_cpu.size()), out_cpu);
+    }
+    std::vector<float> dw_cpu = dw0;
+    ASSERT_OK(cpu::EmbeddingBackward(tokens.data(), s.tokens, dout.data(), s.vocab, s.hidden,
+                                     dw_cpu.data()));
+    float* d_dw = Upload(dw0);
+    ASSERT_OP_OK(cuda::EmbeddingBackward(context(), d_tokens, s.tokens, Upload(dout), s.vocab,
+                                         s.hidden, d_dw));
+    ExpectBitEqual("embedding dweight (accumulated)", Download(d_dw, dw_cpu.size()), dw_cpu);
+    EXPECT_OK(cuda::CheckDataErrors(context()));
+  }
+}
+
+TEST_F(CudaOpsGpuTest, BadTokensAndTargetsAreReportedAsInvalidArgument) {
+  const size_t V = 4, H = 3;
+  const std::vector<int32_t> bad = {1, 0, 4};
+  const float* w = Upload(RandomVector(V * H, 10));
+  float* out = Alloc<float>(bad.size() * H);
+  const int32_t* d_bad = Upload(bad);
+  ASSERT_OP_OK(cuda::EmbeddingForward(context(), d_bad, bad.size(), cuda::Weight{w}, V, H, out));
+  Status status = cuda::CheckDataErrors(context());
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.ToString().find("token id 4 at position 2 is outside [0, 4)"), std::string::npos)
+      << status.ToString();
+  EXPECT_OK(cuda::CheckDataErrors(context()));  // the record was cleared
+
+  float* dw = Alloc<float>(V * H);
+  ASSERT_OP_OK(cuda::EmbeddingBackward(context(), d_bad, bad.size(), out, V, H, dw));
+  EXPECT_EQ(cuda::CheckDataErrors(context()).code(), StatusCode::kInvalidArgument);
+
+  const std::vector<int32_t> targets = {cuda::kIgnoreIndex, -1};
+  const int32_t* d_targets = Upload(targets);
+  const float* logits = Upload(RandomVector(2 * V, 11));
+  float* loss = Alloc<float>(1);
+  ASSERT_OP_OK(cuda::CrossEntropyForward(context(), logits, d_targets, 2, V, cuda::kIgnoreIndex,
+                                         nullptr, loss));
+  status = cuda::CheckDataErrors(context());
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.ToString().find("target -1 at position 1"), std::string::npos)
+      << status.ToString();
+  float* lse = Alloc<float>(2);
+  float* dlogits = Alloc<float>(2 * V);
+  ASSERT_OP_OK(cuda::CrossEntropyBackward(context(), logits, d_targets, lse, 2, V,
+                                          cuda::kIgnoreIndex, 1.0f, dlogits));
+  EXPECT_EQ(cuda::CheckDataErrors(context()).code(), StatusCode::kInvalidArgument);
+}
+
+// ---- RMSNorm ------------------------------------------------------------------------------------
+
+TEST_F(CudaOpsGpuTest, RmsNormMatchesTheCpu) {
+  struct Size {
+    size_t tokens, hidden;
+  };
+  // 130 tokens: three partial sums for the weight gradient, the last one short. (No hidden = 1:
+  // there dx = r w dy eps / (x^2 + eps) is a cancellation, rounding noise on both sides.)
+  for (const Size s : {Size{5, 200}, Size{130, 1000}, Size{1, 3}}) {
+    const size_t n = s.tokens * s.hidden;
+    const auto x = RandomVector(n, 20);
+    const auto w = RandomVector(s.hidden, 21, 0.5f);
+    const auto dy = RandomVector(n, 22);
+    const auto dw0 = RandomVector(s.hidden, 23);
+    const float eps = 1e-5f;
+    for (const DType dtype : kDTypes) {
+      const HostWeight hw = MakeWeight(w, dtype);
+      std::vector<float> y_cpu(n), rstd_cpu(s.tokens), dx_cpu(n), dw_cpu = dw0;
+      cpu::RmsNormForward(x.data(), hw.cpu(), s.tokens, s.hidden, eps, y_cpu.data(),
+                          rstd_cpu.data());
+      cpu::RmsNormBackward(x.data(), hw.cpu(), rstd_cpu.data(), dy.data(), s.tokens, s.hidden,
+                           dx_cpu.data(), dw_cpu.data());
+
+      const float* d_x = Upload(x);
+      const cuda::Weight d_w = Upload(hw);
+      float* d_y = Alloc<float>(n);
+      float* d_rstd = Alloc<float>(s.tokens);
+      ASSERT_OP_OK(cuda::RmsNormForward(context(), d_x, d_w, s.tokens, s.hidden, eps, d_y, d_rstd));
+      ExpectClose(Label("rmsnorm y", dtype), Download(d_y, n), y_cpu, kF32Tolerance);
+      ExpectClose(Label("rmsnorm rstd", dtype), Download(d_rstd, s.tokens), rstd_cpu,
+                  kF32Tolerance);
+      // In place: dx overwrites dy (the weight gradient must read dy first).
+      float* d_dy = Upload(dy);
+      float* d_dw = Upload(dw0);
+      ASSERT_OP_OK(
+          cuda::RmsNormBackward(context(), d_x, d_w, d_rstd, d_dy, s.tokens, s.hidden, d_dy, d_dw));
+      ExpectClose(Label("rmsnorm dx (in place)", dtype), Download(d_dy, n), dx_cpu, kF32Tolerance);
+      ExpectClose(Label("rmsnorm dweight", dtype), Download(d_dw, s.hidden), dw_cpu, kF32Tolerance);
+    }
+  }
+}
+
+// ---- Linear -------------------------------------------------------------------------------------
+
+TEST_F(CudaOpsGpuTest, LinearMatchesTheCpuInEveryWeightDType) {
+  struct Size {
+    size_t tokens, in, out;
+  };
+  for (const Size s : {Size{37, 200, 129}, Size{64, 512, 256}, Size{1, 1, 1}}) {
+    const auto x = RandomVector(s.tokens * s.in, 30);
+    const auto w = RandomVector(s.out * s.in, 31, 0.2f);
+    const auto dy = RandomVector(s.tokens * s.out, 32);
+    const auto dx0 = RandomVector(s.tokens * s.in, 33);
+    const auto dw0 = RandomVector(s.out * s.in, 34);
+    for (const DType dtype : kDTypes) {
+      const double tol = GemmTolerance(dtype);
+      const HostWeight hw = MakeWeight(w, dtype);
+      const float* d_x = Upload(x);
+      const float* d_dy = Upload(dy);
+      const cuda::Weight d_w = Upload(hw);
+
+      std::vector<float> y_cpu(s.tokens * s.out);
+      cpu::LinearForward(x.data(), hw.cpu(), s.tokens, s.in, s.out, y_cpu.data());
+      float* d_y = Alloc<float>(y_cpu.size());
+      ASSERT_OP_OK(cuda::LinearForward(context(), d_x, d_w, s.tokens, s.in, s.out, d_y));
+      ExpectClose(Label("linear y", dtype), Download(d_y, y_cpu.size()), y_cpu, tol);
+
+      // dx overwritten, dweight accumulated.
+      std::vector<float> dx_cpu(s.tokens * s.in), dw_cpu = dw0;
+      cpu::LinearBackward(x.data(), hw.cpu(), dy.data(), s.tokens, s.in, s.out, dx_cpu.data(),
+                          cpu::Accumulate::kOverwrite, dw_cpu.data());
+      float* d_dx = Upload(dx0);
+      float* d_dw = Upload(dw0);
+      ASSERT_OP_OK(cuda::LinearBackward(context(), d_x, d_w, d_dy, s.tokens, s.in, s.out, d_dx,
+                                        cuda::Accumulate::kOverwrite, d_dw));
+      ExpectClose(Label("linear dx", dtype), Download(d_dx, dx_cpu.size()), dx_cpu, tol);
+      ExpectClose(Label("linear dweight (accumulated)", dtype), Download(d_dw, dw_cpu.size()),
+                  dw_cpu, tol);
+
+      // dx accumulated, no weight gradient.
+      std::vector<float> dx_add_cpu = dx0;
+      cpu::LinearBackward(x.data(), hw.cpu(), dy.data(), s.tokens, s.in, s.out, dx_add_cpu.data(),
+                          cpu::Accumulate::kAdd, nullptr);
+      float* d_dx_add = Upload(dx0);
+      ASSERT_OP_OK(cuda::LinearBackward(context(), d_x, d_w, d_dy, s.tokens, s.in, s.out, d_dx_add,
+                                        cuda::Accumulate::kAdd, nullptr));
+      ExpectClose(Label("linear dx (accumulated)", dtype), Download(d_dx_add, dx_cpu.size()),
+                  dx_add_cpu, tol);
+    }
+  }
+}
+
+// ---- RoPE ---------------------------------------------------------------------------------------
+
+TEST_F(CudaOpsGpuTest, RopeMatchesTheCpu) {
+  struct Size {
+    size_t batch, seq, heads, head_dim;
+  };
+  for (const Size s : {Size{2, 7, 3, 16}, Size{1, 33, 2, 128}, Size{1, 1, 1, 2}}) {
+    const size_t n = s.batch * s.seq * s.heads * s.head_dim;
+    const float theta = 10000.0f;
+    const auto x = RandomVector(n, 40);
+    std::vector<float> fwd_cpu = x, bwd_cpu = x;
+    cpu::RopeForward(fwd_cpu.data(), s.batch, s.seq, s.heads, s.head_dim, theta);
+    cpu::RopeBackward(bwd_cpu.data(), s.batch, s.seq, s.heads, s.head_dim, theta);
+    float* d_fwd = Upload(x);
+    float* d_bwd = Upload(x);
+    ASSERT_OP_OK(cuda::RopeForward(context(), d_fwd, s.batch, s.seq, s.heads, s.head_dim, theta));
+    ASSERT_OP_OK(cuda::RopeBackward(context(), d_bwd, s.batch, s.seq, s.heads, s.head_dim, theta));
+    ExpectClose("rope forward", Download(d_fwd, n), fwd_cpu, kF32Tolerance);
+    ExpectClose("rope backward", Download(d_bwd, n), bwd_cpu, kF32Tolerance);
+  }
+}
+
+// ---- Attention ----------------------------------------------------------------------------------
+
+TEST_F(CudaOpsGpuTest, AttentionMatchesTheCpuAndIsDeterministic) {
+  struct Shape {
+    size_t batch, seq, heads, kv_heads, head_dim;
+  };
+  // Head dims cover each register tile (<= 32, 64, 128, 256 per warp), full and partial; the
+  // head counts cover multi-head, grouped-query and multi-query attention. (No seq = 1: its
+  // gradients are pure rounding noise, dS = P (dO.V - dO.O) with P = 1 and O = V.)
+  for (const Shape s : {Shape{2, 7, 4, 2, 16}, Shape{1, 33, 4, 1, 64}, Shape{2, 20, 2, 2, 72},
+                        Shape{1, 9, 2, 1, 256}, Shape{1, 2, 1, 1, 2}}) {
+    const std::string shape = "b" + std::to_string(s.batch) + " s" + std::to_string(s.seq) + " h" +
+                              std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " d" +
+                              std::to_string(s.head_dim);
+    const size_t q_n = s.batch * s.seq * s.heads * s.head_dim;
+    const size_t kv_n = s.batch * s.seq * s.kv_heads * s.head_dim;
+    const size_t lse_n = s.batch * s.heads * s.seq;
+    const auto q = RandomVector(q_n, 50);
+    const auto k = RandomVector(kv_n, 51);
+    const auto v = RandomVector(kv_n, 52);
+    const auto dout = RandomVector(q_n, 53);
+    std::vector<float> out_cpu(q_n), lse_cpu(lse_n), dq_cpu(q_n), dk_cpu(kv_n), dv_cpu(kv_n);
+    cpu::AttentionForward(q.data(), k.data(), v.data(), s.batch, s.seq, s.heads, s.kv_heads,
+                          s.head_dim, out_cpu.data(), lse_cpu.data());
+    cpu::AttentionBackward(q.data(), k.data(), v.data(), out_cpu.data(), lse_cpu.data(),
+                           dout.data(), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
+                           dq_cpu.data(), dk_cpu.data(), dv_cpu.data());
+
+    const float* d_q = Upload(q);
+    const float* d_k = Upload(k);
+    const float* d_v = Upload(v);
+    const float* d_dout = Upload(dout);
+    float* d_out = Alloc<float>(q_n);
+    float* d_lse = Alloc<float>(lse_n);
+    ASSERT_OP_OK(cuda::AttentionForward(context(), d_q, d_k, d_v, s.batch, s.seq, s.heads,
+                                        s.kv_heads, s.head_dim, d_out, d_lse));
+    const std::vector<float> out_gpu = Download(d_out, q_n);
+    ExpectClose("attention out " + shape, out_gpu, out_cpu, kF32Tolerance);
+    ExpectClose("attention lse " + shape, Download(d_lse, lse_n), lse_cpu, kF32Tolerance);
+
+    // dk and dv start as garbage: they are overwritten.
+    float* d_dq = Alloc<float>(q_n);
+    float* d_dk = Upload(RandomVector(kv_n, 54));
+    float* d_dv = Upload(RandomVector(kv_n, 55));
+    ASSERT_OP_OK(cuda::AttentionBackward(context(), d_q, d_k, d_v, d_out, d_lse, d_dout, s.batch,
+                                         s.seq, s.heads, s.kv_heads, s.head_dim, d_dq, d_dk, d_dv));
+    const std::vector<float> dq_gpu = Download(d_dq, q_n);
+    const std::vector<float> dk_gpu = Download(d_dk, kv_n);
+    const std::vector<float> dv_gpu = Download(d_dv, kv_n);
+    ExpectClose("attention dq " + shape, dq_gpu, dq_cpu, kF32Tolerance);
+    ExpectClose("attention dk " + shape, dk_gpu, dk_cpu, kF32Tolerance);
+    ExpectClose("attention dv " + shape, dv_gpu, dv_cpu, kF32Tolerance);
+
+    // A second run gives the same bits.
+    ASSERT_OP_OK(cuda::AttentionBackward(context(), d_q, d_k, d_v, d_out, d_lse, d_dout, s.batch,
+                                         s.seq, s.heads, s.kv_heads, s.head_dim, d_dq, d_dk, d_dv));
+    ExpectBitEqual("attention dq rerun " + shape, Download(d_dq, q_n), dq_gpu);
+    ExpectBitEqual("attention dk rerun " + shape, Download(d_dk, kv_n), dk_gpu);
+    ExpectBitEqual("attention dv rerun " + shape, Download(d_dv, kv_n), dv_gpu);
+  }
+}
+
+TEST_F(CudaOpsGpuTest, UnsupportedShapesAreInvalidArgument) {
+  float* buffer = Alloc<float>(1024);
+  EXPECT_EQ(cuda::ToStatus(cuda::AttentionForward(context(), buffer, buffer, buffer, 1, 1, 1, 1,
+                                                  cuda::kMaxAttentionHeadDim + 2, buffer, buffer))
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda::ToStatus(cuda::AttentionForward(context(), buffer, buffer, buffer, 1, 1, 3, 2, 8,
+                                                  buffer, buffer))
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda::ToStatus(cuda::RopeForward(context(), buffer, 1, 1, 1, 3, 10000.0f)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda::ToStatus(cuda::LinearForward(context(), buffer,
+                                               cuda::Weight{buffer, static_cast<cuda::DType>(7)}, 1,
+                                               1, 1, buffer))
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+// ---- SwiGLU, residual ---------------------------------------------------------------------------
+
+TEST_F(CudaOpsGpuTest, SiluMulMatchesTheCpu) {
+  for (const size_t n : {size_t{1000}, size_t{1}, size_t{257}}) {
+    const auto gate = RandomVector(n, 60, 4.0f);  // into both tails of the sigmoid
+    const auto up = RandomVector(n, 61);
+    const auto dh = RandomVector(n, 62);
+    std::vector<float> h_cpu(n), dgate_cpu(n), dup_cpu(n);
+    cpu::SiluMulForward(gate.data(), up.data(), n, h_cpu.data());
+    cpu::SiluMulBackward(gate.data(), up.data(), dh.data(), n, dgate_cpu.data(), dup_cpu.data());
+    const float* d_gate = Upload(gate);
+    const float* d_up = Upload(up);
+    float* d_h = Alloc<float>(n);
+    ASSERT_OP_OK(cuda::SiluMulForward(context(), d_gate, d_up, n, d_h));
+    ExpectClose("silu_mul h", Download(d_h, n), h_cpu, kF32Tolerance);
+    // dgate written over dh, as the contract allows.
+    float* d_dh = Upload(dh);
+    float* d_dup = Alloc<float>(n);
+    ASSERT_OP_OK(cuda::SiluMulBackward(context(), d_gate, d_up, d_dh, n, d_dh, d_dup));
+    ExpectClose("silu_mul dgate (over dh)", Download(d_dh, n), dgate_cpu, kF32Tolerance);
+    ExpectClose("silu_mul dup", Download(d_dup, n), dup_cpu, kF32Tolerance);
+  }
+}
+
+TEST_F(CudaOpsGpuTest, ResidualAndAccumulateMatchTheCpuBitForBit) {
+  for (const size_t n : {size_t{1000}, size_t{1}, size_t{1u << 20}}) {
+    const auto a = RandomVector(n, 70);
+    const auto b = RandomVector(n, 71);
+    std::vector<float> y_cpu(n), acc_cpu = a;
+    cpu::ResidualAdd(a.data(), b.data(), n, y_cpu.data());
+    cpu::AccumulateGradient(b.data(), n, acc_cpu.data());
+    float* d_a = Upload(a);
+    const float* d_b = Upload(b);
+    float* d_y = Alloc<float>(n);
+    ASSERT_OP_OK(cuda::ResidualAdd(context(), d_a, d_b, n, d_y));
+    ExpectBitEqual("residual y", Download(d_y, n), y_cpu);
+    ASSERT_OP_OK(cuda::AccumulateGradient(context(), d_b, n, d_a));
+    ExpectBitEqual("accumulated gradient", Download(d_a, n), acc_cpu);
+  }
+}
+
+// ---- Cross-entropy ------------------------------------------------------------------------------
+
+TEST_F(CudaOpsGpuTest, CrossEntropyMatchesTheCpu) {
+  struct Size {
+    size_t tokens, vocab;
+  };
+  for (const Size s : {Size{37, 1000}, Size{300, 33}, Size{1, 1}}) {
+    const size_t n = s.tokens * s.vocab;
+    const auto logits = RandomVector(n, 80, 3.0f);
+    auto targets = RandomTokens(s.tokens, static_cast<int32_t>(s.vocab), 81);
+    for (size_t t = 0; t < s.tokens; t += 5)
+      targets[t] = cpu::kIgnoreIndex;
+    if (s.tokens == 1) targets[0] = 0;
+    const float dloss = 1.7f;
+
+    std::vector<float> lse_cpu(s.tokens), dlogits_cpu(n);
+    ASSERT_OK_AND_ASSIGN(const float loss_cpu,
+                         cpu::CrossEntropyForward(logits.data(), targets.data(), s.tokens, s.vocab,
+                                                  cpu::kIgnoreIndex, lse_cpu.data()));
+    ASSERT_OK(cpu::CrossEntropyBackward(logits.data(), targets.data(), lse_cpu.data(), s.tokens,
+                                        s.vocab, cpu::kIgnoreIndex, dloss, dlogits_cpu.data()));
+
+    float* d_logits = Upload(logits);
+    const int32_t* d_targets = Upload(targets);
+    float* d_lse = Alloc<float>(s.tokens);
+    float* d_loss = Alloc<float>(1);
+    ASSERT_OP_OK(cuda::CrossEntropyForward(context(), d_logits, d_targets, s.tokens, s.vocab,
+                                           cuda::kIgnoreIndex, d_lse, d_loss));
+    ExpectClose("cross-entropy loss", Download(d_loss, 1), {loss_cpu}, kF32Tolerance);
+    ExpectClose("cross-entropy lse", Download(d_lse, s.tokens), lse_cpu, kF32Tolerance);
+    float* d_dlogits = Alloc<float>(n);
+    ASSERT_OP_OK(cuda::CrossEntropyBackward(context(), d_logits, d_targets, d_lse, s.tokens,
+                                            s.vocab, cuda::kIgnoreIndex, dloss, d_dlogits));
+    ExpectClose("cross-entropy dlogits", Download(d_dlogits, n), dlogits_cpu, kF32Tolerance);
+    // In place over the logits.
+    ASSERT_OP_OK(cuda::CrossEntropyBackward(context(), d_logits, d_targets, d_lse, s.tokens,
+                                            s.vocab, cuda::kIgnoreIndex, dloss, d_logits));
+    ExpectClose("cross-entropy dlogits (in place)", Download(d_logits, n), dlogits_cpu,
+                kF32Tolerance);
+    EXPECT_OK(cuda::CheckDataErrors(context()));
+  }
+}
+
+TEST_F(CudaOpsGpuTest, CrossEntropyWithEveryTargetIgnoredIsZero) {
+  const size_t T = 3, V = 5;
+  const float* logits = Upload(RandomVector(T * V, 90));
+  const int32_t* targets = Upload(std::vector<int32_t>(T, cuda::kIgnoreIndex));
+  float* lse = Alloc<float>(T);
+  float* loss = Upload(std::vector<float>{42.0f});
+  float* dlogits = Upload(std::vector<float>(T * V, 1.0f));
+  ASSERT_OP_OK(
+      cuda::CrossEntropyForward(context(), logits, targets, T, V, cuda::kIgnoreIndex, lse, loss));
+  ASSERT_OP_OK(cuda::CrossEntropyBackward(context(), logits, targets, lse, T, V, cuda::kIgnoreIndex,
+                                          1.0f, dlogits));
+  EXPECT_EQ(Download(loss, 1)[0], 0.0f);
+  for (float g : Download(dlogits, T * V))
+    EXPECT_EQ(g, 0.0f);
+}
+
+// ---- without a GPU ------------------------------------------------------------------------------
+
+TEST(CudaOpsTest, ErrorsBecomeStatusesNamingTheOpAndTheCall) {
+  EXPECT_OK(cuda::ToStatus(cuda::OpError{}));
+  const Status argument = cuda::ToStatus(
+      cuda::OpError{cuda::ErrorSource::kArgument, 0, "head_dim must be even", "RopeForward"});
+  EXPECT_EQ(argument.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(argument.ToString().find("RopeForward: head_dim must be even"), std::string::npos);
+  // 2 is cudaErrorMemoryAllocation.
+  const Status oom =
+      cuda::ToStatus(cuda::OpError{cuda::ErrorSource::kCuda, 2, "cudaMalloc", "LinearForward"});
+  EXPECT_EQ(oom.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(oom.ToString().find("LinearForward: cudaMalloc failed"), std::string::npos)
+      << oom.ToString();
+  EXPECT_NE(oom.ToString().find("cudaErrorMemoryAllocation"), std::string::npos) << oom.ToString();
+  // 7 is CUBLAS_STATUS_INVALID_VALUE.
+  const Status cublas = cuda::ToStatus(
+      cuda::OpError{cuda::ErrorSource::kCublas, 7, "cublasGemmEx", "LinearBackward"});
+  EXPECT_EQ(cublas.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(cublas.ToString().find("CUBLAS_STATUS_INVALID_VALUE"), std::string::npos)
+      << cublas.ToString();
+}
+
+}  // namespace
+}  // namespace strata::model
