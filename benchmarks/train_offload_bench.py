@@ -11,17 +11,34 @@ configs that differ only in the offload:
 Each configuration runs --repeat times, alternating (nvme, device, device, nvme, ...), each run
 `mpirun -np N strata train ... --steps S --metrics FILE`. Per run, the first --warmup steps are
 dropped and the rest averaged; per configuration the median over the runs is reported. The
-target is tokens/s(nvme) / tokens/s(device) >= 0.85, and an NVMe run whose device memory peak is
-within the prefetch budget (stage3_prefetch_bucket_size + stage3_max_live_parameters, in bytes of
-the compute dtype). On the CPU device the model's activations are host memory outside the device
-allocator, so device_peak_bytes holds no activations (see benchmarks/README.md).
+target is tokens/s(nvme) / tokens/s(device) >= 0.85.
+
+Device memory of the NVMe run, two checks (the engine's device allocations; see
+benchmarks/README.md and src/zero/engine.cc):
+
+  parameters   param_device_peak_bytes <= param_device_budget_bytes (both from the metrics): the
+               tier manager's device tier, i.e. the parameter shards (compute dtype) cached on
+               the device. Its budget is min(all shards, max(stage3_prefetch_bucket_size * csz
+               + 2 shards, 4 shards)), shards counted at the largest one's size class.
+  total        device_peak_bytes <= bound = parameter budget + max_live_bytes (gathered units
+               in the compute dtype and per-unit fp32 gradients in flight:
+               max(stage3_max_live_parameters * csz, 2 * largest unit * (csz + 4)), plus tied
+               units) + the fp32 gradient reduction bucket (world * min(reduce_bucket_size /
+               world, the shards that fit) * 4) + units below the persistence threshold kept
+               gathered + one 256 B scalar (the loss / norm all-reduce). The script computes
+               each term from the config and the model's shapes the way the engine does.
+
+Gathered units, gradients and the bucket are not "parameters": only the first check is the
+prefetch budget. On the CPU device the model's activations are host memory outside the device
+allocator, so device_peak_bytes holds no activations.
 
 Output: progress on stderr; a table and one JSON object on stdout (and in --json FILE). The exit
 status is 1 on an error (a run that fails or times out), 2 on bad options, 0 otherwise, whether
-or not the target was met. Standard library only; run with /usr/bin/python3.
+or not the target or a memory check was met. Standard library only; run with /usr/bin/python3.
 
 Usage: benchmarks/train_offload_bench.py [--strata build/default/strata]
        [--nvme-dir /work/benchdir/train-bench] [--steps 30] [--repeat 3] [--json out.json]
+       [--prefetch-bucket-size N] [--max-live-parameters N] [--reduce-bucket-size N]
 """
 
 import argparse
@@ -38,9 +55,11 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_RATIO = 0.85
 # DeepSpeed's defaults, as Strata resolves them (include/strata/config.h), used when the
-# corresponding option is not given (the main job sets neither).
+# corresponding option is not given (the main job sets none of them).
 DEFAULT_PREFETCH_BUCKET = 50_000_000
 DEFAULT_MAX_LIVE = 1_000_000_000
+DEFAULT_REDUCE_BUCKET = 500_000_000
+DEFAULT_PERSISTENCE_THRESHOLD = 100_000
 CONFIGS = ("nvme", "device")
 # Above this many CPUs used by other processes during a run, the result is flagged as noisy.
 NOISY_FOREIGN_CPUS = 0.25
@@ -76,6 +95,116 @@ def children_cpu_seconds():
     return r.ru_utime + r.ru_stime
 
 
+# ---- the engine's device-memory terms, recomputed from the config and the model's shapes -------
+# These mirror src/model/llama_config.cc (presets), src/model/llama_model.cc (units),
+# src/zero/partition.cc (layout), device::PinnedPool::SizeClass and Engine::Impl::Init
+# (src/zero/engine.cc). The parameter budget computed here is checked against the one the engine
+# reports (param_device_budget_bytes); a mismatch means this copy has gone stale.
+
+# name: (vocab, hidden, intermediate, layers, heads, kv_heads, tie_word_embeddings)
+LLAMA_PRESETS = {
+    "llama-tiny": (256, 64, 160, 2, 4, 2, False),
+    "llama-20m": (1024, 384, 1024, 12, 6, 2, False),
+}
+PARAM_ALIGN_ELEMS = 64     # zero::kParamAlignElems
+SHARD_ALIGN_ELEMS = 2048   # zero::kShardAlignElems
+DEVICE_ALIGNMENT = 256     # device::kDeviceAlignment (the CPU device rounds requests to it)
+SCALAR_SCRATCH_BYTES = DEVICE_ALIGNMENT  # AllReduceHostFloat: one float, one at a time
+
+
+def round_up(x, m):
+    return (x + m - 1) // m * m
+
+
+def pinned_size_class(n):
+    """device::PinnedPool::SizeClass."""
+    if n <= 4096:
+        return 4096
+    if n <= 64 << 10:
+        return 1 << (n - 1).bit_length()
+    k = (n - 1).bit_length() - 1
+    return round_up(n, 1 << (k - 3))
+
+
+def llama_shape(model):
+    """(vocab, hidden, inter, layers, heads, kv_heads, tied) of a preset or a config.json path,
+    or None when it cannot be told."""
+    if model in LLAMA_PRESETS:
+        return LLAMA_PRESETS[model]
+    path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    try:
+        with open(path) as f:
+            c = json.load(f)
+        return (c["vocab_size"], c["hidden_size"], c["intermediate_size"],
+                c["num_hidden_layers"], c["num_attention_heads"],
+                c.get("num_key_value_heads") or c["num_attention_heads"],
+                bool(c.get("tie_word_embeddings", False)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def llama_units(shape):
+    """Per unit (embed, layers.0..L-1, head): the parameter sizes in elements, in slot order."""
+    vocab, h, inter, layers, heads, kv_heads, tied = shape
+    kv = h // heads * kv_heads
+    units = [("embed", [vocab * h])]
+    for i in range(layers):
+        units.append(("layers.%d" % i, [h, h * h, kv * h, kv * h, h * h, h, inter * h,
+                                       inter * h, h * inter]))
+    units.append(("head", [h] if tied else [h, vocab * h]))
+    return units
+
+
+def unit_layout(sizes, world):
+    """(numel, shard_numel, padded_numel) as zero::LayoutUnit lays the unit out."""
+    offset = 0
+    for n in sizes:
+        offset = round_up(offset, PARAM_ALIGN_ELEMS) + n
+    shard = round_up(-(-offset // world), SHARD_ALIGN_ELEMS)
+    return sum(sizes), shard, shard * world
+
+
+def engine_device_terms(shape, world, csz, prefetch_bucket, max_live_params, reduce_bucket,
+                        persistence_threshold):
+    """The NVMe run's device-memory terms (bytes, per rank) as Engine::Impl::Init sizes them."""
+    units = llama_units(shape)
+    lay = [unit_layout(sizes, world) for _, sizes in units]
+    held = [pinned_size_class(shard * csz) for _, shard, _ in lay]
+    shard_total, shard_largest = sum(held), max(held)
+    # Parameter shards cached on the device (the tier manager's device budget, offloaded home).
+    resident = max(shard_total, 4 * shard_largest)
+    lookahead = max(prefetch_bucket, 0) * csz
+    param_budget = min(resident, max(lookahead + 2 * shard_largest, 4 * shard_largest))
+    # Gathered units (compute dtype) and per-unit fp32 gradients in flight (AllocLive).
+    largest_unit = max(p for _, _, p in lay) * (csz + 4)
+    tied = lay[0][2] * (4 + 8) if shape[6] else 0  # the head holds the embedding gathered + grad
+    max_live = max(max_live_params * csz, 2 * largest_unit) + tied
+    # The fp32 reduction bucket (stages 2-3, world > 1).
+    bucket = 0
+    if world > 1:
+        per_rank = max(reduce_bucket // world, 1)
+        small = sum(shard for _, shard, _ in lay if shard <= per_rank)
+        cap = min(per_rank, small)
+        if cap > 0 and len(lay) > 1:
+            bucket = round_up(cap * world * 4, DEVICE_ALIGNMENT)
+    # Units below stage3_param_persistence_threshold stay gathered for the step, outside AllocLive.
+    persistent = sum(p * csz for numel, _, p in lay if numel < persistence_threshold)
+    bound = param_budget + max_live + bucket + persistent + SCALAR_SCRATCH_BYTES
+    return {
+        "units": len(lay),
+        "model_parameters": sum(numel for numel, _, _ in lay),
+        "param_shard_bytes_all": shard_total,
+        "param_shard_bytes_largest": shard_largest,
+        "param_device_budget_bytes": param_budget,
+        "largest_unit_gathered_plus_grad_bytes": largest_unit,
+        "max_live_bytes": max_live,
+        "reduce_bucket_bytes": bucket,
+        "persistent_unit_bytes": persistent,
+        "scalar_scratch_bytes": SCALAR_SCRATCH_BYTES,
+        "bound_bytes": bound,
+    }
+
+
 def ds_config(kind, swap_dir, args):
     zero = {"stage": 3, "sub_group_size": 1000000}
     if kind == "nvme":
@@ -88,6 +217,8 @@ def ds_config(kind, swap_dir, args):
         zero["stage3_prefetch_bucket_size"] = args.prefetch_bucket_size
     if args.max_live_parameters is not None:
         zero["stage3_max_live_parameters"] = args.max_live_parameters
+    if args.reduce_bucket_size is not None:
+        zero["reduce_bucket_size"] = args.reduce_bucket_size
     return {
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": 1,
@@ -175,15 +306,19 @@ def train_once(args, kind, rep, work, swap_dir, tokens):
         # Cumulative over the whole run, warm-up included (as the engine reports them).
         "prefetch_hit_rate": last["prefetch_hit_rate"],
         "device_peak_bytes": max(s["device_peak_bytes"] for s in steps),
+        # The tier manager's device tier: parameter shards cached on the device, and its budget.
+        "param_device_peak_bytes": max(s.get("param_device_peak_bytes", 0) for s in steps),
+        "param_device_budget_bytes": last.get("param_device_budget_bytes"),
         "host_peak_bytes": max(s["host_peak_bytes"] for s in steps),
         "final_loss": last["loss"],
         "parameters": params,
         "metrics_file": metrics,
     }
-    log("  %-6s run %d: %.0f tok/s (step %.3f s, exposed io %.3f s), device peak %.1f MiB, "
-        "%.0f s wall, other processes %.2f CPUs"
+    log("  %-6s run %d: %.0f tok/s (step %.3f s, exposed io %.3f s), device peak %.1f MiB "
+        "(parameter shards %.1f of %.1f MiB), %.0f s wall, other processes %.2f CPUs"
         % (kind, rep + 1, r["tokens_per_s"], r["step_s"], r["exposed_io_s"],
-           r["device_peak_bytes"] / MIB, wall, foreign))
+           r["device_peak_bytes"] / MIB, r["param_device_peak_bytes"] / MIB,
+           (r["param_device_budget_bytes"] or 0) / MIB, wall, foreign))
     return r
 
 
@@ -194,6 +329,9 @@ def summarize(runs):
     out = {k: statistics.median([r[k] for r in runs]) for k in keys}
     out["tokens_per_s_runs"] = [r["tokens_per_s"] for r in runs]
     out["device_peak_bytes"] = max(r["device_peak_bytes"] for r in runs)
+    out["param_device_peak_bytes"] = max(r["param_device_peak_bytes"] for r in runs)
+    budgets = {r["param_device_budget_bytes"] for r in runs}
+    out["param_device_budget_bytes"] = budgets.pop() if len(budgets) == 1 else None
     out["host_peak_bytes"] = max(r["host_peak_bytes"] for r in runs)
     return out
 
@@ -223,6 +361,9 @@ def parse_args():
     ap.add_argument("--max-live-parameters", type=int, default=None,
                     help="stage3_max_live_parameters in elements, in both configs (default: "
                          "unset, as in the main job: %d)" % DEFAULT_MAX_LIVE)
+    ap.add_argument("--reduce-bucket-size", type=int, default=None,
+                    help="reduce_bucket_size in elements, in both configs (default: unset, as "
+                         "in the main job: %d)" % DEFAULT_REDUCE_BUCKET)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run (default 1800)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the token file and swap directory (configs, metrics and logs "
@@ -233,7 +374,7 @@ def parse_args():
         ap.error("need --steps >= 2 and 0 <= --warmup < --steps")
     if args.repeat < 1 or args.np < 1 or args.seq_len < 1 or args.micro_batch < 1:
         ap.error("--repeat, --np, --seq-len and --micro-batch must be >= 1")
-    for name in ("prefetch_bucket_size", "max_live_parameters"):
+    for name in ("prefetch_bucket_size", "max_live_parameters", "reduce_bucket_size"):
         v = getattr(args, name)
         if v is not None and v < 0:
             ap.error("--%s must be >= 0" % name.replace("_", "-"))
@@ -282,14 +423,25 @@ def main():
     ratio_steps = (med["nvme"]["tokens_per_s_mean_of_steps"]
                    / med["device"]["tokens_per_s_mean_of_steps"])
     csz = 2  # bf16, the compute dtype of both configs
-    bucket = args.prefetch_bucket_size if args.prefetch_bucket_size is not None \
+    prefetch = args.prefetch_bucket_size if args.prefetch_bucket_size is not None \
         else DEFAULT_PREFETCH_BUCKET
     live = args.max_live_parameters if args.max_live_parameters is not None else DEFAULT_MAX_LIVE
-    budget = (bucket + live) * csz
+    rbucket = args.reduce_bucket_size if args.reduce_bucket_size is not None \
+        else DEFAULT_REDUCE_BUCKET
     params = runs["nvme"][0]["parameters"]
     nvme_peak = med["nvme"]["device_peak_bytes"]
     dev_peak = med["device"]["device_peak_bytes"]
-    memory_met = nvme_peak <= budget
+    param_peak = med["nvme"]["param_device_peak_bytes"]
+    param_budget = med["nvme"]["param_device_budget_bytes"]  # as the engine reports it
+    param_met = param_budget is not None and param_peak <= param_budget
+    shape = llama_shape(args.model)
+    terms = (engine_device_terms(shape, args.np, csz, prefetch, live, rbucket,
+                                 DEFAULT_PERSISTENCE_THRESHOLD) if shape else None)
+    bound = terms["bound_bytes"] if terms else None
+    total_met = bound is not None and nvme_peak <= bound
+    # The script's copy of the engine's sizing agrees with the engine (checked on the one term
+    # the engine reports).
+    terms_agree = terms is not None and terms["param_device_budget_bytes"] == param_budget
     speed_met = ratio >= TARGET_RATIO
     # Each repeat's nvme and device runs ran back to back, under much the same outside load.
     pair_ratios = [n["tokens_per_s"] / d["tokens_per_s"]
@@ -327,11 +479,35 @@ def main():
     if foreign_max > NOISY_FOREIGN_CPUS:
         print("warning: other processes used up to %.2f of %d CPUs during a run; the ratio "
               "measures that load as much as the offload" % (foreign_max, ncpu))
-    print("device memory: nvme peak %.1f MiB, device-memory run peak %.1f MiB; prefetch budget "
-          "%.1f MiB = (stage3_prefetch_bucket_size %d + stage3_max_live_parameters %d) x %d B; "
-          "activations on the device: 0 B (host memory on the CPU device); within budget: %s"
-          % (nvme_peak / MIB, dev_peak / MIB, budget / MIB, bucket, live, csz,
-             "yes" if memory_met else "NO"))
+    print("device memory per rank of the nvme run (the engine's device allocations; activations: "
+          "0 B, the CPU device keeps them in host memory):")
+    print("  parameters (bf16 shards cached on the device, the tier manager's device tier): peak "
+          "%.2f MiB, budget %s (stage3_prefetch_bucket_size %d x %d B lookahead + 2 shards, at "
+          "least 4, at most all of the rank's shards); within: %s"
+          % (param_peak / MIB, "%.2f MiB" % (param_budget / MIB) if param_budget is not None
+             else "unknown (the runs differ)", prefetch, csz, "yes" if param_met else "NO"))
+    if terms:
+        print("  total: peak %.2f MiB; bound %.2f MiB = parameter budget %.2f + live gathered units "
+              "and fp32 unit gradients %.2f (max(stage3_max_live_parameters %d x %d B, 2 x "
+              "largest unit %.2f)) + fp32 gradient reduction bucket %.2f (reduce_bucket_size %d) "
+              "+ persistent units %.2f + scalar %d B; within: %s"
+              % (nvme_peak / MIB, bound / MIB, terms["param_device_budget_bytes"] / MIB,
+                 terms["max_live_bytes"] / MIB, live, csz,
+                 terms["largest_unit_gathered_plus_grad_bytes"] / MIB,
+                 terms["reduce_bucket_bytes"] / MIB, rbucket, terms["persistent_unit_bytes"] / MIB,
+                 terms["scalar_scratch_bytes"], "yes" if total_met else "NO"))
+        if not terms_agree:
+            print("  warning: the parameter budget computed here (%d B) differs from the engine's "
+                  "(%s B); the script's copy of the engine's sizing is stale"
+                  % (terms["param_device_budget_bytes"], param_budget))
+    else:
+        print("  total: peak %.2f MiB; no bound (the shapes of --model %s are unknown to the "
+              "script)" % (nvme_peak / MIB, args.model))
+    print("  only the first line is parameters; of the rest, gathered units are transient bf16 "
+          "copies of parameters and the unit gradients and the bucket are fp32 gradient buffers")
+    print("device memory per rank of the device run: peak %.2f MiB (all parameter shards, fp32 "
+          "master weights, Adam moments and gradient shards, plus the buffers above)"
+          % (dev_peak / MIB))
 
     result = {
         "benchmark": "train_offload_bench",
@@ -359,17 +535,26 @@ def main():
         "memory": {
             "nvme_device_peak_bytes": nvme_peak,
             "device_run_device_peak_bytes": dev_peak,
-            "stage3_prefetch_bucket_size": bucket,
+            "stage3_prefetch_bucket_size": prefetch,
             "stage3_max_live_parameters": live,
-            "prefetch_bucket_bytes": bucket * csz,
-            "max_live_bytes": live * csz,
-            "budget_bytes": budget,
+            "reduce_bucket_size": rbucket,
+            "stage3_param_persistence_threshold": DEFAULT_PERSISTENCE_THRESHOLD,
+            # Parameters: the tier manager's device tier (cached bf16 shards), from the metrics.
+            "param_device_peak_bytes": param_peak,
+            "param_device_budget_bytes": param_budget,
+            "params_within_budget": param_met,
+            # Every device allocation of the nvme run against the sum of the engine's bounds.
+            "engine_terms": terms,
+            "engine_terms_agree": terms_agree,
+            "bound_bytes": bound,
+            "total_within_bound": total_met,
             "model_param_bytes": round(params * csz) if params else None,
             "activation_device_bytes": 0,
-            "activations_note": "on the CPU device the model keeps activations in host memory "
-                                "outside the device allocator; device_peak_bytes counts the "
-                                "engine's device allocations only",
-            "within_budget": memory_met,
+            "note": "only param_device_* are parameters; max_live_bytes holds transient gathered "
+                    "bf16 units and fp32 unit gradients, reduce_bucket_bytes is an fp32 gradient "
+                    "buffer. On the CPU device the model keeps activations in host memory "
+                    "outside the device allocator; device_peak_bytes counts the engine's device "
+                    "allocations only",
         },
         "runs": runs["nvme"] + runs["device"],
     }
