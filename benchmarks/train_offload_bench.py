@@ -209,7 +209,8 @@ def ds_config(kind, swap_dir, args):
     zero = {"stage": 3, "sub_group_size": 1000000}
     if kind == "nvme":
         zero["offload_param"] = {"device": "nvme", "nvme_path": swap_dir}
-        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": swap_dir}
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": swap_dir,
+                                     "buffer_count": args.buffer_count}
     else:
         zero["offload_param"] = {"device": "none"}
         zero["offload_optimizer"] = {"device": "none"}
@@ -364,6 +365,9 @@ def parse_args():
     ap.add_argument("--reduce-bucket-size", type=int, default=None,
                     help="reduce_bucket_size in elements, in both configs (default: unset, as "
                          "in the main job: %d)" % DEFAULT_REDUCE_BUCKET)
+    ap.add_argument("--buffer-count", type=int, default=8,
+                    help="offload_optimizer.buffer_count of the nvme run: optimizer sub-groups "
+                         "in host memory at once (default 8, as the main job)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run (default 1800)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the token file and swap directory (configs, metrics and logs "

@@ -34,7 +34,7 @@ cat > "$out/ds_config.json" <<JSON
   "zero_optimization": {
     "stage": 3,
     "offload_param": {"device": "nvme", "nvme_path": "$out/nvme"},
-    "offload_optimizer": {"device": "nvme", "nvme_path": "$out/nvme"},
+    "offload_optimizer": {"device": "nvme", "nvme_path": "$out/nvme", "buffer_count": 8},
     "sub_group_size": 1000000
   }
 }

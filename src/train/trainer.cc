@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -149,12 +150,17 @@ Status RunTraining(const TrainOptions& o) {
   store_opt.register_files = io_cfg.register_files;
   store_opt.register_buffers = io_cfg.register_buffers;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<io::BlockStore> store, io::CreateBlockStore(store_opt));
+  // offload_optimizer.buffer_count: the optimizer sub-groups in host memory at once (read-ahead,
+  // current, write-behind), at least 3.
+  const int pipeline_depth = static_cast<int>(
+      std::clamp<int64_t>(config.zero.offload_optimizer.buffer_count, 3, 1024));
   uint64_t pool_bytes = 0;
   if (config.strata.memory.pinned_pool.has_value()) {
     pool_bytes = *config.strata.memory.pinned_pool;
   } else {
     STRATA_ASSIGN_OR_RETURN(pool_bytes,
-                            zero::Engine::PlanPinnedPoolBytes(llama->units(), config, world));
+                            zero::Engine::PlanPinnedPoolBytes(llama->units(), config, world,
+                                                              pipeline_depth));
   }
   device::PinnedPoolOptions popt;
   popt.bytes = pool_bytes;
@@ -172,6 +178,7 @@ Status RunTraining(const TrainOptions& o) {
   eo.pool = pool.get();
   eo.store = store.get();
   eo.trace = trace.get();
+  eo.optimizer_pipeline_depth = pipeline_depth;
   say(fmt::format(
       "strata train: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
       "parameters on {}, optimizer on {}, {}",

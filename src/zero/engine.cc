@@ -189,6 +189,14 @@ struct Engine::Impl {
   // CPU optimizer: states in sub-groups.
   std::unique_ptr<offload::TierManager> otm;
   std::vector<std::vector<SubGroup>> subgroups;  // per unit
+  // The order the optimizer visits sub-groups in: units from last to first (the order backward
+  // lands their gradients and the order the steps are queued in), each unit's sub-groups in
+  // order. opt_order[id] is a sub-group's position; opt_cursor the position being updated (or
+  // the total after the last). They drive the read-ahead across units and, as the tier
+  // manager's eviction oracle, keep read-ahead copies over ones already updated this step.
+  std::vector<int64_t> opt_order;
+  std::vector<const SubGroup*> opt_sequence;
+  std::atomic<int64_t> opt_cursor{0};
 
   // Transient device buffers (stage-3 gathered units, per-unit gradients): at most
   // max_live_bytes of them exist at once; each is freed by a Notify once its last stream used it.
@@ -257,6 +265,7 @@ struct Engine::Impl {
   // Optimizer.
   Status DeviceOptimizerStep(int u);
   Status CpuOptimizerUnit(int u, const optim::AdamHyper& hyper);
+  Status ReadAheadOptimizer(int64_t from, int64_t count);
   void OptimizerThread();
   Status QueueOptimizer(int u, std::shared_ptr<device::Event> ready,
                         const optim::AdamHyper& hyper);
@@ -598,6 +607,18 @@ Status Engine::Impl::Init() {
       }
     }
     STRATA_RETURN_IF_ERROR(otm->Start());
+    opt_order.assign(static_cast<size_t>(next_id), 0);
+    for (size_t u = n_units; u-- > 0;) {
+      for (const SubGroup& g : subgroups[u]) {
+        opt_order[g.id] = static_cast<int64_t>(opt_sequence.size());
+        opt_sequence.push_back(&g);
+      }
+    }
+    otm->SetEvictionOracle([this](offload::ShardId id) -> uint64_t {
+      const int64_t n = static_cast<int64_t>(opt_sequence.size());
+      const int64_t at = opt_order[id], cursor = opt_cursor.load(std::memory_order_relaxed);
+      return static_cast<uint64_t>(at >= cursor ? at - cursor : at + n - cursor);
+    });
   }
 
   // Transient buffers: gathered units (stage 3) and per-unit fp32 gradients. At least two units'
@@ -919,6 +940,21 @@ Status Engine::Impl::DeviceOptimizerStep(int u) {
   return optim::DeviceAdamStep(dev, *compute, step_hyper, s, co);
 }
 
+// Starts reading `count` sub-groups from optimizer position `from` on into host memory, across
+// units; stops at the first that finds no room. During the step one slot of the pipeline is
+// being updated and one may be being written back, so `count` is depth - 2 then.
+Status Engine::Impl::ReadAheadOptimizer(int64_t from, int64_t count) {
+  if (optim_home != Tier::kNvme) return Status::Ok();
+  const int64_t total = static_cast<int64_t>(opt_sequence.size());
+  const int64_t ahead = std::max<int64_t>(1, count);
+  for (int64_t i = from; i < std::min(total, from + ahead); ++i) {
+    STRATA_ASSIGN_OR_RETURN(offload::PrefetchOutcome o,
+                            otm->Prefetch(opt_sequence[i]->id, Tier::kHost));
+    if (o == offload::PrefetchOutcome::kNoRoom) break;
+  }
+  return Status::Ok();
+}
+
 // One unit's CPU optimizer step: its sub-groups in order, each read ahead (the next one is
 // prefetched before the current one is updated) and written behind (released dirty; the tier
 // manager writes it to NVMe when it needs the room).
@@ -939,11 +975,10 @@ Status Engine::Impl::CpuOptimizerUnit(int u, const optim::AdamHyper& hyper) {
   const auto& groups = subgroups[u];
   optim::CpuAdamOptions co{isa, opt.cpu_adam_threads};
   for (size_t k = 0; k < groups.size(); ++k) {
-    for (size_t ahead = k + 1; ahead < std::min(groups.size(), k + 2); ++ahead) {
-      Result<offload::PrefetchOutcome> issued = otm->Prefetch(groups[ahead].id, Tier::kHost);
-      STRATA_RETURN_IF_ERROR(issued);
-    }
     const SubGroup& g = groups[k];
+    opt_cursor.store(opt_order[g.id], std::memory_order_relaxed);
+    STRATA_RETURN_IF_ERROR(
+        ReadAheadOptimizer(opt_order[g.id] + 1, opt.optimizer_pipeline_depth - 2));
     STRATA_ASSIGN_OR_RETURN(Lease lease,
                             otm->Acquire(g.id, Tier::kHost, Access::kReadWrite, "optimizer"));
     auto* base = static_cast<float*>(lease.data());
@@ -958,6 +993,9 @@ Status Engine::Impl::CpuOptimizerUnit(int u, const optim::AdamHyper& hyper) {
     Status st = optim::CpuAdamStep(hyper, s, co);
     lease.Release(st.ok());
     STRATA_RETURN_IF_ERROR(st);
+    if (opt_order[g.id] + 1 == static_cast<int64_t>(opt_sequence.size())) {
+      opt_cursor.store(opt_order[g.id] + 1, std::memory_order_relaxed);  // the step's last
+    }
   }
   if (param_lease) param_lease.Release(true);
   (void)l;
@@ -1135,6 +1173,13 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
       for (size_t i = 0; i < shared[u].size(); ++i) {
         STRATA_RETURN_IF_ERROR(ReleaseParams(shared[u][i], views[i + 1]));
       }
+    }
+    if (last && cpu_optimizer && !(opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
+                                   !cfg.fp16.enabled)) {
+      // The step waits for every gradient (clipping, fp16): read its first optimizer states
+      // from NVMe during this backward, while the disk has little else to do.
+      opt_cursor.store(0, std::memory_order_relaxed);
+      STRATA_RETURN_IF_ERROR(ReadAheadOptimizer(0, opt.optimizer_pipeline_depth - 1));
     }
     for (int u = n_units - 1; u >= 0; --u) {
       const int64_t t0 = TraceRecorder::NowNs();
