@@ -324,6 +324,9 @@ def reference(work, out, dtype_name):
         opt.step()
         losses.append(loss.item())
         norms.append(norm)
+    # The final weights, for comparison with the checkpoint Strata saved.
+    write_safetensors(os.path.join(work, "ref_final.safetensors"),
+                      [(name, p.detach().to(torch.float32).numpy()) for name, p in params.items()])
     result = {"dtype": dtype_name, "losses": losses, "grad_norms": norms}
     with open(out, "w") as f:
         json.dump(result, f, indent=1)

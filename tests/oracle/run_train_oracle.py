@@ -35,6 +35,8 @@ def main():
     ap.add_argument("--strata", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--mpiexec", default="mpirun")
+    ap.add_argument("--weight-atol", type=float, default=1e-4,
+                    help="largest allowed |difference| of a final weight (default 1e-4)")
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rtol", type=float, default=1e-5)
@@ -70,7 +72,8 @@ def main():
     cmd += [args.strata, "train", "--config", setup["config"], "--model", setup["model"],
             "--data", setup["data"], "--data-dtype", setup["data_dtype"],
             "--seq-len", str(setup["seq_len"]), "--steps", str(args.steps),
-            "--sampling", "sequential", "--metrics", metrics]
+            "--sampling", "sequential", "--metrics", metrics,
+            "--save", os.path.join(work, "ckpt")]
     print("+ " + " ".join(cmd), flush=True)
     run = subprocess.run(cmd, env=env)
     if run.returncode != 0:
@@ -116,6 +119,27 @@ def main():
                 f"{setup['model']}/model.safetensors, and read the same windows?)"
                 if first == 1 else "")
         print(f"FAIL: steps {failures} outside the tolerance{hint}")
+        return 1
+    # Strata's checkpoint, read here as safetensors by hand (the format transformers reads),
+    # against PyTorch's weights after the same steps.
+    sys.path.insert(0, os.path.dirname(ref_script))
+    from llama_train_ref import read_safetensors  # noqa: E402
+    saved = read_safetensors(os.path.join(work, "ckpt", "latest", "model.safetensors"))
+    final = read_safetensors(os.path.join(work, "ref_final.safetensors"))
+    if sorted(saved) != sorted(final):
+        print(f"FAIL: the checkpoint holds {sorted(saved)}, PyTorch's model {sorted(final)}")
+        return 1
+    worst = 0.0
+    for name, ref_w in final.items():
+        got = saved[name]
+        if got.shape != ref_w.shape:
+            print(f"FAIL: {name}: shape {got.shape} in the checkpoint, {ref_w.shape} in PyTorch")
+            return 1
+        worst = max(worst, float(abs(got.astype("f8") - ref_w.astype("f8")).max()))
+    print(f"final weights: max |strata checkpoint - pytorch| {worst:.3e} over {len(final)} "
+          f"tensors (tolerance {args.weight_atol:g}; AdamW moves a weight by at most lr per step)")
+    if not worst <= args.weight_atol:
+        print("FAIL: the saved weights differ from PyTorch's")
         return 1
     print("PASS")
     return 0
