@@ -144,15 +144,6 @@ Status WriteDurable(const std::string& path, const std::string& text) {
   return Status::Ok();
 }
 
-Status FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open directory {}", dir));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoToStatus(err, fmt::format("fsync directory {}", dir));
-  return Status::Ok();
-}
 
 nlohmann::json SamplerToJson(const SamplerState& s) {
   return {{"step", s.step},       {"epoch", s.epoch},
@@ -338,7 +329,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
       st = WriteDurable((fs::path(tmp_dir) / kTrainerStateFile).string(),
                         StateToJson(state).dump(2) + "\n");
     }
-    if (st.ok()) st = FsyncDir(tmp_dir);
+    if (st.ok()) st = FsyncDirectory(tmp_dir);
     if (st.ok()) {
       // Replace an older save of the same step (a resumed run saving again) only now.
       std::error_code ec;
@@ -354,7 +345,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
         fs::rename(tmp_dir, final_dir, ec);
         if (ec) st = ErrnoToStatus(ec.value(), fmt::format("rename {} to {}", tmp_dir, final_dir));
       }
-      if (st.ok()) st = FsyncDir(save_dir);
+      if (st.ok()) st = FsyncDirectory(save_dir);
       if (st.ok()) {
         const std::string link = (fs::path(save_dir) / kLatest).string();
         const std::string link_tmp = (fs::path(save_dir) / ".latest.tmp").string();
@@ -368,7 +359,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
           if (ec) st = ErrnoToStatus(ec.value(), fmt::format("point {} at {}", link, final_dir));
         }
       }
-      if (st.ok()) st = FsyncDir(save_dir);
+      if (st.ok()) st = FsyncDirectory(save_dir);
       fs::remove_all(old_dir, ec);
     }
   }

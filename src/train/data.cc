@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/errno.h"
+#include "train/safetensors.h"
 
 namespace strata::train {
 namespace {
@@ -582,15 +583,7 @@ Status TokenFileWriter::Commit() {
     return ErrnoToStatus(err, fmt::format("rename {} to {}", temp_path_, path_));
   }
   // The rename is durable only once the directory is synced.
-  const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
-  const std::string dir = parent.empty() ? "." : parent.string();
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return ErrnoToStatus(errno, fmt::format("open directory {}", dir));
-  const int rc = ::fsync(dfd);
-  const int err = errno;
-  ::close(dfd);
-  if (rc != 0) return ErrnoToStatus(err, fmt::format("fsync directory {}", dir));
-  return Status::Ok();
+  return FsyncDirectory(std::filesystem::path(path_).parent_path().string());
 }
 
 // ---- Sampling ----------------------------------------------------------------------------------

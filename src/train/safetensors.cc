@@ -759,7 +759,10 @@ Status CommitFile(const std::string& tmp_path, const std::string& final_path) {
   if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
     return ErrnoToStatus(errno, fmt::format("rename {} to {}", tmp_path, final_path));
   }
-  std::string dir = std::filesystem::path(final_path).parent_path().string();
+  return FsyncDirectory(std::filesystem::path(final_path).parent_path().string());
+}
+
+Status FsyncDirectory(const std::string& dir) {
   return FsyncPath(dir.empty() ? std::string(".") : dir, O_RDONLY | O_DIRECTORY);
 }
 

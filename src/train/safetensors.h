@@ -262,4 +262,7 @@ Status WriteSafetensorsIndex(const std::string& path, uint64_t total_size,
 // there, complete.
 Status CommitFile(const std::string& tmp_path, const std::string& final_path);
 
+// fsyncs directory `dir` ("" means "."), making the renames and creations in it durable.
+Status FsyncDirectory(const std::string& dir);
+
 }  // namespace strata::train

@@ -206,41 +206,58 @@ TEST_P(LlamaOracleTest, ForwardAndBackwardMatchPyTorch) {
 INSTANTIATE_TEST_SUITE_P(Heads, LlamaOracleTest, ::testing::Values(false, true),
                          [](const auto& p) { return p.param ? "Tied" : "Untied"; });
 
+// A LlamaModel in the ZeRO engine on one rank of the CPU device; "@DIR@" in the config JSON
+// becomes a temporary directory (for nvme_path).
+struct EngineRun {
+  std::unique_ptr<device::Device> dev;
+  std::unique_ptr<comm::Collective> comm;
+  std::unique_ptr<io::BlockStore> store;
+  std::unique_ptr<device::PinnedPool> pool;
+  strata::testing::TempDir dir;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<zero::Engine> engine;
+
+  ~EngineRun() {
+    engine.reset();
+    pool.reset();
+  }
+
+  Status Setup(const LlamaConfig& cfg, int64_t seq, int64_t batch, std::string config_json) {
+    STRATA_ASSIGN_OR_RETURN(dev, device::CreateDevice({}));
+    comm::CollectiveOptions copt;
+    comm = std::make_unique<comm::internal::SingleCollective>(*dev, copt);
+    STRATA_ASSIGN_OR_RETURN(store, io::CreateBlockStore(io::StoreOptions{}));
+    device::PinnedPoolOptions popt;
+    popt.bytes = 64 << 20;
+    popt.device = dev.get();
+    popt.store = store.get();
+    STRATA_ASSIGN_OR_RETURN(pool, device::PinnedPool::Create(popt));
+    for (size_t pos; (pos = config_json.find("@DIR@")) != std::string::npos;) {
+      config_json.replace(pos, 5, dir.path().string());
+    }
+    STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(config_json, "<test>"));
+    STRATA_ASSIGN_OR_RETURN(model, LlamaModel::Create(*dev, cfg, seq, batch, 1));
+    zero::EngineOptions eo;
+    eo.config = config;
+    eo.device = dev.get();
+    eo.comm = comm.get();
+    eo.pool = pool.get();
+    eo.store = store.get();
+    STRATA_ASSIGN_OR_RETURN(engine, zero::Engine::Create(*model, eo));
+    return Status::Ok();
+  }
+};
+
 TEST(LlamaModelTest, TrainsThroughTheZeroEngineWithNvmeOffload) {
   const LlamaConfig cfg = TinyConfig();
   const int64_t batch = 4, seq = 16;
-  auto dev = device::CreateDevice({});
-  ASSERT_TRUE(dev.ok());
-  comm::CollectiveOptions copt;
-  comm::internal::SingleCollective comm(**dev, copt);
-  io::StoreOptions sopt;
-  auto store = io::CreateBlockStore(sopt);
-  ASSERT_TRUE(store.ok());
-  device::PinnedPoolOptions popt;
-  popt.bytes = 64 << 20;
-  popt.device = dev->get();
-  popt.store = store->get();
-  auto pool = device::PinnedPool::Create(popt);
-  ASSERT_TRUE(pool.ok());
-  strata::testing::TempDir dir;
-  auto config = ParseConfig(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+  EngineRun run;
+  Status st = run.Setup(cfg, seq, batch, R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
       "gradient_clipping": 1.0, "bf16": {"enabled": true},
-      "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" +
-                                dir.path().string() + R"("},
-        "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path().string() +
-                                R"("}}})",
-                            "<test>");
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  auto model = LlamaModel::Create(**dev, cfg, seq, batch, 1);
-  ASSERT_TRUE(model.ok());
-  zero::EngineOptions eo;
-  eo.config = *config;
-  eo.device = dev->get();
-  eo.comm = &comm;
-  eo.pool = pool->get();
-  eo.store = store->get();
-  auto engine = zero::Engine::Create(**model, eo);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+      "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "@DIR@"},
+        "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}}})");
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto& engine = run.engine;
   // A learnable stream: each sequence counts up from a random start (next = prev + 1 mod V).
   std::mt19937 rng(5);
   std::vector<double> losses;
@@ -251,7 +268,7 @@ TEST(LlamaModelTest, TrainsThroughTheZeroEngineWithNvmeOffload) {
       for (int64_t i = 0; i <= seq; ++i) b.tokens.push_back((t + i) % cfg.vocab_size);
     }
     const zero::Batch* ptr = &b;
-    auto r = (*engine)->TrainStep(std::span<const zero::Batch* const>(&ptr, 1));
+    auto r = engine->TrainStep(std::span<const zero::Batch* const>(&ptr, 1));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     losses.push_back(r->loss);
   }
@@ -270,35 +287,11 @@ TEST(LlamaModelTest, TiedEmbeddingsTrainIdenticallyUnderEveryStage) {
   const int64_t batch = 4, seq = 16;
   auto run = [&](const std::string& zero_json, std::vector<double>* losses,
                  std::vector<std::vector<float>>* masters) {
-    auto dev = device::CreateDevice({});
-    ASSERT_TRUE(dev.ok());
-    comm::CollectiveOptions copt;
-    comm::internal::SingleCollective comm(**dev, copt);
-    io::StoreOptions sopt;
-    auto store = io::CreateBlockStore(sopt);
-    ASSERT_TRUE(store.ok());
-    device::PinnedPoolOptions popt;
-    popt.bytes = 64 << 20;
-    popt.device = dev->get();
-    popt.store = store->get();
-    auto pool = device::PinnedPool::Create(popt);
-    ASSERT_TRUE(pool.ok());
-    strata::testing::TempDir dir;
-    std::string z = zero_json;
-    for (size_t pos; (pos = z.find("@NVME@")) != std::string::npos;) z.replace(pos, 6, dir.path().string());
-    auto config = ParseConfig(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
-        "gradient_clipping": 1.0, "zero_optimization": )" + z + "}", "<test>");
-    ASSERT_TRUE(config.ok()) << config.status().ToString();
-    auto model = LlamaModel::Create(**dev, cfg, seq, batch, 1);
-    ASSERT_TRUE(model.ok());
-    zero::EngineOptions eo;
-    eo.config = *config;
-    eo.device = dev->get();
-    eo.comm = &comm;
-    eo.pool = pool->get();
-    eo.store = store->get();
-    auto engine = zero::Engine::Create(**model, eo);
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    EngineRun er;
+    Status st = er.Setup(cfg, seq, batch, R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "gradient_clipping": 1.0, "zero_optimization": )" + zero_json + "}");
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    auto& engine = er.engine;
     std::mt19937 rng(5);
     for (int step = 0; step < 30; ++step) {
       std::vector<LlamaBatch> mbs(2);  // two micro-batches: accumulation into the tied gradient
@@ -310,12 +303,12 @@ TEST(LlamaModelTest, TiedEmbeddingsTrainIdenticallyUnderEveryStage) {
         }
         ptrs.push_back(&b);
       }
-      auto r = (*engine)->TrainStep(ptrs);
+      auto r = engine->TrainStep(ptrs);
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       losses->push_back(r->loss);
     }
-    for (size_t u = 0; u < (*engine)->layouts().size(); ++u) {
-      auto m = (*engine)->GatherMaster(static_cast<int>(u));
+    for (size_t u = 0; u < engine->layouts().size(); ++u) {
+      auto m = engine->GatherMaster(static_cast<int>(u));
       ASSERT_TRUE(m.ok());
       masters->push_back(*m);
     }
@@ -324,8 +317,8 @@ TEST(LlamaModelTest, TiedEmbeddingsTrainIdenticallyUnderEveryStage) {
   std::vector<std::vector<float>> m0, m3, m2;
   run(R"({"stage": 0})", &l0, &m0);
   run(R"({"stage": 3, "stage3_param_persistence_threshold": 0,
-          "offload_param": {"device": "nvme", "nvme_path": "@NVME@"},
-          "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}})", &l3, &m3);
+          "offload_param": {"device": "nvme", "nvme_path": "@DIR@"},
+          "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}})", &l3, &m3);
   run(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", &l2, &m2);
   ASSERT_EQ(l0.size(), 30u);
   EXPECT_EQ(l0, l3);
@@ -376,38 +369,16 @@ TEST(LlamaModelTest, TiedGradientReachesTheEmbeddingThroughTheEngine) {
   }
   ASSERT_TRUE((*ref_model)->EndMicroBatch(**stream).ok());
 
-  comm::CollectiveOptions copt;
-  comm::internal::SingleCollective comm(**dev, copt);
-  io::StoreOptions sopt;
-  auto store = io::CreateBlockStore(sopt);
-  ASSERT_TRUE(store.ok());
-  device::PinnedPoolOptions popt;
-  popt.bytes = 64 << 20;
-  popt.device = dev->get();
-  popt.store = store->get();
-  auto pool = device::PinnedPool::Create(popt);
-  ASSERT_TRUE(pool.ok());
-  strata::testing::TempDir dir;
-  auto config = ParseConfig(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.001,
+  EngineRun run;
+  Status st = run.Setup(cfg, seq, batch, R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.001,
       "weight_decay": 0.0, "eps": 1e-12}}, "zero_optimization": {"stage": 3,
       "stage3_param_persistence_threshold": 0,
-      "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path().string() + R"("},
-      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path().string() + R"("}}})",
-                            "<test>");
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  auto model = LlamaModel::Create(**dev, cfg, seq, batch, 1);
-  ASSERT_TRUE(model.ok());
-  zero::EngineOptions eo;
-  eo.config = *config;
-  eo.device = dev->get();
-  eo.comm = &comm;
-  eo.pool = pool->get();
-  eo.store = store->get();
-  auto engine = zero::Engine::Create(**model, eo);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+      "offload_param": {"device": "nvme", "nvme_path": "@DIR@"},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}}})");
+  ASSERT_TRUE(st.ok()) << st.ToString();
   const zero::Batch* ptr = &b;
-  ASSERT_TRUE((*engine)->TrainStep(std::span<const zero::Batch* const>(&ptr, 1)).ok());
-  auto after = (*engine)->GatherMaster(0);
+  ASSERT_TRUE(run.engine->TrainStep(std::span<const zero::Batch* const>(&ptr, 1)).ok());
+  auto after = run.engine->GatherMaster(0);
   ASSERT_TRUE(after.ok());
   const auto& slot = (*layouts)[0].slots[0];
   double gmax = 0;

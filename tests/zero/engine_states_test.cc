@@ -22,20 +22,9 @@ using testing::ToyRun;
 
 std::string Json(int stage, const std::string& param_dev, const std::string& optim_dev,
                  const std::string& extra = "") {
-  std::string zero = fmt::format(R"("stage": {})", stage);
-  if (stage == 3 && param_dev != "none") {
-    zero += fmt::format(R"(, "offload_param": {{"device": "{}", "nvme_path": "@NVME@"}})",
-                        param_dev);
-  }
-  if (stage >= 1 && optim_dev != "none") {
-    zero += fmt::format(R"(, "offload_optimizer": {{"device": "{}", "nvme_path": "@NVME@"}})",
-                        optim_dev);
-  }
-  zero += R"(, "sub_group_size": 2048, "stage3_param_persistence_threshold": 0)";
-  return fmt::format(
-      R"({{"optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
-          "gradient_clipping": 1.0, "zero_optimization": {{{}}}{}}})",
-      zero, extra);
+  return testing::ToyConfigJson(stage, param_dev, optim_dev,
+                                R"(, "sub_group_size": 2048, "stage3_param_persistence_threshold": 0)",
+                                R"(, "gradient_clipping": 1.0)" + extra);
 }
 
 // A checkpoint in memory: per (unit, slot, kind), the whole tensor in fp32, and how many times

@@ -237,6 +237,25 @@ class ToyModel final : public Model {
   double loss_ = 0.0;
 };
 
+// A DeepSpeed config for the toy model: AdamW (lr 0.01, weight decay 0.01) and ZeRO `stage`,
+// parameters / optimizer states homed on `param_dev` / `optim_dev` ("none", "cpu", "nvme"; the
+// NVMe path is "@NVME@", which ToyRun::Setup replaces). `zero_extra` goes inside
+// zero_optimization and `extra` at the top level; both start with a comma when not empty.
+inline std::string ToyConfigJson(int stage, const std::string& param_dev,
+                                 const std::string& optim_dev, const std::string& zero_extra,
+                                 const std::string& extra = "") {
+  std::string zero = "\"stage\": " + std::to_string(stage);
+  if (stage == 3 && param_dev != "none") {
+    zero += R"(, "offload_param": {"device": ")" + param_dev + R"(", "nvme_path": "@NVME@"})";
+  }
+  if (stage >= 1 && optim_dev != "none") {
+    zero += R"(, "offload_optimizer": {"device": ")" + optim_dev + R"(", "nvme_path": "@NVME@"})";
+  }
+  return R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+            "zero_optimization": {)" +
+         zero + zero_extra + "}" + extra + "}";
+}
+
 // Everything one engine run needs, on the CPU device.
 struct ToyRun {
   struct Options {
