@@ -142,6 +142,7 @@ struct Args {
   int host_lookahead = 6;
   int reuse_distance = 2;  // units
   int min_accesses = 512;  // per run: small L runs more steps, so its mean is not noise
+  int rounds = 3;          // io-only, compute-only and prefetch runs repeated, interleaved
   std::optional<int> host_budget;
   int io_threads = 1;
   int queue_depth = 2;
@@ -700,6 +701,9 @@ struct Row {
                      compute_only_foreign_cpus});
   }
   double efficiency = 0, no_prefetch_efficiency = 0, balance = 0;
+  // With several rounds: each round's efficiency (its prefetch step over the max of its own
+  // io-only and compute-only), for the spread.
+  std::vector<double> round_efficiencies;
 };
 
 json RunJson(const RunResult& r) {
@@ -822,18 +826,54 @@ int Run(Args& a) {
     Gemm gemm;
     gemm.Resize(row.gemm_m, n);
 
-    fmt::print(stderr, " L={}: compute-only (the GEMMs alone, weights in device memory)\n", units);
-    Result<std::vector<double>> c =
-        (*compute)->Steps(gemm, units, al.steps, &row.compute_only_foreign_cpus);
-    if (!c.ok()) return fail(c.status().WithContext(fmt::format("L={} compute-only", units)));
-    row.compute_only_steps = *c;
-    row.compute_only_s = Mean(*c);
+    // Rounds of compute-only, prefetch and (after the first) io-only runs; each mode's median
+    // run is the one reported.
+    std::vector<RunResult> ios{*io}, pfs;
+    std::vector<std::vector<double>> computes;
+    std::vector<double> compute_means, compute_foreign;
+    for (int round = 0; round < a.rounds; ++round) {
+      if (round > 0) {
+        fmt::print(stderr, " L={}: io-only, round {}\n", units, round + 1);
+        Result<RunResult> again = RunStreaming(al, units, Mode::kIoOnly, nullptr, nullptr);
+        if (!again.ok()) return fail(again.status().WithContext(fmt::format("L={} io-only", units)));
+        ios.push_back(*again);
+      }
+      fmt::print(stderr, " L={}: compute-only (the GEMMs alone, weights in device memory){}\n",
+                 units, a.rounds > 1 ? fmt::format(", round {}", round + 1) : "");
+      double foreign = 0;
+      Result<std::vector<double>> c = (*compute)->Steps(gemm, units, al.steps, &foreign);
+      if (!c.ok()) return fail(c.status().WithContext(fmt::format("L={} compute-only", units)));
+      computes.push_back(*c);
+      compute_means.push_back(Mean(*c));
+      compute_foreign.push_back(foreign);
 
-    fmt::print(stderr, " L={}: streaming with prefetch\n", units);
-    Result<RunResult> pf =
-        RunStreaming(al, units, Mode::kPrefetch, &gemm, last ? trace.get() : nullptr);
-    if (!pf.ok()) return fail(pf.status().WithContext(fmt::format("L={} prefetch", units)));
-    row.prefetch = *pf;
+      fmt::print(stderr, " L={}: streaming with prefetch{}\n", units,
+                 a.rounds > 1 ? fmt::format(", round {}", round + 1) : "");
+      Result<RunResult> pf = RunStreaming(al, units, Mode::kPrefetch, &gemm,
+                                          last && round + 1 == a.rounds ? trace.get() : nullptr);
+      if (!pf.ok()) return fail(pf.status().WithContext(fmt::format("L={} prefetch", units)));
+      pfs.push_back(*pf);
+      row.round_efficiencies.push_back(
+          pf->mean_step_s / std::max(ios.back().mean_step_s, compute_means.back()));
+    }
+    auto median_index = [](std::vector<double> v) {
+      std::vector<size_t> idx(v.size());
+      for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return v[x] < v[y]; });
+      return idx[idx.size() / 2];
+    };
+    {
+      std::vector<double> v;
+      for (const auto& r : ios) v.push_back(r.mean_step_s);
+      row.io_only = ios[median_index(v)];
+      v.clear();
+      for (const auto& r : pfs) v.push_back(r.mean_step_s);
+      row.prefetch = pfs[median_index(v)];
+      const size_t ci = median_index(compute_means);
+      row.compute_only_steps = computes[ci];
+      row.compute_only_s = compute_means[ci];
+      row.compute_only_foreign_cpus = *std::max_element(compute_foreign.begin(), compute_foreign.end());
+    }
 
     fmt::print(stderr, " L={}: streaming with prefetch off\n", units);
     Result<RunResult> np = RunStreaming(al, units, Mode::kNoPrefetch, &gemm, nullptr);
@@ -849,6 +889,10 @@ int Run(Args& a) {
                "{:.3f}), no prefetch {:.3f} s ({:.3f})\n",
                units, row.io_only.mean_step_s, row.compute_only_s, row.prefetch.mean_step_s,
                row.efficiency, row.no_prefetch.mean_step_s, row.no_prefetch_efficiency);
+    if (row.round_efficiencies.size() > 1) {
+      fmt::print(stderr, " L={}: efficiency of each round: {:.3f}\n", units,
+                 fmt::join(row.round_efficiencies, ", "));
+    }
     rows.push_back(std::move(row));
   }
 
@@ -895,6 +939,7 @@ int Run(Args& a) {
           {"balance", r.balance},
           {"step_s", r.prefetch.mean_step_s},
           {"efficiency", r.efficiency},
+          {"round_efficiencies", r.round_efficiencies},
           {"no_prefetch_step_s", r.no_prefetch.mean_step_s},
           {"no_prefetch_efficiency", r.no_prefetch_efficiency},
           {"device_peak_bytes", r.prefetch.device_peak},
@@ -962,6 +1007,11 @@ int main(int argc, char** argv) {
   app.add_option("--device-lookahead", args.device_lookahead, "Device prefetch lookahead, in units")
       ->capture_default_str();
   app.add_option("--host-lookahead", args.host_lookahead, "Host prefetch lookahead, in units")
+      ->capture_default_str();
+  app.add_option("--rounds", args.rounds,
+                 "Repeat the io-only, compute-only and prefetch runs this many times, interleaved, "
+                 "and take each one's median (the VM's speed drifts between runs)")
+      ->check(CLI::Range(1, 99))
       ->capture_default_str();
   app.add_option("--min-accesses", args.min_accesses,
                  "Run at least this many unit accesses per run (more steps at small L)")
