@@ -75,6 +75,7 @@ Status CudaStatus(cudaError_t err, std::string_view call, std::string_view conte
     case cudaErrorInvalidDevicePointer:
     case cudaErrorInvalidMemcpyDirection:
     case cudaErrorInvalidResourceHandle:
+    case cudaErrorInvalidConfiguration:
     case cudaErrorHostMemoryAlreadyRegistered:
     case cudaErrorHostMemoryNotRegistered:
       return InvalidArgumentError(message);
@@ -93,6 +94,10 @@ Status CudaStatus(cudaError_t err, std::string_view call, std::string_view conte
 }
 
 }  // namespace
+
+Status CudaErrorToStatus(int cuda_error, std::string_view call, std::string_view context) {
+  return CudaStatus(static_cast<cudaError_t>(cuda_error), call, context);
+}
 
 // Evaluates one CUDA runtime call and converts its result; `context` names the device.
 #define STRATA_CUDA(context, call) CudaStatus((call), CudaCallName(#call), (context))

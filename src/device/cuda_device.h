@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "strata/device.h"
 
@@ -19,5 +20,12 @@ Result<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options);
 // stream of another device type. The caller converts its own errors; it must not destroy the
 // handle.
 Result<void*> NativeCudaStream(Stream& stream);
+
+// The one conversion of a CUDA runtime error (a cudaError_t, passed as int) to a Status: OK for
+// cudaSuccess; otherwise it clears the thread's last-error state (so that no unrelated call
+// reports the error again) and returns "<context>: <call> failed: <text> (<cudaErrorName>)" with
+// a code that says what to do about it (ResourceExhausted, InvalidArgument, Unavailable,
+// Unimplemented, else Internal).
+Status CudaErrorToStatus(int cuda_error, std::string_view call, std::string_view context);
 
 }  // namespace strata::device

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "device/cuda_kernels.h"
+#include "device/cuda_dtype_tags.h"
 #include "device/dtype_convert.h"
 
 namespace strata::device::cuda_kernels {
@@ -15,21 +16,9 @@ unsigned BlockCount(size_t n) {
   return static_cast<unsigned>(std::min(kMaxBlocks, (n + kBlockThreads - 1) / kBlockThreads));
 }
 
-struct F32 {
-  using T = float;
-  __device__ static float Load(T v) { return v; }
-  __device__ static T Store(float f) { return f; }
-};
-struct BF16 {
-  using T = uint16_t;
-  __device__ static float Load(T v) { return convert::Bf16ToFloat(v); }
-  __device__ static T Store(float f) { return convert::FloatToBf16(f); }
-};
-struct F16 {
-  using T = uint16_t;
-  __device__ static float Load(T v) { return convert::F16ToFloat(v); }
-  __device__ static T Store(float f) { return convert::FloatToF16(f); }
-};
+using ::strata::device::cuda_tags::BF16;
+using ::strata::device::cuda_tags::F16;
+using ::strata::device::cuda_tags::F32;
 
 __device__ inline size_t FirstIndex() {
   return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "device/dtype_convert.h"
+#include "device/cuda_dtype_tags.h"
 #include "model/cuda_ops.h"
 
 namespace strata::model::cuda {
@@ -72,20 +73,9 @@ OpError LaunchResult(const char* op) {
 
 // ---- dtype tags ---------------------------------------------------------------------------------
 
-struct F32 {
-  using T = float;
-  __device__ static float Load(T v) { return v; }
-};
-struct BF16 {
-  using T = uint16_t;
-  __device__ static float Load(T v) { return convert::Bf16ToFloat(v); }
-  __device__ static T Store(float f) { return convert::FloatToBf16(f); }
-};
-struct F16 {
-  using T = uint16_t;
-  __device__ static float Load(T v) { return convert::F16ToFloat(v); }
-  __device__ static T Store(float f) { return convert::FloatToF16(f); }
-};
+using ::strata::device::cuda_tags::BF16;
+using ::strata::device::cuda_tags::F16;
+using ::strata::device::cuda_tags::F32;
 
 // Calls fn(tag) with the tag of `dtype`, then returns the launch error of what fn enqueued.
 template <typename Fn>

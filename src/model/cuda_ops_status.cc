@@ -17,26 +17,6 @@ static_assert(cpu::kIgnoreIndex == kIgnoreIndex);
 
 namespace {
 
-Status CudaErrorStatus(cudaError_t err, const OpError& error) {
-  const std::string message = fmt::format("{}: {} failed: {} ({})", error.op, error.what,
-                                          cudaGetErrorString(err), cudaGetErrorName(err));
-  switch (err) {
-    case cudaErrorMemoryAllocation:
-      return ResourceExhaustedError(message);
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidResourceHandle:
-    case cudaErrorInvalidConfiguration:
-      return InvalidArgumentError(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorInitializationError:
-      return UnavailableError(message);
-    default:
-      return InternalError(message);
-  }
-}
 
 Status CublasErrorStatus(cublasStatus_t status, const OpError& error) {
   const std::string message =
@@ -66,9 +46,7 @@ Status ToStatus(const OpError& error) {
     case ErrorSource::kArgument:
       return InvalidArgumentError(fmt::format("{}: {}", error.op, error.what));
     case ErrorSource::kCuda:
-      // Cleared so that the next launch check does not report this error again.
-      (void)cudaGetLastError();
-      return CudaErrorStatus(static_cast<cudaError_t>(error.code), error);
+      return device::CudaErrorToStatus(error.code, error.what, error.op);
     case ErrorSource::kCublas:
       (void)cudaGetLastError();
       return CublasErrorStatus(static_cast<cublasStatus_t>(error.code), error);

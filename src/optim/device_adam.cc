@@ -18,23 +18,7 @@ namespace {
 // The one place in strata_optim where a CUDA error becomes a Status. Clears CUDA's last-error
 // state so the error is not reported again by an unrelated call.
 Status CudaStatus(cudaError_t err, std::string_view call) {
-  if (err == cudaSuccess) return Status::Ok();
-  (void)cudaGetLastError();
-  const std::string message = fmt::format("DeviceAdamStep: {} failed: {} ({})", call,
-                                          cudaGetErrorString(err), cudaGetErrorName(err));
-  switch (err) {
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidResourceHandle:
-    case cudaErrorInvalidConfiguration:
-      return InvalidArgumentError(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorDevicesUnavailable:
-      return UnavailableError(message);
-    default:
-      return InternalError(message);
-  }
+  return device::CudaErrorToStatus(err, call, "DeviceAdamStep");
 }
 
 detail::OutKind OutKindOf(const AdamShard& shard) {
