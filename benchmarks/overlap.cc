@@ -148,6 +148,7 @@ struct Args {
   int queue_depth = 2;
   std::string backend = "auto";
   std::string device_alloc = "cached";
+  std::string host_memory = "shared";
   std::string trace_file;
   bool json_output = false;
 
@@ -247,23 +248,32 @@ class FloatStream {
 };
 
 // The compute of one unit access: C (M x N) = A (M x K) * W (K x N), single-threaded OpenBLAS.
+// W is the unit's leading K x N block (row stride ldw, the unit's full width): N is the full
+// width except when even one row (M = 1) takes longer than the target.
 struct Gemm {
   int m = 1;
   int n = 1;
+  int ldw = 1;
   std::vector<float> a;  // M x K activations (host memory: not model state)
   std::vector<float> c;  // M x N output
 
-  void Resize(int rows, int cols) {
+  void Resize(int rows, int cols, int full_cols) {
     m = rows;
     n = cols;
+    ldw = full_cols;
     a.resize(static_cast<size_t>(m) * kGemmK);
     c.assign(static_cast<size_t>(m) * n, 0.0f);
     FloatStream(12345).Fill(a.data(), a.size());
   }
   void Run(const float* w) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, kGemmK, 1.0f, a.data(), kGemmK, w,
-                n, 0.0f, c.data(), n);
+                ldw, 0.0f, c.data(), n);
   }
+};
+
+struct GemmShape {
+  int m = 1;
+  int n = 1;
 };
 
 // Samples of each unit's content, to check that what compute reads is what was written.
@@ -367,6 +377,7 @@ Status BuildRig(const Args& a, int units, bool prefetch, TraceRecorder* trace, S
   mopt.nvme.paths = a.paths;
   mopt.nvme.prefix = fmt::format("strata-overlap-{}", ::getpid());
   mopt.trace = trace;
+  mopt.share_host_memory = a.host_memory == "shared";
   STRATA_ASSIGN_OR_RETURN(rig.manager, offload::TierManager::Create(mopt));
   for (int u = 0; u < units; ++u) {
     offload::ShardSpec spec;
@@ -618,14 +629,16 @@ class ComputeOnly {
     return out;
   }
 
-  // The row count M whose GEMM (with its enqueue and synchronize) takes about `target_s`.
-  Result<int> Calibrate(double target_s) {
+  // The row count M whose GEMM (with its enqueue and synchronize) takes about `target_s`; when
+  // M = 1 over the whole unit already takes longer, the column count N is narrowed instead.
+  Result<GemmShape> Calibrate(double target_s) {
     // t(M) grows with M but not quite linearly (OpenBLAS blocks M), so bracket the target and
     // narrow the bracket by interpolation, keeping the M measured closest to it. Each value is the
     // median of several short samples, so that one preempted sample does not steer the search.
+    int cols = n_;
     auto measure = [&](int m) -> Result<double> {
       Gemm g;
-      g.Resize(m, n_);
+      g.Resize(m, cols, n_);
       STRATA_RETURN_IF_ERROR(Time(g, 2, 0, "calibration"));  // page faults, OpenBLAS buffers
       std::vector<double> t;
       for (int rep = 0; rep < 9; ++rep) {
@@ -646,6 +659,27 @@ class ComputeOnly {
     int lo = 1, hi = 128;
     STRATA_ASSIGN_OR_RETURN(double t_lo, measure(lo));
     consider(lo, t_lo);
+    if (t_lo > 1.02 * target_s) {
+      // One row is too much: keep M = 1 and bisect the columns (t is about linear in N there).
+      int c_lo = 16, c_hi = n_;
+      double best_c_t = t_lo;
+      int best_c = n_;
+      for (int iter = 0; iter < 10 && c_hi - c_lo > 16; ++iter) {
+        cols = std::clamp((c_lo + c_hi) / 2 / 16 * 16, 16, n_);
+        STRATA_ASSIGN_OR_RETURN(double t, measure(1));
+        if (std::abs(t - target_s) < std::abs(best_c_t - target_s)) {
+          best_c_t = t;
+          best_c = cols;
+        }
+        (t < target_s ? c_lo : c_hi) = cols;
+        if (std::abs(t - target_s) < 0.02 * target_s) break;
+      }
+      fmt::print(stderr,
+                 "  calibrated GEMM: M = 1, N = {} of {} (1 x {} x {}): {:.3f} ms per unit "
+                 "(target {:.3f})\n",
+                 best_c, n_, kGemmK, best_c, best_c_t * 1e3, target_s * 1e3);
+      return GemmShape{1, best_c};
+    }
     STRATA_ASSIGN_OR_RETURN(double t_hi, measure(hi));
     consider(hi, t_hi);
     while (t_hi < target_s && hi < (1 << 16)) {  // the target lies above: extend the bracket
@@ -673,7 +707,7 @@ class ComputeOnly {
     fmt::print(stderr,
                "  calibrated GEMM: M = {} ({} x {} x {}): {:.3f} ms per unit (target {:.3f})\n",
                best_m, best_m, kGemmK, n_, best_t * 1e3, target_s * 1e3);
-    return best_m;
+    return GemmShape{best_m, n_};
   }
 
  private:
@@ -690,6 +724,7 @@ struct Row {
   int units = 0;
   int host_budget_units = 0;
   int gemm_m = 0;
+  int gemm_n = 0;  // columns of the unit the GEMM uses (all but at the smallest targets)
   double compute_target_ms = 0;
   RunResult io_only, prefetch, no_prefetch;
   std::vector<double> compute_only_steps;
@@ -733,22 +768,22 @@ void PrintTable(std::FILE* out, const Args& a, const std::vector<Row>& rows) {
              FormatBytesExact(a.unit_bytes), kGemmK, a.unit_bytes / 4 / kGemmK, a.steps,
              a.device_lookahead, a.host_lookahead);
   fmt::print(out,
-             "{:>5} {:>5} {:>5} {:>10} {:>10} {:>8} {:>7} {:>10} {:>8} {:>6} {:>12} {:>10} "
+             "{:>5} {:>5} {:>5} {:>5} {:>10} {:>10} {:>8} {:>7} {:>10} {:>8} {:>6} {:>12} {:>10} "
              "{:>8} {:>9} {:>9}\n",
-             "L", "host", "M", "io-only s", "compute s", "balance", "step s", "efficiency",
+             "L", "host", "M", "N", "io-only s", "compute s", "balance", "step s", "efficiency",
              "no-pf s", "no-pf", "dev peak MiB", "budget MiB", "hit rate", "NVMe MiB", "other CPU");
   for (const Row& r : rows) {
     fmt::print(out,
-               "{:>5} {:>5} {:>5} {:>10.3f} {:>10.3f} {:>8.2f} {:>7.3f} {:>10.3f} {:>8.3f} "
+               "{:>5} {:>5} {:>5} {:>5} {:>10.3f} {:>10.3f} {:>8.2f} {:>7.3f} {:>10.3f} {:>8.3f} "
                "{:>6.2f} {:>12} {:>10} {:>8.3f} {:>9} {:>9.2f}\n",
-               r.units, r.host_budget_units, r.gemm_m, r.io_only.mean_step_s, r.compute_only_s,
+               r.units, r.host_budget_units, r.gemm_m, r.gemm_n, r.io_only.mean_step_s, r.compute_only_s,
                r.balance, r.prefetch.mean_step_s, r.efficiency, r.no_prefetch.mean_step_s,
                r.no_prefetch_efficiency, MiB(static_cast<double>(r.prefetch.device_peak)),
                MiB(static_cast<double>(r.prefetch.device_budget)), r.prefetch.hit_rate,
                MiB(r.prefetch.nvme_read_bytes_per_step), r.MaxForeignCpus());
   }
   fmt::print(out,
-             "host = host budget (units); M = GEMM rows; balance = compute/io; efficiency = step / "
+             "host = host budget (units); M x N = GEMM rows x the unit's columns it uses; balance = compute/io; efficiency = step / "
              "max(io-only, compute); no-pf = prefetch off (its step time and efficiency); dev "
              "peak = device bytes held by the tier manager, whole run; NVMe MiB = read per "
              "step; other CPU = the most CPUs other processes used during one of the L's runs\n");
@@ -820,11 +855,12 @@ int Run(Args& a) {
     row.compute_target_ms = a.compute_ms.value_or(io->mean_step_s / (2.0 * units) * 1e3);
     fmt::print(stderr, " L={}: calibrating the GEMM for {:.3f} ms per unit{}\n", units,
                row.compute_target_ms, a.compute_ms ? "" : " (auto: io-only time per access)");
-    Result<int> m = (*compute)->Calibrate(row.compute_target_ms * 1e-3);
-    if (!m.ok()) return fail(m.status().WithContext("calibrating the GEMM"));
-    row.gemm_m = *m;
+    Result<GemmShape> shape = (*compute)->Calibrate(row.compute_target_ms * 1e-3);
+    if (!shape.ok()) return fail(shape.status().WithContext("calibrating the GEMM"));
+    row.gemm_m = shape->m;
+    row.gemm_n = shape->n;
     Gemm gemm;
-    gemm.Resize(row.gemm_m, n);
+    gemm.Resize(row.gemm_m, row.gemm_n, n);
 
     // Rounds of compute-only, prefetch and (after the first) io-only runs; each mode's median
     // run is the one reported.
@@ -914,11 +950,11 @@ int Run(Args& a) {
   PrintTable(a.json_output ? stderr : stdout, a, rows);
   fmt::print(a.json_output ? stderr : stdout,
              "target: efficiency <= {:.2f} with prefetch: {}; device peak constant across L and "
-             "within budget: {}\nstore {}, O_DIRECT {}, device alloc {}; load average {:.2f} "
-             "before, {:.2f} after "
-             "({} CPUs)\n",
+             "within budget: {}\nstore {}, O_DIRECT {}, device alloc {}, host memory {}; load "
+             "average {:.2f} before, {:.2f} after ({} CPUs)\n",
              kEfficiencyTarget, met_efficiency ? "met" : "NOT met", met_peak ? "yes" : "NO",
-             store_name, direct ? "on" : "off", a.device_alloc, load_start, load_end, cpus);
+             store_name, direct ? "on" : "off", a.device_alloc, a.host_memory, load_start,
+             load_end, cpus);
 
   if (a.json_output) {
     json results = json::array();
@@ -929,7 +965,8 @@ int Run(Args& a) {
           {"host_budget_units", r.host_budget_units},
           {"gemm_m", r.gemm_m},
           {"gemm_k", kGemmK},
-          {"gemm_n", n},
+          {"gemm_n", r.gemm_n},
+          {"unit_cols", n},
           {"compute_ms_target", r.compute_target_ms},
           {"io_only_s", r.io_only.mean_step_s},
           {"compute_only_s", r.compute_only_s},
@@ -963,6 +1000,7 @@ int Run(Args& a) {
              {"backend", store_name},
              {"direct", direct},
              {"device_alloc", a.device_alloc},
+             {"host_memory", a.host_memory},
              {"io_threads", a.io_threads},
              {"queue_depth", a.queue_depth},
              {"device_lookahead_units", a.device_lookahead},
@@ -1036,6 +1074,13 @@ int main(int argc, char** argv) {
                  "allocator would; system: glibc's defaults (every device copy faults its pages "
                  "in during its H2D copy)")
       ->check(CLI::IsMember({"cached", "system"}))
+      ->capture_default_str();
+  app.add_option("--host-memory", args.host_memory,
+                 "shared: a unit the device only reads is used in place in its pinned host copy "
+                 "(the CPU device's memory is host memory; TierManagerOptions::share_host_memory), "
+                 "so the streamed bytes are the NVMe reads alone; copied: every device copy is a "
+                 "host-to-device memcpy on the copy stream, as a GPU's would be a DMA")
+      ->check(CLI::IsMember({"shared", "copied"}))
       ->capture_default_str();
   app.add_option("--trace", args.trace_file,
                  "Write a Chrome / Perfetto trace of the last L's prefetch run and of every L's "

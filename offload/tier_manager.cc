@@ -62,6 +62,11 @@ struct TierManager::Copy {
   bool free_after_writeback = false;  // evicting: free once the tier below holds it current
   std::shared_ptr<device::Event> in_use;  // recorded on the consumer's stream at release
   bool in_use_pending = false;
+  // Shared host memory. A device copy: its memory is (kFilling: will be, once the host copy is
+  // current) the host copy's; nothing was allocated on the device. A host copy: a device copy
+  // shares it, and holds one of its source_pins for as long as it exists.
+  bool shares_host = false;
+  bool shared_with_device = false;
 };
 
 struct TierManager::Shard {
@@ -121,6 +126,16 @@ Result<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOption
                   "host budget " + FormatBytes(options.host_budget) +
                       " is larger than the pinned pool (" + FormatBytes(options.pool->size()) +
                       "); raise strata.memory.pinned_pool or lower strata.memory.host_budget");
+  }
+  if (options.share_host_memory &&
+      (options.device == nullptr || options.device->type() != device::DeviceType::kCpu)) {
+    return Status(StatusCode::kInvalidArgument,
+                  "share_host_memory needs a device whose memory is host memory (the CPU device)" +
+                      std::string(options.device == nullptr
+                                      ? "; there is no device"
+                                      : "; this device is " +
+                                            std::string(device::DeviceTypeName(
+                                                options.device->type()))));
   }
   std::unique_ptr<TierManager> m(new TierManager(options));
   m->budget_[0] = options.device != nullptr ? options.device_budget : 0;
@@ -297,7 +312,14 @@ void TierManager::UnchargeLocked(Tier t, uint64_t bytes) {
 
 void TierManager::FreeCopyLocked(Shard& s, Tier t) {
   Copy& c = s.at(t);
-  if (t == Tier::kHost && c.block) {
+  if (c.shares_host) {
+    // Nothing of its own to free; a ready shared copy lets go of the host copy under it.
+    Copy& host = s.at(Tier::kHost);
+    if (c.state == Copy::State::kReady && host.shared_with_device) {
+      host.shared_with_device = false;
+      host.source_pins--;
+    }
+  } else if (t == Tier::kHost && c.block) {
     options_.pool->Free(c.block);
   } else if (t == Tier::kDevice && c.data != nullptr) {
     options_.device->Free(c.data);
@@ -320,6 +342,26 @@ static bool DrainedLocked(device::Device* dev, const std::shared_ptr<device::Eve
     return true;
   }
   return false;
+}
+
+bool TierManager::IdleShareLocked(Shard& s) {
+  Copy& dev = s.at(Tier::kDevice);
+  return dev.shares_host && dev.state == Copy::State::kReady && dev.pins == 0 &&
+         dev.source_pins == 0 && DrainedLocked(options_.device, dev.in_use, &dev.in_use_pending);
+}
+
+void TierManager::ShareHostLocked(Shard& s) {
+  Copy& dev = s.at(Tier::kDevice);
+  Copy& host = s.at(Tier::kHost);
+  dev.data = host.data;
+  dev.state = Copy::State::kReady;
+  dev.version = host.version;
+  dev.source = Tier::kHost;
+  dev.transfer_started = false;
+  host.source_pins++;
+  host.shared_with_device = true;
+  stats_[static_cast<int>(Tier::kDevice)].shares++;
+  cv_.notify_all();
 }
 
 Status TierManager::WaitDrainedLocked(std::shared_ptr<device::Event> event,
@@ -354,13 +396,17 @@ bool TierManager::EvictOneLocked(Tier t, uint64_t target_distance, bool future_a
               // 1: the last current copy above home (needs a write-back)
     uint64_t distance;
     uint64_t lru;
+    bool unshare;  // an idle device copy shares this host copy: it is dropped first
   };
   std::vector<Candidate> candidates;
   for (auto& [id, sp] : shards_) {
     Shard& s = *sp;
     if (s.id == for_shard || IsHome(s, t)) continue;
     Copy& c = s.at(t);
-    if (c.state != Copy::State::kReady || c.pins > 0 || c.source_pins > 0 ||
+    // A host copy under an idle shared device copy is evictable: the device copy is no copy of
+    // its own, so it neither keeps the host copy nor counts as holding the shard elsewhere.
+    const bool unshare = t == Tier::kHost && c.shared_with_device && IdleShareLocked(s);
+    if (c.state != Copy::State::kReady || c.pins > 0 || c.source_pins > (unshare ? 1 : 0) ||
         c.free_after_writeback || c.overwrite) {
       continue;
     }
@@ -369,6 +415,7 @@ bool TierManager::EvictOneLocked(Tier t, uint64_t target_distance, bool future_a
     bool elsewhere = false, above = false;
     for (int o = 0; o < kNumTiers; ++o) {
       if (o == static_cast<int>(t) || !IsCurrentLocked(s, static_cast<Tier>(o))) continue;
+      if (unshare && o == static_cast<int>(Tier::kDevice)) continue;
       elsewhere = true;
       above |= o < static_cast<int>(t);
     }
@@ -382,7 +429,7 @@ bool TierManager::EvictOneLocked(Tier t, uint64_t target_distance, bool future_a
       const Copy& dst = s.at(WritebackTarget(s, t));
       if (dst.state == Copy::State::kFilling || dst.pins > 0 || dst.source_pins > 0) continue;
     }
-    candidates.push_back({&s, cls, distance, c.last_use});
+    candidates.push_back({&s, cls, distance, c.last_use, unshare});
   }
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
     if (a.cls != b.cls) return a.cls > b.cls;
@@ -391,6 +438,10 @@ bool TierManager::EvictOneLocked(Tier t, uint64_t target_distance, bool future_a
   });
   TierStats& st = stats_[static_cast<int>(t)];
   for (const Candidate& cand : candidates) {
+    if (cand.unshare) {
+      stats_[static_cast<int>(Tier::kDevice)].drops++;
+      FreeCopyLocked(*cand.shard, Tier::kDevice);
+    }
     if (cand.cls >= 2) {
       st.evictions++;
       st.drops++;
@@ -461,9 +512,12 @@ Status TierManager::StartWritebackLocked(Shard& s, Tier from, bool free_after) {
   return StartTransferLocked(s, from, to);
 }
 
-Result<TierManager::Reservation> TierManager::TryAllocLocked(Tier t, uint64_t need) {
+Result<TierManager::Reservation> TierManager::TryAllocLocked(Tier t, uint64_t need,
+                                                             bool allocate) {
   Reservation r;
-  if (t == Tier::kHost) {
+  if (!allocate) {
+    r.reserved = need;
+  } else if (t == Tier::kHost) {
     Result<device::PinnedBlock> b = options_.pool->Allocate(need);
     if (!b.ok()) return b.status();
     r.block = *b;
@@ -493,7 +547,7 @@ void TierManager::UnreserveLocked(Tier t, Reservation& r) {
 Result<TierManager::Reservation> TierManager::ReserveLocked(Tier t, uint64_t need, bool blocking,
                                                             bool future_aware, ShardId for_shard,
                                                             std::unique_lock<std::mutex>& lock,
-                                                            bool* no_room) {
+                                                            bool* no_room, bool allocate) {
   const int ti = static_cast<int>(t);
   if (need > budget_[ti]) {
     return Status(StatusCode::kResourceExhausted,
@@ -506,7 +560,7 @@ Result<TierManager::Reservation> TierManager::ReserveLocked(Tier t, uint64_t nee
   Status last_alloc_error;
   for (;;) {
     if (stats_[ti].in_use + need <= budget_[ti]) {
-      Result<Reservation> r = TryAllocLocked(t, need);
+      Result<Reservation> r = TryAllocLocked(t, need, allocate);
       if (r.ok()) return r;
       // Within budget but the allocator refused (pool fragmentation, the device's own limit):
       // more evictions help just as for the budget.
@@ -601,11 +655,14 @@ std::string TierManager::DescribeTierLocked(Tier t) const {
 // ---- filling -------------------------------------------------------------------------------------
 
 Status TierManager::EnsureFillLocked(Shard& s, Tier t, bool blocking,
-                                     std::unique_lock<std::mutex>& lock, bool* no_room) {
+                                     std::unique_lock<std::mutex>& lock, bool* no_room,
+                                     bool may_share) {
   const ShardId id = s.id;
-  // Reserve the memory first: a blocking reservation may drop the lock while it waits.
+  const bool share = t == Tier::kDevice && may_share && options_.share_host_memory;
+  // Reserve the memory first: a blocking reservation may drop the lock while it waits. A copy
+  // that will share the host copy takes device budget only.
   Result<Reservation> r = ReserveLocked(t, AllocBytes(s, t), blocking, /*future_aware=*/!blocking,
-                                        id, lock, no_room);
+                                        id, lock, no_room, /*allocate=*/!share);
   if (!r.ok()) return r.status().WithContext(std::string(TierName(t)) + " copy of shard '" +
                                              s.name + "'");
   Shard* sp = &s;
@@ -620,6 +677,7 @@ Status TierManager::EnsureFillLocked(Shard& s, Tier t, bool blocking,
   c.state = Copy::State::kFilling;
   c.version = sp->version;
   c.transfer_started = false;
+  c.shares_host = share;
 
   // Source: a current copy, nearest first; a device copy of an NVMe-homed shard stages on host.
   if (t == Tier::kHost) {
@@ -636,7 +694,11 @@ Status TierManager::EnsureFillLocked(Shard& s, Tier t, bool blocking,
   }
   c.source = Tier::kHost;
   if (IsCurrentLocked(*sp, Tier::kHost)) {
-    (void)StartTransferLocked(*sp, Tier::kHost, Tier::kDevice);
+    if (share) {
+      ShareHostLocked(*sp);
+    } else {
+      (void)StartTransferLocked(*sp, Tier::kHost, Tier::kDevice);
+    }
     return Status::Ok();
   }
   Copy& host = sp->at(Tier::kHost);
@@ -817,7 +879,11 @@ void TierManager::AdvancePendingLocked(Shard& s) {
   Copy& dev = s.at(Tier::kDevice);
   if (dev.state == Copy::State::kFilling && !dev.transfer_started &&
       IsCurrentLocked(s, Tier::kHost)) {
-    (void)StartTransferLocked(s, Tier::kHost, Tier::kDevice);  // failure -> fill_error
+    if (dev.shares_host) {
+      ShareHostLocked(s);
+    } else {
+      (void)StartTransferLocked(s, Tier::kHost, Tier::kDevice);  // failure -> fill_error
+    }
   }
 }
 
@@ -858,10 +924,14 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
       return e;
     }
     const bool ready_now = IsCurrentLocked(s, t) && access == Access::kRead;
+    // A writer never gets a device copy that shares the host copy (it would write both).
+    const bool shared_here = c.shares_host && access != Access::kRead;
     const bool take_over = access == Access::kOverwrite && c.state == Copy::State::kReady &&
-                           c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback;
+                           c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback &&
+                           !shared_here;
     const bool exclusive_ready = access == Access::kReadWrite && IsCurrentLocked(s, t) &&
-                                 c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback;
+                                 c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback &&
+                                 !shared_here;
     if ((take_over || exclusive_ready) && c.in_use_pending) {
       // Consumer work may still read the bytes about to be overwritten.
       STRATA_RETURN_IF_ERROR(WaitDrainedLocked(c.in_use, lock));
@@ -902,6 +972,20 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
       stats_[ti].misses++;
     }
     if (wait_start == 0) wait_start = TraceRecorder::NowNs();
+    if (access != Access::kRead && t == Tier::kHost && c.shared_with_device && c.pins == 0 &&
+        c.source_pins == 1) {
+      // A writer of the host copy: the device copy that shares it goes first (once idle).
+      Copy& dev = s.at(Tier::kDevice);
+      if (dev.pins == 0 && dev.source_pins == 0) {
+        if (dev.in_use_pending) {
+          STRATA_RETURN_IF_ERROR(WaitDrainedLocked(dev.in_use, lock));
+          continue;
+        }
+        stats_[static_cast<int>(Tier::kDevice)].drops++;
+        FreeCopyLocked(s, Tier::kDevice);
+        continue;
+      }
+    }
     if (c.state == Copy::State::kFilling || c.free_after_writeback || c.pins > 0 ||
         c.source_pins > 0) {
       // In flight, being written back, or (stale and) still held by another lease: wait for it
@@ -910,6 +994,16 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
       continue;
     }
     if (c.state == Copy::State::kReady) {
+      if (shared_here) {
+        // Current, but shared with the host copy: drop it and fill a copy of the writer's own.
+        if (c.in_use_pending) {
+          STRATA_RETURN_IF_ERROR(WaitDrainedLocked(c.in_use, lock));
+          continue;
+        }
+        stats_[ti].drops++;
+        FreeCopyLocked(s, t);
+        continue;
+      }
       // Stale (or garbage) and unpinned.
       if (IsHome(s, t)) {
         // The home copy is behind another tier: write that copy back into it (readers of the
@@ -961,7 +1055,8 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
       continue;
     }
     bool no_room = false;
-    Status st = EnsureFillLocked(s, t, /*blocking=*/true, lock, &no_room);
+    Status st = EnsureFillLocked(s, t, /*blocking=*/true, lock, &no_room,
+                                 /*may_share=*/access == Access::kRead);
     if (!st.ok()) {
       Shard& s2 = *FindLocked(id);
       return st.WithContext("acquiring shard '" + s2.name + "' (" + FormatBytes(s2.bytes) +
@@ -996,7 +1091,7 @@ Result<PrefetchOutcome> TierManager::Prefetch(ShardId id, Tier t) {
     FreeCopyLocked(*s, t);
   }
   bool no_room = false;
-  Status st = EnsureFillLocked(*s, t, /*blocking=*/false, lock, &no_room);
+  Status st = EnsureFillLocked(*s, t, /*blocking=*/false, lock, &no_room, /*may_share=*/true);
   if (!st.ok()) {
     if (no_room) return PrefetchOutcome::kNoRoom;
     // A real failure (e.g. the device refused memory): keep it for the consumer's Acquire.
@@ -1020,6 +1115,9 @@ void TierManager::ReleaseLease(Lease& lease, bool dirty, device::Stream* used_on
   if (dirty) {
     s.version++;
     c.version = s.version;
+    // (Leases on shared copies are read-only; should one be released dirty anyway, the host
+    // copy under it holds the same bytes.)
+    if (c.shares_host) s.at(Tier::kHost).version = s.version;
     for (int o = 0; o < kNumTiers; ++o) {
       const Tier ot = static_cast<Tier>(o);
       Copy& other = s.copies[o];

@@ -21,6 +21,15 @@
 // A device copy of an NVMe-homed shard is filled through a host copy (no NVMe <-> device path).
 // While a copy is the source of a transfer it is pinned and cannot be evicted.
 //
+// Shared host memory (TierManagerOptions::share_host_memory, the CPU device only): a device whose
+// memory is host memory does not need a second copy of bytes it only reads. A device copy filled
+// for reading (Acquire kRead, Prefetch) then *is* the host copy: it reaches kReady as soon as the
+// host copy is current, with no transfer, and the host copy stays pinned (as a transfer source
+// is) while it exists. The device budget is still charged the shard's bytes, so the device peak
+// and every budget mean what they mean with copies. A writer (kReadWrite, kOverwrite) never gets
+// a shared copy: an idle shared copy is dropped (freeing nothing but budget) before a writer
+// takes either tier, and before the evictor frees the host copy under it.
+//
 // Budgets (device, host) are hard: bytes reserved for a copy — including copies still in flight
 // — never exceed the tier's budget (stats().peak <= budget always holds). To make room the manager
 // evicts copies that are not acquired, not in flight and not the home copy:
@@ -104,6 +113,9 @@ struct TierManagerOptions {
   uint64_t host_budget = 0;              // bytes of the pool it may hold; 0 = the pool's size
   NvmeLayoutOptions nvme;                // paths, stripe unit, rank, ... for kNvme shards
   TraceRecorder* trace = nullptr;        // I/O transfers and consumer stalls, when set
+  // Device copies read from host memory in place instead of copying it (see the header comment).
+  // Only for a device whose memory is host memory (DeviceType::kCpu); InvalidArgument otherwise.
+  bool share_host_memory = false;
 };
 
 struct TierStats {
@@ -120,6 +132,7 @@ struct TierStats {
   uint64_t stalls = 0;           // Acquire calls that waited
   uint64_t stall_ns = 0;         // their total wait
   uint64_t errors = 0;           // failed transfers into this tier
+  uint64_t shares = 0;           // device copies that became the host copy (no transfer)
 };
 
 class TierManager;
@@ -256,8 +269,9 @@ class TierManager {
   // `future_aware`: evict only copies the oracle says are needed after `for_shard`.
   Result<Reservation> ReserveLocked(Tier t, uint64_t need, bool blocking, bool future_aware,
                                     ShardId for_shard, std::unique_lock<std::mutex>& lock,
-                                    bool* no_room);
-  Result<Reservation> TryAllocLocked(Tier t, uint64_t need);
+                                    bool* no_room, bool allocate = true);
+  // `allocate` false: charge the budget only (a device copy that will share the host copy).
+  Result<Reservation> TryAllocLocked(Tier t, uint64_t need, bool allocate = true);
   void UnreserveLocked(Tier t, Reservation& r);
   void FreeCopyLocked(Shard& s, Tier t);
   bool EvictOneLocked(Tier t, uint64_t target_distance, bool future_aware, ShardId for_shard,
@@ -267,8 +281,13 @@ class TierManager {
   std::string DescribeTierLocked(Tier t) const;
 
   // Transfers.
+  // `may_share`: a device copy for reading, which shares the host copy under share_host_memory.
   Status EnsureFillLocked(Shard& s, Tier t, bool blocking, std::unique_lock<std::mutex>& lock,
-                          bool* no_room);
+                          bool* no_room, bool may_share = false);
+  // Shared host memory: the pending device copy becomes the (current) host copy.
+  void ShareHostLocked(Shard& s);
+  // Whether s's device copy shares its host copy and nobody uses it (no lease, drained).
+  bool IdleShareLocked(Shard& s);
   // Issues the transfer. A failure to issue finishes it as failed at once (a fill's error is
   // left for Acquire) and is returned.
   Status StartTransferLocked(Shard& s, Tier from, Tier to);

@@ -311,6 +311,10 @@ struct MemorySettings {
   std::optional<uint64_t> pinned_pool;
   std::optional<uint64_t> device_budget;
   std::optional<uint64_t> host_budget;
+  // A device whose memory is host memory (the CPU device) reads offloaded parameter shards in
+  // place in their pinned host copies instead of copying them (TierManagerOptions::
+  // share_host_memory). auto: on for the CPU device; on: an error for any other device.
+  Toggle share_host_memory = Toggle::kAuto;
 
   friend bool operator==(const MemorySettings&, const MemorySettings&) = default;
 };

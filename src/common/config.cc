@@ -928,6 +928,8 @@ class ConfigParser {
         {.name = "pinned_pool", .parse = budget(&m.pinned_pool)},
         {.name = "device_budget", .parse = budget(&m.device_budget)},
         {.name = "host_budget", .parse = budget(&m.host_budget)},
+        {.name = "share_host_memory",
+         .parse = [&m](const Field& v) { return ReadToggle(v, &m.share_host_memory); }},
     };
     return WalkObject(f, specs);
   }

@@ -509,16 +509,26 @@ void CpuDevice::Execute(const CpuStream& stream, CpuWorkItem& item) {
 Status CpuDevice::CheckDeviceRange(std::string_view op, std::string_view what, const void* ptr,
                                    size_t bytes) const {
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
-  std::lock_guard lock(mem_mu_);
-  auto it = allocations_.upper_bound(begin);
-  if (it != allocations_.begin()) {
-    --it;
-    if (begin - it->first <= it->second.bytes && bytes <= it->second.bytes - (begin - it->first)) {
-      return Status::Ok();
+  {
+    std::lock_guard lock(mem_mu_);
+    auto it = allocations_.upper_bound(begin);
+    if (it != allocations_.begin()) {
+      --it;
+      if (begin - it->first <= it->second.bytes &&
+          bytes <= it->second.bytes - (begin - it->first)) {
+        return Status::Ok();
+      }
     }
   }
+  // Registered host memory is device-accessible, as mapped pinned memory is to a GPU: a tier
+  // manager sharing host memory hands out pinned-pool pointers as device copies.
+  {
+    std::lock_guard lock(host_mu_);
+    if (registry_.Contains(ptr, bytes)) return Status::Ok();
+  }
   return InvalidArgumentError(
-      fmt::format("{}: {}: {} [{}, +{} B) is not inside one allocation from this device's Alloc",
+      fmt::format("{}: {}: {} [{}, +{} B) is not inside one allocation from this device's Alloc "
+                  "nor inside registered host memory",
                   name_, op, what, Hex(ptr), bytes));
 }
 

@@ -122,7 +122,7 @@ class CpuDevice final : public Device {
   std::multimap<uint64_t, void*> cache_;
   uint64_t cached_bytes_ = 0;
 
-  std::mutex host_mu_;  // guards registry_, stream_counter_
+  mutable std::mutex host_mu_;  // guards registry_, stream_counter_
   internal::HostRegistry registry_;
   uint64_t stream_counter_ = 0;
 

@@ -225,6 +225,14 @@ Status HostRegistry::Remove(const void* ptr) {
   return Status::Ok();
 }
 
+bool HostRegistry::Contains(const void* ptr, size_t bytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  auto it = ranges_.upper_bound(begin);
+  if (it == ranges_.begin()) return false;
+  --it;
+  return begin - it->first <= it->second && bytes <= it->second - (begin - it->first);
+}
+
 Status StickyError::Get() const {
   if (!has_error()) return Status::Ok();
   std::lock_guard lock(mu_);

@@ -50,6 +50,8 @@ class HostRegistry {
   Status Add(const void* ptr, size_t bytes);
   // NotFound unless `ptr` is the start of a registered range; otherwise removes it.
   Status Remove(const void* ptr);
+  // Whether [ptr, ptr + bytes) lies inside one registered range.
+  bool Contains(const void* ptr, size_t bytes) const;
   size_t count() const { return ranges_.size(); }
   // The registered ranges, start -> bytes (for cleanup at destruction).
   const std::map<uintptr_t, size_t>& ranges() const { return ranges_; }

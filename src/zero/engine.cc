@@ -510,6 +510,17 @@ Status Engine::Impl::Init() {
     to.store = opt.store;
     to.nvme = nvme;
     to.trace = opt.trace;
+    // The CPU device's memory is host memory: parameter shards are read in place in their pinned
+    // host copies rather than copied into a second buffer (strata.memory.share_host_memory).
+    const bool cpu_device = dev.type() == device::DeviceType::kCpu;
+    if (cfg.strata.memory.share_host_memory == Toggle::kOn && !cpu_device) {
+      return Status(StatusCode::kInvalidArgument,
+                    "strata.memory.share_host_memory is \"on\", but the device is " +
+                        std::string(device::DeviceTypeName(dev.type())) +
+                        ": only a device whose memory is host memory (cpu) can share it; use "
+                        "\"auto\" or \"off\"");
+    }
+    to.share_host_memory = cpu_device && cfg.strata.memory.share_host_memory != Toggle::kOff;
     uint64_t shard_bytes_total = 0;
     uint64_t largest = 0;
     for (const auto& l : layouts) {
@@ -974,30 +985,40 @@ Status Engine::Impl::CpuOptimizerUnit(int u, const optim::AdamHyper& hyper) {
   }
   const auto& groups = subgroups[u];
   optim::CpuAdamOptions co{isa, opt.cpu_adam_threads};
-  for (size_t k = 0; k < groups.size(); ++k) {
-    const SubGroup& g = groups[k];
-    opt_cursor.store(opt_order[g.id], std::memory_order_relaxed);
-    STRATA_RETURN_IF_ERROR(
-        ReadAheadOptimizer(opt_order[g.id] + 1, opt.optimizer_pipeline_depth - 2));
-    STRATA_ASSIGN_OR_RETURN(Lease lease,
-                            otm->Acquire(g.id, Tier::kHost, Access::kReadWrite, "optimizer"));
-    auto* base = static_cast<float*>(lease.data());
-    optim::AdamShard s;
-    s.master = base;
-    s.m = base + g.numel;
-    s.v = base + 2 * g.numel;
-    s.grad = grad + g.offset;
-    s.n = static_cast<size_t>(g.numel);
-    s.out16 = out + g.offset * csz;
-    s.out_dtype = cdt;
-    Status st = optim::CpuAdamStep(hyper, s, co);
-    lease.Release(st.ok());
-    STRATA_RETURN_IF_ERROR(st);
-    if (opt_order[g.id] + 1 == static_cast<int64_t>(opt_sequence.size())) {
-      opt_cursor.store(opt_order[g.id] + 1, std::memory_order_relaxed);  // the step's last
+  // Sub-groups updated so far: their parameters changed in place in the leased copy, and must
+  // become the shard's current version even when a later sub-group fails (a clean release would
+  // let the tier manager drop them in favour of the old home copy, leaving the parameters behind
+  // their master weights).
+  size_t updated = 0;
+  Status loop = [&]() -> Status {
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const SubGroup& g = groups[k];
+      opt_cursor.store(opt_order[g.id], std::memory_order_relaxed);
+      STRATA_RETURN_IF_ERROR(
+          ReadAheadOptimizer(opt_order[g.id] + 1, opt.optimizer_pipeline_depth - 2));
+      STRATA_ASSIGN_OR_RETURN(Lease lease,
+                              otm->Acquire(g.id, Tier::kHost, Access::kReadWrite, "optimizer"));
+      auto* base = static_cast<float*>(lease.data());
+      optim::AdamShard s;
+      s.master = base;
+      s.m = base + g.numel;
+      s.v = base + 2 * g.numel;
+      s.grad = grad + g.offset;
+      s.n = static_cast<size_t>(g.numel);
+      s.out16 = out + g.offset * csz;
+      s.out_dtype = cdt;
+      Status st = optim::CpuAdamStep(hyper, s, co);
+      lease.Release(st.ok());
+      STRATA_RETURN_IF_ERROR(st);
+      ++updated;
+      if (opt_order[g.id] + 1 == static_cast<int64_t>(opt_sequence.size())) {
+        opt_cursor.store(opt_order[g.id] + 1, std::memory_order_relaxed);  // the step's last
+      }
     }
-  }
-  if (param_lease) param_lease.Release(true);
+    return Status::Ok();
+  }();
+  if (param_lease) param_lease.Release(/*dirty=*/updated > 0);
+  STRATA_RETURN_IF_ERROR(loop);
   (void)l;
   // A write-behind of this or an earlier sub-group that failed in the background.
   return otm->TakeWritebackError();

@@ -889,6 +889,16 @@ TEST(ConfigStrataTest, TogglesAndEnums) {
               HasSubstr("strata.io.threads: expected a positive integer or \"auto\", got 0"));
   EXPECT_THAT(ErrorOf(R"({"strata": {"io": {"nvme_paths": []}}})"),
               HasSubstr("strata.io.nvme_paths: expected a non-empty list of directory paths"));
+  EXPECT_EQ(Ok("{}").strata.memory.share_host_memory, Toggle::kAuto);
+  EXPECT_EQ(Ok(R"({"strata": {"memory": {"share_host_memory": false}}})")
+                .strata.memory.share_host_memory,
+            Toggle::kOff);
+  EXPECT_EQ(Ok(R"({"strata": {"memory": {"share_host_memory": "on"}}})")
+                .strata.memory.share_host_memory,
+            Toggle::kOn);
+  EXPECT_EQ(ErrorOf(R"({"strata": {"memory": {"share_host_memory": 2}}})"),
+            "test.json: strata.memory.share_host_memory: expected \"auto\", \"on\", \"off\", true "
+            "or false, got 2");
 }
 
 // ---- files ----

@@ -71,6 +71,7 @@ struct Rig {
     bool faulty = false;
     int paths = 1;
     TraceRecorder* trace = nullptr;
+    bool share_host_memory = false;
   };
 
   static Rig Make(const Options& o) {
@@ -107,6 +108,7 @@ struct Rig {
     }
     mopt.nvme.stripe_unit = 8192;
     mopt.trace = o.trace;
+    mopt.share_host_memory = o.share_host_memory;
     r.manager = std::move(*TierManager::Create(mopt));
     return r;
   }

@@ -226,6 +226,7 @@ struct StressParams {
   const char* name;
   bool real_files;
   int threads;
+  bool share_host_memory = false;
 };
 
 class TierManagerStressTest : public ::testing::TestWithParam<StressParams> {};
@@ -242,7 +243,8 @@ TEST_P(TierManagerStressTest, RandomAccessKeepsEveryByteAndEveryBudget) {
                      .pool_bytes = kPool / 3 * 4,
                      .host_budget = kPool,
                      .real_files = param.real_files,
-                     .paths = 2});
+                     .paths = 2,
+                     .share_host_memory = param.share_host_memory});
   TierManager& m = *r.manager;
   constexpr int kShards = 300;
   std::mt19937_64 setup(42);
@@ -344,13 +346,20 @@ TEST_P(TierManagerStressTest, RandomAccessKeepsEveryByteAndEveryBudget) {
   EXPECT_LE(r.pool->stats().peak, kPool);
   EXPECT_GT(m.stats(Tier::kHost).evictions, 0u) << "the budgets were not tight";
   EXPECT_GT(m.stats(Tier::kNvme).writebacks, 0u);
+  if (param.share_host_memory) {
+    EXPECT_GT(m.stats(Tier::kDevice).shares, 0u) << "no device copy shared its host copy";
+  } else {
+    EXPECT_EQ(m.stats(Tier::kDevice).shares, 0u);
+  }
   ASSERT_TRUE(m.FlushAll().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, TierManagerStressTest,
                          ::testing::Values(StressParams{"memory", false, 1},
                                            StressParams{"memory_3threads", false, 3},
-                                           StressParams{"files_2threads", true, 2}),
+                                           StressParams{"files_2threads", true, 2},
+                                           StressParams{"shared_memory_3threads", false, 3, true},
+                                           StressParams{"shared_files_2threads", true, 2, true}),
                          [](const auto& param_info) { return std::string(param_info.param.name); });
 
 // I/O errors at random: a consumer sees either the right bytes or an error, never a hang or
@@ -449,6 +458,104 @@ TEST(TierManagerTest, ReleaseOnStreamWaitsForConsumerWork) {
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(static_cast<unsigned char*>(h->data())[0], 0x5a);
   EXPECT_EQ(static_cast<unsigned char*>(h->data())[(16 << 10) - 1], 0x5a);
+}
+
+// Shared host memory (CPU device): a device copy for reading is the host copy itself, charged to
+// the device budget; writers get copies of their own; the evictor and writers drop idle shares.
+TEST(TierManagerTest, SharedHostMemoryReadsInPlaceAndWritersGetTheirOwnCopy) {
+  constexpr uint64_t kBytes = 16 << 10;
+  Rig r = Rig::Make({.device_budget = 2 * kBytes,
+                     .pool_bytes = 4 * kBytes,
+                     .host_budget = 2 * kBytes,
+                     .share_host_memory = true});
+  TierManager& m = *r.manager;
+  for (ShardId id : {1, 2, 3}) ASSERT_TRUE(m.Register(Spec(id, kBytes, Tier::kNvme)).ok());
+  ASSERT_TRUE(m.Start().ok());
+  for (ShardId id : {1, 2, 3}) WriteShard(m, id, kBytes, 10 + id, Tier::kHost);
+  ASSERT_TRUE(m.FlushAll().ok());
+  for (ShardId id : {1, 2, 3}) ASSERT_TRUE(m.Evict(id, Tier::kHost).ok());
+  const uint64_t device_allocated = r.device->memory_stats().in_use;
+
+  // A read on the device: filled from NVMe into host memory, then shared — no device memory.
+  {
+    Result<Lease> d = m.Acquire(1, Tier::kDevice);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    Result<Lease> h = m.Acquire(1, Tier::kHost);
+    ASSERT_TRUE(h.ok());
+    EXPECT_EQ(d->data(), h->data());
+    EXPECT_EQ(std::memcmp(d->data(), Content(kBytes, 11).data(), kBytes), 0);
+    EXPECT_EQ(m.stats(Tier::kDevice).in_use, kBytes);  // the budget is charged all the same
+    EXPECT_EQ(r.device->memory_stats().in_use, device_allocated);
+    EXPECT_EQ(m.stats(Tier::kDevice).shares, 1u);
+    EXPECT_EQ(m.stats(Tier::kDevice).fills, 0u);
+  }
+  // A prefetch shares too, once its host copy lands.
+  ASSERT_TRUE(m.Prefetch(2, Tier::kDevice).ok());
+  m.WaitIdle();
+  EXPECT_TRUE(m.IsCurrent(2, Tier::kDevice));
+  EXPECT_EQ(m.stats(Tier::kDevice).shares, 2u);
+
+  // The host budget holds two shards, both under idle shared device copies: reading shard 3
+  // must drop one share and evict the host copy under it (and so on for the device budget).
+  ExpectShard(m, 3, kBytes, 13, Tier::kDevice);
+  EXPECT_LE(m.stats(Tier::kHost).peak, 2 * kBytes);
+  EXPECT_LE(m.stats(Tier::kDevice).peak, 2 * kBytes);
+  EXPECT_GT(m.stats(Tier::kDevice).drops, 0u);
+
+  // A writer on the device gets memory of its own; the host copy keeps the old bytes until the
+  // new version is written back.
+  {
+    Result<Lease> w = m.Acquire(3, Tier::kDevice, Access::kReadWrite, "writer");
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(r.device->memory_stats().in_use, device_allocated + kBytes);
+    std::vector<char> c = Content(kBytes, 33);
+    std::memcpy(w->data(), c.data(), kBytes);
+    w->Release(/*dirty=*/true);
+  }
+  ExpectShard(m, 3, kBytes, 33, Tier::kHost);
+  ExpectShard(m, 3, kBytes, 33, Tier::kDevice);
+
+  // A writer on the host drops the idle share first, and a reader holding the share makes it
+  // wait: its bytes are the host copy's.
+  ExpectShard(m, 1, kBytes, 11, Tier::kDevice);
+  Result<Lease> reader = m.Acquire(1, Tier::kDevice);
+  ASSERT_TRUE(reader.ok());
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    WriteShard(m, 1, kBytes, 44, Tier::kHost);
+    written = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(written.load()) << "a host writer changed bytes a device reader was using";
+  EXPECT_EQ(std::memcmp(reader->data(), Content(kBytes, 11).data(), kBytes), 0);
+  reader->Release();
+  writer.join();
+  EXPECT_TRUE(written.load());
+  ExpectShard(m, 1, kBytes, 44, Tier::kDevice);
+  ASSERT_TRUE(m.FlushAll().ok());
+  for (ShardId id : {1, 2, 3}) {
+    ASSERT_TRUE(m.Evict(id, Tier::kDevice).ok());
+    ASSERT_TRUE(m.Evict(id, Tier::kHost).ok());
+  }
+  ExpectShard(m, 1, kBytes, 44, Tier::kHost);
+  ExpectShard(m, 2, kBytes, 12, Tier::kHost);
+  ExpectShard(m, 3, kBytes, 33, Tier::kHost);
+}
+
+TEST(TierManagerTest, SharedHostMemoryNeedsTheCpuDevice) {
+  device::PinnedPoolOptions popt;
+  popt.bytes = 1 << 20;
+  popt.huge_pages = HugePages::kOff;
+  Result<std::unique_ptr<device::PinnedPool>> pool = device::PinnedPool::Create(popt);
+  ASSERT_TRUE(pool.ok());
+  TierManagerOptions o;
+  o.pool = pool->get();
+  o.share_host_memory = true;
+  Result<std::unique_ptr<TierManager>> m = TierManager::Create(o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().ToString().find("share_host_memory"), std::string::npos)
+      << m.status().ToString();
 }
 
 }  // namespace

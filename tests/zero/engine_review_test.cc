@@ -272,10 +272,11 @@ TEST(EngineReviewTest, FailedOverlappedStepLeavesNoBackgroundWork) {
   model.fail_backward_unit = -1;
 }
 
-// An NVMe read error in the middle of a unit's CPU optimizer step (sub-group k > 0) returns with
-// the unit's parameter-shard lease, acquired kOverwrite (no fill), still held: its destructor
-// releases it dirty, so sub-groups k.. of the parameters become whatever the pinned block held
-// before (here the head's parameters), while the master weights there are unchanged.
+// An NVMe read error in the middle of a unit's CPU optimizer step (sub-group k > 0): the
+// parameters of sub-groups 0..k-1 were updated in place in the leased host copy and their master
+// weights were written. The parameter lease must be released dirty (a clean release lets the
+// tier manager drop the host copy for the old home copy, or read a device copy shared with it as
+// if nothing had changed), and sub-groups k.. keep their old parameters and masters.
 TEST(EngineReviewTest, OptimizerReadErrorLeavesParametersConsistentWithMasters) {
   const int width = 128;  // 16.5k parameters per unit: 5 sub-groups of 4096 elements
   UnitSpec spec{"u", {{"weight", {width, width}}, {"bias", {width}}}};
@@ -407,6 +408,13 @@ TEST(EngineReviewTest, MoreConfigurationsAreIdenticalToStageZero) {
       {"s3 nvme, prefetch off", Config(3, "nvme", "nvme", kNoPersistence), 0, 0, false},
       {"s3 nvme, one-shard device budget", Config(3, "nvme", "nvme", kNoPersistence), shard,
        2 * shard},
+      // The CPU device shares host memory by default; these copy every device shard instead, as
+      // a GPU does.
+      {"s3 nvme, host memory not shared",
+       Config(3, "nvme", "nvme", kNoPersistence, R"(, "strata": {"memory": {"share_host_memory": "off"}})")},
+      {"s3 nvme, one-shard device budget, host memory not shared",
+       Config(3, "nvme", "nvme", kNoPersistence, R"(, "strata": {"memory": {"share_host_memory": "off"}})"),
+       shard, 2 * shard},
       {"s3 nvme/none, one-shard device budget", Config(3, "nvme", "none", kNoPersistence), shard,
        shard},
       {"s3 max_live 1", Config(3, "cpu", "cpu", kNoPersistence +
