@@ -143,6 +143,7 @@ struct Args {
   int reuse_distance = 2;  // units
   int min_accesses = 512;  // per run: small L runs more steps, so its mean is not noise
   int rounds = 3;          // io-only, compute-only and prefetch runs repeated, interleaved
+  int paired_cycles = -1;  // cycles of the paired run; -1: as many as the runs' measured steps
   std::optional<int> host_budget;
   int io_threads = 1;
   int queue_depth = 2;
@@ -314,6 +315,9 @@ struct RunResult {
   std::string store_name;
   bool direct = false;
   double foreign_cpus = 0;  // other processes' CPU use during the measured steps
+  // Paired run only: the io-only and compute-only step measured right before each prefetch step
+  // (step_s), and each cycle's efficiency.
+  std::vector<double> io_step_s, compute_step_s, cycle_efficiency;
 };
 
 double Mean(const std::vector<double>& v) {
@@ -437,8 +441,16 @@ int UnitOfAccess(int k, int units) {
 }
 
 // One streaming run (io-only, prefetch or no-prefetch) for L units.
+class ComputeOnly;
+Result<double> ComputeOnlyStep(ComputeOnly& compute, Gemm& gemm, int units);
+
+// One run on a fresh rig. With `paired` (mode kPrefetch): after step 1 each measured cycle runs
+// an io-only step (no GEMM) and a compute-only step (`paired`, weights already in device memory)
+// right before the prefetch step, on this same rig, so that the three times a cycle's efficiency
+// compares are taken within about a second of each other. The scheduler statistics then cover
+// the prefetch steps only.
 Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
-                               TraceRecorder* trace) {
+                               TraceRecorder* trace, ComputeOnly* paired = nullptr) {
   Samples samples;
   Rig rig;
   STRATA_RETURN_IF_ERROR(BuildRig(a, units, mode != Mode::kNoPrefetch, trace, samples, rig));
@@ -453,8 +465,8 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
   r.direct = rig.manager->nvme_layout() != nullptr && rig.manager->nvme_layout()->direct();
   const auto positions = samples.Positions();
   std::optional<ForeignCpu> foreign;
-  for (int step = 1; step <= a.steps; ++step) {
-    if (step == 2) foreign.emplace();
+  // One step over the access sequence; `g` null: the check alone (io-only).
+  auto run_step = [&](Gemm* g, int step, std::string_view label) -> Result<double> {
     const double t0 = NowSeconds();
     const int64_t t0_ns = trace != nullptr ? TraceRecorder::NowNs() : 0;
     rig.scheduler->BeginStep();
@@ -471,7 +483,7 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
       const std::array<float, 3> expect = samples.values[u];
       Status enq = rig.device->HostTask(
           *rig.compute,
-          [w, expect, positions, gemm, u]() -> Status {
+          [w, expect, positions, g, u]() -> Status {
             for (size_t i = 0; i < positions.size(); ++i) {
               if (std::memcmp(&w[positions[i]], &expect[i], sizeof(float)) != 0) {
                 return DataLossError(
@@ -479,10 +491,10 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
                                 positions[i], w[positions[i]], expect[i]));
               }
             }
-            if (gemm != nullptr) gemm->Run(w);
+            if (g != nullptr) g->Run(w);
             return Status::Ok();
           },
-          gemm != nullptr ? "gemm" : "check");
+          g != nullptr ? "gemm" : "check");
       if (!enq.ok()) return enq.WithContext(owner);
       Status sync = rig.device->Synchronize(*rig.compute);
       if (!sync.ok()) return sync.WithContext(owner);
@@ -503,18 +515,44 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
     rig.scheduler->EndStep();
     const double dt = NowSeconds() - t0;
     if (trace != nullptr) {
-      trace->Complete(step_track, fmt::format("step {}", step), "step", t0_ns,
+      trace->Complete(step_track, fmt::format("{} {}", label, step), "step", t0_ns,
                       TraceRecorder::NowNs());
     }
-    if (step == 1) {
-      sched0 = rig.scheduler->stats();
-      dev0 = rig.manager->stats(Tier::kDevice);
-      store0 = rig.store->stats();
-    } else {
-      r.step_s.push_back(dt);
+    fmt::print(stderr, "  [L={} {}] step {}/{}: {:.3f} s{}\n", units, label, step, a.steps, dt,
+               step == 1 ? " (records the trace; not reported)" : "");
+    return dt;
+  };
+  // Counters summed over the measured (prefetch) steps.
+  uint64_t accesses = 0, hits = 0, issued = 0, no_room = 0, stall_ns = 0, read_bytes = 0,
+           fill_bytes = 0;
+  const std::string label(ModeName(mode));
+  for (int step = 1; step <= a.steps; ++step) {
+    if (step == 2) foreign.emplace();
+    if (step > 1 && paired != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(double io_s, run_step(nullptr, step, "paired io-only"));
+      STRATA_ASSIGN_OR_RETURN(double c_s, ComputeOnlyStep(*paired, *gemm, units));
+      r.io_step_s.push_back(io_s);
+      r.compute_step_s.push_back(c_s);
     }
-    fmt::print(stderr, "  [L={} {}] step {}/{}: {:.3f} s{}\n", units, ModeName(mode), step, a.steps,
-               dt, step == 1 ? " (records the trace; not reported)" : "");
+    sched0 = rig.scheduler->stats();
+    dev0 = rig.manager->stats(Tier::kDevice);
+    store0 = rig.store->stats();
+    STRATA_ASSIGN_OR_RETURN(double dt, run_step(gemm, step, label));
+    if (step == 1) continue;
+    r.step_s.push_back(dt);
+    if (paired != nullptr) {
+      r.cycle_efficiency.push_back(dt / std::max(r.io_step_s.back(), r.compute_step_s.back()));
+    }
+    const offload::PrefetchStats sched1 = rig.scheduler->stats();
+    const offload::TierStats dev1 = rig.manager->stats(Tier::kDevice);
+    const io::StoreStats store1 = rig.store->stats();
+    accesses += sched1.accesses - sched0.accesses;
+    hits += sched1.hits - sched0.hits;
+    issued += sched1.issued - sched0.issued;
+    no_room += sched1.no_room - sched0.no_room;
+    stall_ns += dev1.stall_ns - dev0.stall_ns;
+    read_bytes += store1.bytes_read - store0.bytes_read;
+    fill_bytes += dev1.fill_bytes - dev0.fill_bytes;
   }
   r.foreign_cpus = foreign->Cpus();
   rig.manager->WaitIdle();
@@ -522,23 +560,18 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
   const offload::PrefetchStats sched1 = rig.scheduler->stats();
   const offload::TierStats dev1 = rig.manager->stats(Tier::kDevice);
   const offload::TierStats host1 = rig.manager->stats(Tier::kHost);
-  const io::StoreStats store1 = rig.store->stats();
   r.mean_step_s = Mean(r.step_s);
   r.device_peak = dev1.peak;
   r.device_alloc_peak = rig.device->memory_stats().peak;
   r.device_budget = dev1.budget;
   r.host_peak = host1.peak;
   r.host_budget = host1.budget;
-  r.nvme_read_bytes_per_step =
-      static_cast<double>(store1.bytes_read - store0.bytes_read) / measured;
-  r.h2d_bytes_per_step = static_cast<double>(dev1.fill_bytes - dev0.fill_bytes) / measured;
-  const uint64_t accesses = sched1.accesses - sched0.accesses;
-  r.hit_rate = accesses == 0
-                   ? 0.0
-                   : static_cast<double>(sched1.hits - sched0.hits) / static_cast<double>(accesses);
-  r.stall_s_per_step = static_cast<double>(dev1.stall_ns - dev0.stall_ns) * 1e-9 / measured;
-  r.prefetches_issued = sched1.issued - sched0.issued;
-  r.no_room = sched1.no_room - sched0.no_room;
+  r.nvme_read_bytes_per_step = static_cast<double>(read_bytes) / measured;
+  r.h2d_bytes_per_step = static_cast<double>(fill_bytes) / measured;
+  r.hit_rate = accesses == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(accesses);
+  r.stall_s_per_step = static_cast<double>(stall_ns) * 1e-9 / measured;
+  r.prefetches_issued = issued;
+  r.no_room = no_room;
   r.divergences = sched1.divergences;
   return r;
 }
@@ -627,6 +660,31 @@ class ComputeOnly {
     }
     *foreign_cpus = foreign->Cpus();
     return out;
+  }
+
+  // One step of the access sequence (seconds), for a paired run.
+  Result<double> OneStep(Gemm& gemm, int units) {
+    const double t0 = NowSeconds();
+    for (int k = 0; k < 2 * units; ++k) {
+      STRATA_RETURN_IF_ERROR(CheckInterrupted());
+      const float* w = buffers_[static_cast<size_t>(UnitOfAccess(k, units)) % buffers_.size()];
+      STRATA_RETURN_IF_ERROR(device_->HostTask(
+          *stream_,
+          [&gemm, w]() -> Status {
+            gemm.Run(w);
+            return Status::Ok();
+          },
+          "gemm"));
+      STRATA_RETURN_IF_ERROR(device_->Synchronize(*stream_));
+    }
+    const double dt = NowSeconds() - t0;
+    if (trace_ != nullptr) {
+      const int64_t end = TraceRecorder::NowNs();
+      trace_->Complete(step_track_, fmt::format("L={} paired step", units), "step",
+                       end - static_cast<int64_t>(dt * 1e9), end);
+    }
+    fmt::print(stderr, "  [L={} paired compute-only] step: {:.3f} s\n", units, dt);
+    return dt;
   }
 
   // The row count M whose GEMM (with its enqueue and synchronize) takes about `target_s`; when
@@ -720,6 +778,10 @@ class ComputeOnly {
   uint32_t step_track_ = 0;
 };
 
+Result<double> ComputeOnlyStep(ComputeOnly& compute, Gemm& gemm, int units) {
+  return compute.OneStep(gemm, units);
+}
+
 struct Row {
   int units = 0;
   int host_budget_units = 0;
@@ -739,6 +801,9 @@ struct Row {
   // With several rounds: each round's efficiency (its prefetch step over the max of its own
   // io-only and compute-only), for the spread.
   std::vector<double> round_efficiencies;
+  // The paired run (see RunStreaming): the median of its cycles' efficiencies.
+  RunResult paired;
+  double paired_efficiency = 0;
 };
 
 json RunJson(const RunResult& r) {
@@ -768,23 +833,26 @@ void PrintTable(std::FILE* out, const Args& a, const std::vector<Row>& rows) {
              FormatBytesExact(a.unit_bytes), kGemmK, a.unit_bytes / 4 / kGemmK, a.steps,
              a.device_lookahead, a.host_lookahead);
   fmt::print(out,
-             "{:>5} {:>5} {:>5} {:>5} {:>10} {:>10} {:>8} {:>7} {:>10} {:>8} {:>6} {:>12} {:>10} "
-             "{:>8} {:>9} {:>9}\n",
+             "{:>5} {:>5} {:>5} {:>5} {:>10} {:>10} {:>8} {:>7} {:>10} {:>7} {:>8} {:>6} {:>12} "
+             "{:>10} {:>8} {:>9} {:>9}\n",
              "L", "host", "M", "N", "io-only s", "compute s", "balance", "step s", "efficiency",
+             "paired",
              "no-pf s", "no-pf", "dev peak MiB", "budget MiB", "hit rate", "NVMe MiB", "other CPU");
   for (const Row& r : rows) {
     fmt::print(out,
-               "{:>5} {:>5} {:>5} {:>5} {:>10.3f} {:>10.3f} {:>8.2f} {:>7.3f} {:>10.3f} {:>8.3f} "
-               "{:>6.2f} {:>12} {:>10} {:>8.3f} {:>9} {:>9.2f}\n",
+               "{:>5} {:>5} {:>5} {:>5} {:>10.3f} {:>10.3f} {:>8.2f} {:>7.3f} {:>10.3f} {:>7.3f} "
+               "{:>8.3f} {:>6.2f} {:>12} {:>10} {:>8.3f} {:>9} {:>9.2f}\n",
                r.units, r.host_budget_units, r.gemm_m, r.gemm_n, r.io_only.mean_step_s, r.compute_only_s,
-               r.balance, r.prefetch.mean_step_s, r.efficiency, r.no_prefetch.mean_step_s,
+               r.balance, r.prefetch.mean_step_s, r.efficiency, r.paired_efficiency,
+               r.no_prefetch.mean_step_s,
                r.no_prefetch_efficiency, MiB(static_cast<double>(r.prefetch.device_peak)),
                MiB(static_cast<double>(r.prefetch.device_budget)), r.prefetch.hit_rate,
                MiB(r.prefetch.nvme_read_bytes_per_step), r.MaxForeignCpus());
   }
   fmt::print(out,
              "host = host budget (units); M x N = GEMM rows x the unit's columns it uses; balance = compute/io; efficiency = step / "
-             "max(io-only, compute); no-pf = prefetch off (its step time and efficiency); dev "
+             "max(io-only, compute), each mode's median run; paired = the median over the paired "
+             "run's cycles of the same ratio, its three steps taken in turn; no-pf = prefetch off (its step time and efficiency); dev "
              "peak = device bytes held by the tier manager, whole run; NVMe MiB = read per "
              "step; other CPU = the most CPUs other processes used during one of the L's runs\n");
 }
@@ -911,6 +979,23 @@ int Run(Args& a) {
       row.compute_only_foreign_cpus = *std::max_element(compute_foreign.begin(), compute_foreign.end());
     }
 
+    const int cycles = a.paired_cycles < 0 ? al.steps - 1 : a.paired_cycles;
+    if (cycles > 0) {
+      fmt::print(stderr,
+                 " L={}: paired run (io-only, compute-only and prefetch steps in turn, on one "
+                 "rig)\n",
+                 units);
+      Args ap = al;
+      ap.steps = 1 + cycles;
+      Result<RunResult> pr =
+          RunStreaming(ap, units, Mode::kPrefetch, &gemm, nullptr, compute->get());
+      if (!pr.ok()) return fail(pr.status().WithContext(fmt::format("L={} paired", units)));
+      row.paired = *pr;
+      std::vector<double> e = pr->cycle_efficiency;
+      std::sort(e.begin(), e.end());
+      row.paired_efficiency = e[e.size() / 2];
+    }
+
     fmt::print(stderr, " L={}: streaming with prefetch off\n", units);
     Result<RunResult> np = RunStreaming(al, units, Mode::kNoPrefetch, &gemm, nullptr);
     if (!np.ok()) return fail(np.status().WithContext(fmt::format("L={} no-prefetch", units)));
@@ -929,6 +1014,11 @@ int Run(Args& a) {
       fmt::print(stderr, " L={}: efficiency of each round: {:.3f}\n", units,
                  fmt::join(row.round_efficiencies, ", "));
     }
+    if (cycles > 0) {
+      fmt::print(stderr, " L={}: paired efficiency {:.3f} (median of {} cycles: {:.3f})\n", units,
+                 row.paired_efficiency, row.paired.cycle_efficiency.size(),
+                 fmt::join(row.paired.cycle_efficiency, ", "));
+    }
     rows.push_back(std::move(row));
   }
 
@@ -939,9 +1029,13 @@ int Run(Args& a) {
   }
 
   const double load_end = LoadAverage();
-  bool met_efficiency = true, met_peak = true;
+  bool met_efficiency = true, met_paired = true, met_peak = true;
+  std::vector<int> paired_met_at, paired_missed_at;
   for (const Row& r : rows) {
     met_efficiency &= r.efficiency <= kEfficiencyTarget;
+    const bool p = r.paired_efficiency > 0 && r.paired_efficiency <= kEfficiencyTarget;
+    met_paired &= p;
+    (p ? paired_met_at : paired_missed_at).push_back(r.units);
     met_peak &= r.prefetch.device_peak <= r.prefetch.device_budget &&
                 r.prefetch.device_peak == rows.front().prefetch.device_peak;
   }
@@ -949,12 +1043,17 @@ int Run(Args& a) {
 
   PrintTable(a.json_output ? stderr : stdout, a, rows);
   fmt::print(a.json_output ? stderr : stdout,
-             "target: efficiency <= {:.2f} with prefetch: {}; device peak constant across L and "
-             "within budget: {}\nstore {}, O_DIRECT {}, device alloc {}, host memory {}; load "
-             "average {:.2f} before, {:.2f} after ({} CPUs)\n",
-             kEfficiencyTarget, met_efficiency ? "met" : "NOT met", met_peak ? "yes" : "NO",
-             store_name, direct ? "on" : "off", a.device_alloc, a.host_memory, load_start,
-             load_end, cpus);
+             "target: efficiency <= {:.2f} with prefetch: {} (separate runs); paired: met at L = "
+             "{}, not at L = {}; device peak constant across L and within budget: {}\n"
+             "floor for a forward-then-backward sweep with a host budget below L and exactly "
+             "balanced, disk-bound I/O: (L + 2) / L (docs/benchmarks.md)\n"
+             "store {}, O_DIRECT {}, device alloc {}, host memory {}; load average {:.2f} before, "
+             "{:.2f} after ({} CPUs)\n",
+             kEfficiencyTarget, met_efficiency ? "met" : "NOT met",
+             paired_met_at.empty() ? "-" : fmt::format("{}", fmt::join(paired_met_at, ", ")),
+             paired_missed_at.empty() ? "-" : fmt::format("{}", fmt::join(paired_missed_at, ", ")),
+             met_peak ? "yes" : "NO", store_name, direct ? "on" : "off", a.device_alloc,
+             a.host_memory, load_start, load_end, cpus);
 
   if (a.json_output) {
     json results = json::array();
@@ -977,6 +1076,13 @@ int Run(Args& a) {
           {"step_s", r.prefetch.mean_step_s},
           {"efficiency", r.efficiency},
           {"round_efficiencies", r.round_efficiencies},
+          {"paired_efficiency", r.paired_efficiency},
+          {"paired_cycle_efficiencies", r.paired.cycle_efficiency},
+          {"paired_io_only_steps_s", r.paired.io_step_s},
+          {"paired_compute_only_steps_s", r.paired.compute_step_s},
+          {"paired_prefetch_steps_s", r.paired.step_s},
+          {"paired_hit_rate", r.paired.hit_rate},
+          {"sweep_floor", static_cast<double>(r.units + 2) / r.units},
           {"no_prefetch_step_s", r.no_prefetch.mean_step_s},
           {"no_prefetch_efficiency", r.no_prefetch_efficiency},
           {"device_peak_bytes", r.prefetch.device_peak},
@@ -1012,6 +1118,7 @@ int Run(Args& a) {
              {"results", results},
              {"target", {{"efficiency_max", kEfficiencyTarget}, {"device_peak_constant", true}}},
              {"met_efficiency", met_efficiency},
+             {"met_paired_efficiency", met_paired},
              {"met_device_peak", met_peak},
              {"met", met}};
     fmt::print("{}\n", doc.dump(2));
@@ -1050,6 +1157,12 @@ int main(int argc, char** argv) {
                  "Repeat the io-only, compute-only and prefetch runs this many times, interleaved, "
                  "and take each one's median (the VM's speed drifts between runs)")
       ->check(CLI::Range(1, 99))
+      ->capture_default_str();
+  app.add_option("--paired-cycles", args.paired_cycles,
+                 "Cycles of the paired run, which measures an io-only, a compute-only and a "
+                 "prefetch step in turn on one rig (-1: as many as the other runs' measured "
+                 "steps; 0: no paired run)")
+      ->check(CLI::Range(-1, 100000))
       ->capture_default_str();
   app.add_option("--min-accesses", args.min_accesses,
                  "Run at least this many unit accesses per run (more steps at small L)")
