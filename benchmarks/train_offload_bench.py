@@ -230,6 +230,7 @@ def ds_config(kind, swap_dir, args):
                       "params": {"warmup_num_steps": 20, "total_num_steps": "auto"}},
         "bf16": {"enabled": True},
         "zero_optimization": zero,
+        "strata": {"memory": {"share_host_memory": args.share_host_memory}},
     }
 
 
@@ -368,6 +369,9 @@ def parse_args():
     ap.add_argument("--buffer-count", type=int, default=8,
                     help="offload_optimizer.buffer_count of the nvme run: optimizer sub-groups "
                          "in host memory at once (default 8, as the main job)")
+    ap.add_argument("--share-host-memory", choices=["auto", "on", "off"], default="auto",
+                    help="strata.memory.share_host_memory in both configs (default auto: the CPU "
+                         "device reads offloaded parameter shards in place in pinned host memory)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run (default 1800)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the token file and swap directory (configs, metrics and logs "
@@ -517,6 +521,7 @@ def main():
         "benchmark": "train_offload_bench",
         "time": started,
         "strata": args.strata,
+        "share_host_memory": args.share_host_memory,
         "model": args.model,
         "parameters": params,
         "world_size": args.np,

@@ -160,7 +160,7 @@ Status RunTraining(const TrainOptions& o) {
   } else {
     STRATA_ASSIGN_OR_RETURN(pool_bytes,
                             zero::Engine::PlanPinnedPoolBytes(llama->units(), config, world,
-                                                              pipeline_depth));
+                                                              pipeline_depth, dev->type()));
   }
   device::PinnedPoolOptions popt;
   popt.bytes = pool_bytes;

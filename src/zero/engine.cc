@@ -49,6 +49,21 @@ DType ComputeDType(const Config& config) {
   return DType::kF32;
 }
 
+// Device bytes the parameter tier manager may hold for offloaded shards: the prefetch lookahead
+// plus the unit in use and the one being gathered, at least four of the largest shard and at most
+// all of them.
+uint64_t OffloadedParamDeviceBudget(uint64_t shard_bytes_total, uint64_t largest,
+                                    uint64_t lookahead_bytes) {
+  const uint64_t resident = std::max(shard_bytes_total, 4 * largest);
+  return std::min(resident, std::max(lookahead_bytes + 2 * largest, 4 * largest));
+}
+
+// Whether the parameter tier manager shares host memory (strata.memory.share_host_memory; auto:
+// on for the CPU device).
+bool SharesHostMemory(const Config& cfg, device::DeviceType type) {
+  return type == device::DeviceType::kCpu && cfg.strata.memory.share_host_memory != Toggle::kOff;
+}
+
 Tier HomeOf(OffloadDevice device) {
   switch (device) {
     case OffloadDevice::kNone:
@@ -520,7 +535,7 @@ Status Engine::Impl::Init() {
                         ": only a device whose memory is host memory (cpu) can share it; use "
                         "\"auto\" or \"off\"");
     }
-    to.share_host_memory = cpu_device && cfg.strata.memory.share_host_memory != Toggle::kOff;
+    to.share_host_memory = SharesHostMemory(cfg, dev.type());
     uint64_t shard_bytes_total = 0;
     uint64_t largest = 0;
     for (const auto& l : layouts) {
@@ -533,14 +548,17 @@ Status Engine::Impl::Init() {
     // and the one being gathered: device memory for parameters stays within the prefetch budget
     // whatever the model size.
     const offload::PrefetchOptions pf = offload::PrefetchOptions::FromConfig(cfg, csz);
-    const uint64_t resident = std::max(shard_bytes_total, 4 * largest);
     to.device_budget =
         opt.param_device_budget != 0 ? opt.param_device_budget
         : param_home == Tier::kDevice
-            ? resident
-            : std::min(resident, std::max(pf.device_lookahead_bytes + 2 * largest, 4 * largest));
+            ? std::max(shard_bytes_total, 4 * largest)
+            : OffloadedParamDeviceBudget(shard_bytes_total, largest, pf.device_lookahead_bytes);
     if (param_home == Tier::kNvme) {
-      to.host_budget = opt.param_host_budget != 0 ? opt.param_host_budget : 4 * largest;
+      // Shared device copies are host copies: the host tier also holds what the device tier
+      // caches (PlanPinnedPoolBytes counts the same).
+      to.host_budget = opt.param_host_budget != 0 ? opt.param_host_budget
+                       : to.share_host_memory  ? 4 * largest + to.device_budget
+                                               : 4 * largest;
       // The optimizer holds one unit's host copy while backward stages another through host
       // memory: two of the largest shard is the least that cannot run dry.
       if (to.host_budget < 2 * largest) {
@@ -1568,7 +1586,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model& model, EngineOptions optio
 
 Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
                                               const Config& config, int world_size,
-                                              int optimizer_pipeline_depth) {
+                                              int optimizer_pipeline_depth,
+                                              device::DeviceType device_type) {
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
   const int stage = config.zero.stage;
   const uint64_t csz = device::DTypeSize(ComputeDType(config));
@@ -1604,7 +1623,14 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
   }
   if (stage == 3) {
     if (param_home == Tier::kHost) total += params_all + 2 * largest_param;
-    else if (param_home == Tier::kNvme) total += 4 * largest_param;
+    else if (param_home == Tier::kNvme) {
+      total += 4 * largest_param;
+      if (SharesHostMemory(config, device_type)) {
+        total += OffloadedParamDeviceBudget(
+            params_all, largest_param,
+            offload::PrefetchOptions::FromConfig(config, csz).device_lookahead_bytes);
+      }
+    }
     else total += 2 * largest_param;
   }
   // Fragmentation margin, and never less than 16 MiB.

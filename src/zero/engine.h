@@ -168,10 +168,12 @@ class Engine {
 
   // Pinned-pool bytes the engine needs for `units` on `world_size` ranks with `config` (host
   // copies of offloaded states, gradient shards, staging), with a margin for the pool's size
-  // classes. For sizing strata.memory.pinned_pool when it is "auto".
-  static Result<uint64_t> PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
-                                              const Config& config, int world_size,
-                                              int optimizer_pipeline_depth = 4);
+  // classes. For sizing strata.memory.pinned_pool when it is "auto". `device_type`: on the CPU
+  // device parameter shards share host memory (strata.memory.share_host_memory), and the host
+  // copies then also hold what the device caches.
+  static Result<uint64_t> PlanPinnedPoolBytes(
+      const std::vector<UnitSpec>& units, const Config& config, int world_size,
+      int optimizer_pipeline_depth = 4, device::DeviceType device_type = device::DeviceType::kCpu);
 
   // One optimizer step over `micro_batches` (gradient_accumulation_steps of them, this rank's).
   Result<StepResult> TrainStep(std::span<const Batch* const> micro_batches);
