@@ -636,34 +636,16 @@ class ComputeOnly {
     std::optional<ForeignCpu> foreign;
     for (int step = 1; step <= steps; ++step) {
       if (step == 2) foreign.emplace();
-      const double t0 = NowSeconds();
-      for (int k = 0; k < 2 * units; ++k) {
-        STRATA_RETURN_IF_ERROR(CheckInterrupted());
-        const float* w = buffers_[static_cast<size_t>(UnitOfAccess(k, units)) % buffers_.size()];
-        STRATA_RETURN_IF_ERROR(device_->HostTask(
-            *stream_,
-            [&gemm, w]() -> Status {
-              gemm.Run(w);
-              return Status::Ok();
-            },
-            "gemm"));
-        STRATA_RETURN_IF_ERROR(device_->Synchronize(*stream_));
-      }
-      const double dt = NowSeconds() - t0;
+      STRATA_ASSIGN_OR_RETURN(double dt,
+                              OneStep(gemm, units, fmt::format("step {}/{}", step, steps)));
       if (step > 1) out.push_back(dt);
-      if (trace_ != nullptr) {
-        const int64_t end = TraceRecorder::NowNs();
-        trace_->Complete(step_track_, fmt::format("L={} step {}", units, step), "step",
-                         end - static_cast<int64_t>(dt * 1e9), end);
-      }
-      fmt::print(stderr, "  [L={} compute-only] step {}/{}: {:.3f} s\n", units, step, steps, dt);
     }
     *foreign_cpus = foreign->Cpus();
     return out;
   }
 
-  // One step of the access sequence (seconds), for a paired run.
-  Result<double> OneStep(Gemm& gemm, int units) {
+  // One step of the access sequence (seconds); `label` names it in the trace and on stderr.
+  Result<double> OneStep(Gemm& gemm, int units, const std::string& label) {
     const double t0 = NowSeconds();
     for (int k = 0; k < 2 * units; ++k) {
       STRATA_RETURN_IF_ERROR(CheckInterrupted());
@@ -680,10 +662,10 @@ class ComputeOnly {
     const double dt = NowSeconds() - t0;
     if (trace_ != nullptr) {
       const int64_t end = TraceRecorder::NowNs();
-      trace_->Complete(step_track_, fmt::format("L={} paired step", units), "step",
+      trace_->Complete(step_track_, fmt::format("L={} {}", units, label), "step",
                        end - static_cast<int64_t>(dt * 1e9), end);
     }
-    fmt::print(stderr, "  [L={} paired compute-only] step: {:.3f} s\n", units, dt);
+    fmt::print(stderr, "  [L={} compute-only] {}: {:.3f} s\n", units, label, dt);
     return dt;
   }
 
@@ -779,7 +761,7 @@ class ComputeOnly {
 };
 
 Result<double> ComputeOnlyStep(ComputeOnly& compute, Gemm& gemm, int units) {
-  return compute.OneStep(gemm, units);
+  return compute.OneStep(gemm, units, "paired step");
 }
 
 struct Row {
