@@ -55,6 +55,7 @@ struct TierManager::Copy {
   int pins = 0;                   // consumer leases
   int source_pins = 0;            // transfers reading from this copy
   std::vector<std::string> owners;
+  std::vector<std::thread::id> holders;  // the threads that acquired the leases (one per pin)
   uint64_t last_use = 0;
   bool transfer_started = false;  // kFilling: issued, or still waiting for its source
   bool writeback = false;         // kFilling: a write-back toward home (not a fill for a consumer)
@@ -103,6 +104,7 @@ Lease& Lease::operator=(Lease&& other) noexcept {
     overwrite_ = other.overwrite_;
     writer_ = other.writer_;
     owner_ = std::move(other.owner_);
+    acquirer_ = other.acquirer_;
   }
   return *this;
 }
@@ -437,12 +439,14 @@ bool TierManager::EvictOneLocked(Tier t, uint64_t target_distance, bool future_a
     return a.lru < b.lru;
   });
   TierStats& st = stats_[static_cast<int>(t)];
+  const auto unshare = [&](const Candidate& cand) {
+    if (!cand.unshare) return;
+    stats_[static_cast<int>(Tier::kDevice)].drops++;
+    FreeCopyLocked(*cand.shard, Tier::kDevice);
+  };
   for (const Candidate& cand : candidates) {
-    if (cand.unshare) {
-      stats_[static_cast<int>(Tier::kDevice)].drops++;
-      FreeCopyLocked(*cand.shard, Tier::kDevice);
-    }
     if (cand.cls >= 2) {
+      unshare(cand);
       st.evictions++;
       st.drops++;
       FreeCopyLocked(*cand.shard, t);
@@ -452,6 +456,8 @@ bool TierManager::EvictOneLocked(Tier t, uint64_t target_distance, bool future_a
     // below for the write-back right now is not an error: try the next victim.
     Status wb = StartWritebackLocked(*cand.shard, t, /*free_after=*/true);
     if (wb.ok()) {
+      // The write-back reads the host copy; once the share is gone, its completion frees it.
+      unshare(cand);
       st.evictions++;
       *started_writeback = cand.shard->id;
       return true;
@@ -932,6 +938,15 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
     const bool exclusive_ready = access == Access::kReadWrite && IsCurrentLocked(s, t) &&
                                  c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback &&
                                  !shared_here;
+    if (ready_now && c.shares_host) {
+      // The host copy's bytes may still be being written by device work released with a stream
+      // (the copy path waits for it on the h2d stream): a reader of the shared bytes waits here.
+      Copy& host = s.at(Tier::kHost);
+      if (host.in_use_pending && !DrainedLocked(options_.device, host.in_use, &host.in_use_pending)) {
+        STRATA_RETURN_IF_ERROR(WaitDrainedLocked(host.in_use, lock));
+        continue;
+      }
+    }
     if ((take_over || exclusive_ready) && c.in_use_pending) {
       // Consumer work may still read the bytes about to be overwritten.
       STRATA_RETURN_IF_ERROR(WaitDrainedLocked(c.in_use, lock));
@@ -944,6 +959,7 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
       }
       c.pins++;
       c.owners.emplace_back(owner);
+      c.holders.push_back(std::this_thread::get_id());
       c.last_use = ++tick_;
       if (wait_start != 0) {
         const int64_t end = TraceRecorder::NowNs();
@@ -965,6 +981,7 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
       lease.overwrite_ = access == Access::kOverwrite;
       lease.writer_ = access != Access::kRead;
       lease.owner_ = std::string(owner);
+      lease.acquirer_ = std::this_thread::get_id();
       return lease;
     }
     if (!counted_miss) {
@@ -984,6 +1001,15 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
         stats_[static_cast<int>(Tier::kDevice)].drops++;
         FreeCopyLocked(s, Tier::kDevice);
         continue;
+      }
+      if (std::find(dev.holders.begin(), dev.holders.end(), std::this_thread::get_id()) !=
+          dev.holders.end()) {
+        // Waiting for the device readers would wait for ourselves.
+        return Status(StatusCode::kFailedPrecondition,
+                      "shard '" + s.name + "': the calling thread holds a device read lease on " +
+                          "it, and that device copy shares the host copy's memory "
+                          "(share_host_memory): release the device lease before writing the "
+                          "host copy");
       }
     }
     if (c.state == Copy::State::kFilling || c.free_after_writeback || c.pins > 0 ||
@@ -1110,13 +1136,16 @@ void TierManager::ReleaseLease(Lease& lease, bool dirty, device::Stream* used_on
   c.pins--;
   auto owner = std::find(c.owners.begin(), c.owners.end(), lease.owner_);
   if (owner != c.owners.end()) c.owners.erase(owner);
+  auto holder = std::find(c.holders.begin(), c.holders.end(), lease.acquirer_);
+  if (holder != c.holders.end()) c.holders.erase(holder);
   c.last_use = ++tick_;
   if (lease.writer_) c.overwrite = false;
   if (dirty) {
     s.version++;
     c.version = s.version;
-    // (Leases on shared copies are read-only; should one be released dirty anyway, the host
-    // copy under it holds the same bytes.)
+    // A kRead lease must not be released dirty (see Access). Should a shared one be anyway, the
+    // host copy under it holds the same bytes, so it is marked current too; work still writing
+    // them on the lease's stream is not tracked for the host copy.
     if (c.shares_host) s.at(Tier::kHost).version = s.version;
     for (int o = 0; o < kNumTiers; ++o) {
       const Tier ot = static_cast<Tier>(o);

@@ -70,6 +70,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -170,6 +171,7 @@ class Lease {
   bool overwrite_ = false;  // kOverwrite: released dirty
   bool writer_ = false;     // kOverwrite or kReadWrite: exclusive
   std::string owner_;
+  std::thread::id acquirer_;  // the thread that acquired it
 };
 
 // What Prefetch did.

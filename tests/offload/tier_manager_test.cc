@@ -542,6 +542,75 @@ TEST(TierManagerTest, SharedHostMemoryReadsInPlaceAndWritersGetTheirOwnCopy) {
   ExpectShard(m, 3, kBytes, 33, Tier::kHost);
 }
 
+// A shared device copy's reader waits for device work still writing the host copy (released
+// with a stream), as the copy path's host-to-device copy does on its stream.
+TEST(TierManagerTest, SharedHostMemoryReaderWaitsForPendingWritesToTheHostCopy) {
+  constexpr uint64_t kBytes = 16 << 10;
+  Rig r = Rig::Make({.device_budget = 2 * kBytes,
+                     .pool_bytes = 4 * kBytes,
+                     .host_budget = 2 * kBytes,
+                     .share_host_memory = true});
+  TierManager& m = *r.manager;
+  ASSERT_TRUE(m.Register(Spec(1, kBytes, Tier::kNvme)).ok());
+  ASSERT_TRUE(m.Start().ok());
+  std::unique_ptr<device::Stream> producer = std::move(*r.device->CreateStream("producer"));
+  Result<Lease> w = m.Acquire(1, Tier::kHost, Access::kOverwrite, "producer");
+  ASSERT_TRUE(w.ok());
+  char* p = static_cast<char*>(w->data());
+  std::atomic<bool> go{false};
+  ASSERT_TRUE(r.device
+                  ->HostTask(
+                      *producer,
+                      [&] {
+                        while (!go) std::this_thread::yield();
+                        std::memset(p, 0x5a, kBytes);
+                        return Status::Ok();
+                      },
+                      "write")
+                  .ok());
+  w->Release(/*dirty=*/true, producer.get());
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    go = true;
+  });
+  Result<Lease> d = m.Acquire(1, Tier::kDevice);
+  // Read before joining the releaser: a reader that did not wait sees the bytes unwritten.
+  const bool written = d.ok() && static_cast<unsigned char*>(d->data())[0] == 0x5a &&
+                       static_cast<unsigned char*>(d->data())[kBytes - 1] == 0x5a;
+  releaser.join();
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_TRUE(written) << "the device reader did not wait for the pending write";
+  EXPECT_EQ(m.stats(Tier::kDevice).shares, 1u);
+}
+
+// A thread that holds a shared device copy and then asks to write the host copy would wait for
+// itself: it gets FailedPrecondition instead of a hang. Another thread's writer waits.
+TEST(TierManagerTest, SharedHostMemoryWriterHoldingTheDeviceReadLeaseIsRefused) {
+  constexpr uint64_t kBytes = 16 << 10;
+  Rig r = Rig::Make({.device_budget = 2 * kBytes,
+                     .pool_bytes = 4 * kBytes,
+                     .host_budget = 2 * kBytes,
+                     .share_host_memory = true});
+  TierManager& m = *r.manager;
+  ASSERT_TRUE(m.Register(Spec(1, kBytes, Tier::kNvme, "w")).ok());
+  ASSERT_TRUE(m.Start().ok());
+  Result<Lease> d = m.Acquire(1, Tier::kDevice);
+  ASSERT_TRUE(d.ok());
+  for (Access access : {Access::kOverwrite, Access::kReadWrite}) {
+    Result<Lease> h = m.Acquire(1, Tier::kHost, access, "writer");
+    ASSERT_FALSE(h.ok());
+    EXPECT_EQ(h.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(h.status().ToString().find("release the device lease"), std::string::npos)
+        << h.status().ToString();
+  }
+  // A lease moved to another thread still counts as held by the thread that acquired it.
+  Lease moved = std::move(*d);
+  std::thread other([&] { moved.Release(); });
+  other.join();
+  WriteShard(m, 1, kBytes, 5, Tier::kHost);
+  ExpectShard(m, 1, kBytes, 5, Tier::kDevice);
+}
+
 TEST(TierManagerTest, SharedHostMemoryNeedsTheCpuDevice) {
   device::PinnedPoolOptions popt;
   popt.bytes = 1 << 20;
