@@ -518,6 +518,14 @@ Status Engine::Impl::Init() {
   nvme.rank = rank;
   nvme.stripe_unit = cfg.strata.io.stripe_unit;
   nvme.durable_writes = cfg.strata.io.durable_writes;
+  if (cfg.strata.memory.share_host_memory == Toggle::kOn &&
+      dev.type() != device::DeviceType::kCpu) {
+    return Status(StatusCode::kInvalidArgument,
+                  "strata.memory.share_host_memory is \"on\", but the device is " +
+                      std::string(device::DeviceTypeName(dev.type())) +
+                      ": only a device whose memory is host memory (cpu) can share it; use "
+                      "\"auto\" or \"off\"");
+  }
   if (stage == 3) {
     offload::TierManagerOptions to;
     to.device = &dev;
@@ -527,14 +535,6 @@ Status Engine::Impl::Init() {
     to.trace = opt.trace;
     // The CPU device's memory is host memory: parameter shards are read in place in their pinned
     // host copies rather than copied into a second buffer (strata.memory.share_host_memory).
-    const bool cpu_device = dev.type() == device::DeviceType::kCpu;
-    if (cfg.strata.memory.share_host_memory == Toggle::kOn && !cpu_device) {
-      return Status(StatusCode::kInvalidArgument,
-                    "strata.memory.share_host_memory is \"on\", but the device is " +
-                        std::string(device::DeviceTypeName(dev.type())) +
-                        ": only a device whose memory is host memory (cpu) can share it; use "
-                        "\"auto\" or \"off\"");
-    }
     to.share_host_memory = SharesHostMemory(cfg, dev.type());
     uint64_t shard_bytes_total = 0;
     uint64_t largest = 0;
