@@ -4,11 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "device/pinned_pool.h"
@@ -120,6 +123,37 @@ struct Rig {
   }
   Rig() = default;
   Rig(Rig&&) = default;
+};
+
+// Device work that writes 0x5a over [p, p + bytes) on `stream`, held back until Open(): for
+// checking that the manager waits for consumer work released with a stream.
+struct GatedFill {
+  std::atomic<bool> go{false};
+  std::thread opener;
+
+  void Enqueue(device::Device& device, device::Stream& stream, void* p, size_t bytes) {
+    ASSERT_TRUE(device
+                    .HostTask(
+                        stream,
+                        [this, p, bytes] {
+                          while (!go) std::this_thread::yield();
+                          std::memset(p, 0x5a, bytes);
+                          return Status::Ok();
+                        },
+                        "gated fill")
+                    .ok());
+  }
+  // Lets the work run 20 ms from now, from another thread.
+  void OpenLater() {
+    opener = std::thread([this] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      go = true;
+    });
+  }
+  void Join() {
+    if (opener.joinable()) opener.join();
+  }
+  ~GatedFill() { Join(); }
 };
 
 // Writes version `seed` of the shard through an overwrite lease (CPU device memory is host

@@ -19,6 +19,7 @@ namespace {
 using testing::Content;
 using testing::ExpectShard;
 using testing::Fnv;
+using testing::GatedFill;
 using testing::Rig;
 using testing::Spec;
 using testing::WriteShard;
@@ -431,27 +432,14 @@ TEST(TierManagerTest, ReleaseOnStreamWaitsForConsumerWork) {
   std::unique_ptr<device::Stream> compute = std::move(*r.device->CreateStream("compute"));
   Result<Lease> a = m.Acquire(1, Tier::kDevice, Access::kOverwrite);
   ASSERT_TRUE(a.ok());
-  char* p = static_cast<char*>(a->data());
-  std::atomic<bool> go{false};
   // Slow device work that writes the buffer, enqueued before the release.
-  ASSERT_TRUE(r.device
-                  ->HostTask(
-                      *compute,
-                      [&] {
-                        while (!go) std::this_thread::yield();
-                        std::memset(p, 0x5a, 16 << 10);
-                        return Status::Ok();
-                      },
-                      "fill")
-                  .ok());
+  GatedFill fill;
+  fill.Enqueue(*r.device, *compute, a->data(), 16 << 10);
   a->Release(/*dirty=*/true, compute.get());
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    go = true;
-  });
+  fill.OpenLater();
   // Needs the only device slot: must wait for the fill to finish, then write it back.
   Result<Lease> b = m.Acquire(2, Tier::kDevice);
-  releaser.join();
+  fill.Join();
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   b->Release();
   Result<Lease> h = m.Acquire(1, Tier::kHost);
@@ -460,14 +448,19 @@ TEST(TierManagerTest, ReleaseOnStreamWaitsForConsumerWork) {
   EXPECT_EQ(static_cast<unsigned char*>(h->data())[(16 << 10) - 1], 0x5a);
 }
 
+// Shared host memory, with room for two shards of kBytes in each of the device and host tiers.
+constexpr uint64_t kBytes = 16 << 10;
+Rig::Options SharedRig() {
+  return {.device_budget = 2 * kBytes,
+          .pool_bytes = 4 * kBytes,
+          .host_budget = 2 * kBytes,
+          .share_host_memory = true};
+}
+
 // Shared host memory (CPU device): a device copy for reading is the host copy itself, charged to
 // the device budget; writers get copies of their own; the evictor and writers drop idle shares.
 TEST(TierManagerTest, SharedHostMemoryReadsInPlaceAndWritersGetTheirOwnCopy) {
-  constexpr uint64_t kBytes = 16 << 10;
-  Rig r = Rig::Make({.device_budget = 2 * kBytes,
-                     .pool_bytes = 4 * kBytes,
-                     .host_budget = 2 * kBytes,
-                     .share_host_memory = true});
+  Rig r = Rig::Make(SharedRig());
   TierManager& m = *r.manager;
   for (ShardId id : {1, 2, 3}) ASSERT_TRUE(m.Register(Spec(id, kBytes, Tier::kNvme)).ok());
   ASSERT_TRUE(m.Start().ok());
@@ -545,39 +538,22 @@ TEST(TierManagerTest, SharedHostMemoryReadsInPlaceAndWritersGetTheirOwnCopy) {
 // A shared device copy's reader waits for device work still writing the host copy (released
 // with a stream), as the copy path's host-to-device copy does on its stream.
 TEST(TierManagerTest, SharedHostMemoryReaderWaitsForPendingWritesToTheHostCopy) {
-  constexpr uint64_t kBytes = 16 << 10;
-  Rig r = Rig::Make({.device_budget = 2 * kBytes,
-                     .pool_bytes = 4 * kBytes,
-                     .host_budget = 2 * kBytes,
-                     .share_host_memory = true});
+  Rig r = Rig::Make(SharedRig());
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, kBytes, Tier::kNvme)).ok());
   ASSERT_TRUE(m.Start().ok());
   std::unique_ptr<device::Stream> producer = std::move(*r.device->CreateStream("producer"));
   Result<Lease> w = m.Acquire(1, Tier::kHost, Access::kOverwrite, "producer");
   ASSERT_TRUE(w.ok());
-  char* p = static_cast<char*>(w->data());
-  std::atomic<bool> go{false};
-  ASSERT_TRUE(r.device
-                  ->HostTask(
-                      *producer,
-                      [&] {
-                        while (!go) std::this_thread::yield();
-                        std::memset(p, 0x5a, kBytes);
-                        return Status::Ok();
-                      },
-                      "write")
-                  .ok());
+  GatedFill fill;
+  fill.Enqueue(*r.device, *producer, w->data(), kBytes);
   w->Release(/*dirty=*/true, producer.get());
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    go = true;
-  });
+  fill.OpenLater();
   Result<Lease> d = m.Acquire(1, Tier::kDevice);
-  // Read before joining the releaser: a reader that did not wait sees the bytes unwritten.
+  // Read before the fill is let go: a reader that did not wait sees the bytes unwritten.
   const bool written = d.ok() && static_cast<unsigned char*>(d->data())[0] == 0x5a &&
                        static_cast<unsigned char*>(d->data())[kBytes - 1] == 0x5a;
-  releaser.join();
+  fill.Join();
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_TRUE(written) << "the device reader did not wait for the pending write";
   EXPECT_EQ(m.stats(Tier::kDevice).shares, 1u);
@@ -586,11 +562,7 @@ TEST(TierManagerTest, SharedHostMemoryReaderWaitsForPendingWritesToTheHostCopy) 
 // A thread that holds a shared device copy and then asks to write the host copy would wait for
 // itself: it gets FailedPrecondition instead of a hang. Another thread's writer waits.
 TEST(TierManagerTest, SharedHostMemoryWriterHoldingTheDeviceReadLeaseIsRefused) {
-  constexpr uint64_t kBytes = 16 << 10;
-  Rig r = Rig::Make({.device_budget = 2 * kBytes,
-                     .pool_bytes = 4 * kBytes,
-                     .host_budget = 2 * kBytes,
-                     .share_host_memory = true});
+  Rig r = Rig::Make(SharedRig());
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, kBytes, Tier::kNvme, "w")).ok());
   ASSERT_TRUE(m.Start().ok());
