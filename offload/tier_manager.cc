@@ -54,8 +54,11 @@ struct TierManager::Copy {
   std::thread::id overwriter;     // the thread holding that lease
   int pins = 0;                   // consumer leases
   int source_pins = 0;            // transfers reading from this copy
-  std::vector<std::string> owners;
-  std::vector<std::thread::id> holders;  // the threads that acquired the leases (one per pin)
+  struct Holder {
+    std::string owner;       // the lease's label, for budget errors
+    std::thread::id thread;  // the thread that acquired it
+  };
+  std::vector<Holder> holders;  // one per consumer lease (pin)
   uint64_t last_use = 0;
   bool transfer_started = false;  // kFilling: issued, or still waiting for its source
   bool writeback = false;         // kFilling: a write-back toward home (not a fill for a consumer)
@@ -638,9 +641,9 @@ std::string TierManager::DescribeTierLocked(Tier t) const {
       if (++pinned_count <= 8) {
         if (!pinned.empty()) pinned += ", ";
         std::string owners;
-        for (const std::string& o : c.owners) {
+        for (const Copy::Holder& h : c.holders) {
           if (!owners.empty()) owners += "+";
-          owners += o.empty() ? "?" : o;
+          owners += h.owner.empty() ? "?" : h.owner;
         }
         pinned += "'" + s.name + "' " + FormatBytes(c.reserved) + " by " + owners;
       }
@@ -958,8 +961,7 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
         c.overwriter = std::this_thread::get_id();
       }
       c.pins++;
-      c.owners.emplace_back(owner);
-      c.holders.push_back(std::this_thread::get_id());
+      c.holders.push_back({std::string(owner), std::this_thread::get_id()});
       c.last_use = ++tick_;
       if (wait_start != 0) {
         const int64_t end = TraceRecorder::NowNs();
@@ -1002,8 +1004,9 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
         FreeCopyLocked(s, Tier::kDevice);
         continue;
       }
-      if (std::find(dev.holders.begin(), dev.holders.end(), std::this_thread::get_id()) !=
-          dev.holders.end()) {
+      if (std::any_of(dev.holders.begin(), dev.holders.end(), [](const Copy::Holder& h) {
+            return h.thread == std::this_thread::get_id();
+          })) {
         // Waiting for the device readers would wait for ourselves.
         return Status(StatusCode::kFailedPrecondition,
                       "shard '" + s.name + "': the calling thread holds a device read lease on " +
@@ -1134,9 +1137,9 @@ void TierManager::ReleaseLease(Lease& lease, bool dirty, device::Stream* used_on
   const Tier t = lease.tier_;
   Copy& c = s.at(t);
   c.pins--;
-  auto owner = std::find(c.owners.begin(), c.owners.end(), lease.owner_);
-  if (owner != c.owners.end()) c.owners.erase(owner);
-  auto holder = std::find(c.holders.begin(), c.holders.end(), lease.acquirer_);
+  auto holder = std::find_if(c.holders.begin(), c.holders.end(), [&](const Copy::Holder& h) {
+    return h.owner == lease.owner_ && h.thread == lease.acquirer_;
+  });
   if (holder != c.holders.end()) c.holders.erase(holder);
   c.last_use = ++tick_;
   if (lease.writer_) c.overwrite = false;

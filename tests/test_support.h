@@ -29,6 +29,10 @@ class TempDir {
 void FillPattern(void* buffer, size_t length, uint64_t seed);
 std::vector<char> PatternBytes(size_t length, uint64_t seed);
 
+// n floats drawn from N(0, scale^2), and n token ids uniform in [0, vocab), from `seed`.
+std::vector<float> RandomVector(size_t n, uint64_t seed, float scale = 1.0f);
+std::vector<int32_t> RandomTokens(size_t n, int32_t vocab, uint64_t seed);
+
 // Reads a whole file into memory (for checking what a store wrote).
 std::vector<char> ReadWholeFile(const std::string& path);
 

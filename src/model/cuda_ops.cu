@@ -734,6 +734,25 @@ struct AttentionShape {
   float scale;       // 1 / sqrt(head_dim)
 };
 
+// The query row (b, h, i) of this warp, with the offset of its q / out / dout vector and where
+// its kv group's K and V start; false past the last row (the whole warp returns).
+struct QueryRow {
+  size_t b, h, i;
+  size_t q_off;   // (b * seq + i) * q_stride + h * head_dim
+  size_t kv_off;  // b * seq * kv_stride + (h / group) * head_dim
+};
+
+__device__ inline bool WarpQueryRow(const AttentionShape& shape, QueryRow* r) {
+  const size_t row = static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= shape.batch * shape.num_heads * shape.seq) return false;
+  r->i = row % shape.seq;
+  r->h = (row / shape.seq) % shape.num_heads;
+  r->b = row / (shape.seq * shape.num_heads);
+  r->q_off = (r->b * shape.seq + r->i) * shape.q_stride + r->h * shape.head_dim;
+  r->kv_off = r->b * shape.seq * shape.kv_stride + (r->h / shape.group) * shape.head_dim;
+  return true;
+}
+
 template <int R>
 __device__ inline void LoadHeadVector(const float* src, size_t head_dim, unsigned lane,
                                       float (&dst)[R]) {
@@ -761,18 +780,15 @@ template <int R>
 __global__ void AttentionForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
                                        const float* __restrict__ v, AttentionShape shape,
                                        float* __restrict__ out, float* __restrict__ lse) {
-  const size_t row = static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= shape.batch * shape.num_heads * shape.seq) return;  // the whole warp
+  QueryRow row;
+  if (!WarpQueryRow(shape, &row)) return;  // the whole warp
   const unsigned lane = threadIdx.x & 31;
-  const size_t i = row % shape.seq;
-  const size_t h = (row / shape.seq) % shape.num_heads;
-  const size_t b = row / (shape.seq * shape.num_heads);
-  const size_t g = h / shape.group;
+  const size_t b = row.b, h = row.h, i = row.i;
   const size_t d = shape.head_dim;
-  const float* kg = k + b * shape.seq * shape.kv_stride + g * d;
-  const float* vg = v + b * shape.seq * shape.kv_stride + g * d;
+  const float* kg = k + row.kv_off;
+  const float* vg = v + row.kv_off;
   float qi[R], acc[R];
-  LoadHeadVector<R>(q + (b * shape.seq + i) * shape.q_stride + h * d, d, lane, qi);
+  LoadHeadVector<R>(q + row.q_off, d, lane, qi);
 #pragma unroll
   for (int r = 0; r < R; ++r)
     acc[r] = 0.0f;
@@ -798,7 +814,7 @@ __global__ void AttentionForwardKernel(const float* __restrict__ q, const float*
     }
   }
   const float inv = static_cast<float>(1.0 / l);
-  float* oi = out + (b * shape.seq + i) * shape.q_stride + h * d;
+  float* oi = out + row.q_off;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const size_t c = lane + 32 * r;
@@ -816,17 +832,14 @@ __global__ void AttentionBackwardQueryKernel(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ out, const float* __restrict__ lse, const float* __restrict__ dout,
     AttentionShape shape, float* __restrict__ dq, float* __restrict__ delta) {
-  const size_t row = static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= shape.batch * shape.num_heads * shape.seq) return;
+  QueryRow row;
+  if (!WarpQueryRow(shape, &row)) return;  // the whole warp
   const unsigned lane = threadIdx.x & 31;
-  const size_t i = row % shape.seq;
-  const size_t h = (row / shape.seq) % shape.num_heads;
-  const size_t b = row / (shape.seq * shape.num_heads);
-  const size_t g = h / shape.group;
+  const size_t b = row.b, h = row.h, i = row.i;
   const size_t d = shape.head_dim;
-  const size_t q_off = (b * shape.seq + i) * shape.q_stride + h * d;
-  const float* kg = k + b * shape.seq * shape.kv_stride + g * d;
-  const float* vg = v + b * shape.seq * shape.kv_stride + g * d;
+  const size_t q_off = row.q_off;
+  const float* kg = k + row.kv_off;
+  const float* vg = v + row.kv_off;
   float qi[R], doi[R], dqi[R];
   LoadHeadVector<R>(q + q_off, d, lane, qi);
   LoadHeadVector<R>(dout + q_off, d, lane, doi);

@@ -33,23 +33,8 @@ using device::DType;
 
 constexpr const char* kPython = "/usr/bin/python3";
 
-std::vector<float> RandomVector(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v)
-    x = dist(rng) * scale;
-  return v;
-}
-
-std::vector<int32_t> RandomTokens(size_t n, int32_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> v(n);
-  for (int32_t& x : v)
-    x = dist(rng);
-  return v;
-}
+using strata::testing::RandomTokens;
+using strata::testing::RandomVector;
 
 Weight F32(const std::vector<float>& w) {
   return Weight{w.data(), DType::kF32};

@@ -33,6 +33,7 @@
 #include "model/cpu_ops.h"
 #include "model/cuda_ops_status.h"
 #include "strata/device.h"
+#include "test_support.h"
 
 namespace strata::model {
 namespace {
@@ -44,23 +45,8 @@ constexpr double k16BitGemmTolerance = 1e-2;
 
 #define ASSERT_OP_OK(expr) ASSERT_OK(cuda::ToStatus(expr))
 
-std::vector<float> RandomVector(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v)
-    x = dist(rng) * scale;
-  return v;
-}
-
-std::vector<int32_t> RandomTokens(size_t n, int32_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> v(n);
-  for (int32_t& x : v)
-    x = dist(rng);
-  return v;
-}
+using strata::testing::RandomTokens;
+using strata::testing::RandomVector;
 
 // A weight in its storage dtype on the host; cpu() is the CPU ops' view of it.
 struct HostWeight {
