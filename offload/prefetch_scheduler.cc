@@ -23,7 +23,9 @@ PrefetchOptions PrefetchOptions::FromConfig(const Config& config, uint64_t bytes
 }
 
 PrefetchScheduler::PrefetchScheduler(TierManager& manager, PrefetchOptions options)
-    : manager_(manager), options_(std::move(options)) {
+    : manager_(manager),
+      options_(std::move(options)),
+      host_budget_(manager.stats(Tier::kHost).budget) {
   if (options_.trace != nullptr) track_ = options_.trace->Track("prefetch");
   manager_.SetEvictionOracle([this](ShardId shard) {
     std::lock_guard lock(mu_);
@@ -144,9 +146,12 @@ std::vector<PrefetchScheduler::Candidate> PrefetchScheduler::PlanLocked(size_t p
   std::vector<Candidate> plan;
   const size_t n = trace_.size();
   const UnitId current = trace_[pos];
-  // Device (compute tier) window, then the deeper host window; each in access order.
+  // Device (compute tier) window, then the deeper host window; each in access order. The host
+  // window is as deep as the host budget: units beyond it cannot be in host memory together with
+  // the nearer ones. IssuePlan charges the host lookahead only for what it reads.
   uint64_t device_bytes = 0, host_bytes = 0;
   bool device_open = true;
+  bool host_open = options_.compute_tier == Tier::kDevice && options_.host_lookahead_bytes > 0;
   std::unordered_set<UnitId> seen;
   if (!include_pos) seen.insert(current);
   for (size_t k = include_pos ? 0 : 1; k < n; ++k) {
@@ -160,11 +165,8 @@ std::vector<PrefetchScheduler::Candidate> PrefetchScheduler::PlanLocked(size_t p
     } else {
       device_open = false;
     }
-    if (options_.compute_tier == Tier::kDevice) {
-      if (host_bytes + unit.bytes > options_.host_lookahead_bytes) {
-        if (!device_open) break;
-        continue;
-      }
+    if (host_open && host_bytes + unit.bytes > host_budget_) host_open = false;
+    if (host_open) {
       host_bytes += unit.bytes;
       plan.push_back({u, Tier::kHost});
     } else if (!device_open) {
@@ -184,6 +186,7 @@ Status PrefetchScheduler::IssuePlan(const std::vector<Candidate>& plan, uint64_t
   }
   bool stopped[kNumTiers] = {false, false, false};
   uint64_t live = manager_.stats(options_.compute_tier).in_use;
+  uint64_t host_reading = 0;  // bytes of the host stage's NVMe reads, issued or in flight
   for (const Candidate& c : plan) {
     const int ti = static_cast<int>(c.tier);
     if (stopped[ti]) continue;
@@ -196,7 +199,14 @@ Status PrefetchScheduler::IssuePlan(const std::vector<Candidate>& plan, uint64_t
       // The host stage only serves NVMe-homed shards not already in the compute tier.
       if (c.tier == Tier::kHost) {
         Result<Tier> h = manager_.home(s);
-        if (!h.ok() || *h != Tier::kNvme || manager_.IsCurrent(s, options_.compute_tier)) continue;
+        if (!h.ok() || *h != Tier::kNvme || manager_.IsCurrent(s, options_.compute_tier) ||
+            manager_.IsCurrent(s, Tier::kHost)) {
+          continue;
+        }
+        if (host_reading + manager_.shard_bytes(s) > options_.host_lookahead_bytes) {
+          stopped[ti] = true;
+          break;
+        }
       }
       if (c.tier == options_.compute_tier) {
         const uint64_t b = manager_.shard_bytes(s);
@@ -215,6 +225,10 @@ Status PrefetchScheduler::IssuePlan(const std::vector<Candidate>& plan, uint64_t
       done->push_back({step, access_index, c.unit, s, c.tier, *r});
       if (*r == PrefetchOutcome::kIssued && c.tier == options_.compute_tier) {
         live += manager_.shard_bytes(s);
+      }
+      if (c.tier == Tier::kHost &&
+          (*r == PrefetchOutcome::kIssued || *r == PrefetchOutcome::kInFlight)) {
+        host_reading += manager_.shard_bytes(s);
       }
       if (*r == PrefetchOutcome::kNoRoom) {
         stopped[ti] = true;

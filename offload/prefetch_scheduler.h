@@ -9,8 +9,12 @@
 //       device (the compute tier): units whose bytes fit `device_lookahead_bytes`
 //         (stage3_prefetch_bucket_size) while the compute tier holds at most `max_live_bytes`
 //         (stage3_max_live_parameters);
-//       host: deeper, `host_lookahead_bytes` (strata.prefetch.host_lookahead), because NVMe is
-//         the slowest stage — only for NVMe-homed shards;
+//       host: deeper, because NVMe is the slowest stage — only for NVMe-homed shards. The host
+//         walk covers the units ahead whose bytes fit the host budget (no schedule can hold
+//         more at once) and skips those already in host (or compute) memory: what it charges
+//         against `host_lookahead_bytes` (strata.prefetch.host_lookahead) are the bytes it is
+//         reading from NVMe, so the reads start as soon as the budget has room for them — right
+//         after the forward/backward turn too, where the host holds the units needed first;
 //     a prefetch that finds no room (TierManager::Prefetch -> kNoRoom: everything there is needed
 //     sooner) stops that stage's walk, so earlier units are never starved by later ones;
 //   - gives the tier manager an eviction oracle: the distance (in accesses) from the cursor to
@@ -50,7 +54,7 @@ struct PrefetchOptions {
   Tier compute_tier = Tier::kDevice;         // where the consumer uses units
   uint64_t device_lookahead_bytes = 100'000'000;
   uint64_t max_live_bytes = 2'000'000'000;
-  uint64_t host_lookahead_bytes = 400'000'000;
+  uint64_t host_lookahead_bytes = 400'000'000;  // NVMe reads in flight ahead of the cursor
   uint64_t max_reuse_distance_bytes = 2'000'000'000;
   uint64_t persistence_threshold_bytes = 200'000;
   TraceRecorder* trace = nullptr;            // prefetch decisions, when set
@@ -140,6 +144,7 @@ class PrefetchScheduler {
 
   TierManager& manager_;
   PrefetchOptions options_;
+  uint64_t host_budget_ = 0;  // the manager's host budget: how far the host walk can look
   mutable std::mutex mu_;
   std::unordered_map<UnitId, Unit> units_;
   std::unordered_map<ShardId, UnitId> unit_of_shard_;

@@ -425,9 +425,10 @@ bool TierManager::EvictOneLocked(Tier t, uint64_t target_distance, bool future_a
       above |= o < static_cast<int>(t);
     }
     const uint64_t distance = oracle_ ? oracle_(s.id) : kNeverUsed;
-    // A prefetch may not evict what is needed no later than the shard it brings in (a copy whose
-    // shard is current in a higher tier is not needed here for that use).
-    if (future_aware && current && !above && distance <= target_distance) continue;
+    // A prefetch may not evict what is needed no later than the shard it brings in — a copy
+    // whose shard is current in a higher tier too: that copy serves the next use, but it is
+    // usually let go after it, and then this one is what is left.
+    if (future_aware && current && distance <= target_distance) continue;
     const int cls = (!current || above) ? 3 : elsewhere ? 2 : 1;
     if (cls == 1) {
       // A write-back needs its target copy free to overwrite (or absent, for a host copy).

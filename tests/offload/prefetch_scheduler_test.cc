@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "device/pinned_pool.h"
@@ -21,7 +22,7 @@ constexpr uint64_t kUnit = 16 << 10;
 class PrefetchSchedulerTest : public ::testing::Test {
  protected:
   void Build(int units, uint64_t device_budget, uint64_t pool_bytes, PrefetchOptions opts,
-             uint64_t small_unit_bytes = 0) {
+             uint64_t small_unit_bytes = 0, bool share_host_memory = false) {
     device::DeviceOptions dopt;
     dopt.memory_budget = device_budget;
     device_ = std::move(*device::CreateDevice(dopt));
@@ -35,6 +36,7 @@ class PrefetchSchedulerTest : public ::testing::Test {
     mopt.pool = pool_.get();
     mopt.store = store_.get();
     mopt.device_budget = device_budget;
+    mopt.share_host_memory = share_host_memory;
     mopt.nvme.paths = {dir_.path().string()};
     manager_ = std::move(*TierManager::Create(mopt));
     for (int u = 0; u < units; ++u) {
@@ -163,6 +165,78 @@ TEST_F(PrefetchSchedulerTest, WalksAheadInTraceOrderWithinEachStageBudget) {
     if (a.access == 0 && a.tier == Tier::kDevice) first.insert(a.unit);
   }
   EXPECT_EQ(first, (std::set<UnitId>{1, 2}));
+}
+
+// The host stage walks as deep as the host budget and charges its lookahead only for what it
+// reads: with a host budget of C < L units, a forward/backward step reads each half's first
+// missing unit as soon as the half's first access has freed room (not when that unit comes
+// within `host_lookahead` units of the cursor), and never more than the 2 (L - C) reads the
+// budget makes necessary — with and without shared host memory (a GPU keeps separate copies).
+TEST_F(PrefetchSchedulerTest, HostStageReadsAsSoonAsTheBudgetHasRoom) {
+  constexpr int kUnits = 12, kHostUnits = 6;
+  for (bool share : {false, true}) {
+    SCOPED_TRACE(share ? "shared host memory" : "separate device copies");
+    Build(kUnits, 4 * kUnit, kHostUnits * kUnit, Lookahead(1, 1), 0, share);
+    const std::vector<UnitId> order = ForwardBackward(kUnits);
+    Step(order);
+    Step(order);
+    scheduler_->ClearActions();
+    const uint64_t read0 = store_->stats().bytes_read;
+    const PrefetchStats before = scheduler_->stats();
+    Step(order);
+    EXPECT_EQ(store_->stats().bytes_read - read0, 2u * (kUnits - kHostUnits) * kUnit);
+    EXPECT_EQ(scheduler_->stats().hits - before.hits, order.size());
+    EXPECT_LE(manager_->stats(Tier::kHost).peak, manager_->stats(Tier::kHost).budget);
+    // Host reads in issue order: (access, unit).
+    std::vector<std::pair<uint64_t, UnitId>> reads;
+    for (const PrefetchAction& a : scheduler_->actions()) {
+      if (a.tier == Tier::kHost && a.outcome == PrefetchOutcome::kIssued) {
+        reads.emplace_back(a.access, a.unit);
+      }
+    }
+    // The forward half reads C..L-1 and the backward half L-C-1..0, each first read right
+    // after the half's first access (units 0..C-1, then L-1..L-C, were still in host memory);
+    // the reads at the end of the backward half are already for the next step.
+    auto first_read_of = [&](UnitId u) -> uint64_t {
+      for (const auto& [access, unit] : reads) {
+        if (unit == u) return access;
+      }
+      ADD_FAILURE() << "unit " << u << " was never read";
+      return 0;
+    };
+    EXPECT_EQ(first_read_of(kHostUnits), 1u);
+    EXPECT_EQ(first_read_of(kUnits - kHostUnits - 1), static_cast<uint64_t>(kUnits + 1));
+    // A host lookahead of one unit: at most one read issued per access.
+    std::map<uint64_t, int> per_access;
+    for (const auto& [access, unit] : reads) EXPECT_LE(++per_access[access], 1) << access;
+    TearDown();
+  }
+}
+
+// The host lookahead caps the bytes being read, not the units walked: where several units are
+// missing at once, no more than `host_lookahead` of them are issued.
+TEST_F(PrefetchSchedulerTest, HostLookaheadCapsTheReadsInFlight) {
+  constexpr int kUnits = 12;
+  // Forward only: at the end of a step the host holds the last units used and misses the
+  // next step's first ones.
+  Build(kUnits, 4 * kUnit, 6 * kUnit, Lookahead(1, 2));
+  std::vector<UnitId> order;
+  for (int u = 0; u < kUnits; ++u) order.push_back(u);
+  Step(order);
+  Step(order);
+  scheduler_->ClearActions();
+  Step(order, /*settle=*/false);
+  std::map<uint64_t, int> per_access;
+  int most = 0;
+  for (const PrefetchAction& a : scheduler_->actions()) {
+    // Issued here, or already in flight (a device prefetch reads through host memory).
+    if (a.tier == Tier::kHost &&
+        (a.outcome == PrefetchOutcome::kIssued || a.outcome == PrefetchOutcome::kInFlight)) {
+      most = std::max(most, ++per_access[a.access]);
+    }
+  }
+  EXPECT_EQ(most, 2);
+  EXPECT_LE(manager_->stats(Tier::kHost).peak, manager_->stats(Tier::kHost).budget);
 }
 
 TEST_F(PrefetchSchedulerTest, SteadyStateHitsEveryAccess) {
