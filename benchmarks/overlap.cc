@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -147,6 +148,7 @@ struct Args {
   std::optional<int> host_budget;
   int io_threads = 1;
   int queue_depth = 2;
+  int run_ahead = 0;  // accesses whose compute may be queued behind the one running
   std::string backend = "auto";
   std::string device_alloc = "cached";
   std::string host_memory = "shared";
@@ -212,6 +214,10 @@ Status ParseArgs(Args& a) {
   }
   if (a.io_threads < 1 || a.queue_depth < 1) {
     return InvalidArgumentError("--io-threads and --qd: expected at least 1");
+  }
+  if (a.run_ahead < 0 || a.run_ahead > 8) {
+    return InvalidArgumentError(
+        fmt::format("--run-ahead {}: expected 0 to 8 accesses", a.run_ahead));
   }
   return Status::Ok();
 }
@@ -327,6 +333,48 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / static_cast<double>(v.size());
 }
 
+// How far the consumer runs ahead of its compute stream. After enqueueing an access's work it
+// records an event and waits for the event `depth` accesses back, so that at most `depth`
+// accesses' work is queued behind the one running — as a GPU training loop launches the next
+// layer's kernels while the current ones run. Depth 0 waits for each access's work before the
+// next Acquire.
+class ComputeWindow {
+ public:
+  static Result<ComputeWindow> Create(device::Device& device, device::Stream& stream, int depth) {
+    ComputeWindow w(device, stream);
+    for (int i = 0; i <= depth; ++i) {
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Event> e, device.CreateEvent());
+      w.events_.push_back(std::move(e));
+    }
+    return w;
+  }
+  // After an access's work was enqueued; returns how many accesses' work is now known to have
+  // run (0 or 1), oldest first.
+  Result<int> Enqueued() {
+    device::Event& e = *events_[next_ % events_.size()];
+    STRATA_RETURN_IF_ERROR(device_->Record(e, *stream_));
+    ++next_;
+    if (next_ - waited_ < events_.size()) return 0;
+    STRATA_RETURN_IF_ERROR(device_->Synchronize(*events_[waited_ % events_.size()]));
+    ++waited_;
+    return 1;
+  }
+  // At the end of a step: everything enqueued has run.
+  Status Drain() {
+    STRATA_RETURN_IF_ERROR(device_->Synchronize(*stream_));
+    waited_ = next_;
+    return Status::Ok();
+  }
+
+ private:
+  ComputeWindow(device::Device& device, device::Stream& stream)
+      : device_(&device), stream_(&stream) {}
+  device::Device* device_;
+  device::Stream* stream_;
+  std::vector<std::unique_ptr<device::Event>> events_;
+  size_t next_ = 0, waited_ = 0;
+};
+
 // Everything one streaming run needs; members are destroyed in reverse order: the scheduler
 // before the tier manager (which removes the offload files), the compute stream after the
 // manager's copies are gone, the pool (registered with store and device) before those two.
@@ -343,7 +391,7 @@ uint64_t UnitAlloc(const Args& a) {
   return RoundUp(a.unit_bytes, io::kDirectIoAlignment);
 }
 uint64_t DeviceBudget(const Args& a) {
-  return static_cast<uint64_t>(a.device_lookahead + 3) * UnitAlloc(a);
+  return static_cast<uint64_t>(a.device_lookahead + 3 + a.run_ahead) * UnitAlloc(a);
 }
 
 // Builds the rig for L units, writes every unit's initial content to NVMe and empties the host.
@@ -465,6 +513,26 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
   r.direct = rig.manager->nvme_layout() != nullptr && rig.manager->nvme_layout()->direct();
   const auto positions = samples.Positions();
   std::optional<ForeignCpu> foreign;
+  STRATA_ASSIGN_OR_RETURN(ComputeWindow window,
+                          ComputeWindow::Create(*rig.device, *rig.compute, a.run_ahead));
+  // Accesses whose work was enqueued and whose units are still held, oldest first; a unit is
+  // released once its work has run (so the scheduler can let it go at once).
+  struct Held {
+    int unit;
+    std::vector<offload::Lease> leases;
+    std::string owner;
+  };
+  std::deque<Held> pending;
+  auto release = [&](int n) -> Status {
+    for (; n > 0; --n) {
+      Held& h = pending.front();
+      Status rel = rig.scheduler->Release(static_cast<offload::UnitId>(h.unit), h.leases,
+                                          /*dirty=*/false, rig.compute.get());
+      if (!rel.ok()) return rel.WithContext(h.owner);
+      pending.pop_front();
+    }
+    return Status::Ok();
+  };
   // One step over the access sequence; `g` null: the check alone (io-only).
   auto run_step = [&](Gemm* g, int step, std::string_view label) -> Result<double> {
     const double t0 = NowSeconds();
@@ -496,22 +564,24 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
           },
           g != nullptr ? "gemm" : "check");
       if (!enq.ok()) return enq.WithContext(owner);
-      Status sync = rig.device->Synchronize(*rig.compute);
-      if (!sync.ok()) return sync.WithContext(owner);
+      pending.push_back({u, std::move(*leases), owner});
       const int64_t a2 = trace != nullptr ? TraceRecorder::NowNs() : 0;
-      Status rel = rig.scheduler->Release(static_cast<offload::UnitId>(u), *leases,
-                                          /*dirty=*/false, rig.compute.get());
-      if (!rel.ok()) return rel.WithContext(owner);
+      Result<int> ran = window.Enqueued();
+      if (!ran.ok()) return ran.status().WithContext(owner);
+      const int64_t a3 = trace != nullptr ? TraceRecorder::NowNs() : 0;
+      STRATA_RETURN_IF_ERROR(release(*ran));
       if (trace != nullptr) {
         // The consumer thread: where it spends each access (scheduler calls vs waiting for the
         // compute stream).
-        const int64_t a3 = TraceRecorder::NowNs();
+        const int64_t a4 = TraceRecorder::NowNs();
         const double unit = static_cast<double>(u);
         trace->Complete(consumer_track, "acquire", "consumer", a0, a1, {{"unit", unit}});
-        trace->Complete(consumer_track, "compute+sync", "consumer", a1, a2, {{"unit", unit}});
-        trace->Complete(consumer_track, "release", "consumer", a2, a3, {{"unit", unit}});
+        trace->Complete(consumer_track, "wait compute", "consumer", a2, a3, {{"unit", unit}});
+        trace->Complete(consumer_track, "release", "consumer", a3, a4, {{"unit", unit}});
       }
     }
+    STRATA_RETURN_IF_ERROR(window.Drain());
+    STRATA_RETURN_IF_ERROR(release(static_cast<int>(pending.size())));
     rig.scheduler->EndStep();
     const double dt = NowSeconds() - t0;
     if (trace != nullptr) {
@@ -593,7 +663,10 @@ class ComputeOnly {
     if (trace != nullptr) c->step_track_ = trace->Track("bench compute-only steps");
     STRATA_ASSIGN_OR_RETURN(c->device_, device::CreateDevice(dopt));
     STRATA_ASSIGN_OR_RETURN(c->stream_, c->device_->CreateStream("compute-only"));
-    for (int i = 0; i < a.device_lookahead + 3; ++i) {
+    STRATA_ASSIGN_OR_RETURN(ComputeWindow window,
+                            ComputeWindow::Create(*c->device_, *c->stream_, a.run_ahead));
+    c->window_.emplace(std::move(window));
+    for (int i = 0; i < a.device_lookahead + 3 + a.run_ahead; ++i) {
       STRATA_ASSIGN_OR_RETURN(void* p, c->device_->Alloc(UnitAlloc(a)));
       FloatStream(static_cast<uint64_t>(i) + 1000)
           .Fill(static_cast<float*>(p), a.unit_bytes / sizeof(float));
@@ -603,6 +676,7 @@ class ComputeOnly {
     return c;
   }
   ~ComputeOnly() {
+    window_.reset();
     stream_.reset();
     for (float* p : buffers_)
       device_->Free(p);
@@ -612,7 +686,7 @@ class ComputeOnly {
 
   int n() const { return n_; }
 
-  // Seconds for `accesses` GEMMs of `gemm`, each enqueued and synchronized on its own.
+  // Seconds for `accesses` GEMMs of `gemm`, enqueued as the streaming runs do (--run-ahead).
   Result<double> Time(Gemm& gemm, int accesses, int first_unit, std::string_view label) {
     const double t0 = NowSeconds();
     for (int k = 0; k < accesses; ++k) {
@@ -624,8 +698,9 @@ class ComputeOnly {
             return Status::Ok();
           },
           label));
-      STRATA_RETURN_IF_ERROR(device_->Synchronize(*stream_));
+      STRATA_ASSIGN_OR_RETURN([[maybe_unused]] int ran, window_->Enqueued());
     }
+    STRATA_RETURN_IF_ERROR(window_->Drain());
     return NowSeconds() - t0;
   }
 
@@ -657,8 +732,9 @@ class ComputeOnly {
             return Status::Ok();
           },
           "gemm"));
-      STRATA_RETURN_IF_ERROR(device_->Synchronize(*stream_));
+      STRATA_ASSIGN_OR_RETURN([[maybe_unused]] int ran, window_->Enqueued());
     }
+    STRATA_RETURN_IF_ERROR(window_->Drain());
     const double dt = NowSeconds() - t0;
     if (trace_ != nullptr) {
       const int64_t end = TraceRecorder::NowNs();
@@ -754,6 +830,7 @@ class ComputeOnly {
   ComputeOnly() = default;
   std::unique_ptr<device::Device> device_;
   std::unique_ptr<device::Stream> stream_;
+  std::optional<ComputeWindow> window_;  // on stream_
   std::vector<float*> buffers_;
   int n_ = 1;
   TraceRecorder* trace_ = nullptr;
@@ -811,9 +888,9 @@ std::string MiB(double bytes) {
 void PrintTable(std::FILE* out, const Args& a, const std::vector<Row>& rows) {
   fmt::print(out,
              "\nOverlap (layer streaming): unit {} ({} x {} fp32), steps 2-{} averaged, device "
-             "lookahead {} units, host lookahead {} units\n",
+             "lookahead {} units, host lookahead {} units (reads in flight), run-ahead {}\n",
              FormatBytesExact(a.unit_bytes), kGemmK, a.unit_bytes / 4 / kGemmK, a.steps,
-             a.device_lookahead, a.host_lookahead);
+             a.device_lookahead, a.host_lookahead, a.run_ahead);
   fmt::print(out,
              "{:>5} {:>5} {:>5} {:>5} {:>10} {:>10} {:>8} {:>7} {:>10} {:>7} {:>8} {:>6} {:>12} "
              "{:>10} {:>8} {:>9} {:>9}\n",
@@ -893,7 +970,7 @@ int Run(Args& a) {
     fmt::print(stderr,
                "L={}: {} units of {}, host budget {} units, device budget {} units, {} steps\n",
                units, units, FormatBytesExact(a.unit_bytes), row.host_budget_units,
-               a.device_lookahead + 3, al.steps);
+               a.device_lookahead + 3 + a.run_ahead, al.steps);
 
     fmt::print(stderr, " L={}: io-only (the same loop without the GEMM)\n", units);
     Result<RunResult> io = RunStreaming(al, units, Mode::kIoOnly, nullptr, nullptr);
@@ -1091,6 +1168,7 @@ int Run(Args& a) {
              {"host_memory", a.host_memory},
              {"io_threads", a.io_threads},
              {"queue_depth", a.queue_depth},
+             {"run_ahead_accesses", a.run_ahead},
              {"device_lookahead_units", a.device_lookahead},
              {"host_lookahead_units", a.host_lookahead},
              {"compute_ms", a.compute_ms ? json(*a.compute_ms) : json("auto")},
@@ -1157,6 +1235,9 @@ int main(int argc, char** argv) {
                  "Host (pinned pool) budget in units [default: host lookahead + 4]; capped at "
                  "L - 2 so that the model never fits in host memory");
   app.add_option("--io-threads", args.io_threads, "I/O threads of the block store")
+      ->capture_default_str();
+  app.add_option("--run-ahead", args.run_ahead,
+                 "Accesses whose compute may be queued behind the one running: 0 waits for each GEMM before the next Acquire; 1 enqueues unit k+1's GEMM while unit k's runs, as a GPU training loop launches ahead of its kernels (one more unit held; with shared host memory it also pins one more host unit). The compute-only runs and the calibration do the same")
       ->capture_default_str();
   app.add_option("--qd", args.queue_depth, "Requests in flight per I/O thread (large units: 2 keep the disk busy; more only delay the unit needed next)")
       ->capture_default_str();
