@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <set>
 
 #include "device/pinned_pool.h"
+#include "io/fault_injection.h"
 #include "io/memory_store.h"
 #include "offload_test_util.h"
 
@@ -27,6 +29,15 @@ class PrefetchSchedulerTest : public ::testing::Test {
     dopt.memory_budget = device_budget;
     device_ = std::move(*device::CreateDevice(dopt));
     store_ = std::move(*io::CreateMemoryStore({}));
+    if (read_latency_.count() > 0) {
+      auto faults = std::make_shared<io::FaultInjector>();
+      io::FaultRule slow;
+      slow.kind = io::FaultKind::kLatency;
+      slow.op = io::IoOp::kRead;
+      slow.latency = read_latency_;
+      faults->AddRule(slow);
+      store_ = io::CreateFaultInjectingStore(std::move(store_), faults);
+    }
     device::PinnedPoolOptions popt;
     popt.bytes = pool_bytes;
     popt.huge_pages = HugePages::kOff;
@@ -82,6 +93,7 @@ class PrefetchSchedulerTest : public ::testing::Test {
     return v;
   }
 
+  std::chrono::microseconds read_latency_{0};  // set before Build: every read takes this long
   strata::testing::TempDir dir_;
   std::unique_ptr<device::Device> device_;
   std::unique_ptr<io::BlockStore> store_;
@@ -218,7 +230,9 @@ TEST_F(PrefetchSchedulerTest, HostStageReadsAsSoonAsTheBudgetHasRoom) {
 TEST_F(PrefetchSchedulerTest, HostLookaheadCapsTheReadsInFlight) {
   constexpr int kUnits = 12;
   // Forward only: at the end of a step the host holds the last units used and misses the
-  // next step's first ones.
+  // next step's first ones. Reads take 5 ms, so those issued after one access are still in
+  // flight while the walk goes on.
+  read_latency_ = std::chrono::milliseconds(5);
   Build(kUnits, 4 * kUnit, 6 * kUnit, Lookahead(1, 2));
   std::vector<UnitId> order;
   for (int u = 0; u < kUnits; ++u) order.push_back(u);
