@@ -142,6 +142,9 @@ Result<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOption
                                             std::string(device::DeviceTypeName(
                                                 options.device->type()))));
   }
+  if (options.share_host_memory) {
+    STRATA_RETURN_IF_ERROR(options.device->UseHostMemoryAsDeviceMemory());
+  }
   std::unique_ptr<TierManager> m(new TierManager(options));
   m->budget_[0] = options.device != nullptr ? options.device_budget : 0;
   if (options.device != nullptr && m->budget_[0] == 0) {

@@ -132,6 +132,15 @@ class Device {
   // no-op on the CPU device). The range must stay mapped until UnregisterHost.
   virtual Status RegisterHost(void* ptr, size_t bytes) = 0;
   virtual Status UnregisterHost(void* ptr) = 0;
+  // From now on (for the device's lifetime), registered host memory is accepted wherever device
+  // memory is expected. Only a device whose memory is host memory can (the CPU device); a tier
+  // manager sharing host memory (TierManagerOptions::share_host_memory) calls it, so that
+  // without sharing a pinned-pool pointer passed as device memory is still an error.
+  virtual Status UseHostMemoryAsDeviceMemory() {
+    return Status(StatusCode::kFailedPrecondition,
+                  std::string(name()) + ": device memory is not host memory; registered host "
+                                        "memory cannot stand in for it");
+  }
 
   // ---- streams and events ------------------------------------------------------------------------
   virtual Result<std::unique_ptr<Stream>> CreateStream(std::string_view name) = 0;

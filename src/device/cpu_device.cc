@@ -520,16 +520,23 @@ Status CpuDevice::CheckDeviceRange(std::string_view op, std::string_view what, c
       }
     }
   }
-  // Registered host memory is device-accessible, as mapped pinned memory is to a GPU: a tier
-  // manager sharing host memory hands out pinned-pool pointers as device copies.
-  {
+  // Once a tier manager shares host memory, registered host memory is device-accessible, as
+  // mapped pinned memory is to a GPU: it hands out pinned-pool pointers as device copies.
+  const bool host_ok = host_memory_as_device_.load(std::memory_order_acquire);
+  if (host_ok) {
     std::lock_guard lock(host_mu_);
     if (registry_.Contains(ptr, bytes)) return Status::Ok();
   }
   return InvalidArgumentError(
-      fmt::format("{}: {}: {} [{}, +{} B) is not inside one allocation from this device's Alloc "
-                  "nor inside registered host memory",
-                  name_, op, what, Hex(ptr), bytes));
+      fmt::format("{}: {}: {} [{}, +{} B) is not inside one allocation from this device's "
+                  "Alloc{}",
+                  name_, op, what, Hex(ptr), bytes,
+                  host_ok ? " nor inside registered host memory" : ""));
+}
+
+Status CpuDevice::UseHostMemoryAsDeviceMemory() {
+  host_memory_as_device_.store(true, std::memory_order_release);
+  return Status::Ok();
 }
 
 Status CpuDevice::CheckHostRange(std::string_view op, std::string_view what, const void* ptr,

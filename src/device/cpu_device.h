@@ -30,6 +30,7 @@
 // Threading: as Device. A stream must not be destroyed from its own work.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -65,6 +66,7 @@ class CpuDevice final : public Device {
 
   Status RegisterHost(void* ptr, size_t bytes) override;
   Status UnregisterHost(void* ptr) override;
+  Status UseHostMemoryAsDeviceMemory() override;
 
   Result<std::unique_ptr<Stream>> CreateStream(std::string_view name) override;
   Result<std::unique_ptr<Event>> CreateEvent() override;
@@ -124,6 +126,8 @@ class CpuDevice final : public Device {
 
   mutable std::mutex host_mu_;  // guards registry_, stream_counter_
   internal::HostRegistry registry_;
+  // Registered host memory passes CheckDeviceRange (UseHostMemoryAsDeviceMemory).
+  std::atomic<bool> host_memory_as_device_{false};
   uint64_t stream_counter_ = 0;
 
   internal::StickyError sticky_;

@@ -134,6 +134,31 @@ TEST(CpuDeviceTest, OperandsMustLieInsideOneAllocation) {
   EXPECT_EQ(device->Fill(d, DType::kF32, 0.0f, 1, *stream).code(), StatusCode::kInvalidArgument);
 }
 
+// Registered (pinned) host memory is not device memory until a tier manager that shares host
+// memory says so (UseHostMemoryAsDeviceMemory); then it passes where device memory is expected.
+TEST(CpuDeviceTest, RegisteredHostMemoryIsDeviceMemoryOnlyWhenShared) {
+  std::vector<float> host(1024);  // declared before the stream, which drains when destroyed
+  auto device = MakeCpuDevice();
+  ASSERT_NE(device, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto stream, device->CreateStream("s"));
+  ASSERT_OK(device->RegisterHost(host.data(), host.size() * sizeof(float)));
+  Status before = device->Fill(host.data(), DType::kF32, 1.0f, host.size(), *stream);
+  EXPECT_EQ(before.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(before.message().find("not inside one allocation"), std::string::npos)
+      << before.ToString();
+  ASSERT_OK(device->UseHostMemoryAsDeviceMemory());
+  EXPECT_OK(device->Fill(host.data(), DType::kF32, 2.0f, host.size(), *stream));
+  // Only inside the registered range.
+  EXPECT_EQ(device->Fill(host.data(), DType::kF32, 0.0f, host.size() + 1, *stream).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_OK(device->Synchronize(*stream));
+  EXPECT_EQ(host.front(), 2.0f);
+  EXPECT_EQ(host.back(), 2.0f);
+  EXPECT_OK(device->UnregisterHost(host.data()));
+  EXPECT_EQ(device->Fill(host.data(), DType::kF32, 0.0f, 1, *stream).code(),
+            StatusCode::kInvalidArgument);
+}
+
 // Host-memory producer and consumer on two streams, ordered only by events: the consumer must
 // see every value the producer wrote, every time (and TSan must see no race). Without the second
 // event the producer races ahead into the next round while the consumer still reads.
