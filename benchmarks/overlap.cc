@@ -690,18 +690,23 @@ class ComputeOnly {
   Result<double> Time(Gemm& gemm, int accesses, int first_unit, std::string_view label) {
     const double t0 = NowSeconds();
     for (int k = 0; k < accesses; ++k) {
-      const float* w = buffers_[static_cast<size_t>(first_unit + k) % buffers_.size()];
-      STRATA_RETURN_IF_ERROR(device_->HostTask(
-          *stream_,
-          [&gemm, w]() -> Status {
-            gemm.Run(w);
-            return Status::Ok();
-          },
-          label));
-      STRATA_ASSIGN_OR_RETURN([[maybe_unused]] int ran, window_->Enqueued());
+      STRATA_RETURN_IF_ERROR(
+          Enqueue(gemm, buffers_[static_cast<size_t>(first_unit + k) % buffers_.size()], label));
     }
     STRATA_RETURN_IF_ERROR(window_->Drain());
     return NowSeconds() - t0;
+  }
+
+  // Enqueues one GEMM on `w` and keeps the consumer within --run-ahead of the stream.
+  Status Enqueue(Gemm& gemm, const float* w, std::string_view label) {
+    STRATA_RETURN_IF_ERROR(device_->HostTask(
+        *stream_,
+        [&gemm, w]() -> Status {
+          gemm.Run(w);
+          return Status::Ok();
+        },
+        label));
+    return window_->Enqueued().status();
   }
 
   // Steps of the forward/backward sequence for L units; returns the times of steps 2+.
@@ -724,15 +729,8 @@ class ComputeOnly {
     const double t0 = NowSeconds();
     for (int k = 0; k < 2 * units; ++k) {
       STRATA_RETURN_IF_ERROR(CheckInterrupted());
-      const float* w = buffers_[static_cast<size_t>(UnitOfAccess(k, units)) % buffers_.size()];
-      STRATA_RETURN_IF_ERROR(device_->HostTask(
-          *stream_,
-          [&gemm, w]() -> Status {
-            gemm.Run(w);
-            return Status::Ok();
-          },
-          "gemm"));
-      STRATA_ASSIGN_OR_RETURN([[maybe_unused]] int ran, window_->Enqueued());
+      STRATA_RETURN_IF_ERROR(Enqueue(
+          gemm, buffers_[static_cast<size_t>(UnitOfAccess(k, units)) % buffers_.size()], "gemm"));
     }
     STRATA_RETURN_IF_ERROR(window_->Drain());
     const double dt = NowSeconds() - t0;

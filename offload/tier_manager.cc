@@ -132,18 +132,17 @@ Result<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOption
                       " is larger than the pinned pool (" + FormatBytes(options.pool->size()) +
                       "); raise strata.memory.pinned_pool or lower strata.memory.host_budget");
   }
-  if (options.share_host_memory &&
-      (options.device == nullptr || options.device->type() != device::DeviceType::kCpu)) {
-    return Status(StatusCode::kInvalidArgument,
-                  "share_host_memory needs a device whose memory is host memory (the CPU device)" +
-                      std::string(options.device == nullptr
-                                      ? "; there is no device"
-                                      : "; this device is " +
-                                            std::string(device::DeviceTypeName(
-                                                options.device->type()))));
-  }
   if (options.share_host_memory) {
-    STRATA_RETURN_IF_ERROR(options.device->UseHostMemoryAsDeviceMemory());
+    // The device decides whether its memory is host memory (only the CPU device's is).
+    Status st = options.device == nullptr
+                    ? Status(StatusCode::kFailedPrecondition, "there is no device")
+                    : options.device->UseHostMemoryAsDeviceMemory();
+    if (!st.ok()) {
+      return Status(StatusCode::kInvalidArgument,
+                    "share_host_memory needs a device whose memory is host memory (the CPU "
+                    "device): " +
+                        std::string(st.message()));
+    }
   }
   std::unique_ptr<TierManager> m(new TierManager(options));
   m->budget_[0] = options.device != nullptr ? options.device_budget : 0;

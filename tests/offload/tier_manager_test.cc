@@ -599,5 +599,34 @@ TEST(TierManagerTest, SharedHostMemoryNeedsTheCpuDevice) {
       << m.status().ToString();
 }
 
+// The CPU device takes the pinned pool as device memory only once a manager shares host memory.
+TEST(TierManagerTest, SharingLetsTheCpuDeviceUseThePoolAsDeviceMemory) {
+  Result<std::unique_ptr<device::Device>> dev = device::CreateDevice({});
+  ASSERT_TRUE(dev.ok());
+  device::PinnedPoolOptions popt;
+  popt.bytes = 1 << 20;
+  popt.huge_pages = HugePages::kOff;
+  popt.device = dev->get();
+  Result<std::unique_ptr<device::PinnedPool>> pool = device::PinnedPool::Create(popt);
+  ASSERT_TRUE(pool.ok());
+  Result<std::unique_ptr<device::Stream>> stream = (*dev)->CreateStream("s");
+  ASSERT_TRUE(stream.ok());
+  auto fill = [&] {
+    return (*dev)->Fill((*pool)->base(), device::DType::kF32, 1.0f, 16, **stream);
+  };
+  TierManagerOptions o;
+  o.device = dev->get();
+  o.pool = pool->get();
+  Result<std::unique_ptr<TierManager>> copies = TierManager::Create(o);
+  ASSERT_TRUE(copies.ok()) << copies.status().ToString();
+  EXPECT_EQ(fill().code(), StatusCode::kInvalidArgument);
+  copies->reset();
+  o.share_host_memory = true;
+  Result<std::unique_ptr<TierManager>> shared = TierManager::Create(o);
+  ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+  EXPECT_TRUE(fill().ok());
+  EXPECT_TRUE((*dev)->Synchronize(**stream).ok());
+}
+
 }  // namespace
 }  // namespace strata::offload
