@@ -92,9 +92,17 @@ void PrefetchScheduler::EndStep() {
       if (!trace_.empty() && following_) {
         // The step ended early: also a divergence.
         stats_.divergences++;
-        STRATA_LOG(debug, offload,
-                   "step {} ended after {} of {} recorded accesses; re-recorded", step_,
-                   recording_.size(), trace_.size());
+        if (!warned_divergence_) {
+          warned_divergence_ = true;
+          STRATA_LOG(warn, offload,
+                     "step {} ended after {} of {} recorded accesses; its sequence is the new "
+                     "trace (further divergences are logged at debug level)",
+                     step_, recording_.size(), trace_.size());
+        } else {
+          STRATA_LOG(debug, offload,
+                     "step {} ended after {} of {} recorded accesses; re-recorded", step_,
+                     recording_.size(), trace_.size());
+        }
       }
       SetTraceLocked(std::move(recording_));
     }

@@ -571,6 +571,10 @@ Result<TierManager::Reservation> TierManager::ReserveLocked(Tier t, uint64_t nee
   Status evict_failure;          // a write-back this call could not issue
   Status last_alloc_error;
   for (;;) {
+    if (blocking) {  // the lock may have been dropped while waiting
+      const Shard* fs = FindLocked(for_shard);
+      if (fs != nullptr && fs->at(t).state != Copy::State::kAbsent) return Reservation{};
+    }
     if (stats_[ti].in_use + need <= budget_[ti]) {
       Result<Reservation> r = TryAllocLocked(t, need, allocate);
       if (r.ok()) return r;
@@ -621,7 +625,12 @@ Result<TierManager::Reservation> TierManager::ReserveLocked(Tier t, uint64_t nee
         return evict_failure.WithContext("making room in the " + std::string(TierName(t)) + " tier");
       }
       if (stats_[ti].in_use + need <= budget_[ti] && !last_alloc_error.ok()) {
-        return last_alloc_error;
+        // The budget had room but the allocator did not (pool fragmentation, the device's own
+        // limit): say so, and what holds the tier.
+        return Status(last_alloc_error.code(),
+                      std::string(last_alloc_error.message()) + "; the " +
+                          std::string(TierName(t)) + " tier is within its budget of " +
+                          FormatBytes(budget_[ti]) + ": " + DescribeHoldersLocked(t));
       }
       return Status(StatusCode::kResourceExhausted, DescribeTierLocked(t));
     }
@@ -630,38 +639,61 @@ Result<TierManager::Reservation> TierManager::ReserveLocked(Tier t, uint64_t nee
 }
 
 std::string TierManager::DescribeTierLocked(Tier t) const {
+  return std::string(TierName(t)) + " tier budget " + FormatBytes(budget_[static_cast<int>(t)]) +
+         " is exhausted: " + DescribeHoldersLocked(t);
+}
+
+std::string TierManager::DescribeHoldersLocked(Tier t) const {
   const int ti = static_cast<int>(t);
   std::string pinned;
   uint64_t pinned_bytes = 0, home_bytes = 0, flight_bytes = 0, pinned_count = 0, other = 0;
+  std::string flight;
+  uint64_t flight_count = 0;
   for (ShardId id : order_) {
     const Shard& s = *shards_.at(id);
     const Copy& c = s.at(t);
     if (c.reserved == 0) continue;
+    // A host copy under a device lease that shares it is held by that lease's owners.
+    const Copy& dev = s.at(Tier::kDevice);
+    const bool via_device = t == Tier::kHost && c.pins == 0 && c.shared_with_device &&
+                            dev.shares_host && dev.pins > 0;
     if (IsHome(s, t)) {
       home_bytes += c.reserved;
-    } else if (c.pins > 0) {
+    } else if (c.pins > 0 || via_device) {
       pinned_bytes += c.reserved;
       if (++pinned_count <= 8) {
         if (!pinned.empty()) pinned += ", ";
         std::string owners;
-        for (const Copy::Holder& h : c.holders) {
+        for (const Copy::Holder& h : (via_device ? dev : c).holders) {
           if (!owners.empty()) owners += "+";
           owners += h.owner.empty() ? "?" : h.owner;
         }
-        pinned += "'" + s.name + "' " + FormatBytes(c.reserved) + " by " + owners;
+        pinned += "'" + s.name + "' " + FormatBytes(c.reserved) + " by " + owners +
+                  (via_device ? " (device lease sharing it)" : "");
       }
     } else if (c.state == Copy::State::kFilling || c.source_pins > 0 || c.free_after_writeback) {
       flight_bytes += c.reserved;
+      if (++flight_count <= 4) {
+        const char* why = c.state == Copy::State::kFilling
+                              ? (c.transfer_started ? "filling" : "waiting for its source")
+                          : c.free_after_writeback ? "being written back"
+                          : c.shared_with_device   ? (dev.pins > 0 ? "shared by a device lease"
+                                                                   : "shared by a device copy")
+                                                   : "source of a transfer";
+        if (!flight.empty()) flight += ", ";
+        flight += "'" + s.name + "' " + why;
+      }
     } else {
       other += c.reserved;
     }
   }
   if (pinned_count > 8) pinned += ", ... (" + std::to_string(pinned_count - 8) + " more)";
-  return std::string(TierName(t)) + " tier budget " + FormatBytes(budget_[ti]) +
-         " is exhausted: " + FormatBytes(stats_[ti].in_use) + " in use — acquired " +
+  if (flight_count > 4) flight += ", ... (" + std::to_string(flight_count - 4) + " more)";
+  return FormatBytes(stats_[ti].in_use) + " in use — acquired " +
          FormatBytes(pinned_bytes) + (pinned.empty() ? "" : " (" + pinned + ")") +
          ", home copies " + FormatBytes(home_bytes) + ", in flight " + FormatBytes(flight_bytes) +
-         ", not evictable now " + FormatBytes(other);
+         (flight.empty() ? "" : " (" + flight + ")") + ", not evictable now " +
+         FormatBytes(other);
 }
 
 // ---- filling -------------------------------------------------------------------------------------

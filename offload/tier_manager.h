@@ -269,6 +269,11 @@ class TierManager {
   // Finds room for `need` bytes in tier t (evicting; waiting when `blocking`, which may drop
   // `lock`) and allocates it. Non-blocking: *no_room and ResourceExhausted when there is none now.
   // `future_aware`: evict only copies the oracle says are needed after `for_shard`.
+  // Callers reserve for `for_shard`'s absent copy in tier t. Should another caller create that
+  // copy while this one waits (a prefetch filling it), the result is an empty Reservation: the
+  // caller finds the copy no longer absent, gives the reservation back and looks again. (Without
+  // this the wait could end in a budget error, since the evictor never takes the copy it is
+  // making room for.)
   Result<Reservation> ReserveLocked(Tier t, uint64_t need, bool blocking, bool future_aware,
                                     ShardId for_shard, std::unique_lock<std::mutex>& lock,
                                     bool* no_room, bool allocate = true);
@@ -280,7 +285,11 @@ class TierManager {
                       std::optional<ShardId>* started_writeback, Status* failure = nullptr);
   Status StartWritebackLocked(Shard& s, Tier from, bool free_after);
   static Tier WritebackTarget(const Shard& s, Tier from);
+  // "<tier> tier budget B is exhausted: " + DescribeHoldersLocked(t).
   std::string DescribeTierLocked(Tier t) const;
+  // What holds the tier's bytes: acquired copies with their owners (up to 8), home copies,
+  // transfers in flight, and copies not evictable now.
+  std::string DescribeHoldersLocked(Tier t) const;
 
   // Transfers.
   // `may_share`: a device copy for reading, which shares the host copy under share_host_memory.

@@ -299,7 +299,12 @@ TEST_F(PrefetchSchedulerTest, DivergenceIsServedOnDemandAndReRecorded) {
   Step(order);
   std::vector<UnitId> changed = order;
   std::swap(changed[2], changed[4]);  // the model's call order changed
+  ::testing::internal::CaptureStderr();
   Step(changed);
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warned.find("step 3: access 2 is 'block.4' but the recorded trace expected block.2"),
+            std::string::npos)
+      << warned;
   EXPECT_EQ(scheduler_->stats().divergences, 1u);
   EXPECT_EQ(scheduler_->trace(), changed);
   const PrefetchStats before = scheduler_->stats();
@@ -310,9 +315,33 @@ TEST_F(PrefetchSchedulerTest, DivergenceIsServedOnDemandAndReRecorded) {
   EXPECT_EQ(scheduler_->stats().hits - before.hits, 2 * changed.size());
   // A step that ends early (e.g. an exception in the model) is a divergence too.
   std::vector<UnitId> shorter(changed.begin(), changed.begin() + 5);
+  ::testing::internal::CaptureStderr();
   Step(shorter);
+  const std::string quiet = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(quiet.find("ended after"), std::string::npos) << "warned twice: " << quiet;
   EXPECT_EQ(scheduler_->stats().divergences, 2u);
   EXPECT_EQ(scheduler_->trace(), shorter);
+}
+
+// A step that ends early is the first divergence a scheduler sees: it is warned about once.
+TEST_F(PrefetchSchedulerTest, StepThatEndsEarlyIsWarnedOnce) {
+  Build(6, 8 * kUnit, 16 * kUnit, Lookahead(2, 4));
+  const std::vector<UnitId> order = ForwardBackward(6);
+  Step(order);
+  Step(order);
+  const std::vector<UnitId> shorter(order.begin(), order.begin() + 5);
+  ::testing::internal::CaptureStderr();
+  Step(shorter);
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warned.find("step 3 ended after 5 of 12 recorded accesses"), std::string::npos)
+      << warned;
+  EXPECT_EQ(scheduler_->stats().divergences, 1u);
+  EXPECT_EQ(scheduler_->trace(), shorter);
+  // The shorter sequence is followed from the next step on.
+  const PrefetchStats before = scheduler_->stats();
+  Step(shorter);
+  EXPECT_EQ(scheduler_->stats().divergences, 1u);
+  EXPECT_EQ(scheduler_->stats().hits - before.hits, shorter.size());
 }
 
 TEST_F(PrefetchSchedulerTest, ReuseDistanceKeepsUnitsAndPersistentOnesStay) {

@@ -81,7 +81,10 @@ TEST(EngineTest, LossFalls) {
   o.steps = 40;
   o.param_host_budget = 16 << 10;  // two shards: parameters must come back from NVMe
   ASSERT_TRUE(run.Setup(o).ok());
-  ASSERT_TRUE(run.Train().ok());
+  {
+    const Status trained = run.Train();
+    ASSERT_TRUE(trained.ok()) << trained.ToString();
+  }
   const double first = MeanLoss(run, 0, 5);
   const double last = MeanLoss(run, 35, 40);
   EXPECT_LT(last, 0.6 * first) << "first " << first << " last " << last;
@@ -166,7 +169,10 @@ TEST(EngineTest, Bf16Trains) {
   o.steps = 30;
   ToyRun run;
   ASSERT_TRUE(run.Setup(o).ok());
-  ASSERT_TRUE(run.Train().ok());
+  {
+    const Status trained = run.Train();
+    ASSERT_TRUE(trained.ok()) << trained.ToString();
+  }
   EXPECT_LT(MeanLoss(run, 25, 30), 0.7 * MeanLoss(run, 0, 5));
   EXPECT_EQ(run.engine->compute_dtype(), device::DType::kBF16);
   // The parameters the model sees are the master weights rounded to bf16.
@@ -190,7 +196,10 @@ TEST(EngineTest, OptimizerPipelineMemoryIsBounded) {
   o.steps = 3;
   ToyRun run;
   ASSERT_TRUE(run.Setup(o).ok());
-  ASSERT_TRUE(run.Train().ok());
+  {
+    const Status trained = run.Train();
+    ASSERT_TRUE(trained.ok()) << trained.ToString();
+  }
   const auto stats = run.engine->stats();
   const uint64_t subgroup_bytes = device::PinnedPool::SizeClass(12ull * 4096);
   EXPECT_LE(stats.host_peak_bytes, 4 * subgroup_bytes);
@@ -315,7 +324,10 @@ TEST(EngineTest, OffloadedParametersUseOnlyThePrefetchBudgetOnTheDevice) {
   ToyRun run;
   Status st = run.Setup(o);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  ASSERT_TRUE(run.Train().ok());
+  {
+    const Status trained = run.Train();
+    ASSERT_TRUE(trained.ok()) << trained.ToString();
+  }
   const EngineStats stats = run.engine->stats();
   uint64_t all_shards = 0;
   for (const auto& l : run.engine->layouts()) all_shards += static_cast<uint64_t>(l.shard_numel) * 4;
