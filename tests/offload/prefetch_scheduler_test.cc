@@ -279,6 +279,56 @@ TEST_F(PrefetchSchedulerTest, DevicePeakIsBoundedByTheLookaheadNotTheModel) {
   }
 }
 
+// stage3_max_live_parameters: the device stage stops when the compute tier would hold more than
+// max_live_bytes, however deep its lookahead and however much room the budget has.
+TEST_F(PrefetchSchedulerTest, MaxLiveBytesCapsTheDeviceStage) {
+  uint64_t uncapped_peak = 0;
+  for (uint64_t max_live_units : {64, 3}) {
+    SCOPED_TRACE(max_live_units);
+    PrefetchOptions o = Lookahead(6, 8);
+    o.max_live_bytes = max_live_units * kUnit;
+    Build(16, 64 * kUnit, 128 * kUnit, o);
+    const std::vector<UnitId> order = ForwardBackward(16);
+    Step(order);
+    manager_->WaitIdle();
+    const PrefetchStats before = scheduler_->stats();
+    const uint64_t peak_before = manager_->stats(Tier::kDevice).peak;
+    scheduler_->ClearActions();
+    Step(order);
+    Step(order);
+    const uint64_t peak = std::max(peak_before, manager_->stats(Tier::kDevice).peak);
+    const PrefetchStats st = scheduler_->stats();
+    // Every access of steps 2 and 3 found its unit prefetched, with or without the cap.
+    EXPECT_EQ(st.hits - before.hits, 2 * order.size());
+    if (max_live_units == 64) {
+      uncapped_peak = peak;
+      EXPECT_GE(uncapped_peak, 6 * kUnit) << "the lookahead alone did not reach 6 units";
+    } else {
+      EXPECT_LE(peak, 3 * kUnit);
+      EXPECT_LT(peak, uncapped_peak);
+      // At most two units are ever prefetched ahead of the one in use.
+      for (const PrefetchAction& a : scheduler_->actions()) {
+        if (a.tier != Tier::kDevice || a.outcome != PrefetchOutcome::kIssued) continue;
+        // Distinct units after the access (EndStep's: from the next step's first access).
+        const size_t n = order.size();
+        const bool at_end = a.access == n;
+        std::vector<UnitId> ahead;
+        for (size_t k = at_end ? 0 : 1; k < n; ++k) {
+          const UnitId u = order[(a.access + k) % n];
+          if ((at_end || u != order[a.access]) &&
+              std::find(ahead.begin(), ahead.end(), u) == ahead.end()) {
+            ahead.push_back(u);
+          }
+          if (u == a.unit) break;
+        }
+        EXPECT_LE(ahead.size(), at_end ? 3u : 2u)
+            << "access " << a.access << " prefetched unit " << a.unit;
+      }
+    }
+    TearDown();
+  }
+}
+
 TEST_F(PrefetchSchedulerTest, TightBudgetStopsTheWalkInsteadOfStealing) {
   // Room for the current unit and one more: a 3-unit lookahead must stop at kNoRoom.
   Build(8, 2 * kUnit, 16 * kUnit, Lookahead(3, 6));

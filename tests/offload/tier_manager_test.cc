@@ -11,6 +11,10 @@
 #include <random>
 #include <thread>
 
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+
 #include "offload_test_util.h"
 
 namespace strata::offload {
@@ -284,9 +288,28 @@ TEST(TierManagerTest, NvmeLayoutIsStripedPreallocatedAndRemoved) {
   EXPECT_EQ(layout->Find(2)->offset, 0u);
   EXPECT_EQ(layout->Find(2)->length, 20'480u);
   EXPECT_EQ(layout->total_bytes(), 12'288u + 4096 + 20'480);
-  // Preallocated: both stripes of the param file have their blocks.
   const std::string param0 = layout->files()[1][0];
   EXPECT_NE(param0.find("strata.rank0.param.swap"), std::string::npos);
+  // Preallocated: the stripes of each class's file together hold its slots, and (where the
+  // filesystem supports fallocate) their blocks are allocated, not a sparse extension.
+  const uint64_t class_bytes[2] = {20'480, 12'288 + 4096};  // files in class order: optim, param
+  for (size_t f = 0; f < 2; ++f) {
+    uint64_t sum = 0;
+    for (const std::string& p : layout->files()[f]) {
+      struct stat st {};
+      ASSERT_EQ(::stat(p.c_str(), &st), 0) << p;
+      sum += static_cast<uint64_t>(st.st_size);
+      struct statfs fs {};
+      ASSERT_EQ(::statfs(p.c_str(), &fs), 0) << p;
+      const bool has_fallocate = fs.f_type == EXT4_SUPER_MAGIC || fs.f_type == XFS_SUPER_MAGIC ||
+                                 fs.f_type == BTRFS_SUPER_MAGIC || fs.f_type == TMPFS_MAGIC;
+      if (has_fallocate) {
+        EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, static_cast<uint64_t>(st.st_size))
+            << p << " is sparse";
+      }
+    }
+    EXPECT_GE(sum, class_bytes[f]) << layout->files()[f][0];
+  }
 
   WriteShard(m, 1, 10'000, 5, Tier::kHost);
   WriteShard(m, 2, 20'000, 6, Tier::kHost);
