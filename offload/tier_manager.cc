@@ -1179,6 +1179,13 @@ void TierManager::ReleaseLease(Lease& lease, bool dirty, device::Stream* used_on
   c.last_use = ++tick_;
   if (lease.writer_) c.overwrite = false;
   if (dirty) {
+    if (!lease.writer_) {
+      STRATA_LOG_ONCE(warn, offload,
+                      "shard '{}': a lease acquired for reading (Access::kRead) was released "
+                      "dirty; acquire with kReadWrite to modify a copy in place (other readers "
+                      "of the copy may have seen its bytes change)",
+                      s.name);
+    }
     s.version++;
     c.version = s.version;
     // A kRead lease must not be released dirty (see Access). Should a shared one be anyway, the

@@ -201,6 +201,29 @@ TEST(TierManagerTest, ReadersWaitingForRoomForTheSameShardShareItsCopy) {
   ExpectShard(m, 1, kBytes, 5, Tier::kHost);
 }
 
+// A kRead lease must not be released dirty. If one is, the bytes still become the shard's
+// current version (nothing written is lost), and the misuse is reported.
+TEST(TierManagerTest, ReadLeaseReleasedDirtyIsWarnedAndKept) {
+  Rig r = Rig::Make({});
+  TierManager& m = *r.manager;
+  ASSERT_TRUE(m.Register(Spec(1, 4096, Tier::kNvme, "misused")).ok());
+  ASSERT_TRUE(m.Start().ok());
+  Result<Lease> l = m.Acquire(1, Tier::kHost, Access::kRead, "reader");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  const std::vector<char> c = Content(4096, 3);
+  std::memcpy(l->data(), c.data(), c.size());
+  ::testing::internal::CaptureStderr();
+  l->Release(/*dirty=*/true);
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warned.find("shard 'misused': a lease acquired for reading (Access::kRead) was "
+                        "released dirty"),
+            std::string::npos)
+      << warned;
+  ASSERT_TRUE(m.FlushAll().ok());
+  ASSERT_TRUE(m.Evict(1, Tier::kHost).ok());
+  ExpectShard(m, 1, 4096, 3, Tier::kDevice);
+}
+
 TEST(TierManagerTest, EvictionWithoutOracleIsLru) {
   Rig r = Rig::Make({.device_budget = 48 << 10});
   TierManager& m = *r.manager;
