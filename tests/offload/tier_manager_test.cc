@@ -71,19 +71,26 @@ TEST(TierManagerTest, RegistrationErrors) {
   EXPECT_EQ(m.Acquire(1, Tier::kNvme).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(TierManagerTest, BudgetErrorNamesTierBudgetRequestAndHolders) {
-  Rig r = Rig::Make({.device_budget = 64 << 10});
-  TierManager& m = *r.manager;
+// Registers five 16 KiB NVMe shards 'block.0'..'block.4', starts the manager and acquires the
+// first four on the device for "forward".
+void HoldFourOfFive(TierManager& m, std::vector<Lease>& held) {
   for (ShardId id = 0; id < 5; ++id) {
     ASSERT_TRUE(m.Register(Spec(id, 16 << 10, Tier::kNvme, "block." + std::to_string(id))).ok());
   }
   ASSERT_TRUE(m.Start().ok());
-  std::vector<Lease> held;
   for (ShardId id = 0; id < 4; ++id) {
     Result<Lease> l = m.Acquire(id, Tier::kDevice, Access::kRead, "forward");
     ASSERT_TRUE(l.ok()) << l.status().ToString();
     held.push_back(std::move(*l));
   }
+}
+
+TEST(TierManagerTest, BudgetErrorNamesTierBudgetRequestAndHolders) {
+  Rig r = Rig::Make({.device_budget = 64 << 10});
+  TierManager& m = *r.manager;
+  std::vector<Lease> held;
+  HoldFourOfFive(m, held);
+  ASSERT_EQ(held.size(), 4u);
   Result<Lease> l = m.Acquire(4, Tier::kDevice, Access::kRead, "backward");
   ASSERT_FALSE(l.ok());
   const std::string msg = l.status().ToString();
@@ -103,16 +110,9 @@ TEST(TierManagerTest, BudgetErrorNamesTierBudgetRequestAndHolders) {
 TEST(TierManagerTest, SharedHostBudgetErrorNamesTheDeviceLeaseHolders) {
   Rig r = Rig::Make({.device_budget = 1 << 20, .host_budget = 64 << 10, .share_host_memory = true});
   TierManager& m = *r.manager;
-  for (ShardId id = 0; id < 5; ++id) {
-    ASSERT_TRUE(m.Register(Spec(id, 16 << 10, Tier::kNvme, "block." + std::to_string(id))).ok());
-  }
-  ASSERT_TRUE(m.Start().ok());
   std::vector<Lease> held;
-  for (ShardId id = 0; id < 4; ++id) {
-    Result<Lease> l = m.Acquire(id, Tier::kDevice, Access::kRead, "forward");
-    ASSERT_TRUE(l.ok()) << l.status().ToString();
-    held.push_back(std::move(*l));
-  }
+  HoldFourOfFive(m, held);
+  ASSERT_EQ(held.size(), 4u);
   ASSERT_EQ(m.stats(Tier::kHost).in_use, 64u << 10);
   Result<Lease> l = m.Acquire(4, Tier::kHost, Access::kRead, "optimizer");
   ASSERT_FALSE(l.ok());
