@@ -677,8 +677,7 @@ std::string TierManager::DescribeHoldersLocked(Tier t) const {
         const char* why = c.state == Copy::State::kFilling
                               ? (c.transfer_started ? "filling" : "waiting for its source")
                           : c.free_after_writeback ? "being written back"
-                          : c.shared_with_device   ? (dev.pins > 0 ? "shared by a device lease"
-                                                                   : "shared by a device copy")
+                          : c.shared_with_device   ? "shared by a device copy"
                                                    : "source of a transfer";
         if (!flight.empty()) flight += ", ";
         flight += "'" + s.name + "' " + why;
