@@ -92,17 +92,9 @@ void PrefetchScheduler::EndStep() {
       if (!trace_.empty() && following_) {
         // The step ended early: also a divergence.
         stats_.divergences++;
-        if (!warned_divergence_) {
-          warned_divergence_ = true;
-          STRATA_LOG(warn, offload,
-                     "step {} ended after {} of {} recorded accesses; its sequence is the new "
-                     "trace (further divergences are logged at debug level)",
-                     step_, recording_.size(), trace_.size());
-        } else {
-          STRATA_LOG(debug, offload,
-                     "step {} ended after {} of {} recorded accesses; re-recorded", step_,
-                     recording_.size(), trace_.size());
-        }
+        LogDivergenceLocked(fmt::format(
+            "step {} ended after {} of {} recorded accesses; its sequence is the new trace",
+            step_, recording_.size(), trace_.size()));
       }
       SetTraceLocked(std::move(recording_));
     }
@@ -127,6 +119,15 @@ void PrefetchScheduler::EndStep() {
       if (a.outcome == PrefetchOutcome::kNoRoom) stats_.no_room++;
     }
     actions_.insert(actions_.end(), done.begin(), done.end());
+  }
+}
+
+void PrefetchScheduler::LogDivergenceLocked(const std::string& what) {
+  if (!warned_divergence_) {
+    warned_divergence_ = true;
+    STRATA_LOG(warn, offload, "{} (further divergences are logged at debug level)", what);
+  } else {
+    STRATA_LOG(debug, offload, "{}", what);
   }
 }
 
@@ -284,17 +285,10 @@ Result<std::vector<Lease>> PrefetchScheduler::Acquire(UnitId unit, Access access
         const std::string want = expected < trace_.size()
                                      ? units_.at(trace_[expected]).name
                                      : std::string("the end of the step");
-        if (!warned_divergence_) {
-          warned_divergence_ = true;
-          STRATA_LOG(warn, offload,
-                     "step {}: access {} is '{}' but the recorded trace expected {}; serving the "
-                     "rest of the step on demand and re-recording (further divergences are "
-                     "logged at debug level)",
-                     step_, expected, it->second.name, want);
-        } else {
-          STRATA_LOG(debug, offload, "step {}: access {} is '{}', expected {}; re-recording",
-                     step_, expected, it->second.name, want);
-        }
+        LogDivergenceLocked(fmt::format(
+            "step {}: access {} is '{}' but the recorded trace expected {}; serving the rest of "
+            "the step on demand and re-recording",
+            step_, expected, it->second.name, want));
       }
     }
   }

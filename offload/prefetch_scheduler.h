@@ -140,6 +140,8 @@ class PrefetchScheduler {
   Status IssuePlan(const std::vector<Candidate>& plan, uint64_t access_index,
                    std::vector<PrefetchAction>* done);
   bool KeepAfterUseLocked(UnitId unit) const;
+  // A divergence from the trace: at warning level the first time, at debug level after.
+  void LogDivergenceLocked(const std::string& what);
   void SetTraceLocked(std::vector<UnitId> trace);
 
   TierManager& manager_;
