@@ -321,6 +321,10 @@ struct RunResult {
   std::string store_name;
   bool direct = false;
   double foreign_cpus = 0;  // other processes' CPU use during the measured steps
+  // The store's busy time (StoreStats::busy_ns: a read outstanding) during each of steps 2+, and
+  // its share of those steps' time.
+  std::vector<double> busy_s;
+  double busy_fraction = 0;
   // Paired run only: the io-only and compute-only step measured right before each prefetch step
   // (step_s), and each cycle's efficiency.
   std::vector<double> io_step_s, compute_step_s, cycle_efficiency;
@@ -614,12 +618,13 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
     STRATA_ASSIGN_OR_RETURN(double dt, run_step(gemm, step, label));
     if (step == 1) continue;
     r.step_s.push_back(dt);
+    const io::StoreStats store1 = rig.store->stats();
+    r.busy_s.push_back(static_cast<double>(store1.busy_ns - store0.busy_ns) * 1e-9);
     if (paired != nullptr) {
       r.cycle_efficiency.push_back(dt / std::max(r.io_step_s.back(), r.compute_step_s.back()));
     }
     const offload::PrefetchStats sched1 = rig.scheduler->stats();
     const offload::TierStats dev1 = rig.manager->stats(Tier::kDevice);
-    const io::StoreStats store1 = rig.store->stats();
     accesses += sched1.accesses - sched0.accesses;
     hits += sched1.hits - sched0.hits;
     issued += sched1.issued - sched0.issued;
@@ -635,6 +640,7 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
   const offload::TierStats dev1 = rig.manager->stats(Tier::kDevice);
   const offload::TierStats host1 = rig.manager->stats(Tier::kHost);
   r.mean_step_s = Mean(r.step_s);
+  r.busy_fraction = r.step_s.empty() ? 0.0 : Mean(r.busy_s) / r.mean_step_s;
   r.device_peak = dev1.peak;
   r.device_alloc_peak = rig.device->memory_stats().peak;
   r.device_budget = dev1.budget;
@@ -880,7 +886,10 @@ json RunJson(const RunResult& r) {
               {"prefetches_issued", r.prefetches_issued},
               {"prefetch_no_room", r.no_room},
               {"divergences", r.divergences},
-              {"foreign_cpus", r.foreign_cpus}};
+              {"foreign_cpus", r.foreign_cpus},
+              {"disk_busy_s_per_step", Mean(r.busy_s)},
+              {"disk_busy_steps_s", r.busy_s},
+              {"disk_busy_fraction", r.busy_fraction}};
 }
 
 std::string MiB(double bytes) {
@@ -895,27 +904,30 @@ void PrintTable(std::FILE* out, const Args& a, const std::vector<Row>& rows) {
              a.device_lookahead, a.host_lookahead, a.run_ahead);
   fmt::print(out,
              "{:>5} {:>5} {:>5} {:>5} {:>10} {:>10} {:>8} {:>7} {:>10} {:>7} {:>8} {:>6} {:>12} "
-             "{:>10} {:>8} {:>9} {:>9}\n",
+             "{:>10} {:>8} {:>9} {:>9} {:>9}\n",
              "L", "host", "M", "N", "io-only s", "compute s", "balance", "step s", "efficiency",
              "paired",
-             "no-pf s", "no-pf", "dev peak MiB", "budget MiB", "hit rate", "NVMe MiB", "other CPU");
+             "no-pf s", "no-pf", "dev peak MiB", "budget MiB", "hit rate", "NVMe MiB", "other CPU",
+             "disk busy");
   for (const Row& r : rows) {
     fmt::print(out,
                "{:>5} {:>5} {:>5} {:>5} {:>10.3f} {:>10.3f} {:>8.2f} {:>7.3f} {:>10.3f} {:>7.3f} "
-               "{:>8.3f} {:>6.2f} {:>12} {:>10} {:>8.3f} {:>9} {:>9.2f}\n",
+               "{:>8.3f} {:>6.2f} {:>12} {:>10} {:>8.3f} {:>9} {:>9.2f} {:>9.2f}\n",
                r.units, r.host_budget_units, r.gemm_m, r.gemm_n, r.io_only.mean_step_s, r.compute_only_s,
                r.balance, r.prefetch.mean_step_s, r.efficiency, r.paired_efficiency,
                r.no_prefetch.mean_step_s,
                r.no_prefetch_efficiency, MiB(static_cast<double>(r.prefetch.device_peak)),
                MiB(static_cast<double>(r.prefetch.device_budget)), r.prefetch.hit_rate,
-               MiB(r.prefetch.nvme_read_bytes_per_step), r.MaxForeignCpus());
+               MiB(r.prefetch.nvme_read_bytes_per_step), r.MaxForeignCpus(),
+               r.prefetch.busy_fraction);
   }
   fmt::print(out,
              "host = host budget (units); M x N = GEMM rows x the unit's columns it uses; balance = compute/io; efficiency = step / "
              "max(io-only, compute), each mode's median run; paired = the median over the paired "
              "run's cycles of the same ratio, its three steps taken in turn; no-pf = prefetch off (its step time and efficiency); dev "
              "peak = device bytes held by the tier manager, whole run; NVMe MiB = read per "
-             "step; other CPU = the most CPUs other processes used during one of the L's runs\n");
+             "step; other CPU = the most CPUs other processes used during one of the L's runs; disk busy = "
+             "the share of the prefetch steps' time with a read outstanding\n");
 }
 
 int Run(Args& a) {
@@ -1071,6 +1083,22 @@ int Run(Args& a) {
                "{:.3f}), no prefetch {:.3f} s ({:.3f})\n",
                units, row.io_only.mean_step_s, row.compute_only_s, row.prefetch.mean_step_s,
                row.efficiency, row.no_prefetch.mean_step_s, row.no_prefetch_efficiency);
+    {
+      // How busy the disk was: in the prefetch steps, what is left of a step beyond the disk's
+      // time is lost to the schedule (at the forward/backward turn and the step boundary, at
+      // least one access's compute each when balanced: docs/benchmarks.md, "The floor"); a
+      // prefetch step's disk time above io-only's is the disk reading slower.
+      const double busy = Mean(row.prefetch.busy_s);
+      const double per_access_ms = row.compute_only_s / (2.0 * units) * 1e3;
+      fmt::print(stderr,
+                 " L={}: disk busy {:.0f}% of the prefetch steps ({:.3f} s per step, {:.1f} ms "
+                 "idle; one access's compute {:.2f} ms), {:.0f}% of the io-only steps ({:.3f} s "
+                 "for the same reads); step / max(its own disk time, compute-only) {:.3f}\n",
+                 units, 100 * row.prefetch.busy_fraction, busy,
+                 (row.prefetch.mean_step_s - busy) * 1e3, per_access_ms,
+                 100 * row.io_only.busy_fraction, Mean(row.io_only.busy_s),
+                 row.prefetch.mean_step_s / std::max(busy, row.compute_only_s));
+    }
     if (row.round_efficiencies.size() > 1) {
       fmt::print(stderr, " L={}: efficiency of each round: {:.3f}\n", units,
                  fmt::join(row.round_efficiencies, ", "));

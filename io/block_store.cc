@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <memory>
 #include <set>
 #include <utility>
@@ -175,6 +176,29 @@ Status ValidateFileSpec(const FileSpec& spec) {
     }
   }
   return Status::Ok();
+}
+
+namespace {
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void BusyClock::Enter() {
+  std::lock_guard lock(mu_);
+  if (active_++ == 0) since_ns_ = SteadyNowNs();
+}
+
+void BusyClock::Leave() {
+  std::lock_guard lock(mu_);
+  if (--active_ == 0) busy_ns_ += static_cast<uint64_t>(SteadyNowNs() - since_ns_);
+}
+
+uint64_t BusyClock::TotalNs() const {
+  std::lock_guard lock(mu_);
+  return busy_ns_ + (active_ > 0 ? static_cast<uint64_t>(SteadyNowNs() - since_ns_) : 0);
 }
 
 }  // namespace internal

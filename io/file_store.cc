@@ -356,6 +356,7 @@ Status FileStore::Submit(std::span<IoRequest> requests) {
                            std::memory_order_relaxed);
       targets[i]->outstanding.fetch_add(1, std::memory_order_relaxed);
       in_flight_.fetch_add(1, std::memory_order_relaxed);
+      busy_.Enter();
       for (Transfer& t : state->transfers)
         batch.push_back(&t);
     }
@@ -481,6 +482,7 @@ void FileStore::CompleteRequest(RequestState* state) {
   IoCallback done = std::move(state->done);
   delete state;
   done(status);
+  busy_.Leave();
   if (in_flight_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     std::lock_guard lock(idle_mu_);
     idle_cv_.notify_all();
@@ -608,6 +610,7 @@ StoreStats FileStore::stats() const {
   s.device_requests = device_requests_.load(std::memory_order_relaxed);
   s.short_transfers = short_transfers_.load(std::memory_order_relaxed);
   s.retries = retries_.load(std::memory_order_relaxed);
+  s.busy_ns = busy_.TotalNs();
   AddBackendStats(&s);
   return s;
 }

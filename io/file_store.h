@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "io/fault_injection.h"
+#include "io/io_internal.h"
 #include "io/stripe.h"
 #include "strata/block_store.h"
 
@@ -183,6 +184,7 @@ class FileStore : public BlockStore {
   std::mutex idle_mu_;
   std::condition_variable idle_cv_;
   std::atomic<int64_t> in_flight_{0};  // logical requests whose callback has not returned
+  BusyClock busy_;                     // StoreStats::busy_ns
 
   std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0}, errors_{0};
   std::atomic<uint64_t> device_requests_{0}, short_transfers_{0}, retries_{0};

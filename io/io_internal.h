@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -25,5 +26,23 @@ std::string DescribePaths(const FileInfo& info);
 // Checks a FileSpec's shape (at least one path, no empty path, a stripe unit that is a positive
 // multiple of 4096 when striping, no path given twice).
 Status ValidateFileSpec(const FileSpec& spec);
+
+// StoreStats::busy_ns: the time during which at least one logical request was outstanding (from
+// Submit until its callback returned), as iostat's %util is a disk's. Enter when a request is
+// accepted, Leave after its callback; both take a mutex, so that an end and a new start racing on
+// two threads cannot lose or double-count an interval.
+class BusyClock {
+ public:
+  void Enter();
+  void Leave();
+  // Closed intervals plus the open one, if a request is outstanding now.
+  uint64_t TotalNs() const;
+
+ private:
+  mutable std::mutex mu_;
+  int64_t active_ = 0;
+  int64_t since_ns_ = 0;
+  uint64_t busy_ns_ = 0;
+};
 
 }  // namespace strata::io::internal

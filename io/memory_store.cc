@@ -125,6 +125,7 @@ class MemoryStore final : public BlockStore {
       }
       for (size_t i = 0; i < requests.size(); ++i) {
         targets[i]->outstanding.fetch_add(1);
+        busy_.Enter();
         jobs.push_back({std::move(requests[i]), targets[i]});
       }
     }
@@ -171,8 +172,13 @@ class MemoryStore final : public BlockStore {
   }
 
   StoreStats stats() const override {
-    std::lock_guard lock(stats_mu_);
-    return stats_;
+    StoreStats s;
+    {
+      std::lock_guard lock(stats_mu_);
+      s = stats_;
+    }
+    s.busy_ns = busy_.TotalNs();
+    return s;
   }
 
  private:
@@ -217,6 +223,7 @@ class MemoryStore final : public BlockStore {
       }
       job.file->outstanding.fetch_sub(1);
       job.request.done(st);
+      busy_.Leave();
       {
         std::lock_guard lock(queue_mu_);
         --running_;
@@ -288,6 +295,7 @@ class MemoryStore final : public BlockStore {
 
   mutable std::mutex stats_mu_;  // guards stats_ and registered_
   StoreStats stats_;
+  internal::BusyClock busy_;  // StoreStats::busy_ns
   std::map<const void*, size_t> registered_;  // base -> length
 
   std::vector<std::thread> threads_;

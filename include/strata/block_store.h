@@ -128,6 +128,10 @@ struct StoreStats {
   uint64_t fixed_buffer_transfers = 0;
   uint64_t fixed_file_transfers = 0;
   uint64_t registered_buffer_bytes = 0;  // bytes registered with every ring (0: none)
+  // Nanoseconds during which at least one request was outstanding (accepted by Submit, callback
+  // not yet returned), since the store was created: the store's busy time. Its difference over an
+  // interval, divided by the interval, is how busy the store kept the disk (iostat's %util).
+  uint64_t busy_ns = 0;
 };
 
 class BlockStore {

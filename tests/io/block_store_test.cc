@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -161,6 +162,50 @@ TEST_P(BlockStoreTest, WriteThenReadBackIsByteIdentical) {
       at += sizes[i];
     }
   }
+}
+
+// busy_ns counts the time during which a request is outstanding (its callback included), once
+// however many overlap, and not the time the store sits idle.
+TEST_P(BlockStoreTest, BusyTimeCountsOutstandingRequestsOnce) {
+  using Clock = std::chrono::steady_clock;
+  auto ns_since = [](Clock::time_point t) {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
+  };
+  constexpr auto kCallback = std::chrono::milliseconds(20);
+  constexpr int kRequests = 4;
+  EXPECT_EQ(store_->stats().busy_ns, 0u) << "no request was submitted yet";
+  FileId f = OpenOrDie(Spec("busy"));
+  AlignedBuffer buf(kRequests * 4096);
+  FillPattern(buf.data(), buf.size(), 5);
+
+  // Four writes whose callbacks each take 20 ms; with two I/O threads some run side by side.
+  const Clock::time_point t0 = Clock::now();
+  std::atomic<int> left{kRequests};
+  std::promise<void> all_done;
+  std::vector<IoRequest> batch;
+  for (int i = 0; i < kRequests; ++i) {
+    batch.push_back({IoOp::kWrite, f, static_cast<uint64_t>(i) * 4096, 4096,
+                     buf.data() + i * 4096, [&](const Status& st) {
+                       EXPECT_TRUE(st.ok()) << st.ToString();
+                       std::this_thread::sleep_for(kCallback);
+                       if (left.fetch_sub(1) == 1) all_done.set_value();
+                     }});
+  }
+  ASSERT_TRUE(store_->Submit(batch).ok());
+  all_done.get_future().wait();
+  const uint64_t busy = store_->stats().busy_ns;
+  const uint64_t wall = ns_since(t0);
+  // At least the longest callback, at most the wall time (so overlaps were not added up).
+  EXPECT_GE(busy, static_cast<uint64_t>(std::chrono::nanoseconds(kCallback).count()));
+  EXPECT_LE(busy, wall);
+
+  // Idle time is not busy time. The last callback may still be returning when `busy` was read.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const uint64_t after_idle = store_->stats().busy_ns;
+  EXPECT_GE(after_idle, busy);
+  EXPECT_LT(after_idle - busy, 50'000'000u) << "100 ms without a request outstanding";
+  ASSERT_TRUE(store_->Close(f).ok());
 }
 
 TEST_P(BlockStoreTest, UnalignedBytesWorkOnlyWithoutDirectIo) {
