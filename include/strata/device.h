@@ -171,9 +171,14 @@ class Device {
 
   // Runs `fn` on the host in stream order: it starts after earlier work on `stream` and later
   // work waits for it. This is how the CPU device runs compute. On CUDA it is cudaLaunchHostFunc,
-  // so `fn` must not call into the Device or CUDA. If `fn` returns an error it becomes the
-  // device's sticky error. Keep it for work that must be ordered with the stream; use Notify for
-  // bookkeeping.
+  // so `fn` must not call into the Device or CUDA; and since the runtime may run the host tasks of
+  // all streams one at a time on one thread, `fn` must not wait for anything another stream's
+  // host task does (that would deadlock), and a long `fn` delays the host tasks of every stream.
+  // If `fn` returns an error it becomes the device's sticky error and later host tasks are
+  // skipped. The CPU device skips all later work on every stream; on CUDA, kernels and copies
+  // already enqueued behind the failed task still run, so work that must not follow a failure
+  // is enqueued only after Synchronize or Query of an event recorded after the task succeeds.
+  // Keep HostTask for work that must be ordered with the stream; use Notify for bookkeeping.
   virtual Status HostTask(Stream& stream, std::function<Status()> fn, std::string_view label) = 0;
 
   // Calls `fn(status)` once the work enqueued on `stream` so far has completed (status = the
@@ -186,9 +191,13 @@ class Device {
   // y[i] = convert(x[i]) from `from` to `to` (fp32 -> bf16/fp16 rounds to nearest even; NaN and
   // Inf are preserved). x and y may not overlap unless they are the same pointer and dtype.
   virtual Status Cast(const void* x, DType from, void* y, DType to, size_t n, Stream& stream) = 0;
+  // Scale and Axpy compute in fp32 (a product and a sum are rounded separately, never fused)
+  // and store in `dtype`; a NaN result is always stored as the NaN 0x7fffffff (bf16 and fp16:
+  // 0x7fff), whatever NaN went in, as NVIDIA's arithmetic does, so that every device gives the
+  // same bits.
   // x[i] *= alpha
   virtual Status Scale(void* x, DType dtype, float alpha, size_t n, Stream& stream) = 0;
-  // y[i] += alpha * x[i]   (computed in fp32, stored in `dtype`)
+  // y[i] += alpha * x[i]
   virtual Status Axpy(float alpha, const void* x, void* y, DType dtype, size_t n,
                       Stream& stream) = 0;
   // x[i] = value

@@ -125,8 +125,9 @@ void Dispatch(DType dtype, Fn&& fn) {
 }
 
 // The loops below are the reference for the CUDA kernels (cuda_kernels.cu): same conversions,
-// same fp32 arithmetic. ISO C++ mode compiles with -ffp-contract=off, so a * x + y is two
-// roundings, as __fmul_rn / __fadd_rn are on the GPU.
+// same fp32 arithmetic, the same NaN (convert::CanonicalNaN). This file is compiled with
+// -ffp-contract=off (src/device/CMakeLists.txt), so a * x + y is two roundings, as __fmul_rn /
+// __fadd_rn are on the GPU, even where the target has FMA.
 void CastLoop(const void* x, DType from, void* y, DType to, size_t n) {
   if (from == to) {
     if (x != y) std::memcpy(y, x, n * DTypeSize(from));
@@ -149,7 +150,7 @@ void ScaleLoop(void* x, DType dtype, float alpha, size_t n) {
     using E = decltype(e);
     auto* p = static_cast<typename E::T*>(x);
     for (size_t i = 0; i < n; ++i)
-      p[i] = E::Store(E::Load(p[i]) * alpha);
+      p[i] = E::Store(convert::CanonicalNaN(E::Load(p[i]) * alpha));
   });
 }
 
@@ -160,7 +161,7 @@ void AxpyLoop(float alpha, const void* x, void* y, DType dtype, size_t n) {
     auto* out = static_cast<typename E::T*>(y);
     for (size_t i = 0; i < n; ++i) {
       const float product = alpha * E::Load(in[i]);
-      out[i] = E::Store(E::Load(out[i]) + product);
+      out[i] = E::Store(convert::CanonicalNaN(E::Load(out[i]) + product));
     }
   });
 }

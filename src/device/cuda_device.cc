@@ -268,8 +268,13 @@ class CudaDevice final : public Device {
   static void RunHostTask(void* data);
 
   Result<CudaStream*> Own(Stream& stream);
-  // cudaFree's every cached block. Caller holds mem_mu_.
+  // cudaFree's every cached block. Caller holds mem_mu_ (destruction only).
   void ReleaseCacheLocked();
+  // Removes cached blocks, largest first, until they add up to at least `need` bytes (or the
+  // cache is empty), and returns them for FreeBlocks. Caller holds mem_mu_.
+  std::vector<void*> TakeCacheLocked(uint64_t need);
+  // cudaFree's `blocks`; the caller has selected the GPU and does not hold mem_mu_.
+  void FreeBlocks(const std::vector<void*>& blocks);
   // What a traced operation looks like in the trace.
   struct TraceInfo {
     std::string name;
@@ -531,43 +536,95 @@ void CudaDevice::ReleaseCacheLocked() {
   cached_bytes_ = 0;
 }
 
+std::vector<void*> CudaDevice::TakeCacheLocked(uint64_t need) {
+  // Largest blocks first: the fewest cudaFree calls (each synchronizes the device) for the room.
+  std::vector<void*> taken;
+  while (need > 0 && !cache_.empty()) {
+    auto largest = std::prev(cache_.end());
+    if (largest->second.empty()) {
+      cache_.erase(largest);
+      continue;
+    }
+    taken.push_back(largest->second.back());
+    largest->second.pop_back();
+    cached_bytes_ -= largest->first;
+    reserved_bytes_ -= largest->first;
+    need -= std::min<uint64_t>(need, largest->first);
+    if (largest->second.empty()) cache_.erase(largest);
+  }
+  return taken;
+}
+
+void CudaDevice::FreeBlocks(const std::vector<void*>& blocks) {
+  for (void* ptr : blocks) {
+    Status freed = STRATA_CUDA(name_, cudaFree(ptr));
+    if (!freed.ok()) STRATA_LOG(warn, device, "{}", freed.ToString());
+  }
+}
+
 Result<void*> CudaDevice::Alloc(size_t bytes) {
   if (bytes == 0) return InvalidArgumentError(fmt::format("{}: Alloc of 0 bytes", name_));
-  std::lock_guard lock(mem_mu_);
-  const uint64_t charge =
-      bytes > stats_.budget ? uint64_t{bytes} : RoundUp(bytes, kDeviceAlignment);
-  if (charge > stats_.budget - stats_.in_use) {
-    ++stats_.failed_allocs;
-    return ResourceExhaustedError(
-        internal::BudgetExceededMessage(name_, charge, stats_.in_use, stats_.budget));
-  }
   const size_t block_bytes = BlockSize(bytes);
-  void* ptr = nullptr;
-  auto cached = cache_.find(block_bytes);
-  if (cached != cache_.end() && !cached->second.empty()) {
-    ptr = cached->second.back();
-    cached->second.pop_back();
-    cached_bytes_ -= block_bytes;
-  } else {
-    Status status = Bind();
-    // Keep what is held from the GPU near the budget: drop the cache before growing past it.
-    if (status.ok() && reserved_bytes_ + block_bytes > stats_.budget) ReleaseCacheLocked();
-    if (status.ok()) status = STRATA_CUDA(name_, cudaMalloc(&ptr, block_bytes));
-    if (status.code() == StatusCode::kResourceExhausted && cached_bytes_ > 0) {
-      ReleaseCacheLocked();
-      status = STRATA_CUDA(name_, cudaMalloc(&ptr, block_bytes));
-    }
-    if (!status.ok()) {
+  uint64_t charge = 0;
+  std::vector<void*> evicted;
+  {
+    std::lock_guard lock(mem_mu_);
+    charge = bytes > stats_.budget ? uint64_t{bytes} : RoundUp(bytes, kDeviceAlignment);
+    if (charge > stats_.budget - stats_.in_use) {
       ++stats_.failed_allocs;
-      return Status(status.code(),
-                    fmt::format("{} (Alloc of {} B as a {} block; {} of the {} budget in use)",
-                                status.message(), bytes, FormatBytes(block_bytes),
-                                FormatBytes(stats_.in_use), FormatBytes(stats_.budget)));
+      return ResourceExhaustedError(
+          internal::BudgetExceededMessage(name_, charge, stats_.in_use, stats_.budget));
+    }
+    // Charged now, so that concurrent Allocs see it while this one waits for cudaMalloc.
+    stats_.in_use += charge;
+    auto cached = cache_.find(block_bytes);
+    if (cached != cache_.end() && !cached->second.empty()) {
+      void* ptr = cached->second.back();
+      cached->second.pop_back();
+      cached_bytes_ -= block_bytes;
+      live_[ptr] = Block{block_bytes, charge};
+      stats_.peak = std::max(stats_.peak, stats_.in_use);
+      ++stats_.allocs;
+      return ptr;
+    }
+    // Keep what is held from the GPU within the budget: give back just enough cached blocks.
+    if (reserved_bytes_ + block_bytes > stats_.budget) {
+      evicted = TakeCacheLocked(reserved_bytes_ + block_bytes - stats_.budget);
     }
     reserved_bytes_ += block_bytes;
   }
+  // cudaFree synchronizes the device and cudaMalloc may wait too: neither runs under mem_mu_,
+  // so Free, memory_stats and Notify callbacks are never held up behind the GPU's queue.
+  void* ptr = nullptr;
+  Status status = Bind();
+  if (status.ok()) {
+    FreeBlocks(evicted);
+    status = STRATA_CUDA(name_, cudaMalloc(&ptr, block_bytes));
+  }
+  if (status.code() == StatusCode::kResourceExhausted) {
+    // The GPU itself is full (other processes, the context, libraries): give back the whole
+    // cache and try once more.
+    std::vector<void*> rest;
+    {
+      std::lock_guard lock(mem_mu_);
+      rest = TakeCacheLocked(cached_bytes_);
+    }
+    if (!rest.empty()) {
+      FreeBlocks(rest);
+      status = STRATA_CUDA(name_, cudaMalloc(&ptr, block_bytes));
+    }
+  }
+  std::lock_guard lock(mem_mu_);
+  if (!status.ok()) {
+    stats_.in_use -= charge;
+    reserved_bytes_ -= block_bytes;
+    ++stats_.failed_allocs;
+    return Status(status.code(),
+                  fmt::format("{} (Alloc of {} B as a {} block; {} of the {} budget in use)",
+                              status.message(), bytes, FormatBytes(block_bytes),
+                              FormatBytes(stats_.in_use), FormatBytes(stats_.budget)));
+  }
   live_[ptr] = Block{block_bytes, charge};
-  stats_.in_use += charge;
   stats_.peak = std::max(stats_.peak, stats_.in_use);
   ++stats_.allocs;
   return ptr;
@@ -640,7 +697,10 @@ Result<std::unique_ptr<Stream>> CudaDevice::CreateStream(std::string_view name) 
 Result<std::unique_ptr<Event>> CudaDevice::CreateEvent() {
   STRATA_RETURN_IF_ERROR(Bind());
   cudaEvent_t handle = nullptr;
-  const unsigned flags = trace_ != nullptr ? cudaEventDefault : cudaEventDisableTiming;
+  // Blocking sync: a thread in Synchronize(event) sleeps instead of spinning a core that the I/O,
+  // optimizer and callback threads need.
+  const unsigned flags = cudaEventBlockingSync |
+                         (trace_ != nullptr ? 0u : unsigned{cudaEventDisableTiming});
   STRATA_RETURN_IF_ERROR(STRATA_CUDA(name_, cudaEventCreateWithFlags(&handle, flags)));
   return std::unique_ptr<Event>(std::make_unique<CudaEvent>(this, handle));
 }
@@ -688,9 +748,13 @@ Result<bool> CudaDevice::Query(const Event& event) {
   STRATA_ASSIGN_OR_RETURN(const CudaEvent* ev, OwnEvent(this, event));
   STRATA_RETURN_IF_ERROR(Bind());
   const cudaError_t err = cudaEventQuery(ev->handle());
-  // cudaErrorNotReady is the answer "not yet", not a failure.
+  // cudaErrorNotReady is the answer "not yet", not a failure. The runtime also leaves it as the
+  // thread's last error, where the next kernel launch's cudaGetLastError() would report it as
+  // that launch's failure: clear it.
   const bool done = err != cudaErrorNotReady;
-  if (err != cudaErrorNotReady) {
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+  } else {
     Status status = CudaStatus(err, "cudaEventQuery", name_);
     if (!status.ok()) sticky_.Set(status);
   }

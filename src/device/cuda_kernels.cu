@@ -37,14 +37,15 @@ __global__ void CastKernel(const typename S::T* __restrict__ x, typename D::T* _
 template <typename E>
 __global__ void ScaleKernel(typename E::T* x, float alpha, size_t n) {
   for (size_t i = FirstIndex(); i < n; i += Stride())
-    x[i] = E::Store(__fmul_rn(E::Load(x[i]), alpha));
+    x[i] = E::Store(convert::CanonicalNaN(__fmul_rn(E::Load(x[i]), alpha)));
 }
 
 template <typename E>
 __global__ void AxpyKernel(float alpha, const typename E::T* __restrict__ x,
                            typename E::T* __restrict__ y, size_t n) {
   for (size_t i = FirstIndex(); i < n; i += Stride())
-    y[i] = E::Store(__fadd_rn(E::Load(y[i]), __fmul_rn(alpha, E::Load(x[i]))));
+    y[i] = E::Store(
+        convert::CanonicalNaN(__fadd_rn(E::Load(y[i]), __fmul_rn(alpha, E::Load(x[i])))));
 }
 
 template <typename E>

@@ -44,6 +44,14 @@ STRATA_HOST_DEVICE inline float BitsFloat(uint32_t u) {
 #endif
 }
 
+// The one NaN that Scale and Axpy store, on every device: 0x7fffffff (sign clear, every payload
+// bit set). NVIDIA's fp32 add and multiply return this canonical NaN whatever NaN went in, while
+// x86 keeps the input NaN's sign and payload; applying this to every arithmetic result makes the
+// backends agree bit for bit. Stored as bf16 it is 0x7fff, as fp16 0x7fff.
+STRATA_HOST_DEVICE inline float CanonicalNaN(float r) {
+  return r != r ? BitsFloat(0x7fffffffu) : r;
+}
+
 STRATA_HOST_DEVICE inline uint16_t FloatToBf16(float f) {
   uint32_t u = FloatBits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <limits>
 #include <numeric>
@@ -571,11 +572,13 @@ TEST_P(DeviceContractTest, ScaleAxpyFillMatchAHostReference) {
     // Reference: the same fp32 operations, stored through the scalar conversions.
     std::vector<float> rx = DecodeFrom(hx, dtype);
     std::vector<float> ry = DecodeFrom(hy, dtype);
+    // A NaN result is the NaN 0x7fffffff on every device (device.h).
+    auto canonical = [](float r) { return std::isnan(r) ? FromBits(0x7fffffffu) : r; };
     for (size_t i = 0; i < kN; ++i)
-      rx[i] = DecodeFrom(EncodeAs({rx[i] * 1.5f}, dtype), dtype)[0];
+      rx[i] = DecodeFrom(EncodeAs({canonical(rx[i] * 1.5f)}, dtype), dtype)[0];
     for (size_t i = 0; i < kN; ++i) {
       const float product = -0.75f * rx[i];
-      ry[i] = ry[i] + product;
+      ry[i] = canonical(ry[i] + product);
     }
     const std::vector<uint8_t> want_x = EncodeAs(rx, dtype);
     const std::vector<uint8_t> want_y = EncodeAs(ry, dtype);
@@ -591,6 +594,16 @@ TEST_P(DeviceContractTest, ScaleAxpyFillMatchAHostReference) {
     // Spot checks that do not depend on the reference code above.
     EXPECT_TRUE(std::isinf(DecodeFrom(got_x, dtype)[0]));
     EXPECT_TRUE(std::isnan(DecodeFrom(got_y, dtype)[1]));
+    // ...and it is the canonical NaN, not the 0x7fc00000 that went in.
+    if (dtype == DType::kF32) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, got_y.data() + 4, 4);
+      EXPECT_EQ(bits, 0x7fffffffu);
+    } else {
+      uint16_t bits = 0;
+      std::memcpy(&bits, got_y.data() + 2, 2);
+      EXPECT_EQ(bits, 0x7fffu);
+    }
     if (dtype == DType::kF16) {
       EXPECT_TRUE(std::isinf(DecodeFrom(got_x, dtype)[2]));
     } else {
@@ -652,12 +665,17 @@ TEST_P(DeviceContractTest, RegisterHostKeepsBookAndRefusesOverlaps) {
   EXPECT_EQ(unknown.code(), StatusCode::kNotFound);
   EXPECT_OK(device().UnregisterHost(base));
   EXPECT_EQ(device().UnregisterHost(base).code(), StatusCode::kNotFound);
-  // Registered memory works as a copy source.
+  // Registered memory works as a copy source and destination: the bytes make the round trip.
   void* d = DeviceAlloc(65536);
-  std::fill(base + 65536, base + 2 * 65536, 'r');
+  for (size_t i = 0; i < 65536; ++i)
+    base[65536 + i] = static_cast<char>(i * 7 + 3);
   ASSERT_OK(device().CopyAsync(d, base + 65536, 65536, CopyKind::kHostToDevice, a()));
+  ASSERT_OK(device().RegisterHost(base + 2 * 65536, 65536));
+  ASSERT_OK(device().CopyAsync(base + 2 * 65536, d, 65536, CopyKind::kDeviceToHost, a()));
   ASSERT_OK(device().Synchronize(a()));
+  EXPECT_EQ(std::memcmp(base + 2 * 65536, base + 65536, 65536), 0);
   EXPECT_OK(device().UnregisterHost(base + 65536));
+  EXPECT_OK(device().UnregisterHost(base + 2 * 65536));
 }
 
 // ---- tracing ---------------------------------------------------------------------------------
