@@ -122,6 +122,30 @@ TEST(CudaDeviceGpuTest, FreedBlocksAreReusedAndTheCacheYieldsToTheBudget) {
   device->Free(seven);
 }
 
+TEST(CudaDeviceGpuTest, TheCacheGivesBackOnlyWhatANewBlockNeeds) {
+  std::string why;
+  auto device = MakeCudaDevice(uint64_t{8} << 20, &why);
+  if (device == nullptr) GTEST_SKIP() << why;
+  const uint64_t two = uint64_t{2} << 20;
+  ASSERT_OK_AND_ASSIGN(void* a, device->Alloc(two));
+  ASSERT_OK_AND_ASSIGN(void* b, device->Alloc(two));
+  ASSERT_OK_AND_ASSIGN(void* small, device->Alloc(1000));
+  device->Free(a);
+  device->Free(b);
+  device->Free(small);
+  // Cached: two 2 MiB blocks and one 1 KiB block (4 MiB + 1 KiB). A 4 MiB block needs 1 KiB more
+  // than the budget leaves, so exactly one 2 MiB block (the largest) is given back.
+  ASSERT_OK_AND_ASSIGN(void* four, device->Alloc(uint64_t{4} << 20));
+  ASSERT_OK_AND_ASSIGN(void* again, device->Alloc(two));
+  EXPECT_TRUE(again == a || again == b) << "the other 2 MiB block stayed cached";
+  ASSERT_OK_AND_ASSIGN(void* small_again, device->Alloc(900));
+  EXPECT_EQ(small_again, small) << "the 1 KiB block stayed cached";
+  EXPECT_EQ(device->memory_stats().in_use, (uint64_t{6} << 20) + 1024);
+  device->Free(four);
+  device->Free(again);
+  device->Free(small_again);
+}
+
 TEST(CudaDeviceGpuTest, NotifyCallbackMayCallTheDevice) {
   std::vector<float> host(16, 0.0f);  // declared before the streams, which drain when destroyed
   std::promise<Status> enqueued;
