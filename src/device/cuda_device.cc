@@ -9,9 +9,12 @@
 // Pieces:
 //   - Allocator: cudaMalloc with a cache of freed blocks, bucketed by size (powers of two up to
 //     1 MiB, multiples of 2 MiB above), reused on an exact bucket match. The budget is checked
-//     like the CPU device's (requests rounded to kDeviceAlignment); the cache is emptied
-//     (cudaFree) before a new block would take the GPU memory held past the budget, and when
-//     cudaMalloc runs out of memory.
+//     like the CPU device's (requests rounded to kDeviceAlignment). Before a new block would take
+//     the GPU memory held past the budget, cached blocks are given back (cudaFree, largest
+//     first) until it fits; when cudaMalloc runs out of memory, the whole cache. cudaFree and
+//     cudaMalloc run outside the allocator's lock (cudaFree synchronizes the device). Operands
+//     of copies and kernels must lie inside one live allocation (CheckDeviceRange), so that a
+//     wrong pointer is an InvalidArgument rather than a fault that ends the CUDA context.
 //   - HostTask: cudaLaunchHostFunc; the CUDA runtime's thread runs `fn` (no CUDA calls there),
 //     and its error becomes the sticky error. After a CUDA context error the runtime does not
 //     call host functions at all (their captured state is then leaked, with the context).
@@ -257,6 +260,7 @@ class CudaDevice final : public Device {
   struct Block {
     size_t block_bytes = 0;  // cudaMalloc size (the cache bucket)
     uint64_t charge = 0;     // against the budget: the request rounded to kDeviceAlignment
+    size_t bytes = 0;        // the request: what operations may touch
   };
   struct HostTaskCall {
     CudaDevice* device;
@@ -268,6 +272,10 @@ class CudaDevice final : public Device {
   static void RunHostTask(void* data);
 
   Result<CudaStream*> Own(Stream& stream);
+  // InvalidArgument unless [ptr, ptr + bytes) lies inside one live allocation from Alloc: a wrong
+  // pointer is refused here instead of faulting on the GPU, which would end the CUDA context.
+  Status CheckDeviceRange(std::string_view op, std::string_view what, const void* ptr,
+                          size_t bytes) const;
   // cudaFree's every cached block. Caller holds mem_mu_ (destruction only).
   void ReleaseCacheLocked();
   // Removes cached blocks, largest first, until they add up to at least `need` bytes (or the
@@ -299,7 +307,7 @@ class CudaDevice final : public Device {
   int64_t epoch_ns_ = 0;
 
   mutable std::mutex mem_mu_;  // guards live_, cache_, cached_bytes_, reserved_bytes_, stats_
-  std::unordered_map<void*, Block> live_;
+  std::map<void*, Block, std::less<>> live_;  // ordered: CheckDeviceRange finds the enclosing one
   std::map<size_t, std::vector<void*>> cache_;  // block size -> free blocks
   uint64_t cached_bytes_ = 0;
   uint64_t reserved_bytes_ = 0;  // live and cached blocks
@@ -582,7 +590,7 @@ Result<void*> CudaDevice::Alloc(size_t bytes) {
       void* ptr = cached->second.back();
       cached->second.pop_back();
       cached_bytes_ -= block_bytes;
-      live_[ptr] = Block{block_bytes, charge};
+      live_[ptr] = Block{block_bytes, charge, bytes};
       stats_.peak = std::max(stats_.peak, stats_.in_use);
       ++stats_.allocs;
       return ptr;
@@ -624,7 +632,7 @@ Result<void*> CudaDevice::Alloc(size_t bytes) {
                               status.message(), bytes, FormatBytes(block_bytes),
                               FormatBytes(stats_.in_use), FormatBytes(stats_.budget)));
   }
-  live_[ptr] = Block{block_bytes, charge};
+  live_[ptr] = Block{block_bytes, charge, bytes};
   stats_.peak = std::max(stats_.peak, stats_.in_use);
   ++stats_.allocs;
   return ptr;
@@ -712,6 +720,25 @@ Result<CudaStream*> CudaDevice::Own(Stream& stream) {
         fmt::format("{}: stream '{}' belongs to another device", name_, stream.name()));
   }
   return cuda;
+}
+
+Status CudaDevice::CheckDeviceRange(std::string_view op, std::string_view what, const void* ptr,
+                                    size_t bytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  {
+    std::lock_guard lock(mem_mu_);
+    auto it = live_.upper_bound(const_cast<void*>(ptr));
+    if (it != live_.begin()) {
+      --it;
+      const uintptr_t base = reinterpret_cast<uintptr_t>(it->first);
+      if (begin - base <= it->second.bytes && bytes <= it->second.bytes - (begin - base)) {
+        return Status::Ok();
+      }
+    }
+  }
+  return InvalidArgumentError(
+      fmt::format("{}: {}: {} [{:#x}, +{} B) is not inside one allocation from this device's Alloc",
+                  name_, op, what, begin, bytes));
 }
 
 namespace {
@@ -829,6 +856,13 @@ Status CudaDevice::CopyAsync(void* dst, const void* src, size_t bytes, CopyKind 
   STRATA_ASSIGN_OR_RETURN(CudaStream * cuda, BeginEnqueue(stream));
   STRATA_RETURN_IF_ERROR(internal::ValidateCopy(dst, src, bytes, kind));
   if (bytes == 0) return Status::Ok();
+  const std::string op = fmt::format("{} copy", CopyKindName(kind));
+  if (kind != CopyKind::kDeviceToHost) {
+    STRATA_RETURN_IF_ERROR(CheckDeviceRange(op, "destination", dst, bytes));
+  }
+  if (kind != CopyKind::kHostToDevice) {
+    STRATA_RETURN_IF_ERROR(CheckDeviceRange(op, "source", src, bytes));
+  }
   auto describe = [&] {
     return TraceInfo{
         std::string(CopyKindName(kind)), "copy", {{"bytes", static_cast<double>(bytes)}}};
@@ -882,6 +916,9 @@ Status CudaDevice::Cast(const void* x, DType from, void* y, DType to, size_t n, 
   STRATA_ASSIGN_OR_RETURN(CudaStream * cuda, BeginEnqueue(stream));
   STRATA_RETURN_IF_ERROR(internal::ValidateCast(x, from, y, to, n));
   if (n == 0) return Status::Ok();
+  const std::string op = internal::CastName(from, to);
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange(op, "x", x, n * DTypeSize(from)));
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange(op, "y", y, n * DTypeSize(to)));
   auto describe = [&] {
     return TraceInfo{internal::CastName(from, to),
                      "compute",
@@ -897,6 +934,7 @@ Status CudaDevice::Scale(void* x, DType dtype, float alpha, size_t n, Stream& st
   STRATA_ASSIGN_OR_RETURN(CudaStream * cuda, BeginEnqueue(stream));
   STRATA_RETURN_IF_ERROR(internal::ValidateOperand("scale", "x", x, dtype, n));
   if (n == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("scale", "x", x, n * DTypeSize(dtype)));
   auto describe = [&] {
     return TraceInfo{fmt::format("scale {}", DTypeName(dtype)),
                      "compute",
@@ -914,6 +952,8 @@ Status CudaDevice::Axpy(float alpha, const void* x, void* y, DType dtype, size_t
   STRATA_RETURN_IF_ERROR(internal::ValidateOperand("axpy", "x", x, dtype, n));
   STRATA_RETURN_IF_ERROR(internal::ValidateOperand("axpy", "y", y, dtype, n));
   if (n == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("axpy", "x", x, n * DTypeSize(dtype)));
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("axpy", "y", y, n * DTypeSize(dtype)));
   auto describe = [&] {
     return TraceInfo{fmt::format("axpy {}", DTypeName(dtype)),
                      "compute",
@@ -929,6 +969,7 @@ Status CudaDevice::Fill(void* x, DType dtype, float value, size_t n, Stream& str
   STRATA_ASSIGN_OR_RETURN(CudaStream * cuda, BeginEnqueue(stream));
   STRATA_RETURN_IF_ERROR(internal::ValidateOperand("fill", "x", x, dtype, n));
   if (n == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("fill", "x", x, n * DTypeSize(dtype)));
   auto describe = [&] {
     return TraceInfo{fmt::format("fill {}", DTypeName(dtype)),
                      "compute",

@@ -146,6 +146,34 @@ TEST(CudaDeviceGpuTest, TheCacheGivesBackOnlyWhatANewBlockNeeds) {
   device->Free(small_again);
 }
 
+// A wrong pointer is refused before it reaches the GPU, where it would end the CUDA context.
+TEST(CudaDeviceGpuTest, OperandsMustLieInsideOneAllocation) {
+  std::vector<char> host(2000);  // declared before the stream, which drains when destroyed
+  std::string why;
+  auto device = MakeCudaDevice(uint64_t{64} << 20, &why);
+  if (device == nullptr) GTEST_SKIP() << why;
+  ASSERT_OK_AND_ASSIGN(auto stream, device->CreateStream("s"));
+  ASSERT_OK_AND_ASSIGN(void* d, device->Alloc(1000));
+  Status past = device->CopyAsync(d, host.data(), 1001, CopyKind::kHostToDevice, *stream);
+  EXPECT_EQ(past.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(past.message().find("h2d copy: destination"), std::string::npos) << past.ToString();
+  EXPECT_NE(past.message().find("not inside one allocation"), std::string::npos)
+      << past.ToString();
+  EXPECT_OK(device->CopyAsync(static_cast<char*>(d) + 500, host.data(), 500,
+                              CopyKind::kHostToDevice, *stream));
+  EXPECT_EQ(device->CopyAsync(host.data(), d, 8, CopyKind::kDeviceToDevice, *stream).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device->Fill(d, DType::kF32, 0.0f, 251, *stream).code(),
+            StatusCode::kInvalidArgument);  // 1004 bytes
+  EXPECT_EQ(device->Cast(d, DType::kF32, host.data(), DType::kBF16, 4, *stream).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device->Axpy(1.0f, host.data(), d, DType::kF32, 4, *stream).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_OK(device->Synchronize(*stream));
+  device->Free(d);
+  EXPECT_EQ(device->Scale(d, DType::kF32, 2.0f, 1, *stream).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CudaDeviceGpuTest, NotifyCallbackMayCallTheDevice) {
   std::vector<float> host(16, 0.0f);  // declared before the streams, which drain when destroyed
   std::promise<Status> enqueued;
