@@ -387,8 +387,17 @@ void CudaStream::RunCallbacks() {
         device_->sticky().Set(waited.WithContext(fmt::format("stream '{}'", name_)));
       }
       if (waited.ok() && callback.trace_start != nullptr) {
+        // The start from the epoch (a float of milliseconds: coarse after a long run), the
+        // duration from the operation's own two events (as fine as the GPU clock).
         Result<int64_t> start = device_->TraceTimeNs(callback.trace_start);
-        Result<int64_t> end = device_->TraceTimeNs(callback.done);
+        Result<int64_t> end = start;
+        if (start.ok()) {
+          float ms = 0;
+          Status timed = STRATA_CUDA(device_->name(),
+                                     cudaEventElapsedTime(&ms, callback.trace_start, callback.done));
+          end = timed.ok() ? Result<int64_t>(*start + static_cast<int64_t>(double{ms} * 1e6))
+                           : Result<int64_t>(timed);
+        }
         if (start.ok() && end.ok()) {
           device_->trace()->Complete(track_, callback.name, callback.category, *start,
                                      std::max(*start, *end), std::move(callback.args));
