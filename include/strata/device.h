@@ -97,6 +97,9 @@ struct DeviceMemoryStats {
   uint64_t peak = 0;         // highest in_use since creation (or ResetPeak)
   uint64_t allocs = 0;       // successful Alloc calls
   uint64_t failed_allocs = 0;
+  // Freed blocks the device keeps for reuse (its allocator's cache); in_use + cached stays within
+  // the budget, the cache giving way when a new block needs the room.
+  uint64_t cached = 0;
 };
 
 struct DeviceOptions {

@@ -373,7 +373,9 @@ void CpuDevice::Free(void* ptr) {
 
 DeviceMemoryStats CpuDevice::memory_stats() const {
   std::lock_guard lock(mem_mu_);
-  return stats_;
+  DeviceMemoryStats s = stats_;
+  s.cached = cached_bytes_;
+  return s;
 }
 
 void CpuDevice::ResetPeak() {

@@ -279,10 +279,12 @@ class CudaDevice final : public Device {
   // cudaFree's every cached block. Caller holds mem_mu_ (destruction only).
   void ReleaseCacheLocked();
   // Removes cached blocks, largest first, until they add up to at least `need` bytes (or the
-  // cache is empty), and returns them for FreeBlocks. Caller holds mem_mu_.
-  std::vector<void*> TakeCacheLocked(uint64_t need);
-  // cudaFree's `blocks`; the caller has selected the GPU and does not hold mem_mu_.
-  void FreeBlocks(const std::vector<void*>& blocks);
+  // cache is empty), counts them in freeing_bytes_ and returns them (with their sizes) for
+  // FreeBlocks. Caller holds mem_mu_.
+  std::vector<std::pair<void*, size_t>> TakeCacheLocked(uint64_t need);
+  // cudaFree's `blocks`, then takes them out of freeing_bytes_ and wakes Allocs waiting for
+  // that. The caller has selected the GPU and does not hold mem_mu_.
+  void FreeBlocks(const std::vector<std::pair<void*, size_t>>& blocks);
   // What a traced operation looks like in the trace.
   struct TraceInfo {
     std::string name;
@@ -306,11 +308,15 @@ class CudaDevice final : public Device {
   cudaEvent_t epoch_ = nullptr;  // tracing only
   int64_t epoch_ns_ = 0;
 
-  mutable std::mutex mem_mu_;  // guards live_, cache_, cached_bytes_, reserved_bytes_, stats_
+  // Guards live_, cache_, cached_bytes_, reserved_bytes_, freeing_bytes_, pending_charge_, stats_.
+  mutable std::mutex mem_mu_;
+  std::condition_variable freed_cv_;  // freeing_bytes_ went down
   std::map<void*, Block, std::less<>> live_;  // ordered: CheckDeviceRange finds the enclosing one
   std::map<size_t, std::vector<void*>> cache_;  // block size -> free blocks
   uint64_t cached_bytes_ = 0;
-  uint64_t reserved_bytes_ = 0;  // live and cached blocks
+  uint64_t reserved_bytes_ = 0;  // live and cached blocks, and blocks being allocated
+  uint64_t freeing_bytes_ = 0;   // blocks taken from the cache, their cudaFree not yet done
+  uint64_t pending_charge_ = 0;  // budget charges of Allocs waiting for cudaMalloc
   DeviceMemoryStats stats_;
 
   std::mutex host_mu_;  // guards registry_, stream_counter_
@@ -553,87 +559,98 @@ void CudaDevice::ReleaseCacheLocked() {
   cached_bytes_ = 0;
 }
 
-std::vector<void*> CudaDevice::TakeCacheLocked(uint64_t need) {
+std::vector<std::pair<void*, size_t>> CudaDevice::TakeCacheLocked(uint64_t need) {
   // Largest blocks first: the fewest cudaFree calls (each synchronizes the device) for the room.
-  std::vector<void*> taken;
+  std::vector<std::pair<void*, size_t>> taken;
   while (need > 0 && !cache_.empty()) {
     auto largest = std::prev(cache_.end());
     if (largest->second.empty()) {
       cache_.erase(largest);
       continue;
     }
-    taken.push_back(largest->second.back());
+    taken.emplace_back(largest->second.back(), largest->first);
     largest->second.pop_back();
     cached_bytes_ -= largest->first;
     reserved_bytes_ -= largest->first;
+    freeing_bytes_ += largest->first;
     need -= std::min<uint64_t>(need, largest->first);
     if (largest->second.empty()) cache_.erase(largest);
   }
   return taken;
 }
 
-void CudaDevice::FreeBlocks(const std::vector<void*>& blocks) {
-  for (void* ptr : blocks) {
+void CudaDevice::FreeBlocks(const std::vector<std::pair<void*, size_t>>& blocks) {
+  if (blocks.empty()) return;
+  uint64_t bytes = 0;
+  for (const auto& [ptr, size] : blocks) {
     Status freed = STRATA_CUDA(name_, cudaFree(ptr));
     if (!freed.ok()) STRATA_LOG(warn, device, "{}", freed.ToString());
+    bytes += size;
   }
+  {
+    std::lock_guard lock(mem_mu_);
+    freeing_bytes_ -= bytes;
+  }
+  freed_cv_.notify_all();
 }
 
 Result<void*> CudaDevice::Alloc(size_t bytes) {
   if (bytes == 0) return InvalidArgumentError(fmt::format("{}: Alloc of 0 bytes", name_));
+  STRATA_RETURN_IF_ERROR(Bind());
   const size_t block_bytes = BlockSize(bytes);
   uint64_t charge = 0;
-  std::vector<void*> evicted;
+  std::vector<std::pair<void*, size_t>> evicted;
   {
     std::lock_guard lock(mem_mu_);
     charge = bytes > stats_.budget ? uint64_t{bytes} : RoundUp(bytes, kDeviceAlignment);
-    if (charge > stats_.budget - stats_.in_use) {
+    if (charge > stats_.budget - stats_.in_use - pending_charge_) {
       ++stats_.failed_allocs;
-      return ResourceExhaustedError(
-          internal::BudgetExceededMessage(name_, charge, stats_.in_use, stats_.budget));
+      return ResourceExhaustedError(internal::BudgetExceededMessage(
+          name_, charge, stats_.in_use + pending_charge_, stats_.budget));
     }
-    // Charged now, so that concurrent Allocs see it while this one waits for cudaMalloc.
-    stats_.in_use += charge;
     auto cached = cache_.find(block_bytes);
     if (cached != cache_.end() && !cached->second.empty()) {
       void* ptr = cached->second.back();
       cached->second.pop_back();
       cached_bytes_ -= block_bytes;
       live_[ptr] = Block{block_bytes, charge, bytes};
+      stats_.in_use += charge;
       stats_.peak = std::max(stats_.peak, stats_.in_use);
       ++stats_.allocs;
       return ptr;
     }
-    // Keep what is held from the GPU within the budget: give back just enough cached blocks.
-    if (reserved_bytes_ + block_bytes > stats_.budget) {
-      evicted = TakeCacheLocked(reserved_bytes_ + block_bytes - stats_.budget);
-    }
+    // Reserved now (pending until cudaMalloc returns), so that concurrent Allocs see it: the
+    // budget check above counts it, the peak does not.
+    pending_charge_ += charge;
+    // Keep what is held from the GPU (live, cached, and blocks other Allocs are freeing right
+    // now) within the budget: give back just enough cached blocks.
+    const uint64_t held = reserved_bytes_ + freeing_bytes_ + block_bytes;
+    if (held > stats_.budget) evicted = TakeCacheLocked(held - stats_.budget);
     reserved_bytes_ += block_bytes;
   }
   // cudaFree synchronizes the device and cudaMalloc may wait too: neither runs under mem_mu_,
   // so Free, memory_stats and Notify callbacks are never held up behind the GPU's queue.
+  FreeBlocks(evicted);
   void* ptr = nullptr;
-  Status status = Bind();
-  if (status.ok()) {
-    FreeBlocks(evicted);
-    status = STRATA_CUDA(name_, cudaMalloc(&ptr, block_bytes));
-  }
+  Status status = STRATA_CUDA(name_, cudaMalloc(&ptr, block_bytes));
   if (status.code() == StatusCode::kResourceExhausted) {
     // The GPU itself is full (other processes, the context, libraries): give back the whole
-    // cache and try once more.
-    std::vector<void*> rest;
+    // cache, wait for the blocks other Allocs are giving back, and try once more.
+    std::vector<std::pair<void*, size_t>> rest;
     {
       std::lock_guard lock(mem_mu_);
       rest = TakeCacheLocked(cached_bytes_);
     }
-    if (!rest.empty()) {
-      FreeBlocks(rest);
-      status = STRATA_CUDA(name_, cudaMalloc(&ptr, block_bytes));
+    FreeBlocks(rest);
+    {
+      std::unique_lock lock(mem_mu_);
+      freed_cv_.wait(lock, [&] { return freeing_bytes_ == 0; });
     }
+    status = STRATA_CUDA(name_, cudaMalloc(&ptr, block_bytes));
   }
   std::lock_guard lock(mem_mu_);
+  pending_charge_ -= charge;
   if (!status.ok()) {
-    stats_.in_use -= charge;
     reserved_bytes_ -= block_bytes;
     ++stats_.failed_allocs;
     return Status(status.code(),
@@ -642,6 +659,7 @@ Result<void*> CudaDevice::Alloc(size_t bytes) {
                               FormatBytes(stats_.in_use), FormatBytes(stats_.budget)));
   }
   live_[ptr] = Block{block_bytes, charge, bytes};
+  stats_.in_use += charge;
   stats_.peak = std::max(stats_.peak, stats_.in_use);
   ++stats_.allocs;
   return ptr;
@@ -665,7 +683,9 @@ void CudaDevice::Free(void* ptr) {
 
 DeviceMemoryStats CudaDevice::memory_stats() const {
   std::lock_guard lock(mem_mu_);
-  return stats_;
+  DeviceMemoryStats s = stats_;
+  s.cached = cached_bytes_;
+  return s;
 }
 
 void CudaDevice::ResetPeak() {
@@ -736,7 +756,7 @@ Status CudaDevice::CheckDeviceRange(std::string_view op, std::string_view what, 
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   {
     std::lock_guard lock(mem_mu_);
-    auto it = live_.upper_bound(const_cast<void*>(ptr));
+    auto it = live_.upper_bound(ptr);
     if (it != live_.begin()) {
       --it;
       const uintptr_t base = reinterpret_cast<uintptr_t>(it->first);
@@ -809,7 +829,12 @@ Status CudaDevice::Synchronize(const Event& event) {
 Status CudaDevice::Synchronize(Stream& stream) {
   STRATA_ASSIGN_OR_RETURN(CudaStream * cuda, Own(stream));
   STRATA_RETURN_IF_ERROR(Bind());
-  Status status = STRATA_CUDA(name_, cudaStreamSynchronize(cuda->handle()));
+  // Through a blocking-sync event rather than cudaStreamSynchronize, which spins a core under
+  // the default scheduling.
+  STRATA_ASSIGN_OR_RETURN(cudaEvent_t marker, cuda->AcquireEvent(/*timing=*/false));
+  Status status = STRATA_CUDA(name_, cudaEventRecord(marker, cuda->handle()));
+  if (status.ok()) status = STRATA_CUDA(name_, cudaEventSynchronize(marker));
+  cuda->ReleaseEvent(marker, /*timing=*/false);
   if (!status.ok()) sticky_.Set(status.WithContext(fmt::format("stream '{}'", cuda->name())));
   return sticky_.Get();
 }

@@ -61,6 +61,7 @@ TEST(CpuDeviceTest, FreedBlocksAreReusedAndTheCacheYieldsToTheBudget) {
   void* a = std::move(device->Alloc(600 << 10)).value();
   device->Free(a);
   EXPECT_EQ(device->memory_stats().in_use, 0u);
+  EXPECT_EQ(device->memory_stats().cached, uint64_t{600} << 10);
   void* b = std::move(device->Alloc(600 << 10)).value();
   EXPECT_EQ(b, a) << "a freed block of the same size is handed out again";
   device->Free(b);
@@ -71,6 +72,7 @@ TEST(CpuDeviceTest, FreedBlocksAreReusedAndTheCacheYieldsToTheBudget) {
   Result<void*> d = device->Alloc(300 << 10);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(device->memory_stats().in_use, uint64_t{1000} << 10);
+  EXPECT_EQ(device->memory_stats().cached, 0u);
   device->Free(*c);
   device->Free(*d);
 }

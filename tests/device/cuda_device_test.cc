@@ -136,11 +136,13 @@ TEST(CudaDeviceGpuTest, TheCacheGivesBackOnlyWhatANewBlockNeeds) {
   // Cached: two 2 MiB blocks and one 1 KiB block (4 MiB + 1 KiB). A 4 MiB block needs 1 KiB more
   // than the budget leaves, so exactly one 2 MiB block (the largest) is given back.
   ASSERT_OK_AND_ASSIGN(void* four, device->Alloc(uint64_t{4} << 20));
+  EXPECT_EQ(device->memory_stats().cached, two + 1024) << "one 2 MiB block and the 1 KiB block";
   ASSERT_OK_AND_ASSIGN(void* again, device->Alloc(two));
   EXPECT_TRUE(again == a || again == b) << "the other 2 MiB block stayed cached";
   ASSERT_OK_AND_ASSIGN(void* small_again, device->Alloc(900));
   EXPECT_EQ(small_again, small) << "the 1 KiB block stayed cached";
   EXPECT_EQ(device->memory_stats().in_use, (uint64_t{6} << 20) + 1024);
+  EXPECT_EQ(device->memory_stats().cached, 0u);
   device->Free(four);
   device->Free(again);
   device->Free(small_again);

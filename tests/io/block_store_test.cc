@@ -205,6 +205,8 @@ TEST_P(BlockStoreTest, BusyTimeCountsOutstandingRequestsOnce) {
   const uint64_t after_idle = store_->stats().busy_ns;
   EXPECT_GE(after_idle, busy);
   EXPECT_LT(after_idle - busy, 50'000'000u) << "100 ms without a request outstanding";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(store_->stats().busy_ns, after_idle) << "nothing outstanding, nothing added";
   ASSERT_TRUE(store_->Close(f).ok());
 }
 
