@@ -511,16 +511,11 @@ void CpuDevice::Execute(const CpuStream& stream, CpuWorkItem& item) {
 
 Status CpuDevice::CheckDeviceRange(std::string_view op, std::string_view what, const void* ptr,
                                    size_t bytes) const {
-  const auto begin = reinterpret_cast<uintptr_t>(ptr);
   {
     std::lock_guard lock(mem_mu_);
-    auto it = allocations_.upper_bound(begin);
-    if (it != allocations_.begin()) {
-      --it;
-      if (begin - it->first <= it->second.bytes &&
-          bytes <= it->second.bytes - (begin - it->first)) {
-        return Status::Ok();
-      }
+    if (internal::InsideOneRange(allocations_, ptr, bytes,
+                                 [](const Allocation& a) { return a.bytes; })) {
+      return Status::Ok();
     }
   }
   // Once a tier manager shares host memory, registered host memory is device-accessible, as

@@ -311,7 +311,8 @@ class CudaDevice final : public Device {
   // Guards live_, cache_, cached_bytes_, reserved_bytes_, freeing_bytes_, pending_charge_, stats_.
   mutable std::mutex mem_mu_;
   std::condition_variable freed_cv_;  // freeing_bytes_ went down
-  std::map<void*, Block, std::less<>> live_;  // ordered: CheckDeviceRange finds the enclosing one
+  // Start address -> block; ordered, so that CheckDeviceRange finds the enclosing one.
+  std::map<uintptr_t, Block> live_;
   std::map<size_t, std::vector<void*>> cache_;  // block size -> free blocks
   uint64_t cached_bytes_ = 0;
   uint64_t reserved_bytes_ = 0;  // live and cached blocks, and blocks being allocated
@@ -524,7 +525,8 @@ CudaDevice::~CudaDevice() {
       STRATA_LOG(warn, device, "{}: {} allocation(s) ({}) never freed; freeing them", name_,
                  live_.size(), FormatBytes(stats_.in_use));
     }
-    for (const auto& [ptr, block] : live_) {
+    for (const auto& [address, block] : live_) {
+      void* ptr = reinterpret_cast<void*>(address);
       Status freed = STRATA_CUDA(name_, cudaFree(ptr));
       if (!freed.ok()) STRATA_LOG(warn, device, "{}", freed.ToString());
     }
@@ -613,7 +615,7 @@ Result<void*> CudaDevice::Alloc(size_t bytes) {
       void* ptr = cached->second.back();
       cached->second.pop_back();
       cached_bytes_ -= block_bytes;
-      live_[ptr] = Block{block_bytes, charge, bytes};
+      live_[reinterpret_cast<uintptr_t>(ptr)] = Block{block_bytes, charge, bytes};
       stats_.in_use += charge;
       stats_.peak = std::max(stats_.peak, stats_.in_use);
       ++stats_.allocs;
@@ -658,7 +660,7 @@ Result<void*> CudaDevice::Alloc(size_t bytes) {
                               status.message(), bytes, FormatBytes(block_bytes),
                               FormatBytes(stats_.in_use), FormatBytes(stats_.budget)));
   }
-  live_[ptr] = Block{block_bytes, charge, bytes};
+  live_[reinterpret_cast<uintptr_t>(ptr)] = Block{block_bytes, charge, bytes};
   stats_.in_use += charge;
   stats_.peak = std::max(stats_.peak, stats_.in_use);
   ++stats_.allocs;
@@ -668,7 +670,7 @@ Result<void*> CudaDevice::Alloc(size_t bytes) {
 void CudaDevice::Free(void* ptr) {
   if (ptr == nullptr) return;
   std::lock_guard lock(mem_mu_);
-  auto it = live_.find(ptr);
+  auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == live_.end()) {
     STRATA_LOG(error, device, "{}: Free({}) of memory that did not come from Alloc; ignored", name_,
                ptr);
@@ -753,21 +755,15 @@ Result<CudaStream*> CudaDevice::Own(Stream& stream) {
 
 Status CudaDevice::CheckDeviceRange(std::string_view op, std::string_view what, const void* ptr,
                                     size_t bytes) const {
-  const auto begin = reinterpret_cast<uintptr_t>(ptr);
   {
     std::lock_guard lock(mem_mu_);
-    auto it = live_.upper_bound(ptr);
-    if (it != live_.begin()) {
-      --it;
-      const uintptr_t base = reinterpret_cast<uintptr_t>(it->first);
-      if (begin - base <= it->second.bytes && bytes <= it->second.bytes - (begin - base)) {
-        return Status::Ok();
-      }
+    if (internal::InsideOneRange(live_, ptr, bytes, [](const Block& b) { return b.bytes; })) {
+      return Status::Ok();
     }
   }
   return InvalidArgumentError(
       fmt::format("{}: {}: {} [{:#x}, +{} B) is not inside one allocation from this device's Alloc",
-                  name_, op, what, begin, bytes));
+                  name_, op, what, reinterpret_cast<uintptr_t>(ptr), bytes));
 }
 
 namespace {

@@ -226,11 +226,7 @@ Status HostRegistry::Remove(const void* ptr) {
 }
 
 bool HostRegistry::Contains(const void* ptr, size_t bytes) const {
-  const auto begin = reinterpret_cast<uintptr_t>(ptr);
-  auto it = ranges_.upper_bound(begin);
-  if (it == ranges_.begin()) return false;
-  --it;
-  return begin - it->first <= it->second && bytes <= it->second - (begin - it->first);
+  return InsideOneRange(ranges_, ptr, bytes, [](size_t length) { return length; });
 }
 
 Status StickyError::Get() const {

@@ -42,6 +42,19 @@ std::string CastName(DType from, DType to);
 // "stream '<stream>': host task '<label>' failed: <message>".
 Status HostTaskError(std::string_view stream, std::string_view label, const Status& error);
 
+// Whether [ptr, ptr + bytes) lies inside one of `ranges`: an ordered map from a range's start
+// address to what `size_of(value)` turns into its length. Shared by the devices' operand checks
+// and HostRegistry.
+template <typename Map, typename SizeOf>
+bool InsideOneRange(const Map& ranges, const void* ptr, size_t bytes, SizeOf size_of) {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  auto it = ranges.upper_bound(begin);
+  if (it == ranges.begin()) return false;
+  --it;
+  const size_t length = size_of(it->second);
+  return begin - it->first <= length && bytes <= length - (begin - it->first);
+}
+
 // Host ranges given to RegisterHost. Not thread-safe: the owner locks.
 class HostRegistry {
  public:
