@@ -22,6 +22,10 @@
 // The table also reports how much CPU other processes used during each L's runs: on a small
 // shared machine that, not the engine, is often what moves the numbers.
 //
+// With --disk-rate R the NVMe files are replaced by an in-memory store paced to R bytes per
+// second (io/paced_store.h): a disk of steady bandwidth, so that the schedule can be measured
+// apart from a real disk's swings between runs. The default is the real disk under --path.
+//
 // Every Status is checked; on error the program prints it and exits 1. The offload files are
 // created in the --path directories and removed when each run's tier manager goes away.
 #include <cblas.h>
@@ -52,6 +56,8 @@
 
 #include "common/units.h"
 #include "device/pinned_pool.h"
+#include "io/memory_store.h"
+#include "io/paced_store.h"
 #include "offload/prefetch_scheduler.h"
 #include "offload/tier_manager.h"
 #include "strata/block_store.h"
@@ -153,13 +159,19 @@ struct Args {
   std::string device_alloc = "cached";
   std::string host_memory = "shared";
   std::string trace_file;
+  std::string disk_rate_text;  // empty: the real disk under --path
   bool json_output = false;
 
   // Parsed.
   std::vector<int> units;
   uint64_t unit_bytes = 0;
   std::optional<double> compute_ms;  // empty: auto
+  std::optional<double> disk_rate;   // bytes per second of the paced in-memory disk
 };
+
+// The offload files' directory when the disk is the paced in-memory store: a path that cannot
+// exist (/dev/null is not a directory), so that the layout's unlink at teardown touches nothing.
+constexpr const char* kPacedDiskDir = "/dev/null/paced-disk";
 
 Status ParseArgs(Args& a) {
   a.units.clear();
@@ -219,6 +231,23 @@ Status ParseArgs(Args& a) {
     return InvalidArgumentError(
         fmt::format("--run-ahead {}: expected 0 to 8 accesses", a.run_ahead));
   }
+  if (!a.disk_rate_text.empty()) {
+    std::string text = a.disk_rate_text;
+    if (text.size() > 2 && text.ends_with("/s")) text.resize(text.size() - 2);
+    Result<uint64_t> rate = ParseByteSize(text);
+    if (!rate.ok() || *rate < (uint64_t{1} << 20)) {
+      return InvalidArgumentError(fmt::format(
+          "--disk-rate '{}': expected bytes per second, at least 1MiB (e.g. 3GiB or 3GiB/s)",
+          a.disk_rate_text));
+    }
+    a.disk_rate = static_cast<double>(*rate);
+    if (a.paths.empty()) a.paths = {kPacedDiskDir};
+  }
+  if (a.paths.empty()) {
+    return InvalidArgumentError(
+        "--path is required: the directory for the offload files (or --disk-rate, for a paced "
+        "in-memory disk)");
+  }
   return Status::Ok();
 }
 
@@ -263,6 +292,9 @@ struct Gemm {
   int ldw = 1;
   std::vector<float> a;  // M x K activations (host memory: not model state)
   std::vector<float> c;  // M x N output
+  // Time spent inside Run, summed. Written on the compute stream's thread; read by the consumer
+  // only after it has drained that stream, which orders the two.
+  double run_s = 0;
 
   void Resize(int rows, int cols, int full_cols) {
     m = rows;
@@ -273,8 +305,10 @@ struct Gemm {
     FloatStream(12345).Fill(a.data(), a.size());
   }
   void Run(const float* w) {
+    const double t0 = NowSeconds();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, kGemmK, 1.0f, a.data(), kGemmK, w,
                 ldw, 0.0f, c.data(), n);
+    run_s += NowSeconds() - t0;
   }
 };
 
@@ -325,6 +359,9 @@ struct RunResult {
   // its share of those steps' time.
   std::vector<double> busy_s;
   double busy_fraction = 0;
+  // Time inside the GEMMs during each of steps 2+ (Gemm::run_s): against compute-only's, how much
+  // slower the compute ran beside the I/O.
+  std::vector<double> gemm_s;
   // Paired run only: the io-only and compute-only step measured right before each prefetch step
   // (step_s), and each cycle's efficiency.
   std::vector<double> io_step_s, compute_step_s, cycle_efficiency;
@@ -416,7 +453,12 @@ Status BuildRig(const Args& a, int units, bool prefetch, TraceRecorder* trace, S
   sopt.backend = ToBackend(a.backend);
   sopt.threads = a.io_threads;
   sopt.queue_depth = a.queue_depth;
-  STRATA_ASSIGN_OR_RETURN(rig.store, io::CreateBlockStore(sopt));
+  if (a.disk_rate) {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<io::BlockStore> memory, io::CreateMemoryStore(sopt));
+    STRATA_ASSIGN_OR_RETURN(rig.store, io::CreatePacedStore(std::move(memory), *a.disk_rate));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(rig.store, io::CreateBlockStore(sopt));
+  }
 
   const uint64_t host_budget = static_cast<uint64_t>(HostBudgetUnits(a, units)) *
                                device::PinnedPool::SizeClass(UnitAlloc(a));
@@ -615,9 +657,11 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
     sched0 = rig.scheduler->stats();
     dev0 = rig.manager->stats(Tier::kDevice);
     store0 = rig.store->stats();
+    const double gemm0 = gemm != nullptr ? gemm->run_s : 0.0;
     STRATA_ASSIGN_OR_RETURN(double dt, run_step(gemm, step, label));
     if (step == 1) continue;
     r.step_s.push_back(dt);
+    r.gemm_s.push_back(gemm != nullptr ? gemm->run_s - gemm0 : 0.0);
     const io::StoreStats store1 = rig.store->stats();
     r.busy_s.push_back(static_cast<double>(store1.busy_ns - store0.busy_ns) * 1e-9);
     if (paired != nullptr) {
@@ -720,16 +764,23 @@ class ComputeOnly {
   }
 
   // Steps of the forward/backward sequence for L units; returns the times of steps 2+.
-  // `foreign_cpus`: other processes' CPU use during steps 2+ (see ForeignCpu).
-  Result<std::vector<double>> Steps(Gemm& gemm, int units, int steps, double* foreign_cpus) {
+  // `foreign_cpus`: other processes' CPU use during steps 2+ (see ForeignCpu); `gemm_s`: the time
+  // inside the GEMMs, summed over steps 2+.
+  Result<std::vector<double>> Steps(Gemm& gemm, int units, int steps, double* foreign_cpus,
+                                    double* gemm_s) {
     std::vector<double> out;
     std::optional<ForeignCpu> foreign;
+    double gemm0 = 0;
     for (int step = 1; step <= steps; ++step) {
-      if (step == 2) foreign.emplace();
+      if (step == 2) {
+        foreign.emplace();
+        gemm0 = gemm.run_s;
+      }
       STRATA_ASSIGN_OR_RETURN(double dt,
                               OneStep(gemm, units, fmt::format("step {}/{}", step, steps)));
       if (step > 1) out.push_back(dt);
     }
+    *gemm_s = gemm.run_s - gemm0;
     *foreign_cpus = foreign->Cpus();
     return out;
   }
@@ -858,6 +909,7 @@ struct Row {
   RunResult io_only, prefetch, no_prefetch;
   std::vector<double> compute_only_steps;
   double compute_only_s = 0;
+  double compute_only_gemm_s = 0;  // per step: the time inside the GEMMs
   double compute_only_foreign_cpus = 0;
   // The most CPU other processes used during any of this L's four runs.
   double MaxForeignCpus() const {
@@ -889,7 +941,8 @@ json RunJson(const RunResult& r) {
               {"foreign_cpus", r.foreign_cpus},
               {"disk_busy_s_per_step", Mean(r.busy_s)},
               {"disk_busy_steps_s", r.busy_s},
-              {"disk_busy_fraction", r.busy_fraction}};
+              {"disk_busy_fraction", r.busy_fraction},
+              {"gemm_s_per_step", Mean(r.gemm_s)}};
 }
 
 std::string MiB(double bytes) {
@@ -1007,7 +1060,7 @@ int Run(Args& a) {
     // run is the one reported.
     std::vector<RunResult> ios{*io}, pfs;
     std::vector<std::vector<double>> computes;
-    std::vector<double> compute_means, compute_foreign;
+    std::vector<double> compute_means, compute_foreign, compute_gemm;
     for (int round = 0; round < a.rounds; ++round) {
       if (round > 0) {
         fmt::print(stderr, " L={}: io-only, round {}\n", units, round + 1);
@@ -1017,12 +1070,14 @@ int Run(Args& a) {
       }
       fmt::print(stderr, " L={}: compute-only (the GEMMs alone, weights in device memory){}\n",
                  units, a.rounds > 1 ? fmt::format(", round {}", round + 1) : "");
-      double foreign = 0;
-      Result<std::vector<double>> c = (*compute)->Steps(gemm, units, al.steps, &foreign);
+      double foreign = 0, gemm_total = 0;
+      Result<std::vector<double>> c =
+          (*compute)->Steps(gemm, units, al.steps, &foreign, &gemm_total);
       if (!c.ok()) return fail(c.status().WithContext(fmt::format("L={} compute-only", units)));
       computes.push_back(*c);
       compute_means.push_back(Mean(*c));
       compute_foreign.push_back(foreign);
+      compute_gemm.push_back(gemm_total / static_cast<double>(c->size()));
 
       fmt::print(stderr, " L={}: streaming with prefetch{}\n", units,
                  a.rounds > 1 ? fmt::format(", round {}", round + 1) : "");
@@ -1049,6 +1104,7 @@ int Run(Args& a) {
       const size_t ci = median_index(compute_means);
       row.compute_only_steps = computes[ci];
       row.compute_only_s = compute_means[ci];
+      row.compute_only_gemm_s = compute_gemm[ci];
       row.compute_only_foreign_cpus = *std::max_element(compute_foreign.begin(), compute_foreign.end());
     }
 
@@ -1098,6 +1154,22 @@ int Run(Args& a) {
                  (row.prefetch.mean_step_s - busy) * 1e3, per_access_ms,
                  100 * row.io_only.busy_fraction, Mean(row.io_only.busy_s),
                  row.prefetch.mean_step_s / std::max(busy, row.compute_only_s));
+    }
+    {
+      // Where a prefetch step's time went: the GEMMs (slower than compute-only's when the I/O
+      // competes for the cores and the memory bus), and the time the compute stream had no GEMM
+      // to run (waits for data, scheduler calls, stream hand-offs), against compute-only's. The
+      // consumer's waits for data fall inside that idle time with --run-ahead 0; with run-ahead
+      // they may overlap a GEMM still running.
+      const double g = Mean(row.prefetch.gemm_s);
+      const double step = row.prefetch.mean_step_s;
+      fmt::print(stderr,
+                 " L={}: a prefetch step: GEMMs {:.3f} s ({:+.1f}% against compute-only's "
+                 "{:.3f} s); no GEMM running {:.3f} s (compute-only {:.3f} s); the consumer "
+                 "waited for data {:.3f} s\n",
+                 units, g, 100.0 * (g / row.compute_only_gemm_s - 1.0), row.compute_only_gemm_s,
+                 step - g, row.compute_only_s - row.compute_only_gemm_s,
+                 row.prefetch.stall_s_per_step);
     }
     if (row.round_efficiencies.size() > 1) {
       fmt::print(stderr, " L={}: efficiency of each round: {:.3f}\n", units,
@@ -1159,6 +1231,7 @@ int Run(Args& a) {
           {"compute_ms_target", r.compute_target_ms},
           {"io_only_s", r.io_only.mean_step_s},
           {"compute_only_s", r.compute_only_s},
+          {"compute_only_gemm_s", r.compute_only_gemm_s},
           {"compute_only_steps_s", r.compute_only_steps},
           {"compute_only_foreign_cpus", r.compute_only_foreign_cpus},
           {"max_foreign_cpus", r.MaxForeignCpus()},
@@ -1194,6 +1267,7 @@ int Run(Args& a) {
              {"measured_steps", a.steps - 1},
              {"paths", a.paths},
              {"backend", store_name},
+             {"disk_rate_bytes_per_s", a.disk_rate ? json(*a.disk_rate) : json(nullptr)},
              {"direct", direct},
              {"device_alloc", a.device_alloc},
              {"host_memory", a.host_memory},
@@ -1228,8 +1302,7 @@ int main(int argc, char** argv) {
       "the prefetch scheduler"};
   app.add_option("--path", args.paths,
                  "Directory for the offload files (repeatable: striped over every --path); the "
-                 "files are removed at the end")
-      ->required();
+                 "files are removed at the end. Required unless --disk-rate is given");
   app.add_option("--units", args.units_text, "Comma-separated unit counts L to measure")
       ->capture_default_str();
   app.add_option("--unit-size", args.unit_size_text,
@@ -1292,6 +1365,10 @@ int main(int argc, char** argv) {
   app.add_option("--trace", args.trace_file,
                  "Write a Chrome / Perfetto trace of the last L's prefetch run and of every L's "
                  "compute-only steps to this file");
+  app.add_option("--disk-rate", args.disk_rate_text,
+                 "Instead of files under --path, stream from an in-memory store paced to this many "
+                 "bytes per second, one request at a time (e.g. 3GiB/s): a disk of steady "
+                 "bandwidth, to measure the schedule apart from a real disk's swings");
   app.add_flag("--json", args.json_output,
                "Print one JSON document on stdout (the table goes to stderr)");
   CLI11_PARSE(app, argc, argv);

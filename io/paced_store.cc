@@ -1,0 +1,219 @@
+#include "io/paced_store.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "common/units.h"
+#include "io/io_internal.h"
+
+namespace strata::io {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One accepted request: it completes once both its paced service has ended (the timer thread saw
+// its deadline pass) and the inner store has finished it; whichever comes second runs the callback.
+struct Entry {
+  Clock::time_point deadline;
+  FileId file = 0;
+  IoCallback done;
+  Status status;
+  bool deadline_passed = false;
+  bool inner_done = false;
+};
+
+// Requests are counted in `outstanding_` from Submit until their callback returned; the destructor
+// waits for zero (which also covers callbacks that submit more), then stops the timer and destroys
+// the inner store. Deadlines never decrease in submission order, so the timer's queue is a FIFO.
+class PacedStore final : public BlockStore {
+ public:
+  PacedStore(std::unique_ptr<BlockStore> inner, double bytes_per_second)
+      : inner_(std::move(inner)),
+        ns_per_byte_(1e9 / bytes_per_second),
+        name_(fmt::format("paced({}, {}/s)", inner_->name(),
+                          FormatBytes(static_cast<uint64_t>(bytes_per_second)))),
+        timer_([this] { TimerLoop(); }) {}
+
+  ~PacedStore() override {
+    {
+      std::unique_lock lock(mu_);
+      idle_cv_.wait(lock, [&] { return outstanding_ == 0; });
+      stop_ = true;
+    }
+    cv_.notify_all();
+    timer_.join();
+    inner_.reset();
+  }
+
+  std::string_view name() const override { return name_; }
+  Result<FileId> Open(const FileSpec& spec) override { return inner_->Open(spec); }
+
+  Status Close(FileId file) override {
+    {
+      std::lock_guard lock(mu_);
+      auto it = held_.find(file);
+      if (it != held_.end() && it->second > 0) {
+        return FailedPreconditionError(fmt::format(
+            "cannot close file id {}: {} request(s) on it have not completed", file, it->second));
+      }
+    }
+    return inner_->Close(file);
+  }
+
+  Result<FileInfo> Info(FileId file) const override { return inner_->Info(file); }
+  Status Sync(FileId file) override { return inner_->Sync(file); }
+  Status RegisterBuffers(std::span<const BufferRange> ranges) override {
+    return inner_->RegisterBuffers(ranges);
+  }
+  Status UnregisterBuffers(const void* base) override { return inner_->UnregisterBuffers(base); }
+
+  StoreStats stats() const override {
+    StoreStats s = inner_->stats();
+    s.busy_ns = busy_.TotalNs();
+    return s;
+  }
+
+  Status Submit(std::span<IoRequest> requests) override {
+    if (requests.empty()) return Status::Ok();
+    std::vector<std::shared_ptr<Entry>> entries;
+    std::vector<IoRequest> forwarded;
+    entries.reserve(requests.size());
+    forwarded.reserve(requests.size());
+    Clock::time_point before;
+    Clock::time_point after;
+    {
+      std::lock_guard lock(mu_);
+      before = horizon_;
+      Clock::time_point t = std::max(Clock::now(), horizon_);
+      for (const IoRequest& r : requests) {
+        t += std::chrono::nanoseconds(
+            std::llround(static_cast<double>(r.length) * ns_per_byte_));
+        auto e = std::make_shared<Entry>();
+        e->deadline = t;
+        e->file = r.file;
+        e->done = r.done;  // a copy: the caller's request stays intact if the inner store refuses
+        IoRequest copy = r;
+        copy.done = [this, e](const Status& s) { OnInnerDone(e, s); };
+        forwarded.push_back(std::move(copy));
+        entries.push_back(e);
+        queue_.push_back(e);
+        ++held_[r.file];
+        busy_.Enter();
+      }
+      horizon_ = after = t;
+      outstanding_ += static_cast<int64_t>(requests.size());
+    }
+    cv_.notify_all();
+    Status st = inner_->Submit(forwarded);
+    if (!st.ok()) {
+      // Nothing was accepted: take the entries out of the timer's queue (the timer must not wait
+      // for their deadlines) and give the service time back if no later request was paced
+      // behind it.
+      {
+        std::lock_guard lock(mu_);
+        if (horizon_ == after) horizon_ = before;
+        std::erase_if(queue_, [&](const std::shared_ptr<Entry>& q) {
+          return std::find(entries.begin(), entries.end(), q) != entries.end();
+        });
+        for (const auto& e : entries) {
+          ReleaseHeld(e->file);
+          busy_.Leave();
+        }
+        outstanding_ -= static_cast<int64_t>(entries.size());
+        if (outstanding_ == 0) idle_cv_.notify_all();
+      }
+      cv_.notify_all();
+      return st;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  void ReleaseHeld(FileId file) {
+    if (--held_[file] == 0) held_.erase(file);
+  }
+
+  void OnInnerDone(const std::shared_ptr<Entry>& e, const Status& s) {
+    bool finish = false;
+    {
+      std::lock_guard lock(mu_);
+      e->status = s;
+      e->inner_done = true;
+      finish = e->deadline_passed;
+    }
+    if (finish) Finish(*e);
+  }
+
+  void Finish(Entry& e) {
+    {
+      std::lock_guard lock(mu_);
+      ReleaseHeld(e.file);  // before the callback, so that it may close the file
+    }
+    IoCallback done = std::move(e.done);
+    done(e.status);
+    busy_.Leave();
+    std::lock_guard lock(mu_);
+    if (--outstanding_ == 0) idle_cv_.notify_all();
+  }
+
+  void TimerLoop() {
+    std::unique_lock lock(mu_);
+    while (true) {
+      if (queue_.empty()) {
+        if (stop_) return;
+        cv_.wait(lock);
+        continue;
+      }
+      std::shared_ptr<Entry> next = queue_.front();
+      if (Clock::now() < next->deadline) {
+        cv_.wait_until(lock, next->deadline);
+        continue;
+      }
+      queue_.pop_front();
+      next->deadline_passed = true;
+      if (!next->inner_done) continue;  // the inner store's callback will finish it
+      lock.unlock();
+      Finish(*next);
+      lock.lock();
+    }
+  }
+
+  std::unique_ptr<BlockStore> inner_;
+  const double ns_per_byte_;
+  std::string name_;
+  internal::BusyClock busy_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::deque<std::shared_ptr<Entry>> queue_;
+  std::unordered_map<FileId, int64_t> held_;
+  Clock::time_point horizon_{};
+  int64_t outstanding_ = 0;
+  bool stop_ = false;
+  std::thread timer_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<BlockStore>> CreatePacedStore(std::unique_ptr<BlockStore> inner,
+                                                     double bytes_per_second) {
+  if (inner == nullptr) return InvalidArgumentError("paced store: no inner store");
+  if (!std::isfinite(bytes_per_second) || bytes_per_second < 1024.0 * 1024.0) {
+    return InvalidArgumentError(fmt::format(
+        "paced store: bandwidth {} bytes/s is not a finite rate of at least 1 MiB/s",
+        bytes_per_second));
+  }
+  return std::unique_ptr<BlockStore>(
+      std::make_unique<PacedStore>(std::move(inner), bytes_per_second));
+}
+
+}  // namespace strata::io

@@ -1,0 +1,27 @@
+// A store wrapper that behaves like a disk of fixed bandwidth: requests are served one at a time,
+// in submission order, each for `length / bytes_per_second`, and a request's callback runs no
+// earlier than the end of its service (nor before the inner store finished it). Service starts at
+// the later of the request's submission and the end of the previous request's service, so an idle
+// disk does not bank time.
+//
+// What it is for: measuring a schedule (the prefetch scheduler, the overlap benchmark) against a
+// disk that does not speed up and slow down between runs, as a shared or virtual disk does. It is
+// a model, not a throttle for production: it has no per-request latency, no queue-depth effects
+// and no read/write asymmetry. Data moves through the inner store (typically the memory store)
+// as soon as it is submitted; the caller sees it complete at its paced time.
+//
+// StoreStats come from the inner store, except busy_ns, which is the paced disk's: the time with
+// at least one request between Submit and the return of its callback.
+#pragma once
+
+#include <memory>
+
+#include "strata/block_store.h"
+
+namespace strata::io {
+
+// InvalidArgument unless bytes_per_second is finite and at least 1 MiB/s.
+Result<std::unique_ptr<BlockStore>> CreatePacedStore(std::unique_ptr<BlockStore> inner,
+                                                     double bytes_per_second);
+
+}  // namespace strata::io

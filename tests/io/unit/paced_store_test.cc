@@ -1,0 +1,179 @@
+#include "io/paced_store.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "io/memory_store.h"
+
+namespace strata::io {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kRate = 64 * kMiB;  // 1 MiB is served in 15.6 ms
+constexpr uint64_t kChunk = 1 << 20;
+const auto kChunkTime = std::chrono::nanoseconds(static_cast<int64_t>(1e9 * kChunk / kRate));
+
+class PacedStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto inner = CreateMemoryStore(StoreOptions{});
+    ASSERT_TRUE(inner.ok());
+    auto paced = CreatePacedStore(std::move(inner).value(), kRate);
+    ASSERT_TRUE(paced.ok()) << paced.status().ToString();
+    store_ = std::move(paced).value();
+    FileSpec spec;
+    spec.paths = {"/mem/paced"};
+    spec.direct = DirectMode::kOff;
+    auto id = store_->Open(spec);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    file_ = *id;
+  }
+  std::unique_ptr<BlockStore> store_;
+  FileId file_ = 0;
+};
+
+TEST_F(PacedStoreTest, ServesOneRequestAtATimeAtItsBandwidth) {
+  constexpr int kRequests = 6;
+  std::vector<std::vector<char>> out(kRequests, std::vector<char>(kChunk));
+  for (int i = 0; i < kRequests; ++i)
+    std::memset(out[i].data(), 'a' + i, kChunk);
+  std::mutex mu;
+  std::vector<std::pair<int, Clock::time_point>> completed;
+  std::vector<std::promise<Status>> results(kRequests);
+  std::vector<IoRequest> batch;
+  for (int i = 0; i < kRequests; ++i) {
+    batch.push_back({IoOp::kWrite, file_, i * kChunk, kChunk, out[i].data(), [&, i](const Status& s) {
+                       {
+                         std::lock_guard lock(mu);
+                         completed.emplace_back(i, Clock::now());
+                       }
+                       results[i].set_value(s);
+                     }});
+  }
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(store_->Submit(batch).ok());
+  for (auto& r : results)
+    ASSERT_TRUE(r.get_future().get().ok());
+  // In submission order, the k-th no earlier than k service times after the submission.
+  ASSERT_EQ(completed.size(), static_cast<size_t>(kRequests));
+  for (int k = 0; k < kRequests; ++k) {
+    EXPECT_EQ(completed[k].first, k);
+    EXPECT_GE(completed[k].second - t0, (k + 1) * kChunkTime) << "request " << k;
+  }
+  // What went through is what comes back, byte for byte, and reads are paced too.
+  std::vector<char> back(kRequests * kChunk);
+  const auto t1 = Clock::now();
+  ASSERT_TRUE(store_->Read(file_, 0, back.size(), back.data()).ok());
+  EXPECT_GE(Clock::now() - t1, kRequests * kChunkTime);
+  for (int i = 0; i < kRequests; ++i)
+    EXPECT_EQ(std::memcmp(back.data() + i * kChunk, out[i].data(), kChunk), 0) << "chunk " << i;
+  // The paced disk was busy for at least the service time, and not longer than the wall time.
+  const StoreStats stats = store_->stats();
+  EXPECT_GE(stats.busy_ns, static_cast<uint64_t>(2 * kRequests * kChunkTime.count()));
+  EXPECT_LE(stats.busy_ns,
+            static_cast<uint64_t>(std::chrono::nanoseconds(Clock::now() - t0).count()));
+  EXPECT_EQ(stats.writes, static_cast<uint64_t>(kRequests));
+  EXPECT_EQ(stats.reads, 1u);
+}
+
+TEST_F(PacedStoreTest, AnIdleDiskDoesNotBankTime) {
+  std::vector<char> buf(kChunk, 'x');
+  ASSERT_TRUE(store_->Write(file_, 0, kChunk, buf.data()).ok());
+  std::this_thread::sleep_for(milliseconds(100));  // idle: worth six requests of service
+  const uint64_t busy_before = store_->stats().busy_ns;
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(store_->Read(file_, 0, kChunk, buf.data()).ok());
+  EXPECT_GE(Clock::now() - t0, kChunkTime);
+  // The idle time added nothing to the busy time: only this read's service (and its callback).
+  const uint64_t busy = store_->stats().busy_ns - busy_before;
+  EXPECT_GE(busy, static_cast<uint64_t>(kChunkTime.count()));
+  EXPECT_LT(busy, static_cast<uint64_t>(kChunkTime.count()) + 50'000'000u);
+}
+
+TEST_F(PacedStoreTest, RefusedRequestsCostNoServiceTime) {
+  // A request the inner store refuses up front is not paced: had its 64 MiB (1 s of service)
+  // been charged, the next request would wait for it.
+  std::vector<char> big(64 << 20);
+  IoRequest bad{IoOp::kRead, file_ + 100, 0, big.size(), big.data(),
+                [](const Status&) { FAIL() << "a refused request's callback ran"; }};
+  EXPECT_EQ(store_->Submit(bad).code(), StatusCode::kNotFound);
+  IoRequest empty{IoOp::kRead, file_, 0, 0, big.data(), [](const Status&) { FAIL(); }};
+  EXPECT_EQ(store_->Submit(empty).code(), StatusCode::kInvalidArgument);
+  const auto t0 = Clock::now();
+  std::vector<char> buf(4096, 'y');
+  ASSERT_TRUE(store_->Write(file_, 0, buf.size(), buf.data()).ok());
+  EXPECT_LT(Clock::now() - t0, milliseconds(700));
+}
+
+TEST_F(PacedStoreTest, InnerErrorsReachTheCallerAfterTheirServiceTime) {
+  std::vector<char> buf(kChunk);
+  const auto t0 = Clock::now();
+  Status st = store_->Read(file_, 0, kChunk, buf.data());  // the file is empty
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+  EXPECT_GE(Clock::now() - t0, kChunkTime);
+  EXPECT_EQ(store_->stats().errors, 1u);
+}
+
+TEST_F(PacedStoreTest, CloseWaitsForPacedRequests) {
+  std::vector<char> buf(kChunk, 'z');
+  std::future<Status> pending = store_->SubmitAsync(IoOp::kWrite, file_, 0, kChunk, buf.data());
+  Status closing = store_->Close(file_);
+  EXPECT_EQ(closing.code(), StatusCode::kFailedPrecondition) << closing.ToString();
+  EXPECT_NE(closing.message().find("have not completed"), std::string::npos);
+  EXPECT_TRUE(pending.get().ok());
+  EXPECT_TRUE(store_->Close(file_).ok());
+}
+
+TEST(PacedStoreLifetimeTest, DestroyedWhileCallbacksKeepSubmitting) {
+  auto inner = CreateMemoryStore(StoreOptions{});
+  ASSERT_TRUE(inner.ok());
+  auto paced = CreatePacedStore(std::move(inner).value(), 16 * kMiB);
+  ASSERT_TRUE(paced.ok());
+  std::unique_ptr<BlockStore> store = std::move(paced).value();
+  FileSpec spec;
+  spec.paths = {"/mem/chain"};
+  spec.direct = DirectMode::kOff;
+  FileId f = *store->Open(spec);
+  std::vector<char> buf(16 << 10, 1);  // 1 ms of service each
+  std::atomic<int> completed{0};
+  BlockStore* raw = store.get();
+  std::function<void(int)> link = [&](int remaining) {
+    IoRequest r{IoOp::kWrite, f, 0, buf.size(), buf.data(), [&, remaining](const Status& s) {
+                  ++completed;
+                  if (s.ok() && remaining > 0) link(remaining - 1);
+                }};
+    (void)raw->Submit(r);
+  };
+  for (int chain = 0; chain < 4; ++chain)
+    link(20);
+  store.reset();  // waits for every chain to finish
+  EXPECT_EQ(completed.load(), 4 * 21);
+}
+
+TEST(PacedStoreCreateTest, RejectsRatesThatAreNotRates) {
+  for (double rate : {0.0, -1.0, 1000.0, std::numeric_limits<double>::quiet_NaN(),
+                      std::numeric_limits<double>::infinity()}) {
+    auto inner = CreateMemoryStore(StoreOptions{});
+    ASSERT_TRUE(inner.ok());
+    auto paced = CreatePacedStore(std::move(inner).value(), rate);
+    ASSERT_FALSE(paced.ok()) << rate;
+    EXPECT_EQ(paced.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(paced.status().message().find("at least 1 MiB/s"), std::string::npos);
+  }
+  EXPECT_FALSE(CreatePacedStore(nullptr, kRate).ok());
+}
+
+}  // namespace
+}  // namespace strata::io
