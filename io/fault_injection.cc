@@ -4,13 +4,12 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <map>
 #include <queue>
 #include <thread>
-#include <unordered_map>
 
 #include "common/errno.h"
 #include "io/io_internal.h"
+#include "io/store_wrapper.h"
 
 namespace strata::io {
 
@@ -96,12 +95,11 @@ namespace {
 // (waiting for its deadline), `running_` (its action running now) and `forwarded_` (passed to the
 // inner store). The destructor waits for all three to be zero at once, which also covers
 // callbacks that submit more work, and only then stops the timer and destroys the inner store.
-class FaultInjectingStore final : public BlockStore {
+class FaultInjectingStore final : public internal::StoreWrapper {
  public:
   FaultInjectingStore(std::unique_ptr<BlockStore> inner, std::shared_ptr<FaultInjector> faults)
-      : inner_(std::move(inner)),
+      : StoreWrapper(std::move(inner), "faulty", "", "delayed request(s)"),
         faults_(std::move(faults)),
-        name_(fmt::format("faulty({})", inner_->name())),
         timer_([this] { TimerLoop(); }) {}
 
   ~FaultInjectingStore() override {
@@ -114,30 +112,6 @@ class FaultInjectingStore final : public BlockStore {
     timer_.join();
     inner_.reset();
   }
-
-  std::string_view name() const override { return name_; }
-  Result<FileId> Open(const FileSpec& spec) override { return inner_->Open(spec); }
-
-  Status Close(FileId file) override {
-    {
-      std::lock_guard lock(mu_);
-      auto it = held_.find(file);
-      if (it != held_.end() && it->second > 0) {
-        return FailedPreconditionError(
-            fmt::format("cannot close file id {}: {} delayed request(s) on it have not completed",
-                        file, it->second));
-      }
-    }
-    return inner_->Close(file);
-  }
-
-  Result<FileInfo> Info(FileId file) const override { return inner_->Info(file); }
-  Status Sync(FileId file) override { return inner_->Sync(file); }
-  Status RegisterBuffers(std::span<const BufferRange> ranges) override {
-    return inner_->RegisterBuffers(ranges);
-  }
-  Status UnregisterBuffers(const void* base) override { return inner_->UnregisterBuffers(base); }
-  StoreStats stats() const override { return inner_->stats(); }
 
   Status Submit(std::span<IoRequest> requests) override {
     // Validate everything first so that acceptance stays all-or-nothing.
@@ -205,22 +179,13 @@ class FaultInjectingStore final : public BlockStore {
 
   bool Idle() const { return scheduled_.empty() && running_ == 0 && forwarded_ == 0; }
 
-  // A request scheduled by the wrapper counts as held (for Close) until just before its callback
-  // runs; `mu_` must be held.
-  void ReleaseHeld(FileId file) {
-    if (--held_[file] == 0) held_.erase(file);
-  }
-
   // A copy of `r` whose callback also counts the request done once the caller's callback returns.
   // With `held`, the request was delayed by the wrapper, and stops counting as held before the
   // caller's callback runs (so a caller that closes the file from there, or after, may).
   IoRequest Forwarded(const IoRequest& r, bool held) {
     IoRequest copy = r;
     copy.done = [this, user = r.done, held, file = r.file](const Status& s) {
-      if (held) {
-        std::lock_guard lock(mu_);
-        ReleaseHeld(file);
-      }
+      if (held) LetGo(file);
       user(s);
       std::lock_guard lock(mu_);
       if (--forwarded_ == 0 && Idle()) idle_cv_.notify_all();
@@ -229,9 +194,9 @@ class FaultInjectingStore final : public BlockStore {
   }
 
   void Schedule(Action a) {
+    Hold(a.request.file);  // a request scheduled by the wrapper counts for Close
     {
       std::lock_guard lock(mu_);
-      ++held_[a.request.file];
       scheduled_.push(std::make_shared<Action>(std::move(a)));
     }
     cv_.notify_all();
@@ -262,10 +227,7 @@ class FaultInjectingStore final : public BlockStore {
 
   void Run(Action& a) {
     if (!a.error.ok()) {
-      {
-        std::lock_guard lock(mu_);
-        ReleaseHeld(a.request.file);
-      }
+      LetGo(a.request.file);
       a.request.done(a.error);
       return;
     }
@@ -279,22 +241,19 @@ class FaultInjectingStore final : public BlockStore {
       {
         std::lock_guard lock(mu_);
         --forwarded_;
-        ReleaseHeld(a.request.file);
       }
+      LetGo(a.request.file);
       a.request.done(st);  // e.g. the inner store failed meanwhile
     }
   }
 
-  std::unique_ptr<BlockStore> inner_;
   std::shared_ptr<FaultInjector> faults_;
-  std::string name_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::condition_variable idle_cv_;
   std::priority_queue<std::shared_ptr<Action>, std::vector<std::shared_ptr<Action>>, Later>
       scheduled_;
-  std::unordered_map<FileId, int64_t> held_;
   int running_ = 0;
   int64_t forwarded_ = 0;
   bool stop_ = false;

@@ -9,10 +9,10 @@
 #include <deque>
 #include <mutex>
 #include <thread>
-#include <unordered_map>
 
 #include "common/units.h"
 #include "io/io_internal.h"
+#include "io/store_wrapper.h"
 
 namespace strata::io {
 namespace {
@@ -33,13 +33,12 @@ struct Entry {
 // Requests are counted in `outstanding_` from Submit until their callback returned; the destructor
 // waits for zero (which also covers callbacks that submit more), then stops the timer and destroys
 // the inner store. Deadlines never decrease in submission order, so the timer's queue is a FIFO.
-class PacedStore final : public BlockStore {
+class PacedStore final : public internal::StoreWrapper {
  public:
   PacedStore(std::unique_ptr<BlockStore> inner, double bytes_per_second)
-      : inner_(std::move(inner)),
+      : StoreWrapper(std::move(inner), "paced",
+                     FormatBytes(static_cast<uint64_t>(bytes_per_second)) + "/s", "request(s)"),
         ns_per_byte_(1e9 / bytes_per_second),
-        name_(fmt::format("paced({}, {}/s)", inner_->name(),
-                          FormatBytes(static_cast<uint64_t>(bytes_per_second)))),
         timer_([this] { TimerLoop(); }) {}
 
   ~PacedStore() override {
@@ -52,28 +51,6 @@ class PacedStore final : public BlockStore {
     timer_.join();
     inner_.reset();
   }
-
-  std::string_view name() const override { return name_; }
-  Result<FileId> Open(const FileSpec& spec) override { return inner_->Open(spec); }
-
-  Status Close(FileId file) override {
-    {
-      std::lock_guard lock(mu_);
-      auto it = held_.find(file);
-      if (it != held_.end() && it->second > 0) {
-        return FailedPreconditionError(fmt::format(
-            "cannot close file id {}: {} request(s) on it have not completed", file, it->second));
-      }
-    }
-    return inner_->Close(file);
-  }
-
-  Result<FileInfo> Info(FileId file) const override { return inner_->Info(file); }
-  Status Sync(FileId file) override { return inner_->Sync(file); }
-  Status RegisterBuffers(std::span<const BufferRange> ranges) override {
-    return inner_->RegisterBuffers(ranges);
-  }
-  Status UnregisterBuffers(const void* base) override { return inner_->UnregisterBuffers(base); }
 
   StoreStats stats() const override {
     StoreStats s = inner_->stats();
@@ -105,7 +82,7 @@ class PacedStore final : public BlockStore {
         forwarded.push_back(std::move(copy));
         entries.push_back(e);
         queue_.push_back(e);
-        ++held_[r.file];
+        Hold(r.file);
         busy_.Enter();
       }
       horizon_ = after = t;
@@ -124,7 +101,7 @@ class PacedStore final : public BlockStore {
           return std::find(entries.begin(), entries.end(), q) != entries.end();
         });
         for (const auto& e : entries) {
-          ReleaseHeld(e->file);
+          LetGo(e->file);
           busy_.Leave();
         }
         outstanding_ -= static_cast<int64_t>(entries.size());
@@ -137,10 +114,6 @@ class PacedStore final : public BlockStore {
   }
 
  private:
-  void ReleaseHeld(FileId file) {
-    if (--held_[file] == 0) held_.erase(file);
-  }
-
   void OnInnerDone(const std::shared_ptr<Entry>& e, const Status& s) {
     bool finish = false;
     {
@@ -153,10 +126,7 @@ class PacedStore final : public BlockStore {
   }
 
   void Finish(Entry& e) {
-    {
-      std::lock_guard lock(mu_);
-      ReleaseHeld(e.file);  // before the callback, so that it may close the file
-    }
+    LetGo(e.file);  // before the callback, so that it may close the file
     IoCallback done = std::move(e.done);
     done(e.status);
     busy_.Leave();
@@ -186,16 +156,13 @@ class PacedStore final : public BlockStore {
     }
   }
 
-  std::unique_ptr<BlockStore> inner_;
   const double ns_per_byte_;
-  std::string name_;
   internal::BusyClock busy_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::condition_variable idle_cv_;
   std::deque<std::shared_ptr<Entry>> queue_;
-  std::unordered_map<FileId, int64_t> held_;
   Clock::time_point horizon_{};
   int64_t outstanding_ = 0;
   bool stop_ = false;
