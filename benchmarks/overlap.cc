@@ -19,6 +19,8 @@
 // takes as long as io-only for that L, which is the hardest case for overlap.
 //
 // Every access checks three floats of the unit against what was written (a mismatch is an error).
+// Each GEMM is timed, so that a prefetch step splits into compute (against compute-only's), time
+// with no compute running, and the consumer's waits for data.
 // The table also reports how much CPU other processes used during each L's runs: on a small
 // shared machine that, not the engine, is often what moves the numbers.
 //
@@ -241,7 +243,12 @@ Status ParseArgs(Args& a) {
           a.disk_rate_text));
     }
     a.disk_rate = static_cast<double>(*rate);
-    if (a.paths.empty()) a.paths = {kPacedDiskDir};
+    if (!a.paths.empty()) {
+      return InvalidArgumentError(fmt::format(
+          "--disk-rate {} streams from memory: leave out --path (given: {})", a.disk_rate_text,
+          fmt::join(a.paths, ", ")));
+    }
+    a.paths = {kPacedDiskDir};
   }
   if (a.paths.empty()) {
     return InvalidArgumentError(
@@ -1302,7 +1309,8 @@ int main(int argc, char** argv) {
       "the prefetch scheduler"};
   app.add_option("--path", args.paths,
                  "Directory for the offload files (repeatable: striped over every --path); the "
-                 "files are removed at the end. Required unless --disk-rate is given");
+                 "files are removed at the end. Required unless --disk-rate is given (the two "
+                 "exclude each other)");
   app.add_option("--units", args.units_text, "Comma-separated unit counts L to measure")
       ->capture_default_str();
   app.add_option("--unit-size", args.unit_size_text,

@@ -181,7 +181,7 @@ class FaultInjectingStore final : public internal::StoreWrapper {
 
   // A copy of `r` whose callback also counts the request done once the caller's callback returns.
   // With `held`, the request was delayed by the wrapper, and stops counting as held before the
-  // caller's callback runs (so a caller that closes the file from there, or after, may).
+  // caller's callback runs (so that a caller woken by it may close the file at once).
   IoRequest Forwarded(const IoRequest& r, bool held) {
     IoRequest copy = r;
     copy.done = [this, user = r.done, held, file = r.file](const Status& s) {

@@ -60,43 +60,48 @@ class PacedStore final : public internal::StoreWrapper {
 
   Status Submit(std::span<IoRequest> requests) override {
     if (requests.empty()) return Status::Ok();
+    // Everything that can throw is built before the lock; under it, only the deadlines are set
+    // and the entries queued, so that a batch is either all queued and counted or not at all.
     std::vector<std::shared_ptr<Entry>> entries;
     std::vector<IoRequest> forwarded;
     entries.reserve(requests.size());
     forwarded.reserve(requests.size());
+    for (const IoRequest& r : requests) {
+      auto e = std::make_shared<Entry>();
+      e->file = r.file;
+      e->done = r.done;  // a copy: the caller's request stays intact if the inner store refuses
+      IoRequest copy = r;
+      copy.done = [this, e](const Status& s) { OnInnerDone(e, s); };
+      forwarded.push_back(std::move(copy));
+      entries.push_back(std::move(e));
+    }
     Clock::time_point before;
-    Clock::time_point after;
+    uint64_t batch = 0;
     {
       std::lock_guard lock(mu_);
       before = horizon_;
+      batch = ++batches_;
       Clock::time_point t = std::max(Clock::now(), horizon_);
-      for (const IoRequest& r : requests) {
+      for (size_t i = 0; i < requests.size(); ++i) {
         t += std::chrono::nanoseconds(
-            std::llround(static_cast<double>(r.length) * ns_per_byte_));
-        auto e = std::make_shared<Entry>();
-        e->deadline = t;
-        e->file = r.file;
-        e->done = r.done;  // a copy: the caller's request stays intact if the inner store refuses
-        IoRequest copy = r;
-        copy.done = [this, e](const Status& s) { OnInnerDone(e, s); };
-        forwarded.push_back(std::move(copy));
-        entries.push_back(e);
-        queue_.push_back(e);
-        Hold(r.file);
+            std::llround(static_cast<double>(requests[i].length) * ns_per_byte_));
+        entries[i]->deadline = t;
+        queue_.push_back(entries[i]);
+        Hold(entries[i]->file);
         busy_.Enter();
       }
-      horizon_ = after = t;
+      horizon_ = t;
       outstanding_ += static_cast<int64_t>(requests.size());
     }
     cv_.notify_all();
     Status st = inner_->Submit(forwarded);
     if (!st.ok()) {
       // Nothing was accepted: take the entries out of the timer's queue (the timer must not wait
-      // for their deadlines) and give the service time back if no later request was paced
-      // behind it.
+      // for their deadlines), and give the service time back if no later batch was paced behind
+      // this one (otherwise those requests keep their deadlines, and the gap stays).
       {
         std::lock_guard lock(mu_);
-        if (horizon_ == after) horizon_ = before;
+        if (batches_ == batch) horizon_ = before;
         std::erase_if(queue_, [&](const std::shared_ptr<Entry>& q) {
           return std::find(entries.begin(), entries.end(), q) != entries.end();
         });
@@ -126,7 +131,7 @@ class PacedStore final : public internal::StoreWrapper {
   }
 
   void Finish(Entry& e) {
-    LetGo(e.file);  // before the callback, so that it may close the file
+    LetGo(e.file);  // before the callback, so that the caller may close the file once called back
     IoCallback done = std::move(e.done);
     done(e.status);
     busy_.Leave();
@@ -163,7 +168,8 @@ class PacedStore final : public internal::StoreWrapper {
   std::condition_variable cv_;
   std::condition_variable idle_cv_;
   std::deque<std::shared_ptr<Entry>> queue_;
-  Clock::time_point horizon_{};
+  Clock::time_point horizon_{};  // when the last queued request's service ends
+  uint64_t batches_ = 0;         // batches paced so far (a refused batch rolls back only if last)
   int64_t outstanding_ = 0;
   bool stop_ = false;
   std::thread timer_;

@@ -10,6 +10,10 @@
 // and no read/write asymmetry. Data moves through the inner store (typically the memory store)
 // as soon as it is submitted; the caller sees it complete at its paced time.
 //
+// Callbacks run on the wrapper's one timer thread (or on the inner store's thread when the inner
+// store finishes after the paced deadline), one at a time: a slow callback delays the ones after
+// it past their deadlines, as a slow completion handler would on a real store's I/O thread.
+//
 // StoreStats come from the inner store, except busy_ns, which is the paced disk's: the time with
 // at least one request between Submit and the return of its callback.
 #pragma once

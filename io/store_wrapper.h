@@ -33,8 +33,8 @@ class StoreWrapper : public BlockStore {
 
  protected:
   // One more / one fewer request on `file` that the wrapper holds; Close refuses while any is.
-  // A wrapper lets go of a request just before its callback runs, so that the callback (or the
-  // caller after it) may close the file.
+  // A wrapper lets go of a request just before its callback runs, so that a caller woken by that
+  // callback may close the file at once.
   void Hold(FileId file);
   void LetGo(FileId file);
 

@@ -10,8 +10,10 @@
 #include <future>
 #include <limits>
 #include <mutex>
+#include <thread>
 #include <vector>
 
+#include "io/fault_injection.h"
 #include "io/memory_store.h"
 
 namespace strata::io {
@@ -91,15 +93,17 @@ TEST_F(PacedStoreTest, ServesOneRequestAtATimeAtItsBandwidth) {
 TEST_F(PacedStoreTest, AnIdleDiskDoesNotBankTime) {
   std::vector<char> buf(kChunk, 'x');
   ASSERT_TRUE(store_->Write(file_, 0, kChunk, buf.data()).ok());
-  std::this_thread::sleep_for(milliseconds(100));  // idle: worth six requests of service
+  std::this_thread::sleep_for(milliseconds(200));  // idle: worth 12 requests of service
+  const auto tb = Clock::now();
   const uint64_t busy_before = store_->stats().busy_ns;
   const auto t0 = Clock::now();
   ASSERT_TRUE(store_->Read(file_, 0, kChunk, buf.data()).ok());
   EXPECT_GE(Clock::now() - t0, kChunkTime);
-  // The idle time added nothing to the busy time: only this read's service (and its callback).
+  // The idle time added nothing to the busy time: only this read's, which lies inside [tb, now].
   const uint64_t busy = store_->stats().busy_ns - busy_before;
   EXPECT_GE(busy, static_cast<uint64_t>(kChunkTime.count()));
-  EXPECT_LT(busy, static_cast<uint64_t>(kChunkTime.count()) + 50'000'000u);
+  EXPECT_LE(busy, static_cast<uint64_t>(std::chrono::nanoseconds(Clock::now() - tb).count()));
+  EXPECT_LT(busy, 150'000'000u);  // had the 200 ms idle been banked as busy
 }
 
 TEST_F(PacedStoreTest, RefusedRequestsCostNoServiceTime) {
@@ -127,13 +131,94 @@ TEST_F(PacedStoreTest, InnerErrorsReachTheCallerAfterTheirServiceTime) {
 }
 
 TEST_F(PacedStoreTest, CloseWaitsForPacedRequests) {
-  std::vector<char> buf(kChunk, 'z');
-  std::future<Status> pending = store_->SubmitAsync(IoOp::kWrite, file_, 0, kChunk, buf.data());
+  std::vector<char> buf(32 * kChunk, 'z');  // 0.5 s of service: Close comes well before its end
+  std::future<Status> pending =
+      store_->SubmitAsync(IoOp::kWrite, file_, 0, buf.size(), buf.data());
   Status closing = store_->Close(file_);
   EXPECT_EQ(closing.code(), StatusCode::kFailedPrecondition) << closing.ToString();
   EXPECT_NE(closing.message().find("have not completed"), std::string::npos);
   EXPECT_TRUE(pending.get().ok());
   EXPECT_TRUE(store_->Close(file_).ok());
+}
+
+TEST(PacedStoreSlowInnerTest, AnInnerStoreSlowerThanThePaceSetsTheTime) {
+  // The inner store (delayed 120 ms by a fault rule) finishes after the 16 ms paced deadline: the
+  // callback then runs from the inner store's completion, once, and not before it.
+  auto faults = std::make_shared<FaultInjector>();
+  FaultRule slow;
+  slow.kind = FaultKind::kLatency;
+  slow.latency = milliseconds(120);
+  faults->AddRule(slow);
+  auto memory = CreateMemoryStore(StoreOptions{});
+  ASSERT_TRUE(memory.ok());
+  auto paced = CreatePacedStore(CreateFaultInjectingStore(std::move(memory).value(), faults), kRate);
+  ASSERT_TRUE(paced.ok());
+  std::unique_ptr<BlockStore> store = std::move(paced).value();
+  EXPECT_EQ(store->name(), "paced(faulty(memory), 64.00 MiB/s)");
+  FileSpec spec;
+  spec.paths = {"/mem/slow"};
+  spec.direct = DirectMode::kOff;
+  FileId f = *store->Open(spec);
+  std::vector<char> buf(kChunk, 's');
+  std::atomic<int> calls{0};
+  std::promise<Status> done;
+  const auto t0 = Clock::now();
+  IoRequest r{IoOp::kWrite, f, 0, kChunk, buf.data(), [&](const Status& s) {
+                if (++calls == 1) done.set_value(s);
+              }};
+  ASSERT_TRUE(store->Submit(r).ok());
+  EXPECT_TRUE(done.get_future().get().ok());
+  EXPECT_GE(Clock::now() - t0, milliseconds(115));
+  store.reset();  // waits for everything; a second callback would have run by now
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST(PacedStoreConcurrencyTest, ConcurrentSubmittersWithRefusalsGetEachCallbackOnce) {
+  // Four threads submit batches of small writes, every third batch refused (unknown file). Every
+  // accepted request calls back exactly once, no refused one ever does, and the accepted bytes
+  // take at least their service time at the paced rate.
+  constexpr double kFast = 256 * kMiB;
+  auto memory = CreateMemoryStore(StoreOptions{});
+  ASSERT_TRUE(memory.ok());
+  auto paced = CreatePacedStore(std::move(memory).value(), kFast);
+  ASSERT_TRUE(paced.ok());
+  std::unique_ptr<BlockStore> store = std::move(paced).value();
+  FileSpec spec;
+  spec.paths = {"/mem/many"};
+  spec.direct = DirectMode::kOff;
+  FileId f = *store->Open(spec);
+  constexpr int kThreads = 4, kBatches = 30, kPerBatch = 3;
+  constexpr uint64_t kBytes = 64 << 10;
+  std::vector<char> buf(kBytes, 'c');
+  std::atomic<int> accepted_calls{0}, refused_calls{0};
+  std::atomic<uint64_t> accepted_bytes{0};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int b = 0; b < kBatches; ++b) {
+        const bool refuse = (b + t) % 3 == 0;
+        std::vector<IoRequest> batch;
+        for (int i = 0; i < kPerBatch; ++i) {
+          batch.push_back({IoOp::kWrite, refuse ? f + 1000 : f, 0, kBytes, buf.data(),
+                           [&, refuse](const Status& s) {
+                             EXPECT_TRUE(s.ok()) << s.ToString();
+                             ++(refuse ? refused_calls : accepted_calls);
+                           }});
+        }
+        const Status st = store->Submit(batch);
+        EXPECT_EQ(st.ok(), !refuse) << st.ToString();
+        if (st.ok()) accepted_bytes += kPerBatch * kBytes;
+      }
+    });
+  }
+  for (std::thread& t : threads)
+    t.join();
+  store.reset();  // waits for every callback
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(refused_calls.load(), 0);
+  EXPECT_EQ(accepted_calls.load() * kBytes, accepted_bytes.load());
+  EXPECT_GE(elapsed, static_cast<double>(accepted_bytes.load()) / kFast * 0.999);
 }
 
 TEST(PacedStoreLifetimeTest, DestroyedWhileCallbacksKeepSubmitting) {
