@@ -141,7 +141,7 @@ TEST_F(PacedStoreTest, CloseWaitsForPacedRequests) {
   EXPECT_TRUE(store_->Close(file_).ok());
 }
 
-TEST(PacedStoreSlowInnerTest, AnInnerStoreSlowerThanThePaceSetsTheTime) {
+TEST(PacedStoreLaggingInnerTest, AnInnerStoreBehindThePaceSetsTheTime) {
   // The inner store (delayed 120 ms by a fault rule) finishes after the 16 ms paced deadline: the
   // callback then runs from the inner store's completion, once, and not before it.
   auto faults = std::make_shared<FaultInjector>();
