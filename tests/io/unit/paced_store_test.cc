@@ -10,6 +10,7 @@
 #include <future>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -27,20 +28,34 @@ constexpr double kRate = 64 * kMiB;  // 1 MiB is served in 15.6 ms
 constexpr uint64_t kChunk = 1 << 20;
 const auto kChunkTime = std::chrono::nanoseconds(static_cast<int64_t>(1e9 * kChunk / kRate));
 
+// A paced store over `inner` (the memory store when null) at `rate`, with `path` opened (buffered,
+// so that any length is allowed) into *file.
+std::unique_ptr<BlockStore> MakePaced(double rate, const std::string& path, FileId* file,
+                                      std::unique_ptr<BlockStore> inner = nullptr) {
+  if (inner == nullptr) {
+    auto memory = CreateMemoryStore(StoreOptions{});
+    EXPECT_TRUE(memory.ok());
+    if (!memory.ok()) return nullptr;
+    inner = std::move(memory).value();
+  }
+  auto paced = CreatePacedStore(std::move(inner), rate);
+  EXPECT_TRUE(paced.ok()) << paced.status().ToString();
+  if (!paced.ok()) return nullptr;
+  FileSpec spec;
+  spec.paths = {path};
+  spec.direct = DirectMode::kOff;
+  auto id = (*paced)->Open(spec);
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  if (!id.ok()) return nullptr;
+  *file = *id;
+  return std::move(paced).value();
+}
+
 class PacedStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto inner = CreateMemoryStore(StoreOptions{});
-    ASSERT_TRUE(inner.ok());
-    auto paced = CreatePacedStore(std::move(inner).value(), kRate);
-    ASSERT_TRUE(paced.ok()) << paced.status().ToString();
-    store_ = std::move(paced).value();
-    FileSpec spec;
-    spec.paths = {"/mem/paced"};
-    spec.direct = DirectMode::kOff;
-    auto id = store_->Open(spec);
-    ASSERT_TRUE(id.ok()) << id.status().ToString();
-    file_ = *id;
+    store_ = MakePaced(kRate, "/mem/paced", &file_);
+    ASSERT_NE(store_, nullptr);
   }
   std::unique_ptr<BlockStore> store_;
   FileId file_ = 0;
@@ -151,14 +166,11 @@ TEST(PacedStoreLaggingInnerTest, AnInnerStoreBehindThePaceSetsTheTime) {
   faults->AddRule(slow);
   auto memory = CreateMemoryStore(StoreOptions{});
   ASSERT_TRUE(memory.ok());
-  auto paced = CreatePacedStore(CreateFaultInjectingStore(std::move(memory).value(), faults), kRate);
-  ASSERT_TRUE(paced.ok());
-  std::unique_ptr<BlockStore> store = std::move(paced).value();
+  FileId f = 0;
+  std::unique_ptr<BlockStore> store = MakePaced(
+      kRate, "/mem/lagging", &f, CreateFaultInjectingStore(std::move(memory).value(), faults));
+  ASSERT_NE(store, nullptr);
   EXPECT_EQ(store->name(), "paced(faulty(memory), 64.00 MiB/s)");
-  FileSpec spec;
-  spec.paths = {"/mem/slow"};
-  spec.direct = DirectMode::kOff;
-  FileId f = *store->Open(spec);
   std::vector<char> buf(kChunk, 's');
   std::atomic<int> calls{0};
   std::promise<Status> done;
@@ -178,15 +190,9 @@ TEST(PacedStoreConcurrencyTest, ConcurrentSubmittersWithRefusalsGetEachCallbackO
   // accepted request calls back exactly once, no refused one ever does, and the accepted bytes
   // take at least their service time at the paced rate.
   constexpr double kFast = 256 * kMiB;
-  auto memory = CreateMemoryStore(StoreOptions{});
-  ASSERT_TRUE(memory.ok());
-  auto paced = CreatePacedStore(std::move(memory).value(), kFast);
-  ASSERT_TRUE(paced.ok());
-  std::unique_ptr<BlockStore> store = std::move(paced).value();
-  FileSpec spec;
-  spec.paths = {"/mem/many"};
-  spec.direct = DirectMode::kOff;
-  FileId f = *store->Open(spec);
+  FileId f = 0;
+  std::unique_ptr<BlockStore> store = MakePaced(kFast, "/mem/many", &f);
+  ASSERT_NE(store, nullptr);
   constexpr int kThreads = 4, kBatches = 30, kPerBatch = 3;
   constexpr uint64_t kBytes = 64 << 10;
   std::vector<char> buf(kBytes, 'c');
@@ -222,15 +228,9 @@ TEST(PacedStoreConcurrencyTest, ConcurrentSubmittersWithRefusalsGetEachCallbackO
 }
 
 TEST(PacedStoreLifetimeTest, DestroyedWhileCallbacksKeepSubmitting) {
-  auto inner = CreateMemoryStore(StoreOptions{});
-  ASSERT_TRUE(inner.ok());
-  auto paced = CreatePacedStore(std::move(inner).value(), 16 * kMiB);
-  ASSERT_TRUE(paced.ok());
-  std::unique_ptr<BlockStore> store = std::move(paced).value();
-  FileSpec spec;
-  spec.paths = {"/mem/chain"};
-  spec.direct = DirectMode::kOff;
-  FileId f = *store->Open(spec);
+  FileId f = 0;
+  std::unique_ptr<BlockStore> store = MakePaced(16 * kMiB, "/mem/chain", &f);
+  ASSERT_NE(store, nullptr);
   std::vector<char> buf(16 << 10, 1);  // 1 ms of service each
   std::atomic<int> completed{0};
   BlockStore* raw = store.get();
