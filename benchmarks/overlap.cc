@@ -15,8 +15,11 @@
 // Overlap efficiency = step time / max(io-only, compute-only): 1.0 means the transfers are fully
 // hidden (or the compute is), 2.0 means nothing overlaps when the two are balanced.
 //
-// With --compute-ms auto (the default) the GEMM's row count M is calibrated so that compute-only
-// takes as long as io-only for that L, which is the hardest case for overlap.
+// With --compute-ms auto (the default) the GEMM is calibrated so that compute-only takes as long
+// as io-only for that L, which is the hardest case for overlap. It keeps at least --gemm-rows rows
+// (64) and narrows the columns it reads when those rows over the whole unit take too long: a GEMM
+// of a few rows is memory-bound, and on the CPU device it would compete with the disk's DMA for
+// the memory bus, which a GPU's compute (in HBM) does not.
 //
 // Every access checks three floats of the unit against what was written (a mismatch is an error).
 // Each GEMM is timed, so that a prefetch step splits into compute (against compute-only's), time
@@ -157,6 +160,8 @@ struct Args {
   int io_threads = 1;
   int queue_depth = 2;
   int run_ahead = 0;  // accesses whose compute may be queued behind the one running
+  // The GEMM's least row count M: enough rows to keep it compute-bound (see --gemm-rows).
+  int gemm_rows = 64;
   std::string backend = "auto";
   std::string device_alloc = "cached";
   std::string host_memory = "shared";
@@ -228,6 +233,10 @@ Status ParseArgs(Args& a) {
   }
   if (a.io_threads < 1 || a.queue_depth < 1) {
     return InvalidArgumentError("--io-threads and --qd: expected at least 1");
+  }
+  if (a.gemm_rows < 1 || a.gemm_rows > 4096) {
+    return InvalidArgumentError(
+        fmt::format("--gemm-rows {}: expected 1 to 4096 rows", a.gemm_rows));
   }
   if (a.run_ahead < 0 || a.run_ahead > 8) {
     return InvalidArgumentError(
@@ -811,9 +820,10 @@ class ComputeOnly {
     return dt;
   }
 
-  // The row count M whose GEMM (with its enqueue and synchronize) takes about `target_s`; when
-  // M = 1 over the whole unit already takes longer, the column count N is narrowed instead.
-  Result<GemmShape> Calibrate(double target_s) {
+  // The row count M >= `min_rows` whose GEMM (with its enqueue and synchronize) takes about
+  // `target_s`; when M = min_rows over the whole unit already takes longer, the column count N is
+  // narrowed instead.
+  Result<GemmShape> Calibrate(double target_s, int min_rows) {
     // t(M) grows with M but not quite linearly (OpenBLAS blocks M), so bracket the target and
     // narrow the bracket by interpolation, keeping the M measured closest to it. Each value is the
     // median of several short samples, so that one preempted sample does not steer the search.
@@ -838,17 +848,17 @@ class ComputeOnly {
         best_t = t;
       }
     };
-    int lo = 1, hi = 128;
+    int lo = min_rows, hi = std::max(128, 2 * min_rows);
     STRATA_ASSIGN_OR_RETURN(double t_lo, measure(lo));
     consider(lo, t_lo);
     if (t_lo > 1.02 * target_s) {
-      // One row is too much: keep M = 1 and bisect the columns (t is about linear in N there).
+      // The least row count is too much: keep it and bisect the columns (t is about linear in N).
       int c_lo = 16, c_hi = n_;
       double best_c_t = t_lo;
       int best_c = n_;
       for (int iter = 0; iter < 10 && c_hi - c_lo > 16; ++iter) {
         cols = std::clamp((c_lo + c_hi) / 2 / 16 * 16, 16, n_);
-        STRATA_ASSIGN_OR_RETURN(double t, measure(1));
+        STRATA_ASSIGN_OR_RETURN(double t, measure(min_rows));
         if (std::abs(t - target_s) < std::abs(best_c_t - target_s)) {
           best_c_t = t;
           best_c = cols;
@@ -857,10 +867,10 @@ class ComputeOnly {
         if (std::abs(t - target_s) < 0.02 * target_s) break;
       }
       fmt::print(stderr,
-                 "  calibrated GEMM: M = 1, N = {} of {} (1 x {} x {}): {:.3f} ms per unit "
+                 "  calibrated GEMM: M = {}, N = {} of {} ({} x {} x {}): {:.3f} ms per unit "
                  "(target {:.3f})\n",
-                 best_c, n_, kGemmK, best_c, best_c_t * 1e3, target_s * 1e3);
-      return GemmShape{1, best_c};
+                 min_rows, best_c, n_, min_rows, kGemmK, best_c, best_c_t * 1e3, target_s * 1e3);
+      return GemmShape{min_rows, best_c};
     }
     STRATA_ASSIGN_OR_RETURN(double t_hi, measure(hi));
     consider(hi, t_hi);
@@ -1056,7 +1066,7 @@ int Run(Args& a) {
     row.compute_target_ms = a.compute_ms.value_or(io->mean_step_s / (2.0 * units) * 1e3);
     fmt::print(stderr, " L={}: calibrating the GEMM for {:.3f} ms per unit{}\n", units,
                row.compute_target_ms, a.compute_ms ? "" : " (auto: io-only time per access)");
-    Result<GemmShape> shape = (*compute)->Calibrate(row.compute_target_ms * 1e-3);
+    Result<GemmShape> shape = (*compute)->Calibrate(row.compute_target_ms * 1e-3, a.gemm_rows);
     if (!shape.ok()) return fail(shape.status().WithContext("calibrating the GEMM"));
     row.gemm_m = shape->m;
     row.gemm_n = shape->n;
@@ -1284,6 +1294,7 @@ int Run(Args& a) {
              {"device_lookahead_units", a.device_lookahead},
              {"host_lookahead_units", a.host_lookahead},
              {"compute_ms", a.compute_ms ? json(*a.compute_ms) : json("auto")},
+             {"gemm_rows_min", a.gemm_rows},
              {"cpus", cpus},
              {"load_average_start", load_start},
              {"load_average_end", load_end},
@@ -1350,6 +1361,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--run-ahead", args.run_ahead,
                  "Accesses whose compute may be queued behind the one running: 0 waits for each GEMM before the next Acquire; 1 enqueues unit k+1's GEMM while unit k's runs, as a GPU training loop launches ahead of its kernels (one more unit held; with shared host memory it also pins one more host unit). The compute-only runs and the calibration do the same")
+      ->capture_default_str();
+  app.add_option("--gemm-rows", args.gemm_rows,
+                 "The GEMM's least row count M (activation rows per unit access). The calibration starts at M over the unit's full width and raises M until the GEMM takes the target time; when M rows already take longer, it narrows the columns N instead. With few rows the GEMM is memory-bound and competes with the disk's DMA for the memory bus (on a GPU the two use different memories); 64 rows keep it compute-bound. 1 reproduces the earlier calibration, which reads the whole unit")
       ->capture_default_str();
   app.add_option("--qd", args.queue_depth, "Requests in flight per I/O thread (large units: 2 keep the disk busy; more only delay the unit needed next)")
       ->capture_default_str();
