@@ -249,12 +249,21 @@ json ToJson(const EnvFacts& f) {
 
   json gpus = json::array();
   for (const device::GpuInfo& g : f.gpu.gpus) {
-    gpus.push_back({{"index", g.index},
-                    {"name", g.name},
-                    {"memory_bytes", g.memory_bytes},
-                    {"compute_capability", fmt::format("{}.{}", g.compute_major, g.compute_minor)},
-                    {"multiprocessors", g.multiprocessors},
-                    {"pci_bus_id", g.pci_bus_id}});
+    gpus.push_back(
+        {{"index", g.index},
+         {"name", g.name},
+         {"memory_bytes", g.memory_bytes},
+         {"compute_capability", fmt::format("{}.{}", g.compute_major, g.compute_minor)},
+         {"multiprocessors", g.multiprocessors},
+         {"pci_bus_id", g.pci_bus_id},
+         {"pcie",
+          {{"current_gts", g.pcie_current_gts},
+           {"current_width", g.pcie_current_width},
+           {"max_gts", g.pcie_max_gts},
+           {"max_width", g.pcie_max_width},
+           {"generation", device::PcieGeneration(g.pcie_max_gts)},
+           {"max_bytes_per_s", device::PcieBytesPerSecond(g.pcie_max_gts, g.pcie_max_width)}}},
+         {"numa_node", g.numa_node}});
   }
   j["gpu"] = {{"built_with_cuda", f.gpu.built_with_cuda},
               {"runtime_version", f.gpu.runtime_version},
@@ -341,6 +350,23 @@ std::string LimitText(const std::optional<uint64_t>& v) {
 // "13000" -> "13.0"
 std::string CudaVersionText(int v) {
   return fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+}
+
+// "PCIe gen5 x16 (max gen5 x16): 63.0 GB/s per direction; NUMA node 0", or what is unknown.
+std::string PcieText(const device::GpuInfo& g) {
+  auto link = [](double gts, int width) {
+    const int gen = device::PcieGeneration(gts);
+    const std::string rate = gen > 0   ? fmt::format("gen{}", gen)
+                             : gts > 0 ? fmt::format("{:g} GT/s", gts)
+                                       : "speed unknown";
+    return width > 0 ? fmt::format("{} x{}", rate, width) : rate + " width unknown";
+  };
+  std::string text = fmt::format("PCIe {} (max {})", link(g.pcie_current_gts, g.pcie_current_width),
+                                 link(g.pcie_max_gts, g.pcie_max_width));
+  const double limit = device::PcieBytesPerSecond(g.pcie_max_gts, g.pcie_max_width);
+  if (limit > 0) text += fmt::format(": {:.1f} GB/s per direction", limit / 1e9);
+  text += g.numa_node >= 0 ? fmt::format("; NUMA node {}", g.numa_node) : "; NUMA node unknown";
+  return text;
 }
 
 // Splits a long value into lines of at most `width` display columns, at spaces.
@@ -446,6 +472,7 @@ std::vector<Section> ToSections(const EnvFacts& f) {
       gpu.Add(fmt::format("gpu {}", g.index),
               fmt::format("{}, {}, sm_{}{}, {} SMs, {}", g.name, FormatBytes(g.memory_bytes),
                           g.compute_major, g.compute_minor, g.multiprocessors, g.pci_bus_id));
+      gpu.Add(fmt::format("gpu {} link", g.index), PcieText(g));
     }
   }
   sections.push_back(std::move(gpu));

@@ -99,6 +99,12 @@ GpuReport QueryGpus() {
                     prop.pciDeviceID);
       gpu.pci_bus_id = fallback;
     }
+    const PcieLink link = ReadPcieLink("/sys/bus/pci/devices/" + gpu.pci_bus_id);
+    gpu.pcie_current_gts = link.current_gts;
+    gpu.pcie_current_width = link.current_width;
+    gpu.pcie_max_gts = link.max_gts;
+    gpu.pcie_max_width = link.max_width;
+    gpu.numa_node = link.numa_node;
     report.gpus.push_back(gpu);
   }
   return report;

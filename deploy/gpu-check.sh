@@ -1,0 +1,430 @@
+#!/usr/bin/env bash
+# deploy/gpu-check.sh: every CUDA path of Strata, checked and measured in one call on a GPU machine.
+#
+#   deploy/gpu-check.sh prepare     on the build machine (no GPU needed): builds the CUDA targets in
+#                                   build/gpu-check, then lays out build/gpu-carry/ (stripped
+#                                   binaries, the shared libraries a bare GPU image lacks, a manifest)
+#   deploy/gpu-check.sh run         on the GPU machine, from the repository root, with build/gpu-carry
+#                                   beside it: strata env, every GPU test (a skipped one fails the
+#                                   check), the GPU micro-benchmarks against PyTorch on the same
+#                                   machine; writes summary.md, summary.json, run.log and
+#                                   details.tar.gz to the output folder ($OUT, or --out DIR)
+#   deploy/gpu-check.sh --dry-run   prints what `run` would do, and whether the carry folder is ready
+#
+# docs/gpu.md says how to carry the folder to a lent machine and read the results.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${STRATA_GPU_BUILD_DIR:-$ROOT/build/gpu-check}"
+CARRY="${STRATA_GPU_CARRY:-$ROOT/build/gpu-carry}"
+# What the carry folder may take of the 64 MiB a device call moves (the working tree takes the rest).
+CARRY_LIMIT_MIB="${STRATA_GPU_CARRY_LIMIT_MIB:-56}"
+# Libraries the GPU machine provides itself: the C runtime (from its own image, newer than the
+# build machine's), and CUDA's (the driver; cuBLAS and NCCL from its CUDA or PyTorch installation).
+SYSTEM_LIBS_RE='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libresolv|libutil)\.so'
+CUDA_LIBS_RE='^(libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-ml)\.so'
+FALLBACK_LIBS_RE='^(libstdc\+\+|libgcc_s)\.so'
+
+die() {
+  echo "gpu-check: $*" >&2
+  exit 1
+}
+
+usage() {
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
+  cat <<'EOF'
+
+Options of run:
+  --out DIR        where the results go (default: $OUT when set, else build/gpu-check-out)
+  --budget SEC     wall-clock budget for all steps (default 450); a step that no longer fits is
+                   recorded as not run, which fails the check
+  --no-bench       the environment and the tests only
+  --quick          small benchmark sizes (seconds instead of minutes; for trying the script)
+Environment: STRATA_GPU_BUILD_DIR, STRATA_GPU_CARRY (default build/gpu-check, build/gpu-carry),
+  STRATA_GPU_SCRATCH (the overlap benchmark's files; default /var/tmp/strata-gpu-check).
+EOF
+}
+
+# ---- prepare ------------------------------------------------------------------------------------
+
+# The shared libraries `binary` loads, one "soname path" per line ("soname not-found" if missing).
+ldd_libs() {
+  ldd "$1" 2>/dev/null | awk '
+    $2 == "=>" && $3 == "not" { print $1, "not-found"; next }
+    $2 == "=>" && $3 ~ /^\// { print $1, $3; next }
+    $1 ~ /^\// { n = split($1, p, "/"); print p[n], $1 }'
+}
+
+# The highest symbol version of `prefix` (GLIBC_ or GLIBCXX_) that the files need.
+max_symbol_version() {
+  local prefix="$1"
+  shift
+  objdump -T "$@" 2>/dev/null | grep -o "${prefix}[0-9][0-9.]*" | sed "s/^${prefix}//" |
+    sort -t. -k1,1n -k2,2n -k3,3n -u | tail -n 1
+}
+
+prepare() {
+  command -v cmake >/dev/null || die "cmake not found: run deploy/install-deps.sh first"
+  command -v ninja >/dev/null || die "ninja not found: run deploy/install-deps.sh first"
+  local nvcc
+  nvcc="$(command -v nvcc || true)"
+  [ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc
+  [ -n "$nvcc" ] || die "no CUDA toolkit (nvcc on PATH or in /usr/local/cuda): the GPU check needs the CUDA targets built"
+  local t0=$SECONDS
+  echo "gpu-check prepare: configuring $BUILD_DIR (Release, CUDA for sm_90, no MPI)"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DSTRATA_WITH_CUDA=ON -DSTRATA_WITH_MPI=OFF \
+    -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=ON >"$BUILD_DIR.configure.log" 2>&1 ||
+    { tail -n 30 "$BUILD_DIR.configure.log" >&2; die "configure failed (log: $BUILD_DIR.configure.log)"; }
+  grep -q "cuda=ON, nccl=ON" "$BUILD_DIR.configure.log" ||
+    die "the configuration found no CUDA or no NCCL ($(grep -o 'cuda=[A-Z]*, nccl=[A-Z]*' "$BUILD_DIR.configure.log"))"
+
+  # Every test executable (GPU tests may live in any of them), the CLI and the GPU benchmarks.
+  local targets=(strata strata_overlap_bench strata_gpu_bench)
+  mapfile -t tests < <(cmake --build "$BUILD_DIR" --target help | grep -o 'strata_[a-z0-9_]*_tests' | sort -u)
+  [ "${#tests[@]}" -gt 0 ] || die "no test executables among the build's targets"
+  echo "gpu-check prepare: building ${targets[*]} and ${#tests[@]} test executables"
+  cmake --build "$BUILD_DIR" --target "${targets[@]}" "${tests[@]}" >"$BUILD_DIR.build.log" 2>&1 ||
+    { grep -B2 -A12 -m3 'error' "$BUILD_DIR.build.log" >&2 || tail -n 40 "$BUILD_DIR.build.log" >&2
+      die "build failed (log: $BUILD_DIR.build.log)"; }
+
+  rm -rf "$CARRY"
+  mkdir -p "$CARRY/bin" "$CARRY/lib" "$CARRY/lib-fallback"
+  local bins=() gpu_tests=() exe name
+  for name in "${targets[@]}"; do
+    exe="$(find "$BUILD_DIR" -name "$name" -type f -perm -u+x | head -n 1)"
+    [ -n "$exe" ] || die "built target $name not found under $BUILD_DIR"
+    bins+=("$exe")
+  done
+  # A test executable travels when it holds tests named *Gpu* (the label gpu, tests/CMakeLists.txt).
+  local listed count
+  for name in "${tests[@]}"; do
+    exe="$(find "$BUILD_DIR" -name "$name" -type f -perm -u+x | head -n 1)"
+    [ -n "$exe" ] || die "built test executable $name not found under $BUILD_DIR"
+    listed="$("$exe" --gtest_list_tests --gtest_filter='*Gpu*' 2>&1)" ||
+      die "$name --gtest_list_tests failed: $listed"
+    count="$(printf '%s\n' "$listed" | grep -c '^  ' || true)"
+    if [ "$count" -gt 0 ]; then
+      bins+=("$exe")
+      gpu_tests+=("$name:$count")
+    fi
+  done
+  [ "${#gpu_tests[@]}" -gt 0 ] || die "no test executable holds a test named *Gpu*"
+
+  for exe in "${bins[@]}"; do
+    cp "$exe" "$CARRY/bin/"
+    strip --strip-unneeded "$CARRY/bin/$(basename "$exe")"
+  done
+
+  # The shared libraries the binaries load, except the C runtime and CUDA's (see the top).
+  declare -A runtime_libs=()
+  local soname path
+  for exe in "$CARRY"/bin/*; do
+    while read -r soname path; do
+      [ "$path" != "not-found" ] || die "$(basename "$exe") needs $soname, which is not found here either"
+      if [[ $soname =~ $CUDA_LIBS_RE ]]; then
+        runtime_libs[$soname]=1
+      elif [[ $soname =~ $SYSTEM_LIBS_RE ]]; then
+        :
+      elif [[ $soname =~ $FALLBACK_LIBS_RE ]]; then
+        [ -e "$CARRY/lib-fallback/$soname" ] || cp -L "$path" "$CARRY/lib-fallback/$soname"
+      else
+        [ -e "$CARRY/lib/$soname" ] || cp -L "$path" "$CARRY/lib/$soname"
+      fi
+    done < <(ldd_libs "$exe")
+  done
+  # The carried libraries' own dependencies (libopenblas needs libgfortran, and so on).
+  local added=1
+  while [ "$added" = 1 ]; do
+    added=0
+    for exe in "$CARRY"/lib/*; do
+      while read -r soname path; do
+        if [[ $soname =~ $SYSTEM_LIBS_RE || $soname =~ $CUDA_LIBS_RE ]]; then continue; fi
+        if [[ $soname =~ $FALLBACK_LIBS_RE ]]; then
+          [ -e "$CARRY/lib-fallback/$soname" ] || cp -L "$path" "$CARRY/lib-fallback/$soname"
+        elif [ ! -e "$CARRY/lib/$soname" ]; then
+          cp -L "$path" "$CARRY/lib/$soname"
+          added=1
+        fi
+      done < <(ldd_libs "$exe")
+    done
+  done
+  chmod u+w "$CARRY"/lib/* "$CARRY"/lib-fallback/* 2>/dev/null || true
+  strip --strip-unneeded "$CARRY"/lib/* "$CARRY"/lib-fallback/* 2>/dev/null || true
+
+  # With only the carried libraries (and the C runtime), every binary must resolve all but the
+  # CUDA libraries, which the GPU machine provides.
+  local missing
+  for exe in "$CARRY"/bin/*; do
+    missing="$(LD_LIBRARY_PATH="$CARRY/lib" ldd_libs "$exe" | awk '$2 == "not-found" { print $1 }' |
+      grep -Ev "$CUDA_LIBS_RE" || true)"
+    [ -z "$missing" ] || die "$(basename "$exe") would not start on the GPU machine: missing $missing"
+  done
+
+  local glibc glibcxx size_kib commit dirty
+  glibc="$(max_symbol_version GLIBC_ "$CARRY"/bin/* "$CARRY"/lib/*)"
+  glibcxx="$(max_symbol_version GLIBCXX_ "$CARRY"/bin/* "$CARRY"/lib/*)"
+  commit="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+  dirty="$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | grep -c . || true)"
+  {
+    echo "{"
+    echo "  \"prepared\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
+    echo "  \"commit\": \"$commit\","
+    echo "  \"uncommitted_changes\": $dirty,"
+    echo "  \"build_host\": \"$(uname -srm)\","
+    echo "  \"nvcc\": \"$("$nvcc" --version | grep -o 'release [0-9.]*' | head -n 1)\","
+    echo "  \"cuda_architectures\": \"90\","
+    echo "  \"glibc_needed\": \"$glibc\","
+    echo "  \"glibcxx_needed\": \"$glibcxx\","
+    printf '  "runtime_libs": [%s],\n' "$(printf '"%s",' "${!runtime_libs[@]}" | sed 's/,$//')"
+    printf '  "binaries": [%s],\n' "$(cd "$CARRY/bin" && printf '"%s",' * | sed 's/,$//')"
+    printf '  "gpu_test_executables": {%s}\n' \
+      "$(printf '%s\n' "${gpu_tests[@]}" | sed 's/^\(.*\):\(.*\)$/"\1": \2/' | paste -sd, | sed 's/,/, /g')"
+    echo "}"
+  } >"$CARRY/manifest.json"
+
+  size_kib="$(du -sk "$CARRY" | cut -f1)"
+  if [ "$size_kib" -gt $((CARRY_LIMIT_MIB * 1024)) ]; then
+    # Too large to travel as it is: one compressed archive instead (unpacked by `run`).
+    echo "gpu-check prepare: $((size_kib / 1024)) MiB laid out; compressing to fit $CARRY_LIMIT_MIB MiB"
+    tar -C "$CARRY" -czf "$CARRY.tar.gz" bin lib lib-fallback
+    rm -rf "$CARRY/bin" "$CARRY/lib" "$CARRY/lib-fallback"
+    mv "$CARRY.tar.gz" "$CARRY/payload.tar.gz"
+    size_kib="$(du -sk "$CARRY" | cut -f1)"
+    [ "$size_kib" -le $((CARRY_LIMIT_MIB * 1024)) ] ||
+      die "the carry folder is $((size_kib / 1024)) MiB even compressed; the limit is $CARRY_LIMIT_MIB MiB"
+  fi
+  echo "gpu-check prepare: $CARRY ready in $((SECONDS - t0)) s: $((size_kib / 1024)) MiB," \
+    "${#gpu_tests[@]} test executables with GPU tests (${gpu_tests[*]}), needs glibc >= $glibc," \
+    "CUDA libraries from the GPU machine: ${!runtime_libs[*]}"
+}
+
+# ---- run ----------------------------------------------------------------------------------------
+
+OUT_DIR=""
+BUDGET=450
+BENCH=1
+QUICK=0
+DRY_RUN=0
+SCRATCH="${STRATA_GPU_SCRATCH:-/var/tmp/strata-gpu-check}"
+RUN_START=$SECONDS
+
+# Directories holding `soname` on this machine: the loader's cache, PyTorch's pip packages (nvidia-*),
+# and the CUDA toolkit.
+find_lib_dirs() {
+  local soname="$1" dirs=() d
+  d="$(ldconfig -p 2>/dev/null | awk -v s="$soname" '$1 == s { print $NF; exit }')"
+  [ -z "$d" ] || dirs+=("$(dirname "$d")")
+  local roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu)
+  local py
+  for py in python3 /opt/torch/.venv/bin/python3; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    while read -r d; do [ -d "$d/nvidia" ] && roots+=("$d/nvidia"); done < <(
+      "$py" -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null || true)
+  done
+  local found
+  for d in "${roots[@]}" /usr/local/cuda-*/lib64; do
+    [ -d "$d" ] || continue
+    found="$(find -L "$d" -maxdepth 4 -name "$soname" 2>/dev/null | head -n 1)"
+    [ -z "$found" ] || dirs+=("$(dirname "$found")")
+  done
+  printf '%s\n' "${dirs[@]}" | awk 'NF && !seen[$0]++'
+}
+
+# Seconds left of the budget.
+remaining() {
+  echo $((BUDGET - (SECONDS - RUN_START)))
+}
+
+# step NAME MAX_SECONDS MIN_SECONDS COMMAND...: runs COMMAND with its output in $OUT_DIR/steps/NAME.log
+# under a timeout of min(MAX, what the budget has left), records name, exit code and seconds in
+# steps.tsv. A step that would get under MIN seconds is not run (exit code "budget").
+step() {
+  local name="$1" max="$2" min="$3"
+  shift 3
+  local left limit rc t0=$SECONDS
+  left=$(($(remaining) - 15))
+  limit=$((left < max ? left : max))
+  if [ "$limit" -lt "$min" ]; then
+    echo "== $name: not run, $left s of the budget left (needs $min)"
+    printf '%s\tbudget\t0\t%s\n' "$name" "not run: out of time" >>"$OUT_DIR/steps.tsv"
+    return 0
+  fi
+  echo "== $name (limit $limit s): $*"
+  set +e
+  timeout --kill-after=10 "$limit" "$@" >"$OUT_DIR/steps/$name.log" 2>&1
+  rc=$?
+  set -e
+  tail -n 25 "$OUT_DIR/steps/$name.log"
+  local note=""
+  [ "$rc" != 124 ] && [ "$rc" != 137 ] || note="timed out after $limit s"
+  echo "== $name: exit $rc in $((SECONDS - t0)) s${note:+ ($note)}"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$note" >>"$OUT_DIR/steps.tsv"
+}
+
+# Like step, but stdout goes to FILE (a JSON document) and stderr to the log.
+step_json() {
+  local name="$1" max="$2" min="$3" file="$4"
+  shift 4
+  step "$name" "$max" "$min" bash -c '"$@" >"'"$file"'"' _ "$@"
+}
+
+run_check() {
+  [ -n "$OUT_DIR" ] || OUT_DIR="${OUT:-$ROOT/build/gpu-check-out}"
+  mkdir -p "$OUT_DIR"
+  OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+  rm -rf "$OUT_DIR/steps" "$OUT_DIR/steps.tsv"
+  mkdir -p "$OUT_DIR/steps"
+  : >"$OUT_DIR/steps.tsv"
+  exec > >(tee "$OUT_DIR/run.log") 2>&1
+  local tee_pid=$!
+
+  echo "gpu-check run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), budget $BUDGET s, out $OUT_DIR"
+  [ -f "$CARRY/manifest.json" ] ||
+    die "$CARRY/manifest.json not found: run 'deploy/gpu-check.sh prepare' on the build machine and carry build/gpu-carry (docs/gpu.md)"
+  local bin="$CARRY/bin" lib="$CARRY/lib" fallback="$CARRY/lib-fallback"
+  if [ -f "$CARRY/payload.tar.gz" ]; then
+    local unpacked="${TMPDIR:-/tmp}/strata-gpu-carry"
+    rm -rf "$unpacked" && mkdir -p "$unpacked"
+    tar -C "$unpacked" -xzf "$CARRY/payload.tar.gz"
+    bin="$unpacked/bin" lib="$unpacked/lib" fallback="$unpacked/lib-fallback"
+  fi
+  cp "$CARRY/manifest.json" "$OUT_DIR/steps/manifest.json"
+  echo "carry: $(tr -d '\n' <"$CARRY/manifest.json" | sed 's/  */ /g')"
+
+  # The CUDA libraries the binaries need, from this machine.
+  local libpath="$lib" soname dirs
+  for soname in $(grep -o '"runtime_libs": \[[^]]*\]' "$CARRY/manifest.json" | grep -o 'lib[^"]*'); do
+    dirs="$(find_lib_dirs "$soname" | paste -sd: -)"
+    if [ -n "$dirs" ]; then
+      echo "$soname: ${dirs//:/, }"
+      libpath="$libpath:$dirs"
+    else
+      echo "$soname: NOT FOUND on this machine (searched the loader cache, CUDA and PyTorch's packages)"
+    fi
+  done
+  # The C++ runtime of this machine is used when it is new enough; the build machine's otherwise.
+  if LD_LIBRARY_PATH="$libpath" "$bin/strata" --version 2>&1 | grep -q 'GLIBCXX\|CXXABI'; then
+    echo "this machine's libstdc++ is older than the build machine's: using the carried one"
+    libpath="$libpath:$fallback"
+  fi
+  # Strata's binaries run with the carried libraries; python3 (PyTorch) with this machine's own.
+  libpath="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local S=(env "LD_LIBRARY_PATH=$libpath" "STRATA_TEST_DIR=$SCRATCH/tests")
+  rm -rf "$SCRATCH" && mkdir -p "$SCRATCH/tests"
+  local unresolved
+  unresolved="$(for f in "$bin"/*; do LD_LIBRARY_PATH="$libpath" ldd "$f" | grep 'not found' |
+    sed "s|^|$(basename "$f"): |"; done || true)"
+  [ -z "$unresolved" ] || echo "unresolved libraries:"$'\n'"$unresolved"
+
+  # 1. The machine.
+  step env 60 5 "${S[@]}" "$bin/strata" env
+  step_json env_json 60 5 "$OUT_DIR/steps/env.json" "${S[@]}" "$bin/strata" env --json
+  if command -v nvidia-smi >/dev/null; then
+    step nvidia_smi 30 5 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,power.limit --format=csv
+  fi
+
+  # 2. Every GPU test; the report counts a skipped test as a failure.
+  local exe name
+  for exe in "$bin"/strata_*_tests; do
+    name="$(basename "$exe")"
+    step "test_$name" 240 20 "${S[@]}" "$exe" --gtest_filter='*Gpu*' --gtest_color=no \
+      --gtest_output="xml:$OUT_DIR/steps/test_$name.xml"
+  done
+
+  # 3. Micro-benchmarks, each against PyTorch on this machine in the same run.
+  if [ "$BENCH" = 1 ]; then
+    local copy_args=(--bytes 1GiB --chunk 64MiB --reps 10 --warmup 2)
+    local adam_args=(--params 134217728 --reps 20 --warmup 3)
+    local overlap_args=(--units 32,128 --steps 5 --rounds 2 --paired-cycles 4 --min-accesses 256)
+    if [ "$QUICK" = 1 ]; then
+      copy_args=(--bytes 64MiB --chunk 16MiB --reps 3 --warmup 1)
+      adam_args=(--params 4194304 --reps 3 --warmup 1)
+      overlap_args=(--units 4,8 --unit-size 1MiB --steps 3 --rounds 1 --paired-cycles 2 --min-accesses 0)
+    fi
+    local peers="$ROOT/benchmarks/gpu_peers.py"
+    step_json copy_strata 90 10 "$OUT_DIR/steps/copy_strata.json" "${S[@]}" "$bin/strata_gpu_bench" copy "${copy_args[@]}" --json
+    step_json copy_pytorch 90 10 "$OUT_DIR/steps/copy_pytorch.json" python3 "$peers" copy "${copy_args[@]}" --json
+    step_json adam_strata 90 10 "$OUT_DIR/steps/adam_strata.json" "${S[@]}" "$bin/strata_gpu_bench" adam "${adam_args[@]}" --json
+    step_json adam_pytorch 90 10 "$OUT_DIR/steps/adam_pytorch.json" python3 "$peers" adam "${adam_args[@]}" --json
+    mkdir -p "$SCRATCH/overlap"
+    step_json overlap 300 60 "$OUT_DIR/steps/overlap.json" "${S[@]}" "$bin/strata_overlap_bench" --device cuda \
+      --path "$SCRATCH/overlap" "${overlap_args[@]}" --json
+  fi
+
+  # 4. The report: summary.md, summary.json; every other file goes into details.tar.gz.
+  local rc=0
+  python3 "$ROOT/deploy/gpu_check_report.py" --dir "$OUT_DIR" --bench "$BENCH" || rc=$?
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/details.tar.gz" steps steps.tsv
+  rm -rf "$OUT_DIR/steps" "$OUT_DIR/steps.tsv" "$SCRATCH"
+  echo "gpu-check run: done in $((SECONDS - RUN_START)) s; results in $OUT_DIR (summary.md, summary.json, run.log, details.tar.gz)"
+  # Let tee write the last lines of run.log before the command returns.
+  exec >&- 2>&-
+  wait "$tee_pid" 2>/dev/null || true
+  return "$rc"
+}
+
+dry_run() {
+  cat <<EOF
+gpu-check --dry-run: what 'deploy/gpu-check.sh run' does on a GPU machine (budget $BUDGET s)
+
+carry folder: $CARRY
+EOF
+  if [ -f "$CARRY/manifest.json" ]; then
+    echo "  ready: $(tr -d '\n' <"$CARRY/manifest.json" | sed 's/  */ /g')"
+  else
+    echo "  not prepared: run 'deploy/gpu-check.sh prepare' here first (it builds $BUILD_DIR)"
+  fi
+  cat <<EOF
+
+ 0. find the CUDA libraries the binaries need (libcublas, libcublasLt, libnccl) in the loader
+    cache, /usr/local/cuda and PyTorch's pip packages; LD_LIBRARY_PATH = carry/lib + those
+ 1. strata env; strata env --json; nvidia-smi --query-gpu=... (PCIe link, clocks, power)
+ 2. for each carried test executable: <exe> --gtest_filter='*Gpu*' --gtest_output=xml:...
+    every GPU test must pass; a skipped one fails the check
+EOF
+  if [ "$BENCH" = 1 ]; then
+    cat <<EOF
+ 3. strata_gpu_bench copy --bytes 1GiB --chunk 64MiB --json      (h2d, d2h, both at once, pinned pool)
+    python3 benchmarks/gpu_peers.py copy (same sizes)             (PyTorch, pinned tensors)
+    strata_gpu_bench adam --params 134217728 --json               (fused AdamW kernel)
+    python3 benchmarks/gpu_peers.py adam (same size)              (torch.optim.AdamW fused=True)
+    strata_overlap_bench --device cuda --path $SCRATCH/overlap --units 32,128 --json
+                                                                  (NVMe -> pinned -> HBM + cuBLAS)
+    NCCL all-gather / reduce-scatter on one rank: the NcclGpuTest tests of step 2
+EOF
+  fi
+  cat <<EOF
+ 4. python3 deploy/gpu_check_report.py: summary.md (printed) and summary.json in the output
+    folder, with run.log and details.tar.gz (every log, test XML and benchmark JSON)
+
+Targets: every GPU test passes, none skipped; copies against the PCIe link and PyTorch;
+fused AdamW >= 1.0x PyTorch's fused AdamW; overlap step / max(compute, io) <= 1.10 at L = 32, 128.
+EOF
+}
+
+main() {
+  local cmd="${1:-}"
+  [ $# -eq 0 ] || shift
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --out) OUT_DIR="${2:?--out needs a directory}"; shift 2 ;;
+      --budget) BUDGET="${2:?--budget needs seconds}"; shift 2 ;;
+      --no-bench) BENCH=0; shift ;;
+      --quick) QUICK=1; shift ;;
+      --dry-run) DRY_RUN=1; shift ;;
+      *) echo "gpu-check: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+    esac
+  done
+  [[ $BUDGET =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 60 ] || die "--budget '$BUDGET': expected whole seconds, at least 60"
+  case "$cmd" in
+    prepare) prepare ;;
+    run) if [ "$DRY_RUN" = 1 ]; then dry_run; else run_check; fi ;;
+    --dry-run | dry-run) dry_run ;;
+    -h | --help | help) usage ;;
+    "") usage >&2; exit 2 ;;
+    *) echo "gpu-check: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;
+  esac
+}
+
+main "$@"

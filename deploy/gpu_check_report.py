@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""The GPU check's verdict: reads what `deploy/gpu-check.sh run` left in DIR/steps and writes
+DIR/summary.json and DIR/summary.md (and prints the latter).
+
+The check passes when every step ran and exited 0 and every GPU test passed: a skipped GPU test is
+a failure (a broken CUDA set-up must never look green), and so is a test executable that ran fewer
+GPU tests than the build machine listed. Benchmark targets are reported, met or not, but do not
+fail the check: they are measurements.
+
+Standard library only: it runs under whatever python3 the GPU machine has.
+"""
+
+import argparse
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+ADAM_TARGET = 1.0  # Strata's fused AdamW step time against PyTorch's fused AdamW: >= 1.0x
+OVERLAP_TARGET = 1.10  # overlap efficiency at L = 32 and 128: <= 1.10
+
+
+def load_json(path):
+    """The JSON document at `path`, or None (with the reason) when it is absent or broken."""
+    if not os.path.exists(path):
+        return None, "not written"
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f), None
+    except (OSError, ValueError) as e:
+        return None, f"unreadable: {e}"
+
+
+def read_steps(steps_dir):
+    """steps.tsv: name -> {rc, seconds, note}."""
+    steps = {}
+    path = os.path.join(os.path.dirname(steps_dir), "steps.tsv")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) >= 3:
+                    steps[parts[0]] = {"rc": parts[1], "seconds": int(parts[2] or 0),
+                                       "note": parts[3] if len(parts) > 3 else ""}
+    return steps
+
+
+def first_words(message):
+    """A GoogleTest message on one line: its "file:line" prefix dropped, at most 300 characters."""
+    lines = [l.strip() for l in (message or "").splitlines() if l.strip()]
+    if len(lines) > 1 and lines[0].rsplit(":", 1)[-1].isdigit():
+        lines = lines[1:]
+    text = " | ".join(lines)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def parse_gtest_xml(path):
+    """Counts and the names of failed and skipped tests from a GoogleTest XML report."""
+    result = {"tests": 0, "passed": 0, "failed": [], "skipped": []}
+    root = ET.parse(path).getroot()
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname', '')}.{case.get('name', '')}"
+        result["tests"] += 1
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        skipped = case.find("skipped")
+        if failure is not None:
+            result["failed"].append({"test": name, "message": first_words(failure.get("message"))})
+        elif case.get("result") == "skipped" or skipped is not None:
+            message = skipped.get("message") if skipped is not None else ""
+            result["skipped"].append({"test": name, "message": first_words(message)})
+        elif case.get("status", "run") == "run":
+            result["passed"] += 1
+    return result
+
+
+def pcie_limit(env, nvidia_smi_log):
+    """The link's raw bytes/s per direction, from `strata env --json`, else from nvidia-smi."""
+    try:
+        dev = env["gpu"]["devices"][0]
+        limit = float(dev["pcie"]["max_bytes_per_s"])
+        if limit > 0:
+            gen = dev["pcie"]["generation"]
+            return limit, f"PCIe gen{gen} x{dev['pcie']['max_width']} (strata env)"
+    except (TypeError, KeyError, IndexError, ValueError):
+        pass
+    # nvidia-smi's CSV: pcie.link.gen.max and pcie.link.width.max are columns 5 and 7.
+    if nvidia_smi_log and os.path.exists(nvidia_smi_log):
+        with open(nvidia_smi_log, encoding="utf-8", errors="replace") as f:
+            lines = [l for l in f.read().splitlines() if l.strip() and not l.startswith("name")]
+        for line in lines:
+            cols = [c.strip() for c in line.split(",")]
+            try:
+                gen, width = int(cols[4]), int(cols[6])
+            except (IndexError, ValueError):
+                continue
+            gts = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}.get(gen)
+            if gts:
+                eff = 0.8 if gen <= 2 else (128 / 130 if gen <= 5 else 242 / 256)
+                return gts * 1e9 * width * eff / 8, f"PCIe gen{gen} x{width} (nvidia-smi)"
+    return None, "unknown (neither strata env nor nvidia-smi reported the link)"
+
+
+def fmt(x, spec=".2f", none="-"):
+    return none if x is None else format(x, spec)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", required=True, help="the run's output folder (holds steps/)")
+    parser.add_argument("--bench", type=int, default=1, help="1 when the benchmarks were run")
+    args = parser.parse_args()
+    steps_dir = os.path.join(args.dir, "steps")
+    steps = read_steps(steps_dir)
+    manifest, _ = load_json(os.path.join(steps_dir, "manifest.json"))
+    env, _ = load_json(os.path.join(steps_dir, "env.json"))
+    problems = []  # what fails the check
+
+    for name, s in steps.items():
+        if s["rc"] != "0":
+            what = s["note"] or f"exit {s['rc']}"
+            problems.append(f"step {name}: {what}")
+
+    # ---- the machine
+    machine = {}
+    if env:
+        gpu = env.get("gpu", {})
+        devices = gpu.get("devices", [])
+        machine = {
+            "gpu": devices[0]["name"] if devices else None,
+            "gpu_memory_bytes": devices[0]["memory_bytes"] if devices else None,
+            "gpus": len(devices),
+            "cuda_runtime": gpu.get("runtime_version"),
+            "cuda_driver": gpu.get("driver_version"),
+            "nccl_headers": gpu.get("nccl_version"),
+            "none_reason": gpu.get("none_reason"),
+            "pcie": devices[0].get("pcie") if devices else None,
+            "numa_node": devices[0].get("numa_node") if devices else None,
+        }
+        if not devices:
+            problems.append(f"no GPU: {gpu.get('none_reason', 'strata env found none')}")
+    else:
+        problems.append("strata env --json wrote nothing")
+
+    # ---- tests
+    expected = (manifest or {}).get("gpu_test_executables", {})
+    tests = {}
+    for exe, listed in sorted(expected.items()):
+        xml_path = os.path.join(steps_dir, f"test_{exe}.xml")
+        entry = {"listed": listed}
+        if not os.path.exists(xml_path):
+            entry["error"] = "no XML report (the executable did not run, or crashed)"
+            problems.append(f"{exe}: {entry['error']}")
+        else:
+            try:
+                entry.update(parse_gtest_xml(xml_path))
+            except ET.ParseError as e:
+                entry["error"] = f"unreadable XML report: {e}"
+                problems.append(f"{exe}: {entry['error']}")
+            else:
+                for f in entry["failed"]:
+                    problems.append(f"{exe}: FAILED {f['test']}: {f['message']}")
+                # Skips usually share one reason (no GPU): one line per reason.
+                reasons = {}
+                for s in entry["skipped"]:
+                    reasons.setdefault(s["message"], []).append(s["test"])
+                for message, names in reasons.items():
+                    problems.append(f"{exe}: SKIPPED {len(names)} (a skip fails the check), "
+                                    f"e.g. {names[0]}: {message}")
+                if entry["tests"] < listed:
+                    problems.append(f"{exe}: ran {entry['tests']} GPU tests, {listed} were listed")
+        tests[exe] = entry
+    if not expected:
+        problems.append("the manifest lists no test executable with GPU tests")
+    totals = {k: sum(len(t.get(k, [])) if k in ("failed", "skipped") else t.get(k, 0)
+                     for t in tests.values()) for k in ("tests", "passed", "failed", "skipped")}
+
+    # ---- benchmarks
+    bench = {}
+    if args.bench:
+        limit, limit_source = pcie_limit(env, os.path.join(steps_dir, "nvidia_smi.log"))
+        cs, cs_err = load_json(os.path.join(steps_dir, "copy_strata.json"))
+        cp, cp_err = load_json(os.path.join(steps_dir, "copy_pytorch.json"))
+        copy = {"pcie_limit_gb_per_s": limit / 1e9 if limit else None, "pcie_link": limit_source,
+                "rows": []}
+        for mode in ("h2d", "d2h", "both"):
+            s = (cs or {}).get("results", {}).get(mode, {}).get("gb_per_s")
+            p = (cp or {}).get("results", {}).get(mode, {}).get("gb_per_s")
+            # "both" moves two directions at once: its limit is twice the one-way link.
+            mode_limit = (2 if mode == "both" else 1) * limit / 1e9 if limit else None
+            copy["rows"].append({
+                "mode": mode, "strata_gb_per_s": s, "pytorch_gb_per_s": p,
+                "strata_over_pytorch": s / p if s and p else None,
+                "strata_of_link": s / mode_limit if s and mode_limit else None,
+                "pytorch_of_link": p / mode_limit if p and mode_limit else None})
+        copy["errors"] = {k: v for k, v in (("strata", cs_err), ("pytorch", cp_err)) if v}
+        bench["copy"] = copy
+
+        as_, as_err = load_json(os.path.join(steps_dir, "adam_strata.json"))
+        ap, ap_err = load_json(os.path.join(steps_dir, "adam_pytorch.json"))
+        s_ms = (as_ or {}).get("variants", {}).get("fp32", {}).get("median_ms")
+        p_ms = (ap or {}).get("variants", {}).get("fp32", {}).get("median_ms")
+        speedup = p_ms / s_ms if s_ms and p_ms else None
+        bench["adam"] = {
+            "params": (as_ or {}).get("params"),
+            "strata_fp32_ms": s_ms,
+            "strata_fp32_gb_per_s": (as_ or {}).get("variants", {}).get("fp32", {}).get("gb_per_s"),
+            "strata_fp32_bf16_ms": (as_ or {}).get("variants", {}).get("fp32+bf16", {}).get("median_ms"),
+            "pytorch_fused_ms": p_ms,
+            "pytorch_fused_gb_per_s": (ap or {}).get("variants", {}).get("fp32", {}).get("gb_per_s"),
+            "speedup_over_pytorch": speedup, "target": ADAM_TARGET,
+            "met": speedup is not None and speedup >= ADAM_TARGET,
+            "check": (as_ or {}).get("check"),
+            "errors": {k: v for k, v in (("strata", as_err), ("pytorch", ap_err)) if v}}
+
+        ov, ov_err = load_json(os.path.join(steps_dir, "overlap.json"))
+        rows = []
+        for r in (ov or {}).get("results", []):
+            rows.append({k: r.get(k) for k in (
+                "units", "gemm_m", "gemm_n", "io_only_s", "compute_only_s", "balance", "step_s",
+                "efficiency", "paired_efficiency", "no_prefetch_efficiency", "hit_rate",
+                "device_peak_bytes", "device_budget_bytes")})
+            rows[-1]["met"] = r.get("efficiency") is not None and r["efficiency"] <= OVERLAP_TARGET
+        bench["overlap"] = {"rows": rows, "target": OVERLAP_TARGET,
+                            "store": (ov or {}).get("backend"), "direct": (ov or {}).get("direct"),
+                            "unit_bytes": (ov or {}).get("unit_bytes"), "error": ov_err}
+
+    passed = not problems
+    summary = {"passed": passed, "problems": problems, "machine": machine, "tests": tests,
+               "test_totals": totals, "benchmarks": bench, "steps": steps,
+               "carry": manifest}
+    with open(os.path.join(args.dir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+
+    # ---- the table for people
+    md = []
+    gpu_name = machine.get("gpu") or "no GPU"
+    md.append(f"# GPU check: {'PASSED' if passed else 'FAILED'}")
+    md.append("")
+    md.append(f"- GPU: {gpu_name}, {fmt((machine.get('gpu_memory_bytes') or 0) / 2**30, '.1f')} GiB; "
+              f"CUDA runtime {machine.get('cuda_runtime')}, driver {machine.get('cuda_driver')}; "
+              f"NUMA node {machine.get('numa_node')}")
+    if manifest:
+        md.append(f"- build: commit {manifest.get('commit', '?')[:12]}"
+                  f"{' (with uncommitted changes)' if manifest.get('uncommitted_changes') else ''}, "
+                  f"prepared {manifest.get('prepared')}")
+    md.append(f"- GPU tests: {totals['passed']} passed, {totals['failed']} failed, "
+              f"{totals['skipped']} skipped (a skip fails the check), of {totals['tests']} run")
+    md.append("")
+    md.append("| test executable | listed | ran | passed | failed | skipped |")
+    md.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for exe, t in tests.items():
+        md.append(f"| {exe} | {t['listed']} | {t.get('tests', 0)} | {t.get('passed', 0)} | "
+                  f"{len(t.get('failed', []))} | {len(t.get('skipped', []))} |")
+    if bench:
+        c = bench["copy"]
+        md.append("")
+        md.append(f"Host <-> device copies through the registered pinned pool, GB/s (link: "
+                  f"{c['pcie_link']}, {fmt(c['pcie_limit_gb_per_s'], '.1f')} GB/s per direction)")
+        md.append("")
+        md.append("| mode | Strata | PyTorch | Strata / PyTorch | Strata / link | PyTorch / link |")
+        md.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for r in c["rows"]:
+            md.append(f"| {r['mode']} | {fmt(r['strata_gb_per_s'], '.1f')} | "
+                      f"{fmt(r['pytorch_gb_per_s'], '.1f')} | {fmt(r['strata_over_pytorch'])} | "
+                      f"{fmt(r['strata_of_link'])} | {fmt(r['pytorch_of_link'])} |")
+        a = bench["adam"]
+        md.append("")
+        md.append(f"Fused AdamW, {a['params'] or '-'} fp32 parameters: Strata {fmt(a['strata_fp32_ms'], '.3f')} ms "
+                  f"({fmt(a['strata_fp32_gb_per_s'], '.0f')} GB/s; with the bf16 copy "
+                  f"{fmt(a['strata_fp32_bf16_ms'], '.3f')} ms), PyTorch fused {fmt(a['pytorch_fused_ms'], '.3f')} ms "
+                  f"({fmt(a['pytorch_fused_gb_per_s'], '.0f')} GB/s): "
+                  f"**{fmt(a['speedup_over_pytorch'])}x** (target >= {ADAM_TARGET}: "
+                  f"{'met' if a['met'] else 'NOT met'})")
+        o = bench["overlap"]
+        md.append("")
+        md.append(f"Overlap, NVMe -> pinned -> HBM with a cuBLAS GEMM per unit (store {o['store']}, "
+                  f"O_DIRECT {o['direct']}): efficiency = step / max(io-only, compute-only), "
+                  f"target <= {OVERLAP_TARGET}")
+        md.append("")
+        md.append("| L | GEMM M x N | io-only s | compute s | step s | efficiency | paired | no prefetch | hit rate | target |")
+        md.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        for r in o["rows"]:
+            md.append(f"| {r['units']} | {r['gemm_m']} x {r['gemm_n']} | {fmt(r['io_only_s'], '.3f')} | "
+                      f"{fmt(r['compute_only_s'], '.3f')} | {fmt(r['step_s'], '.3f')} | "
+                      f"{fmt(r['efficiency'], '.3f')} | {fmt(r['paired_efficiency'], '.3f')} | "
+                      f"{fmt(r['no_prefetch_efficiency'], '.2f')} | {fmt(r['hit_rate'], '.3f')} | "
+                      f"{'met' if r['met'] else 'NOT met'} |")
+        if not o["rows"]:
+            md.append(f"| - | no result: {o['error'] or 'the benchmark wrote no rows'} | | | | | | | | |")
+    md.append("")
+    md.append("| step | exit | seconds | note |")
+    md.append("| --- | --- | ---: | --- |")
+    for name, s in steps.items():
+        md.append(f"| {name} | {s['rc']} | {s['seconds']} | {s['note']} |")
+    if problems:
+        md.append("")
+        md.append("What fails the check:")
+        md.extend(f"- {p}" for p in problems[:60])
+        if len(problems) > 60:
+            md.append(f"- ... and {len(problems) - 60} more (summary.json)")
+    text = "\n".join(md) + "\n"
+    with open(os.path.join(args.dir, "summary.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
