@@ -3,8 +3,13 @@
 // A model of L units ("layers") of --unit-size bytes each is homed on NVMe. One training step
 // uses every unit once forward (0..L-1) and once backward (L-1..0); each use acquires the unit in
 // device memory through the PrefetchScheduler, runs a GEMM that reads it on a compute stream of the
-// CPU device, waits for that GEMM (the next layer needs its output) and releases the unit. Step 1
+// device, waits for that GEMM (the next layer needs its output) and releases the unit. Step 1
 // records the scheduler's trace and is not reported; steps 2+ are.
+//
+// --device cpu (the default) runs on the CPU device: OpenBLAS GEMMs in host tasks. --device cuda
+// runs the same loops on a CUDA GPU: units in device memory (copied, never shared with the host
+// copy), cuBLAS GEMMs, and each access's check through a D2H copy (overlap_compute.h). Both sit
+// behind UnitCompute, so that the loops below are the same for both.
 //
 // For each L it measures four runs, each on freshly built device, store, pool, tier manager and
 // scheduler (so that peaks and counters belong to that run alone):
@@ -22,8 +27,9 @@
 // the memory bus, which a GPU's compute (in HBM) does not.
 //
 // Every access checks three floats of the unit against what was written (a mismatch is an error).
-// Each GEMM is timed, so that a prefetch step splits into compute (against compute-only's), time
-// with no compute running, and the consumer's waits for data.
+// Each GEMM is timed (cpu: host clock; cuda: CUDA events), so that a prefetch step splits into
+// compute (against compute-only's), time with no compute running, and the consumer's waits for
+// data.
 // The table also reports how much CPU other processes used during each L's runs: on a small
 // shared machine that, not the engine, is often what moves the numbers.
 //
@@ -43,6 +49,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -65,6 +72,7 @@
 #include "io/paced_store.h"
 #include "offload/prefetch_scheduler.h"
 #include "offload/tier_manager.h"
+#include "overlap_compute.h"
 #include "strata/block_store.h"
 #include "strata/device.h"
 #include "strata/status.h"
@@ -78,9 +86,14 @@ namespace {
 using nlohmann::json;
 using offload::Tier;
 
-// The weight matrix of a unit is K x N fp32 (K * N * 4 = unit bytes).
-constexpr int kGemmK = 1024;
 constexpr double kEfficiencyTarget = 1.10;
+
+// --gemm-rows' limits: a CPU GEMM of more rows than this is slower than any disk; a GPU's is 100
+// times faster, so the calibration needs far more rows there (capped again by kCudaGemmBytes).
+constexpr int kMaxCpuGemmRows = 4096;
+constexpr int kMaxCudaGemmRows = 65536;
+// Device memory for the cuda GEMM's x and y together, per device: it bounds M for large units.
+constexpr uint64_t kCudaGemmBytes = uint64_t{2} << 30;
 
 // Set by SIGINT / SIGTERM: the current run stops at its next access and the program exits 1
 // after its tier manager has removed the offload files.
@@ -163,13 +176,15 @@ struct Args {
   // The GEMM's least row count M: enough rows to keep it compute-bound (see --gemm-rows).
   int gemm_rows = 64;
   std::string backend = "auto";
+  std::string device_name = "cpu";
   std::string device_alloc = "cached";
-  std::string host_memory = "shared";
+  std::string host_memory = "auto";  // resolved by ParseArgs: shared (cpu) or copied (cuda)
   std::string trace_file;
   std::string disk_rate_text;  // empty: the real disk under --path
   bool json_output = false;
 
   // Parsed.
+  device::DeviceType device = device::DeviceType::kCpu;
   std::vector<int> units;
   uint64_t unit_bytes = 0;
   std::optional<double> compute_ms;  // empty: auto
@@ -180,7 +195,31 @@ struct Args {
 // exist (/dev/null is not a directory), so that the layout's unlink at teardown touches nothing.
 constexpr const char* kPacedDiskDir = "/dev/null/paced-disk";
 
+// The most GEMM rows the cuda calibration may use: kMaxCudaGemmRows, or fewer where x [M, N] and
+// y [M, K] would not fit kCudaGemmBytes. Needs a.unit_bytes.
+int CudaMaxRows(const Args& a) {
+  const uint64_t row_bytes = (a.unit_bytes / sizeof(float) / kGemmK + kGemmK) * sizeof(float);
+  return static_cast<int>(
+      std::min<uint64_t>(kMaxCudaGemmRows, std::max<uint64_t>(1, kCudaGemmBytes / row_bytes)));
+}
+
 Status ParseArgs(Args& a) {
+  // The device first: what else is valid depends on it.
+  if (a.device_name == "cpu") {
+    a.device = device::DeviceType::kCpu;
+  } else if (a.device_name == "cuda") {
+    a.device = device::DeviceType::kCuda;
+  } else {
+    return InvalidArgumentError(fmt::format("--device '{}': expected cpu or cuda", a.device_name));
+  }
+  const bool cuda = a.device == device::DeviceType::kCuda;
+  if (a.host_memory == "auto") {
+    a.host_memory = cuda ? "copied" : "shared";
+  } else if (a.host_memory == "shared" && cuda) {
+    return InvalidArgumentError(
+        "--host-memory shared needs --device cpu: with --device cuda a unit's device copy is "
+        "GPU memory, which cannot be the pinned host copy (use --host-memory copied, or auto)");
+  }
   a.units.clear();
   size_t start = 0;
   while (start <= a.units_text.size()) {
@@ -234,9 +273,19 @@ Status ParseArgs(Args& a) {
   if (a.io_threads < 1 || a.queue_depth < 1) {
     return InvalidArgumentError("--io-threads and --qd: expected at least 1");
   }
-  if (a.gemm_rows < 1 || a.gemm_rows > 4096) {
+  if (!cuda && (a.gemm_rows < 1 || a.gemm_rows > kMaxCpuGemmRows)) {
     return InvalidArgumentError(
-        fmt::format("--gemm-rows {}: expected 1 to 4096 rows", a.gemm_rows));
+        fmt::format("--gemm-rows {}: expected 1 to {} rows", a.gemm_rows, kMaxCpuGemmRows));
+  }
+  if (cuda && (a.gemm_rows < 1 || a.gemm_rows > kMaxCudaGemmRows)) {
+    return InvalidArgumentError(fmt::format(
+        "--gemm-rows {}: expected 1 to {} rows with --device cuda", a.gemm_rows, kMaxCudaGemmRows));
+  }
+  if (cuda && a.gemm_rows > CudaMaxRows(a)) {
+    return InvalidArgumentError(fmt::format(
+        "--gemm-rows {}: with --unit-size {} at most {} rows fit the {} of device memory the "
+        "cuda GEMM's activations may take",
+        a.gemm_rows, a.unit_size_text, CudaMaxRows(a), FormatBytesExact(kCudaGemmBytes)));
   }
   if (a.run_ahead < 0 || a.run_ahead > 8) {
     return InvalidArgumentError(
@@ -280,58 +329,91 @@ int HostBudgetUnits(const Args& a, int units) {
   return std::max(1, std::min(wanted, units - 2));
 }
 
-// A fast deterministic generator of floats in [-1, 1).
-class FloatStream {
+// The cpu unit compute: one host task per access on the compute stream, which checks the unit's
+// floats in place (the CPU device's memory is host memory) and runs C (M x N) = A (M x K) *
+// W (K x N), single-threaded OpenBLAS. W is the unit's leading K x N block (row stride ldw, the
+// unit's full width): N is the full width except when even one row (M = 1) takes longer than the
+// target.
+class CpuUnitCompute final : public UnitCompute {
  public:
-  explicit FloatStream(uint64_t seed) : x_(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
-  float Next() {
-    x_ ^= x_ << 13;
-    x_ ^= x_ >> 7;
-    x_ ^= x_ << 17;
-    return static_cast<float>(static_cast<int32_t>(x_ >> 32)) * (1.0f / 2147483648.0f);
+  // `shape` empty: the check alone. `full_cols`: the unit's width (W's row stride).
+  CpuUnitCompute(device::Device& device, device::Stream& stream, std::optional<GemmShape> shape,
+                 int full_cols)
+      : device_(&device), stream_(&stream) {
+    if (shape) {
+      m_ = shape->m;
+      n_ = shape->n;
+      ldw_ = full_cols;
+      a_.resize(static_cast<size_t>(m_) * kGemmK);
+      c_.assign(static_cast<size_t>(m_) * n_, 0.0f);
+      FloatStream(12345).Fill(a_.data(), a_.size());
+    }
   }
-  void Fill(float* p, size_t n) {
-    for (size_t i = 0; i < n; ++i)
-      p[i] = Next();
+  // The host tasks use a_, c_ and run_s_.
+  ~CpuUnitCompute() override { device_->Synchronize(*stream_).IgnoreError(); }
+
+  Status Enqueue(const float* w, const UnitCheck* check, bool gemm,
+                 std::string_view label) override {
+    if (gemm && a_.empty()) {
+      return InvalidArgumentError(
+          fmt::format("{}: a GEMM was asked of a unit compute made without a shape", label));
+    }
+    std::optional<UnitCheck> c;
+    if (check != nullptr) c = *check;
+    CpuUnitCompute* g = gemm ? this : nullptr;
+    return device_->HostTask(
+        *stream_,
+        [w, c, g]() -> Status {
+          if (c) {
+            for (size_t i = 0; i < c->positions.size(); ++i) {
+              if (std::memcmp(&w[c->positions[i]], &c->expect[i], sizeof(float)) != 0) {
+                return DataLossError(
+                    fmt::format("layer.{}: float {} reads {} in device memory, {} was written",
+                                c->unit, c->positions[i], w[c->positions[i]], c->expect[i]));
+              }
+            }
+          }
+          if (g != nullptr) g->Run(w);
+          return Status::Ok();
+        },
+        label);
   }
+
+  // Written on the compute stream's thread; read only after the stream was drained, which
+  // orders the two.
+  Result<double> GemmSeconds() override { return run_s_; }
 
  private:
-  uint64_t x_;
-};
-
-// The compute of one unit access: C (M x N) = A (M x K) * W (K x N), single-threaded OpenBLAS.
-// W is the unit's leading K x N block (row stride ldw, the unit's full width): N is the full
-// width except when even one row (M = 1) takes longer than the target.
-struct Gemm {
-  int m = 1;
-  int n = 1;
-  int ldw = 1;
-  std::vector<float> a;  // M x K activations (host memory: not model state)
-  std::vector<float> c;  // M x N output
-  // Time spent inside Run, summed. Written on the compute stream's thread; read by the consumer
-  // only after it has drained that stream, which orders the two.
-  double run_s = 0;
-
-  void Resize(int rows, int cols, int full_cols) {
-    m = rows;
-    n = cols;
-    ldw = full_cols;
-    a.resize(static_cast<size_t>(m) * kGemmK);
-    c.assign(static_cast<size_t>(m) * n, 0.0f);
-    FloatStream(12345).Fill(a.data(), a.size());
-  }
   void Run(const float* w) {
     const double t0 = NowSeconds();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, kGemmK, 1.0f, a.data(), kGemmK, w,
-                ldw, 0.0f, c.data(), n);
-    run_s += NowSeconds() - t0;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_, n_, kGemmK, 1.0f, a_.data(), kGemmK,
+                w, ldw_, 0.0f, c_.data(), n_);
+    run_s_ += NowSeconds() - t0;
   }
+
+  device::Device* device_;
+  device::Stream* stream_;
+  int m_ = 1, n_ = 1, ldw_ = 1;
+  std::vector<float> a_;  // M x K activations (host memory: not model state)
+  std::vector<float> c_;  // M x N output
+  double run_s_ = 0;      // time inside Run, summed
 };
 
-struct GemmShape {
-  int m = 1;
-  int n = 1;
-};
+// The unit compute of `a.device` on `stream` of `device` (see overlap_compute.h).
+Result<std::unique_ptr<UnitCompute>> CreateUnitCompute(const Args& a, device::Device& device,
+                                                       device::Stream& stream,
+                                                       std::optional<GemmShape> shape) {
+  if (a.device == device::DeviceType::kCpu) {
+    const int full_cols = static_cast<int>(a.unit_bytes / sizeof(float) / kGemmK);
+    return std::unique_ptr<UnitCompute>(
+        std::make_unique<CpuUnitCompute>(device, stream, shape, full_cols));
+  }
+#if defined(STRATA_WITH_CUDA)
+  return CreateCudaUnitCompute(device, stream, shape, a.run_ahead);
+#else
+  return UnimplementedError("--device cuda: this build of strata_overlap_bench has no CUDA");
+#endif
+}
 
 // Samples of each unit's content, to check that what compute reads is what was written.
 struct Samples {
@@ -451,19 +533,73 @@ uint64_t UnitAlloc(const Args& a) {
 // forward/backward turn, and the run-ahead. The tier manager enforces it (a prefetch that does
 // not fit is not issued), so the peak can never exceed it; what the runs show is that the peak
 // does not grow with L.
+int DeviceUnits(const Args& a) {
+  return a.device_lookahead + 3 + a.run_ahead;
+}
 uint64_t DeviceBudget(const Args& a) {
-  return static_cast<uint64_t>(a.device_lookahead + 3 + a.run_ahead) * UnitAlloc(a);
+  return static_cast<uint64_t>(DeviceUnits(a)) * UnitAlloc(a);
+}
+
+// The block the CUDA device's caching allocator takes from the GPU for a request: it mirrors
+// BlockSize in src/device/cuda_device.cc (powers of two up to 1 MiB, multiples of 2 MiB above).
+// A cuda device budget counted in these blocks lets the allocator keep every block a run needs:
+// when the blocks it holds would pass its budget it gives cached ones back with cudaFree, which
+// synchronizes the whole GPU, inside a step. (Should the buckets change, that is the cost, not
+// an error.)
+uint64_t CudaBlockBytes(uint64_t bytes) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  if (bytes <= kMiB) return std::max<uint64_t>(512, std::bit_ceil(bytes));
+  return RoundUp(bytes, 2 * kMiB);
+}
+// The cuda budget of a device that holds DeviceUnits units and, with `shape`, the GEMM's x and y.
+uint64_t CudaDeviceBudget(const Args& a, const GemmShape* shape) {
+  uint64_t bytes = static_cast<uint64_t>(DeviceUnits(a)) * CudaBlockBytes(UnitAlloc(a));
+  if (shape != nullptr) {
+    bytes += CudaBlockBytes(GemmInputBytes(*shape)) + CudaBlockBytes(GemmOutputBytes(*shape));
+  }
+  return bytes;
+}
+
+// Options of a device for this run: "<device>:<role>", its budget `budget`.
+device::DeviceOptions DeviceOptionsFor(const Args& a, std::string_view role, uint64_t budget,
+                                       TraceRecorder* trace) {
+  device::DeviceOptions dopt;
+  dopt.type = a.device;
+  dopt.ordinal = 0;
+  dopt.memory_budget = budget;
+  dopt.name = fmt::format("{}:{}", a.device_name, role);
+  dopt.trace = trace;
+  return dopt;
 }
 
 // Builds the rig for L units, writes every unit's initial content to NVMe and empties the host.
-Status BuildRig(const Args& a, int units, bool prefetch, TraceRecorder* trace, Samples& samples,
-                Rig& rig) {
-  device::DeviceOptions dopt;
-  dopt.type = device::DeviceType::kCpu;
-  dopt.memory_budget = DeviceBudget(a);
-  dopt.name = "cpu:0";
-  dopt.trace = trace;
-  STRATA_ASSIGN_OR_RETURN(rig.device, device::CreateDevice(dopt));
+// `shape`: the GEMM the run's accesses will run (null: none), for the cuda device's budget.
+Status BuildRig(const Args& a, int units, bool prefetch, const GemmShape* shape,
+                TraceRecorder* trace, Samples& samples, Rig& rig) {
+  if (a.device == device::DeviceType::kCpu) {
+    STRATA_ASSIGN_OR_RETURN(rig.device,
+                            device::CreateDevice(DeviceOptionsFor(a, "0", DeviceBudget(a), trace)));
+  } else {
+    // The tier manager's units (its own budget stays DeviceBudget) and the GEMM's x and y.
+    STRATA_ASSIGN_OR_RETURN(rig.device, device::CreateDevice(DeviceOptionsFor(
+                                            a, "0", CudaDeviceBudget(a, shape), trace)));
+    // Fill the allocator's cache with the unit blocks the tier manager will take, so that no
+    // step calls cudaMalloc (the prefetch steps hold more units at once than step 1 does).
+    std::vector<void*> blocks;
+    Status warm;
+    for (int i = 0; i < DeviceUnits(a) && warm.ok(); ++i) {
+      Result<void*> p = rig.device->Alloc(UnitAlloc(a));
+      if (p.ok()) {
+        blocks.push_back(*p);
+      } else {
+        warm = p.status();
+      }
+    }
+    for (void* p : blocks)
+      rig.device->Free(p);  // nothing was enqueued on them
+    STRATA_RETURN_IF_ERROR(warm.WithContext("reserving the device memory for the units"));
+    rig.device->ResetPeak();
+  }
 
   io::StoreOptions sopt;
   sopt.backend = ToBackend(a.backend);
@@ -556,18 +692,18 @@ int UnitOfAccess(int k, int units) {
 
 // One streaming run (io-only, prefetch or no-prefetch) for L units.
 class ComputeOnly;
-Result<double> ComputeOnlyStep(ComputeOnly& compute, Gemm& gemm, int units);
+Result<double> ComputeOnlyStep(ComputeOnly& compute, int units);
 
 // One run on a fresh rig. With `paired` (mode kPrefetch): after step 1 each measured cycle runs
 // an io-only step (no GEMM) and a compute-only step (`paired`, weights already in device memory)
 // right before the prefetch step, on this same rig, so that the three times a cycle's efficiency
 // compares are taken within about a second of each other. The scheduler statistics then cover
-// the prefetch steps only.
-Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
+// the prefetch steps only. `shape`: the GEMM of each access (null: none, io-only).
+Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, const GemmShape* shape,
                                TraceRecorder* trace, ComputeOnly* paired = nullptr) {
   Samples samples;
   Rig rig;
-  STRATA_RETURN_IF_ERROR(BuildRig(a, units, mode != Mode::kNoPrefetch, trace, samples, rig));
+  STRATA_RETURN_IF_ERROR(BuildRig(a, units, mode != Mode::kNoPrefetch, shape, trace, samples, rig));
   const uint32_t step_track = trace != nullptr ? trace->Track("bench steps") : 0;
   const uint32_t consumer_track = trace != nullptr ? trace->Track("bench consumer") : 0;
 
@@ -589,6 +725,12 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
     std::string owner;
   };
   std::deque<Held> pending;
+  // Declared after `pending`, so that on an early return it is destroyed first: it waits for the
+  // compute stream before the leases still held are released.
+  std::optional<GemmShape> gemm_shape;
+  if (shape != nullptr) gemm_shape = *shape;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<UnitCompute> compute,
+                          CreateUnitCompute(a, *rig.device, *rig.compute, gemm_shape));
   auto release = [&](int n) -> Status {
     for (; n > 0; --n) {
       Held& h = pending.front();
@@ -599,8 +741,8 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
     }
     return Status::Ok();
   };
-  // One step over the access sequence; `g` null: the check alone (io-only).
-  auto run_step = [&](Gemm* g, int step, std::string_view label) -> Result<double> {
+  // One step over the access sequence; `gemm` false: the check alone (io-only).
+  auto run_step = [&](bool gemm, int step, std::string_view label) -> Result<double> {
     const double t0 = NowSeconds();
     const int64_t t0_ns = trace != nullptr ? TraceRecorder::NowNs() : 0;
     rig.scheduler->BeginStep();
@@ -614,21 +756,8 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
       if (!leases.ok()) return leases.status().WithContext(owner);
       const int64_t a1 = trace != nullptr ? TraceRecorder::NowNs() : 0;
       const float* w = static_cast<const float*>((*leases)[0].data());
-      const std::array<float, 3> expect = samples.values[u];
-      Status enq = rig.device->HostTask(
-          *rig.compute,
-          [w, expect, positions, g, u]() -> Status {
-            for (size_t i = 0; i < positions.size(); ++i) {
-              if (std::memcmp(&w[positions[i]], &expect[i], sizeof(float)) != 0) {
-                return DataLossError(
-                    fmt::format("layer.{}: float {} reads {} in device memory, {} was written", u,
-                                positions[i], w[positions[i]], expect[i]));
-              }
-            }
-            if (g != nullptr) g->Run(w);
-            return Status::Ok();
-          },
-          g != nullptr ? "gemm" : "check");
+      const UnitCheck check{u, positions, samples.values[u]};
+      Status enq = compute->Enqueue(w, &check, gemm, gemm ? "gemm" : "check");
       if (!enq.ok()) return enq.WithContext(owner);
       pending.push_back({u, std::move(*leases), owner});
       const int64_t a2 = trace != nullptr ? TraceRecorder::NowNs() : 0;
@@ -665,19 +794,21 @@ Result<RunResult> RunStreaming(const Args& a, int units, Mode mode, Gemm* gemm,
   for (int step = 1; step <= a.steps; ++step) {
     if (step == 2) foreign.emplace();
     if (step > 1 && paired != nullptr) {
-      STRATA_ASSIGN_OR_RETURN(double io_s, run_step(nullptr, step, "paired io-only"));
-      STRATA_ASSIGN_OR_RETURN(double c_s, ComputeOnlyStep(*paired, *gemm, units));
+      STRATA_ASSIGN_OR_RETURN(double io_s, run_step(false, step, "paired io-only"));
+      STRATA_ASSIGN_OR_RETURN(double c_s, ComputeOnlyStep(*paired, units));
       r.io_step_s.push_back(io_s);
       r.compute_step_s.push_back(c_s);
     }
     sched0 = rig.scheduler->stats();
     dev0 = rig.manager->stats(Tier::kDevice);
     store0 = rig.store->stats();
-    const double gemm0 = gemm != nullptr ? gemm->run_s : 0.0;
-    STRATA_ASSIGN_OR_RETURN(double dt, run_step(gemm, step, label));
+    // Every step ends with the compute stream drained, so the GEMM time can be read here.
+    STRATA_ASSIGN_OR_RETURN(const double gemm0, compute->GemmSeconds());
+    STRATA_ASSIGN_OR_RETURN(double dt, run_step(shape != nullptr, step, label));
     if (step == 1) continue;
     r.step_s.push_back(dt);
-    r.gemm_s.push_back(gemm != nullptr ? gemm->run_s - gemm0 : 0.0);
+    STRATA_ASSIGN_OR_RETURN(const double gemm1, compute->GemmSeconds());
+    r.gemm_s.push_back(gemm1 - gemm0);
     const io::StoreStats store1 = rig.store->stats();
     r.busy_s.push_back(static_cast<double>(store1.busy_ns - store0.busy_ns) * 1e-9);
     if (paired != nullptr) {
@@ -723,29 +854,45 @@ class ComputeOnly {
  public:
   // `trace` (may be null) records every GEMM on a "compute-only" track, and each step.
   static Result<std::unique_ptr<ComputeOnly>> Create(const Args& a, TraceRecorder* trace) {
-    std::unique_ptr<ComputeOnly> c(new ComputeOnly());
-    device::DeviceOptions dopt;
-    dopt.type = device::DeviceType::kCpu;
-    dopt.memory_budget = DeviceBudget(a);
-    dopt.name = "cpu:compute-only";
-    dopt.trace = trace;
+    std::unique_ptr<ComputeOnly> c(new ComputeOnly(a));
     c->trace_ = trace;
     if (trace != nullptr) c->step_track_ = trace->Track("bench compute-only steps");
-    STRATA_ASSIGN_OR_RETURN(c->device_, device::CreateDevice(dopt));
+    const bool cuda = a.device == device::DeviceType::kCuda;
+    // cuda: the units and the largest x and y the calibration may try (one GEMM's at a time).
+    const GemmShape largest{CudaMaxRows(a), c->n_, 1};
+    const uint64_t budget = cuda ? CudaDeviceBudget(a, &largest) : DeviceBudget(a);
+    Result<std::unique_ptr<device::Device>> device =
+        device::CreateDevice(DeviceOptionsFor(a, "compute-only", budget, trace));
+    if (!device.ok()) {
+      return cuda ? device.status().WithContext("--device cuda") : device.status();
+    }
+    c->device_ = std::move(*device);
     STRATA_ASSIGN_OR_RETURN(c->stream_, c->device_->CreateStream("compute-only"));
     STRATA_ASSIGN_OR_RETURN(ComputeWindow window,
                             ComputeWindow::Create(*c->device_, *c->stream_, a.run_ahead));
     c->window_.emplace(std::move(window));
-    for (int i = 0; i < a.device_lookahead + 3 + a.run_ahead; ++i) {
+    const size_t floats = a.unit_bytes / sizeof(float);
+    std::vector<float> staging(cuda ? floats : 0);
+    for (int i = 0; i < DeviceUnits(a); ++i) {
       STRATA_ASSIGN_OR_RETURN(void* p, c->device_->Alloc(UnitAlloc(a)));
-      FloatStream(static_cast<uint64_t>(i) + 1000)
-          .Fill(static_cast<float*>(p), a.unit_bytes / sizeof(float));
       c->buffers_.push_back(static_cast<float*>(p));
+      FloatStream content(static_cast<uint64_t>(i) + 1000);
+      if (!cuda) {
+        content.Fill(static_cast<float*>(p), floats);  // the CPU device's memory is host memory
+        continue;
+      }
+      content.Fill(staging.data(), floats);
+      Status copied = c->device_->CopyAsync(p, staging.data(), floats * sizeof(float),
+                                            device::CopyKind::kHostToDevice, *c->stream_);
+      // The copy reads `staging`: wait for it before the next fill, also after a failure.
+      Status synced = c->device_->Synchronize(*c->stream_);
+      STRATA_RETURN_IF_ERROR(copied);
+      STRATA_RETURN_IF_ERROR(synced);
     }
-    c->n_ = static_cast<int>(a.unit_bytes / sizeof(float) / kGemmK);
     return c;
   }
   ~ComputeOnly() {
+    compute_.reset();  // waits for the stream; frees its buffers on the device
     window_.reset();
     stream_.reset();
     for (float* p : buffers_)
@@ -756,58 +903,63 @@ class ComputeOnly {
 
   int n() const { return n_; }
 
-  // Seconds for `accesses` GEMMs of `gemm`, enqueued as the streaming runs do (--run-ahead).
-  Result<double> Time(Gemm& gemm, int accesses, int first_unit, std::string_view label) {
+  // Makes `shape` the GEMM of Steps and OneStep.
+  Status UseShape(const GemmShape& shape) {
+    compute_.reset();  // its x and y leave the device's budget first
+    STRATA_ASSIGN_OR_RETURN(compute_, CreateUnitCompute(*args_, *device_, *stream_, shape));
+    return Status::Ok();
+  }
+
+  // Seconds for `accesses` GEMMs of `compute`, enqueued as the streaming runs do (--run-ahead).
+  Result<double> Time(UnitCompute& compute, int accesses, int first_unit, std::string_view label) {
     const double t0 = NowSeconds();
     for (int k = 0; k < accesses; ++k) {
       STRATA_RETURN_IF_ERROR(
-          Enqueue(gemm, buffers_[static_cast<size_t>(first_unit + k) % buffers_.size()], label));
+          Enqueue(compute, buffers_[static_cast<size_t>(first_unit + k) % buffers_.size()], label));
     }
     STRATA_RETURN_IF_ERROR(window_->Drain());
     return NowSeconds() - t0;
   }
 
   // Enqueues one GEMM on `w` and keeps the consumer within --run-ahead of the stream.
-  Status Enqueue(Gemm& gemm, const float* w, std::string_view label) {
-    STRATA_RETURN_IF_ERROR(device_->HostTask(
-        *stream_,
-        [&gemm, w]() -> Status {
-          gemm.Run(w);
-          return Status::Ok();
-        },
-        label));
+  Status Enqueue(UnitCompute& compute, const float* w, std::string_view label) {
+    STRATA_RETURN_IF_ERROR(compute.Enqueue(w, /*check=*/nullptr, /*gemm=*/true, label));
     return window_->Enqueued().status();
   }
 
-  // Steps of the forward/backward sequence for L units; returns the times of steps 2+.
-  // `foreign_cpus`: other processes' CPU use during steps 2+ (see ForeignCpu); `gemm_s`: the time
-  // inside the GEMMs, summed over steps 2+.
-  Result<std::vector<double>> Steps(Gemm& gemm, int units, int steps, double* foreign_cpus,
-                                    double* gemm_s) {
+  // Steps of the forward/backward sequence for L units, with the GEMM of UseShape; returns the
+  // times of steps 2+. `foreign_cpus`: other processes' CPU use during steps 2+ (see
+  // ForeignCpu); `gemm_s`: the time inside the GEMMs, summed over steps 2+.
+  Result<std::vector<double>> Steps(int units, int steps, double* foreign_cpus, double* gemm_s) {
+    if (Compute() == nullptr) return FailedPreconditionError("compute-only: no GEMM shape set");
     std::vector<double> out;
     std::optional<ForeignCpu> foreign;
     double gemm0 = 0;
     for (int step = 1; step <= steps; ++step) {
       if (step == 2) {
         foreign.emplace();
-        gemm0 = gemm.run_s;
+        STRATA_ASSIGN_OR_RETURN(gemm0, Compute()->GemmSeconds());  // step 1 was drained
       }
-      STRATA_ASSIGN_OR_RETURN(double dt,
-                              OneStep(gemm, units, fmt::format("step {}/{}", step, steps)));
+      STRATA_ASSIGN_OR_RETURN(double dt, OneStep(units, fmt::format("step {}/{}", step, steps)));
       if (step > 1) out.push_back(dt);
     }
-    *gemm_s = gemm.run_s - gemm0;
+    STRATA_ASSIGN_OR_RETURN(const double gemm1, Compute()->GemmSeconds());
+    *gemm_s = gemm1 - gemm0;
     *foreign_cpus = foreign->Cpus();
     return out;
   }
 
-  // One step of the access sequence (seconds); `label` names it in the trace and on stderr.
-  Result<double> OneStep(Gemm& gemm, int units, const std::string& label) {
+  // One step of the access sequence (seconds), with the GEMM of UseShape; `label` names it in
+  // the trace and on stderr.
+  Result<double> OneStep(int units, const std::string& label) {
+    UnitCompute* compute = Compute();
+    if (compute == nullptr) return FailedPreconditionError("compute-only: no GEMM shape set");
     const double t0 = NowSeconds();
     for (int k = 0; k < 2 * units; ++k) {
       STRATA_RETURN_IF_ERROR(CheckInterrupted());
-      STRATA_RETURN_IF_ERROR(Enqueue(
-          gemm, buffers_[static_cast<size_t>(UnitOfAccess(k, units)) % buffers_.size()], "gemm"));
+      STRATA_RETURN_IF_ERROR(
+          Enqueue(*compute, buffers_[static_cast<size_t>(UnitOfAccess(k, units)) % buffers_.size()],
+                  "gemm"));
     }
     STRATA_RETURN_IF_ERROR(window_->Drain());
     const double dt = NowSeconds() - t0;
@@ -822,19 +974,29 @@ class ComputeOnly {
 
   // The row count M >= `min_rows` whose GEMM (with its enqueue and synchronize) takes about
   // `target_s`; when M = min_rows over the whole unit already takes longer, the column count N is
-  // narrowed instead.
+  // narrowed instead. On cuda M is at most CudaMaxRows, and when that many rows still run faster
+  // than the target the GEMM is repeated: `reps` times per access, with M chosen for the rest.
+  // Forgets the shape of UseShape.
   Result<GemmShape> Calibrate(double target_s, int min_rows) {
+    compute_.reset();  // its x and y would count against the budget the calibration needs
+    const bool cuda = args_->device == device::DeviceType::kCuda;
+    // cpu: the search extends M up to 2^16 rows at most, as it always did; cuda: to CudaMaxRows.
+    const int extend_below = cuda ? CudaMaxRows(*args_) : (1 << 16);
+    const int max_rows = cuda ? CudaMaxRows(*args_) : std::numeric_limits<int>::max();
     // t(M) grows with M but not quite linearly (OpenBLAS blocks M), so bracket the target and
     // narrow the bracket by interpolation, keeping the M measured closest to it. Each value is the
     // median of several short samples, so that one preempted sample does not steer the search.
     int cols = n_;
+    int reps = 1;
     auto measure = [&](int m) -> Result<double> {
-      Gemm g;
-      g.Resize(m, cols, n_);
-      STRATA_RETURN_IF_ERROR(Time(g, 2, 0, "calibration"));  // page faults, OpenBLAS buffers
+      STRATA_ASSIGN_OR_RETURN(
+          std::unique_ptr<UnitCompute> g,
+          CreateUnitCompute(*args_, *device_, *stream_, GemmShape{m, cols, reps}));
+      // Page faults, OpenBLAS buffers; cuBLAS's first use of a kernel.
+      STRATA_RETURN_IF_ERROR(Time(*g, 2, 0, "calibration"));
       std::vector<double> t;
       for (int rep = 0; rep < 9; ++rep) {
-        STRATA_ASSIGN_OR_RETURN(double s, Time(g, 2, rep, "calibration"));
+        STRATA_ASSIGN_OR_RETURN(double s, Time(*g, 2, rep, "calibration"));
         t.push_back(s / 2);
       }
       std::sort(t.begin(), t.end());
@@ -848,7 +1010,7 @@ class ComputeOnly {
         best_t = t;
       }
     };
-    int lo = min_rows, hi = std::max(128, 2 * min_rows);
+    int lo = min_rows, hi = std::min(std::max(128, 2 * min_rows), max_rows);
     STRATA_ASSIGN_OR_RETURN(double t_lo, measure(lo));
     consider(lo, t_lo);
     if (t_lo > 1.02 * target_s) {
@@ -870,14 +1032,26 @@ class ComputeOnly {
                  "  calibrated GEMM: M = {}, N = {} of {} ({} x {} x {}): {:.3f} ms per unit "
                  "(target {:.3f})\n",
                  min_rows, best_c, n_, min_rows, kGemmK, best_c, best_c_t * 1e3, target_s * 1e3);
-      return GemmShape{min_rows, best_c};
+      return GemmShape{min_rows, best_c, 1};
     }
     STRATA_ASSIGN_OR_RETURN(double t_hi, measure(hi));
     consider(hi, t_hi);
-    while (t_hi < target_s && hi < (1 << 16)) {  // the target lies above: extend the bracket
+    while (t_hi < target_s && hi < extend_below) {  // the target lies above: extend the bracket
       lo = hi;
       t_lo = t_hi;
-      hi *= 2;
+      hi = std::min(2 * hi, max_rows);
+      STRATA_ASSIGN_OR_RETURN(t_hi, measure(hi));
+      consider(hi, t_hi);
+    }
+    if (cuda && t_hi < target_s) {
+      // Even the most rows run faster than the target: repeat the GEMM, and look for M between
+      // half the rows and all of them (with r = ceil(target / t(max)), r t(max / 2) is below the
+      // target and r t(max) is not, t being about linear in M). Times now cover r GEMMs.
+      reps = static_cast<int>(std::min(1e5, std::ceil(target_s / t_hi)));
+      lo = std::max(min_rows, hi / 2);
+      best_t = 0;
+      STRATA_ASSIGN_OR_RETURN(t_lo, measure(lo));
+      consider(lo, t_lo);
       STRATA_ASSIGN_OR_RETURN(t_hi, measure(hi));
       consider(hi, t_hi);
     }
@@ -896,25 +1070,31 @@ class ComputeOnly {
         t_hi = t;
       }
     }
-    fmt::print(stderr,
-               "  calibrated GEMM: M = {} ({} x {} x {}): {:.3f} ms per unit (target {:.3f})\n",
-               best_m, best_m, kGemmK, n_, best_t * 1e3, target_s * 1e3);
-    return GemmShape{best_m, n_};
+    fmt::print(
+        stderr, "  calibrated GEMM: M = {} ({} x {} x {}){}: {:.3f} ms per unit (target {:.3f})\n",
+        best_m, best_m, kGemmK, n_, reps > 1 ? fmt::format(", run {} times per access", reps) : "",
+        best_t * 1e3, target_s * 1e3);
+    return GemmShape{best_m, n_, reps};
   }
 
  private:
-  ComputeOnly() = default;
+  explicit ComputeOnly(const Args& a)
+      : args_(&a), n_(static_cast<int>(a.unit_bytes / sizeof(float) / kGemmK)) {}
+  UnitCompute* Compute() { return compute_.get(); }
+
+  const Args* args_;  // outlives the object (Run's)
+  int n_ = 1;         // the unit's width (columns)
   std::unique_ptr<device::Device> device_;
   std::unique_ptr<device::Stream> stream_;
   std::optional<ComputeWindow> window_;  // on stream_
   std::vector<float*> buffers_;
-  int n_ = 1;
+  std::unique_ptr<UnitCompute> compute_;  // on stream_, the GEMM of UseShape
   TraceRecorder* trace_ = nullptr;
   uint32_t step_track_ = 0;
 };
 
-Result<double> ComputeOnlyStep(ComputeOnly& compute, Gemm& gemm, int units) {
-  return compute.OneStep(gemm, units, "paired step");
+Result<double> ComputeOnlyStep(ComputeOnly& compute, int units) {
+  return compute.OneStep(units, "paired step");
 }
 
 struct Row {
@@ -922,6 +1102,7 @@ struct Row {
   int host_budget_units = 0;
   int gemm_m = 0;
   int gemm_n = 0;  // columns of the unit the GEMM uses (all but at the smallest targets)
+  int gemm_reps = 1;  // GEMMs per access (cuda, when the most rows are too fast)
   double compute_target_ms = 0;
   RunResult io_only, prefetch, no_prefetch;
   std::vector<double> compute_only_steps;
@@ -967,37 +1148,44 @@ std::string MiB(double bytes) {
 }
 
 void PrintTable(std::FILE* out, const Args& a, const std::vector<Row>& rows) {
+  // cuda: an r column (GEMMs per access) after N.
+  const bool cuda = a.device == device::DeviceType::kCuda;
+  auto reps = [cuda](const std::string& v) { return cuda ? fmt::format(" {:>3}", v) : ""; };
   fmt::print(out,
-             "\nOverlap (layer streaming): unit {} ({} x {} fp32), steps 2-{} averaged, device "
-             "lookahead {} units, host lookahead {} units (reads in flight), run-ahead {}\n",
-             FormatBytesExact(a.unit_bytes), kGemmK, a.unit_bytes / 4 / kGemmK, a.steps,
-             a.device_lookahead, a.host_lookahead, a.run_ahead);
+             "\nOverlap (layer streaming) on the {} device: unit {} ({} x {} fp32), steps 2-{} "
+             "averaged, device lookahead {} units, host lookahead {} units (reads in flight), "
+             "run-ahead {}\n",
+             a.device_name, FormatBytesExact(a.unit_bytes), kGemmK, a.unit_bytes / 4 / kGemmK,
+             a.steps, a.device_lookahead, a.host_lookahead, a.run_ahead);
   fmt::print(out,
-             "{:>5} {:>5} {:>5} {:>5} {:>10} {:>10} {:>8} {:>7} {:>10} {:>7} {:>8} {:>6} {:>12} "
+             "{:>5} {:>5} {:>5} {:>5}{} {:>10} {:>10} {:>8} {:>7} {:>10} {:>7} {:>8} {:>6} {:>12} "
              "{:>10} {:>8} {:>9} {:>9} {:>9}\n",
-             "L", "host", "M", "N", "io-only s", "compute s", "balance", "step s", "efficiency",
-             "paired",
-             "no-pf s", "no-pf", "dev peak MiB", "budget MiB", "hit rate", "NVMe MiB", "other CPU",
-             "disk busy");
+             "L", "host", "M", "N", reps("r"), "io-only s", "compute s", "balance", "step s",
+             "efficiency", "paired", "no-pf s", "no-pf", "dev peak MiB", "budget MiB", "hit rate",
+             "NVMe MiB", "other CPU", "disk busy");
   for (const Row& r : rows) {
     fmt::print(out,
-               "{:>5} {:>5} {:>5} {:>5} {:>10.3f} {:>10.3f} {:>8.2f} {:>7.3f} {:>10.3f} {:>7.3f} "
+               "{:>5} {:>5} {:>5} {:>5}{} {:>10.3f} {:>10.3f} {:>8.2f} {:>7.3f} {:>10.3f} {:>7.3f} "
                "{:>8.3f} {:>6.2f} {:>12} {:>10} {:>8.3f} {:>9} {:>9.2f} {:>9.2f}\n",
-               r.units, r.host_budget_units, r.gemm_m, r.gemm_n, r.io_only.mean_step_s, r.compute_only_s,
-               r.balance, r.prefetch.mean_step_s, r.efficiency, r.paired_efficiency,
-               r.no_prefetch.mean_step_s,
+               r.units, r.host_budget_units, r.gemm_m, r.gemm_n, reps(std::to_string(r.gemm_reps)),
+               r.io_only.mean_step_s, r.compute_only_s, r.balance, r.prefetch.mean_step_s,
+               r.efficiency, r.paired_efficiency, r.no_prefetch.mean_step_s,
                r.no_prefetch_efficiency, MiB(static_cast<double>(r.prefetch.device_peak)),
                MiB(static_cast<double>(r.prefetch.device_budget)), r.prefetch.hit_rate,
                MiB(r.prefetch.nvme_read_bytes_per_step), r.MaxForeignCpus(),
                r.prefetch.busy_fraction);
   }
   fmt::print(out,
-             "host = host budget (units); M x N = GEMM rows x the unit's columns it uses; balance = compute/io; efficiency = step / "
+             "host = host budget (units); M x N = GEMM rows x the unit's columns it uses;{} "
+             "balance = compute/io; efficiency = step / "
              "max(io-only, compute), each mode's median run; paired = the median over the paired "
-             "run's cycles of the same ratio, its three steps taken in turn; no-pf = prefetch off (its step time and efficiency); dev "
+             "run's cycles of the same ratio, its three steps taken in turn; no-pf = prefetch off "
+             "(its step time and efficiency); dev "
              "peak = device bytes held by the tier manager, whole run; NVMe MiB = read per "
-             "step; other CPU = the most CPUs other processes used during one of the L's runs; disk busy = "
-             "the share of the prefetch steps' time with a read outstanding\n");
+             "step; other CPU = the most CPUs other processes used during one of the L's runs; "
+             "disk busy = "
+             "the share of the prefetch steps' time with a read outstanding\n",
+             cuda ? " r = GEMMs per access;" : "");
 }
 
 int Run(Args& a) {
@@ -1008,7 +1196,7 @@ int Run(Args& a) {
   openblas_set_num_threads(1);
   std::signal(SIGINT, OnInterrupt);
   std::signal(SIGTERM, OnInterrupt);
-  if (a.device_alloc == "cached") {
+  if (a.device == device::DeviceType::kCpu && a.device_alloc == "cached") {
     // The CPU device allocates "device memory" with operator new, one allocation per device copy.
     // With glibc's defaults an 8 MiB block is mmap'ed (or trimmed from the heap top when freed),
     // so every copy faults its pages in again during its H2D copy: several ms per 8 MiB of
@@ -1070,8 +1258,11 @@ int Run(Args& a) {
     if (!shape.ok()) return fail(shape.status().WithContext("calibrating the GEMM"));
     row.gemm_m = shape->m;
     row.gemm_n = shape->n;
-    Gemm gemm;
-    gemm.Resize(row.gemm_m, row.gemm_n, n);
+    row.gemm_reps = shape->reps;
+    const GemmShape gemm = *shape;
+    if (Status st = (*compute)->UseShape(gemm); !st.ok()) {
+      return fail(st.WithContext("setting up the compute-only GEMM"));
+    }
 
     // Rounds of compute-only, prefetch and (after the first) io-only runs; each mode's median
     // run is the one reported.
@@ -1088,8 +1279,7 @@ int Run(Args& a) {
       fmt::print(stderr, " L={}: compute-only (the GEMMs alone, weights in device memory){}\n",
                  units, a.rounds > 1 ? fmt::format(", round {}", round + 1) : "");
       double foreign = 0, gemm_total = 0;
-      Result<std::vector<double>> c =
-          (*compute)->Steps(gemm, units, al.steps, &foreign, &gemm_total);
+      Result<std::vector<double>> c = (*compute)->Steps(units, al.steps, &foreign, &gemm_total);
       if (!c.ok()) return fail(c.status().WithContext(fmt::format("L={} compute-only", units)));
       computes.push_back(*c);
       compute_means.push_back(Mean(*c));
@@ -1231,8 +1421,9 @@ int Run(Args& a) {
              kEfficiencyTarget, met_efficiency ? "met" : "NOT met",
              paired_met_at.empty() ? "-" : fmt::format("{}", fmt::join(paired_met_at, ", ")),
              paired_missed_at.empty() ? "-" : fmt::format("{}", fmt::join(paired_missed_at, ", ")),
-             met_peak ? "yes" : "NO", store_name, direct ? "on" : "off", a.device_alloc,
-             a.host_memory, load_start, load_end, cpus);
+             met_peak ? "yes" : "NO", store_name, direct ? "on" : "off",
+             a.device == device::DeviceType::kCpu ? a.device_alloc : "- (cuda)", a.host_memory,
+             load_start, load_end, cpus);
 
   if (a.json_output) {
     json results = json::array();
@@ -1244,6 +1435,7 @@ int Run(Args& a) {
           {"gemm_m", r.gemm_m},
           {"gemm_k", kGemmK},
           {"gemm_n", r.gemm_n},
+          {"gemm_reps", r.gemm_reps},
           {"unit_cols", n},
           {"compute_ms_target", r.compute_target_ms},
           {"io_only_s", r.io_only.mean_step_s},
@@ -1279,6 +1471,7 @@ int Run(Args& a) {
       });
     }
     json doc{{"benchmark", "overlap"},
+             {"device", a.device_name},
              {"unit_bytes", a.unit_bytes},
              {"steps", a.steps},
              {"measured_steps", a.steps - 1},
@@ -1286,7 +1479,8 @@ int Run(Args& a) {
              {"backend", store_name},
              {"disk_rate_bytes_per_s", a.disk_rate ? json(*a.disk_rate) : json(nullptr)},
              {"direct", direct},
-             {"device_alloc", a.device_alloc},
+             {"device_alloc",
+              a.device == device::DeviceType::kCpu ? json(a.device_alloc) : json(nullptr)},
              {"host_memory", a.host_memory},
              {"io_threads", a.io_threads},
              {"queue_depth", a.queue_depth},
@@ -1362,17 +1556,29 @@ int main(int argc, char** argv) {
   app.add_option("--run-ahead", args.run_ahead,
                  "Accesses whose compute may be queued behind the one running: 0 waits for each GEMM before the next Acquire; 1 enqueues unit k+1's GEMM while unit k's runs, as a GPU training loop launches ahead of its kernels (one more unit held; with shared host memory it also pins one more host unit). The compute-only runs and the calibration do the same")
       ->capture_default_str();
-  app.add_option("--gemm-rows", args.gemm_rows,
-                 "The GEMM's least row count M (activation rows per unit access). The calibration starts at M over the unit's full width and raises M until the GEMM takes the target time; when M rows already take longer, it narrows the columns N instead. With few rows the GEMM is memory-bound and competes with the disk's DMA for the memory bus (on a GPU the two use different memories); 64 rows keep it compute-bound. 1 reproduces the earlier calibration, which reads the whole unit")
+  app.add_option(
+         "--gemm-rows", args.gemm_rows,
+         "The GEMM's least row count M (activation rows per unit access). The calibration starts "
+         "at M over the unit's full width and raises M until the GEMM takes the target time; when "
+         "M rows already take longer, it narrows the columns N instead. With few rows the GEMM is "
+         "memory-bound and competes with the disk's DMA for the memory bus (on a GPU the two use "
+         "different memories); 64 rows keep it compute-bound. 1 reproduces the earlier "
+         "calibration, which reads the whole unit. At most 4096 on cpu; on cuda at most 65536 "
+         "(fewer for units above 28 MiB: x and y take at most 2 GiB), and when even the most rows "
+         "run faster than the target the GEMM is repeated (the table's r)")
       ->capture_default_str();
   app.add_option("--qd", args.queue_depth, "Requests in flight per I/O thread (large units: 2 keep the disk busy; more only delay the unit needed next)")
       ->capture_default_str();
   app.add_option("--backend", args.backend, "I/O backend: auto, uring or posix")
       ->check(CLI::IsMember({"auto", "uring", "posix"}))
       ->capture_default_str();
+  app.add_option("--device", args.device_name,
+                 "cpu: the CPU device, OpenBLAS GEMMs in host tasks; cuda: GPU 0, units in device "
+                 "memory, cuBLAS GEMMs (needs a build with CUDA and a GPU)")
+      ->capture_default_str();
   app.add_option("--device-alloc", args.device_alloc,
-                 "cached: keep freed heap memory mapped (glibc mallopt), so that the CPU "
-                 "device's per-copy allocations reuse faulted-in pages as a GPU caching "
+                 "CPU device only. cached: keep freed heap memory mapped (glibc mallopt), so that "
+                 "the CPU device's per-copy allocations reuse faulted-in pages as a GPU caching "
                  "allocator would; system: glibc's defaults (every device copy faults its pages "
                  "in during its H2D copy)")
       ->check(CLI::IsMember({"cached", "system"}))
@@ -1381,8 +1587,9 @@ int main(int argc, char** argv) {
                  "shared: a unit the device only reads is used in place in its pinned host copy "
                  "(the CPU device's memory is host memory; TierManagerOptions::share_host_memory), "
                  "so the streamed bytes are the NVMe reads alone; copied: every device copy is a "
-                 "host-to-device memcpy on the copy stream, as a GPU's would be a DMA")
-      ->check(CLI::IsMember({"shared", "copied"}))
+                 "host-to-device memcpy on the copy stream, as a GPU's would be a DMA; auto: "
+                 "shared on cpu, copied on cuda (where shared is refused)")
+      ->check(CLI::IsMember({"auto", "shared", "copied"}))
       ->capture_default_str();
   app.add_option("--trace", args.trace_file,
                  "Write a Chrome / Perfetto trace of the last L's prefetch run and of every L's "
