@@ -303,6 +303,7 @@ run_check() {
       echo "$soname: NOT FOUND on this machine (searched the loader cache, CUDA and PyTorch's packages)"
     fi
   done
+  libpath="$(printf '%s' "$libpath" | tr ':' '\n' | awk 'NF && !seen[$0]++' | paste -sd: -)"
   # The C++ runtime of this machine is used when it is new enough; the build machine's otherwise.
   if LD_LIBRARY_PATH="$libpath" "$bin/strata" --version 2>&1 | grep -q 'GLIBCXX\|CXXABI'; then
     echo "this machine's libstdc++ is older than the build machine's: using the carried one"
