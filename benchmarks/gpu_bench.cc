@@ -796,12 +796,22 @@ Status RunAdam(const CommonArgs& common, const AdamArgs& args) {
   const optim::CpuAdamOptions cpu_scalar{optim::Isa::kScalar, args.cpu_threads};
   optim::AdamHyper hyper = PeerHyper();
   HostSample host = InitialSample(ranges);
+  // A mismatch (DataLoss-like Internal) does not stop the timing: the numbers of a GPU that is
+  // only lent for minutes are worth having even when the kernel's bits are wrong. The program
+  // still fails at the end. Any other error (a CUDA failure) stops at once.
   hyper.step = 1;
-  STRATA_RETURN_IF_ERROR(CheckStep(*dev, *stream, shard, ranges, host, sample.data(), hyper,
-                                   /*with_out16=*/false, "fp32, step 1", cpu_scalar));
-  hyper.step = 2;
-  STRATA_RETURN_IF_ERROR(CheckStep(*dev, *stream, shard, ranges, host, sample.data(), hyper,
-                                   /*with_out16=*/true, "fp32+bf16, step 2", cpu_scalar));
+  Status checked = CheckStep(*dev, *stream, shard, ranges, host, sample.data(), hyper,
+                             /*with_out16=*/false, "fp32, step 1", cpu_scalar);
+  if (checked.ok()) {
+    hyper.step = 2;
+    checked = CheckStep(*dev, *stream, shard, ranges, host, sample.data(), hyper,
+                        /*with_out16=*/true, "fp32+bf16, step 2", cpu_scalar);
+  }
+  if (!checked.ok() && checked.code() != StatusCode::kInternal) return checked;
+  if (!checked.ok()) {
+    fmt::print(stderr, "strata_gpu_bench adam: CHECK FAILED (timing anyway): {}\n",
+               checked.ToString());
+  }
   int64_t next_step = 3;
 
   // Timing. On the CPU device the step runs CpuAdamStep at the best ISA (the check used scalar).
@@ -851,10 +861,14 @@ Status RunAdam(const CommonArgs& common, const AdamArgs& args) {
     Say(common.json_output, "{:<11}{:>11.4f}{:>11.4f}{:>10.1f}{:>9.0f}\n", variants[k].name,
         median * 1e3, Min(per_step[k]) * 1e3, gb, variants[k].bytes_per_param);
   }
-  Say(common.json_output,
-      "check: {} elements ({}) after one fp32 and one fp32+bf16 step are bit-identical to the "
-      "CPU scalar path\n",
-      count, ranges.size() == 1 ? "all" : "head, middle and tail");
+  const std::string check_text =
+      checked.ok() ? "bit-identical to the CPU scalar path" : "FAILED: " + checked.ToString();
+  if (checked.ok()) {
+    Say(common.json_output,
+        "check: {} elements ({}) after one fp32 and one fp32+bf16 step are bit-identical to the "
+        "CPU scalar path\n",
+        count, ranges.size() == 1 ? "all" : "head, middle and tail");
+  }
 
   if (common.json_output) {
     json doc = {{"bench", "adam"},
@@ -872,12 +886,12 @@ Status RunAdam(const CommonArgs& common, const AdamArgs& args) {
                   {"weight_decay", 0.01},
                   {"adamw", true}}},
                 {"variants", out},
-                {"check", "bit-identical to the CPU scalar path"},
+                {"check", check_text},
                 {"checked_elements", count}};
     if (on_cpu) doc["cpu_isa"] = optim::IsaName(cpu_timed.isa);
     fmt::print("{}\n", doc.dump());
   }
-  return Status::Ok();
+  return checked;
 }
 
 // ---- command line ------------------------------------------------------------------------------

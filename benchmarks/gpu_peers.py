@@ -152,7 +152,17 @@ def say(args, text):
     print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
 
 
-def synchronize_each(streams):
+def blocking_wait(torch, stream, event=None):
+    """Waits for `stream` as Strata's Device::Synchronize does: on an event created with
+    cudaEventBlockingSync, so the thread sleeps instead of spinning and both sides pay the same
+    wake-up latency. `event` (a torch.cuda.Event(blocking=True)) may be passed in, made ahead."""
+    if event is None:
+        event = torch.cuda.Event(blocking=True)
+    event.record(stream)
+    event.synchronize()
+
+
+def synchronize_each(torch, streams, events=None):
     """Waits for each stream, each on its own thread (the first on this one); returns the
     perf_counter() at which each was seen complete. torch releases the GIL while it waits."""
     done = [0.0] * len(streams)
@@ -160,7 +170,7 @@ def synchronize_each(streams):
 
     def wait(k):
         try:
-            streams[k].synchronize()
+            blocking_wait(torch, streams[k], events[k] if events else None)
         except BaseException as e:  # re-raised below, on the main thread
             errors[k] = e
         done[k] = time.perf_counter()
@@ -198,9 +208,10 @@ def enqueue(torch, directions):
 
 
 def time_copies(torch, directions):
+    events = [torch.cuda.Event(blocking=True) for _ in directions]
     t0 = time.perf_counter()
     enqueue(torch, directions)
-    return [t - t0 for t in synchronize_each([stream for stream, _ in directions])]
+    return [t - t0 for t in synchronize_each(torch, [stream for stream, _ in directions], events)]
 
 
 def run_copy(torch, args):
@@ -341,11 +352,13 @@ def run_adam(torch, args):
         f"median of {args.reps} batches of {args.batch} steps after {args.warmup} warm-up batches",
     )
     per_step = []
+    stream = torch.cuda.current_stream(device)
+    done = torch.cuda.Event(blocking=True)
     for round_ in range(args.warmup + args.reps):
         t0 = time.perf_counter()
         for _ in range(args.batch):
             opt.step()
-        torch.cuda.synchronize(device)
+        blocking_wait(torch, stream, done)
         seconds = (time.perf_counter() - t0) / args.batch
         if round_ >= args.warmup:
             per_step.append(seconds)

@@ -236,9 +236,26 @@ remaining() {
   echo $((BUDGET - (SECONDS - RUN_START)))
 }
 
-# step NAME MAX_SECONDS MIN_SECONDS COMMAND...: runs COMMAND with its output in $OUT_DIR/steps/NAME.log
+# The step logs, test XML and benchmark JSON live in $WORK/steps, outside the output folder (which
+# may return only a few files); after every step, refresh() writes the report and packs them, so
+# that $OUT_DIR always holds summary.md, summary.json, run.log and details.tar.gz, even when the
+# call is cut off.
+WORK=""
+FINAL_RC=""  # set when the run reached its end (the EXIT trap then only closes the log)
+TEE_PID=""
+refresh() {
+  python3 "$ROOT/deploy/gpu_check_report.py" --dir "$WORK" --out "$OUT_DIR" --bench "$BENCH" "$@" ||
+    return $?
+}
+pack() {
+  tar -C "$WORK" -czf "$OUT_DIR/details.tar.gz.tmp" steps steps.tsv 2>/dev/null &&
+    mv -f "$OUT_DIR/details.tar.gz.tmp" "$OUT_DIR/details.tar.gz"
+}
+
+# step NAME MAX_SECONDS MIN_SECONDS COMMAND...: runs COMMAND with its output in $WORK/steps/NAME.log
 # under a timeout of min(MAX, what the budget has left), records name, exit code and seconds in
-# steps.tsv. A step that would get under MIN seconds is not run (exit code "budget").
+# steps.tsv. A step that would get under MIN seconds is not run (exit code "budget"). Steps named
+# info_* only inform: the report does not fail the check on their exit code.
 step() {
   local name="$1" max="$2" min="$3"
   shift 3
@@ -247,54 +264,78 @@ step() {
   limit=$((left < max ? left : max))
   if [ "$limit" -lt "$min" ]; then
     echo "== $name: not run, $left s of the budget left (needs $min)"
-    printf '%s\tbudget\t0\t%s\n' "$name" "not run: out of time" >>"$OUT_DIR/steps.tsv"
+    printf '%s\tbudget\t0\t%s\n' "$name" "not run: out of time" >>"$WORK/steps.tsv"
     return 0
   fi
   echo "== $name (limit $limit s): $*"
   set +e
-  timeout --kill-after=10 "$limit" "$@" >"$OUT_DIR/steps/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" >"$WORK/steps/$name.log" 2>&1
   rc=$?
   set -e
-  tail -n 25 "$OUT_DIR/steps/$name.log"
-  local note=""
-  [ "$rc" != 124 ] && [ "$rc" != 137 ] || note="timed out after $limit s"
-  echo "== $name: exit $rc in $((SECONDS - t0)) s${note:+ ($note)}"
-  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$note" >>"$OUT_DIR/steps.tsv"
+  tail -n 25 "$WORK/steps/$name.log"
+  local took=$((SECONDS - t0)) note=""
+  if [ "$rc" = 124 ] || { [ "$rc" = 137 ] && [ "$took" -ge "$limit" ]; }; then
+    note="timed out after $limit s"
+  elif [ "$rc" = 137 ]; then
+    note="killed (SIGKILL: out of memory?)"
+  elif [ "$rc" -gt 128 ]; then
+    note="killed by signal $((rc - 128))"
+  fi
+  echo "== $name: exit $rc in $took s${note:+ ($note)}"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$took" "$note" >>"$WORK/steps.tsv"
+  refresh --quiet >/dev/null 2>&1 || true
+  pack || true
 }
 
 # Like step, but stdout goes to FILE (a JSON document) and stderr to the log.
 step_json() {
   local name="$1" max="$2" min="$3" file="$4"
   shift 4
-  step "$name" "$max" "$min" bash -c '"$@" >"'"$file"'"' _ "$@"
+  step "$name" "$max" "$min" bash -c '"${@:2}" >"$1"' _ "$file" "$@"
 }
 
 run_check() {
   [ -n "$OUT_DIR" ] || OUT_DIR="${OUT:-$ROOT/build/gpu-check-out}"
   mkdir -p "$OUT_DIR"
   OUT_DIR="$(cd "$OUT_DIR" && pwd)"
-  rm -rf "$OUT_DIR/steps" "$OUT_DIR/steps.tsv"
-  mkdir -p "$OUT_DIR/steps"
-  : >"$OUT_DIR/steps.tsv"
+  rm -f "$OUT_DIR/summary.md" "$OUT_DIR/summary.json" "$OUT_DIR/details.tar.gz"
+  WORK="$SCRATCH/work"
+  rm -rf "$SCRATCH"
+  mkdir -p "$WORK/steps" "$SCRATCH/tests" "$SCRATCH/overlap"
+  : >"$WORK/steps.tsv"
+  ulimit -c 0  # a crashing CUDA process must not fill the disk with a core file
   exec > >(tee "$OUT_DIR/run.log") 2>&1
-  local tee_pid=$!
+  TEE_PID=$!
+  # Whatever ends the run (the end, an error, a signal), the output folder gets its summary.
+  finish() {
+    local rc=$?
+    trap - EXIT INT TERM
+    [ -n "$FINAL_RC" ] || { refresh >/dev/null 2>&1 || true; pack || true; }
+    echo "gpu-check run: ended in $((SECONDS - RUN_START)) s; results in $OUT_DIR (summary.md, summary.json, run.log, details.tar.gz)"
+    exec >&- 2>&-
+    wait "$TEE_PID" 2>/dev/null || true
+    exit "${FINAL_RC:-$rc}"
+  }
+  trap finish EXIT
+  trap 'echo "gpu-check run: interrupted"; exit 130' INT TERM
 
   echo "gpu-check run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), budget $BUDGET s, out $OUT_DIR"
   [ -f "$CARRY/manifest.json" ] ||
     die "$CARRY/manifest.json not found: run 'deploy/gpu-check.sh prepare' on the build machine and carry build/gpu-carry (docs/gpu.md)"
   local bin="$CARRY/bin" lib="$CARRY/lib" fallback="$CARRY/lib-fallback"
   if [ -f "$CARRY/payload.tar.gz" ]; then
-    local unpacked="${TMPDIR:-/tmp}/strata-gpu-carry"
-    rm -rf "$unpacked" && mkdir -p "$unpacked"
-    tar -C "$unpacked" -xzf "$CARRY/payload.tar.gz"
+    local unpacked="$SCRATCH/carry"
+    mkdir -p "$unpacked"
+    tar -C "$unpacked" -xzf "$CARRY/payload.tar.gz" || die "cannot unpack $CARRY/payload.tar.gz"
     bin="$unpacked/bin" lib="$unpacked/lib" fallback="$unpacked/lib-fallback"
   fi
-  cp "$CARRY/manifest.json" "$OUT_DIR/steps/manifest.json"
+  cp "$CARRY/manifest.json" "$WORK/steps/manifest.json"
   echo "carry: $(tr -d '\n' <"$CARRY/manifest.json" | sed 's/  */ /g')"
 
   # The CUDA libraries the binaries need, from this machine.
   local libpath="$lib" soname dirs
-  for soname in $(grep -o '"runtime_libs": \[[^]]*\]' "$CARRY/manifest.json" | grep -o 'lib[^"]*'); do
+  for soname in $(python3 -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["runtime_libs"]))' \
+    "$CARRY/manifest.json"); do
     dirs="$(find_lib_dirs "$soname" | paste -sd: -)"
     if [ -n "$dirs" ]; then
       echo "$soname: ${dirs//:/, }"
@@ -311,57 +352,64 @@ run_check() {
   fi
   # Strata's binaries run with the carried libraries; python3 (PyTorch) with this machine's own.
   libpath="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  local S=(env "LD_LIBRARY_PATH=$libpath" "STRATA_TEST_DIR=$SCRATCH/tests")
-  rm -rf "$SCRATCH" && mkdir -p "$SCRATCH/tests"
-  local unresolved
-  unresolved="$(for f in "$bin"/*; do LD_LIBRARY_PATH="$libpath" ldd "$f" | grep 'not found' |
-    sed "s|^|$(basename "$f"): |"; done || true)"
-  [ -z "$unresolved" ] || echo "unresolved libraries:"$'\n'"$unresolved"
+  local S=(env "LD_LIBRARY_PATH=$libpath" "STRATA_TEST_DIR=$SCRATCH/tests" "NCCL_DEBUG=${NCCL_DEBUG:-WARN}")
+  local f
+  for f in "$bin"/*; do
+    LD_LIBRARY_PATH="$libpath" ldd "$f" | grep 'not found' | sed "s|^|unresolved: $(basename "$f"): |" || true
+  done
+  echo "resolved CUDA libraries (the check uses these):"
+  LD_LIBRARY_PATH="$libpath" ldd "$bin/strata_comm_tests" 2>/dev/null | grep -E 'cublas|nccl|cudart' || true
+  LD_LIBRARY_PATH="$libpath" ldd "$bin/strata_model_tests" 2>/dev/null | grep -E 'cublas' || true
+  refresh --quiet >/dev/null 2>&1 || true
 
   # 1. The machine.
   step env 60 5 "${S[@]}" "$bin/strata" env
-  step_json env_json 60 5 "$OUT_DIR/steps/env.json" "${S[@]}" "$bin/strata" env --json
+  step_json env_json 60 5 "$WORK/steps/env.json" "${S[@]}" "$bin/strata" env --json
   if command -v nvidia-smi >/dev/null; then
-    step nvidia_smi 30 5 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,power.limit --format=csv
+    step info_nvidia_smi 30 5 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,power.limit --format=csv
   fi
 
-  # 2. Every GPU test; the report counts a skipped test as a failure.
+  # 2. Every GPU test; the report counts a skipped test as a failure. NCCL's tests last: a hang
+  # there must not starve the others.
   local exe name
-  for exe in "$bin"/strata_*_tests; do
+  for exe in $(ls "$bin"/strata_*_tests | grep -v '/strata_comm_tests$') "$bin/strata_comm_tests"; do
+    [ -x "$exe" ] || continue
     name="$(basename "$exe")"
-    step "test_$name" 240 20 "${S[@]}" "$exe" --gtest_filter='*Gpu*' --gtest_color=no \
-      --gtest_output="xml:$OUT_DIR/steps/test_$name.xml"
+    step "test_$name" 150 20 "${S[@]}" "$exe" --gtest_filter='*Gpu*' --gtest_color=no \
+      --gtest_output="xml:$WORK/steps/test_$name.xml"
   done
 
   # 3. Micro-benchmarks, each against PyTorch on this machine in the same run.
   if [ "$BENCH" = 1 ]; then
     local copy_args=(--bytes 1GiB --chunk 64MiB --reps 10 --warmup 2)
     local adam_args=(--params 134217728 --reps 20 --warmup 3)
-    local overlap_args=(--units 32,128 --steps 5 --rounds 2 --paired-cycles 4 --min-accesses 256)
+    local overlap_args=(--steps 5 --rounds 2 --paired-cycles 4 --min-accesses 256)
+    local overlap_units=(32 128)
     if [ "$QUICK" = 1 ]; then
       copy_args=(--bytes 64MiB --chunk 16MiB --reps 3 --warmup 1)
       adam_args=(--params 4194304 --reps 3 --warmup 1)
-      overlap_args=(--units 4,8 --unit-size 1MiB --steps 3 --rounds 1 --paired-cycles 2 --min-accesses 0)
+      overlap_args=(--unit-size 1MiB --steps 3 --rounds 1 --paired-cycles 2 --min-accesses 0)
+      overlap_units=(4 8)
     fi
-    local peers="$ROOT/benchmarks/gpu_peers.py"
-    step_json copy_strata 90 10 "$OUT_DIR/steps/copy_strata.json" "${S[@]}" "$bin/strata_gpu_bench" copy "${copy_args[@]}" --json
-    step_json copy_pytorch 90 10 "$OUT_DIR/steps/copy_pytorch.json" python3 "$peers" copy "${copy_args[@]}" --json
-    step_json adam_strata 90 10 "$OUT_DIR/steps/adam_strata.json" "${S[@]}" "$bin/strata_gpu_bench" adam "${adam_args[@]}" --json
-    step_json adam_pytorch 90 10 "$OUT_DIR/steps/adam_pytorch.json" python3 "$peers" adam "${adam_args[@]}" --json
-    mkdir -p "$SCRATCH/overlap"
-    step_json overlap 300 60 "$OUT_DIR/steps/overlap.json" "${S[@]}" "$bin/strata_overlap_bench" --device cuda \
-      --path "$SCRATCH/overlap" "${overlap_args[@]}" --json
+    local peers="$ROOT/benchmarks/gpu_peers.py" units
+    step_json copy_strata 90 10 "$WORK/steps/copy_strata.json" "${S[@]}" "$bin/strata_gpu_bench" copy "${copy_args[@]}" --json
+    step_json copy_pytorch 90 10 "$WORK/steps/copy_pytorch.json" python3 "$peers" copy "${copy_args[@]}" --json
+    step_json adam_strata 90 10 "$WORK/steps/adam_strata.json" "${S[@]}" "$bin/strata_gpu_bench" adam "${adam_args[@]}" --json
+    step_json adam_pytorch 90 10 "$WORK/steps/adam_pytorch.json" python3 "$peers" adam "${adam_args[@]}" --json
+    # One L per step, so that what finished is kept when the disk is slower than planned.
+    for units in "${overlap_units[@]}"; do
+      step_json "overlap_L$units" 200 45 "$WORK/steps/overlap_L$units.json" "${S[@]}" \
+        "$bin/strata_overlap_bench" --device cuda --path "$SCRATCH/overlap" --units "$units" \
+        "${overlap_args[@]}" --json
+    done
   fi
 
-  # 4. The report: summary.md, summary.json; every other file goes into details.tar.gz.
+  # 4. The report (printed), and the details.
   local rc=0
-  python3 "$ROOT/deploy/gpu_check_report.py" --dir "$OUT_DIR" --bench "$BENCH" || rc=$?
-  tar -C "$OUT_DIR" -czf "$OUT_DIR/details.tar.gz" steps steps.tsv
-  rm -rf "$OUT_DIR/steps" "$OUT_DIR/steps.tsv" "$SCRATCH"
-  echo "gpu-check run: done in $((SECONDS - RUN_START)) s; results in $OUT_DIR (summary.md, summary.json, run.log, details.tar.gz)"
-  # Let tee write the last lines of run.log before the command returns.
-  exec >&- 2>&-
-  wait "$tee_pid" 2>/dev/null || true
+  refresh || rc=$?
+  pack || true
+  rm -rf "$SCRATCH/tests" "$SCRATCH/overlap" "$SCRATCH/carry"
+  FINAL_RC=$rc
   return "$rc"
 }
 
@@ -390,14 +438,15 @@ EOF
     python3 benchmarks/gpu_peers.py copy (same sizes)             (PyTorch, pinned tensors)
     strata_gpu_bench adam --params 134217728 --json               (fused AdamW kernel)
     python3 benchmarks/gpu_peers.py adam (same size)              (torch.optim.AdamW fused=True)
-    strata_overlap_bench --device cuda --path $SCRATCH/overlap --units 32,128 --json
+    strata_overlap_bench --device cuda --path $SCRATCH/overlap --units 32 --json, then 128
                                                                   (NVMe -> pinned -> HBM + cuBLAS)
     NCCL all-gather / reduce-scatter on one rank: the NcclGpuTest tests of step 2
 EOF
   fi
   cat <<EOF
  4. python3 deploy/gpu_check_report.py: summary.md (printed) and summary.json in the output
-    folder, with run.log and details.tar.gz (every log, test XML and benchmark JSON)
+    folder, with run.log and details.tar.gz (every log, test XML and benchmark JSON); the four
+    files are refreshed after every step, so a run cut short still leaves its verdict so far
 
 Targets: every GPU test passes, none skipped; copies against the PCIe link and PyTorch;
 fused AdamW >= 1.0x PyTorch's fused AdamW; overlap step / max(compute, io) <= 1.10 at L = 32, 128.

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The GPU check's verdict: reads what `deploy/gpu-check.sh run` left in DIR/steps and writes
-DIR/summary.json and DIR/summary.md (and prints the latter).
+"""The GPU check's verdict: reads what `deploy/gpu-check.sh run` left in DIR/steps and
+DIR/steps.tsv and writes OUT/summary.md and OUT/summary.json (and prints the former). The run
+calls it after every step, so the output folder always holds the verdict so far.
 
 The check passes when every step ran and exited 0 and every GPU test passed: a skipped GPU test is
 a failure (a broken CUDA set-up must never look green), and so is a test executable that ran fewer
@@ -11,9 +12,12 @@ Standard library only: it runs under whatever python3 the GPU machine has.
 """
 
 import argparse
+import glob
 import json
 import os
+import re
 import sys
+import traceback
 import xml.etree.ElementTree as ET
 
 ADAM_TARGET = 1.0  # Strata's fused AdamW step time against PyTorch's fused AdamW: >= 1.0x
@@ -52,6 +56,38 @@ def first_words(message):
         lines = lines[1:]
     text = " | ".join(lines)
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def parse_gtest_log(path):
+    """Counts from a test executable's console output, for when it died before writing its XML:
+    the tests that finished ([ OK ], [ FAILED ], [ SKIPPED ]) and the one it was in."""
+    result = {"tests": 0, "passed": 0, "failed": [], "skipped": [], "from_log": True}
+    if not os.path.exists(path):
+        return result
+    running = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = re.match(r"\[\s*(RUN|OK|FAILED|SKIPPED)\s*\] (\S+)", line)
+            if not m:
+                continue
+            kind, name = m.groups()
+            if kind == "RUN":
+                running = name
+                continue
+            if name != running:
+                continue  # the summary lines at the end repeat the names
+            running = None
+            result["tests"] += 1
+            if kind == "OK":
+                result["passed"] += 1
+            elif kind == "FAILED":
+                result["failed"].append({"test": name, "message": "see the step's log"})
+            else:
+                result["skipped"].append({"test": name, "message": "see the step's log"})
+    if running:
+        result["tests"] += 1
+        result["failed"].append({"test": running, "message": "the executable died in this test"})
+    return result
 
 
 def parse_gtest_xml(path):
@@ -108,9 +144,27 @@ def fmt(x, spec=".2f", none="-"):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", required=True, help="the run's output folder (holds steps/)")
+    parser.add_argument("--dir", required=True, help="the run's work folder (holds steps/)")
+    parser.add_argument("--out", help="where summary.md and summary.json go (default: --dir)")
     parser.add_argument("--bench", type=int, default=1, help="1 when the benchmarks were run")
+    parser.add_argument("--quiet", action="store_true", help="do not print summary.md")
     args = parser.parse_args()
+    out = args.out or args.dir
+    try:
+        return report(args, out)
+    except Exception:  # the verdict must always be written, even from data this code did not expect
+        text = ("# GPU check: FAILED\n\nThe report could not be made from this run's files:\n\n```\n"
+                + traceback.format_exc() + "```\n")
+        with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as f:
+            f.write(text)
+        with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump({"passed": False, "problems": ["the report failed: " + traceback.format_exc()]}, f)
+        if not args.quiet:
+            print(text)
+        return 1
+
+
+def report(args, out):
     steps_dir = os.path.join(args.dir, "steps")
     steps = read_steps(steps_dir)
     manifest, _ = load_json(os.path.join(steps_dir, "manifest.json"))
@@ -118,14 +172,14 @@ def main():
     problems = []  # what fails the check
 
     for name, s in steps.items():
-        if s["rc"] != "0":
+        if s["rc"] != "0" and not name.startswith("info_"):
             what = s["note"] or f"exit {s['rc']}"
             problems.append(f"step {name}: {what}")
 
     # ---- the machine
     machine = {}
     if env:
-        gpu = env.get("gpu", {})
+        gpu = env.get("gpu") or {}
         devices = gpu.get("devices", [])
         machine = {
             "gpu": devices[0]["name"] if devices else None,
@@ -149,9 +203,14 @@ def main():
     for exe, listed in sorted(expected.items()):
         xml_path = os.path.join(steps_dir, f"test_{exe}.xml")
         entry = {"listed": listed}
+        log_path = os.path.join(steps_dir, f"test_{exe}.log")
         if not os.path.exists(xml_path):
-            entry["error"] = "no XML report (the executable did not run, or crashed)"
+            entry["error"] = "no XML report (the executable did not run, or died)"
             problems.append(f"{exe}: {entry['error']}")
+            if os.path.exists(log_path):
+                entry.update(parse_gtest_log(log_path))
+                for f in entry["failed"]:
+                    problems.append(f"{exe}: FAILED {f['test']}: {f['message']}")
         else:
             try:
                 entry.update(parse_gtest_xml(xml_path))
@@ -179,7 +238,7 @@ def main():
     # ---- benchmarks
     bench = {}
     if args.bench:
-        limit, limit_source = pcie_limit(env, os.path.join(steps_dir, "nvidia_smi.log"))
+        limit, limit_source = pcie_limit(env, os.path.join(steps_dir, "info_nvidia_smi.log"))
         cs, cs_err = load_json(os.path.join(steps_dir, "copy_strata.json"))
         cp, cp_err = load_json(os.path.join(steps_dir, "copy_pytorch.json"))
         copy = {"pcie_limit_gb_per_s": limit / 1e9 if limit else None, "pcie_link": limit_source,
@@ -214,9 +273,21 @@ def main():
             "check": (as_ or {}).get("check"),
             "errors": {k: v for k, v in (("strata", as_err), ("pytorch", ap_err)) if v}}
 
-        ov, ov_err = load_json(os.path.join(steps_dir, "overlap.json"))
+        # One document per L (overlap_L<units>.json), merged.
+        ov, ov_err, results = None, None, []
+        paths = sorted(glob.glob(os.path.join(steps_dir, "overlap_L*.json")),
+                       key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0))
+        for path in paths:
+            doc, err = load_json(path)
+            if doc:
+                ov = ov or doc
+                results.extend(doc.get("results", []))
+            else:
+                ov_err = f"{os.path.basename(path)}: {err}"
+        if not paths:
+            ov_err = "not run"
         rows = []
-        for r in (ov or {}).get("results", []):
+        for r in results:
             rows.append({k: r.get(k) for k in (
                 "units", "gemm_m", "gemm_n", "io_only_s", "compute_only_s", "balance", "step_s",
                 "efficiency", "paired_efficiency", "no_prefetch_efficiency", "hit_rate",
@@ -230,8 +301,6 @@ def main():
     summary = {"passed": passed, "problems": problems, "machine": machine, "tests": tests,
                "test_totals": totals, "benchmarks": bench, "steps": steps,
                "carry": manifest}
-    with open(os.path.join(args.dir, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
 
     # ---- the table for people
     md = []
@@ -301,9 +370,14 @@ def main():
         if len(problems) > 60:
             md.append(f"- ... and {len(problems) - 60} more (summary.json)")
     text = "\n".join(md) + "\n"
-    with open(os.path.join(args.dir, "summary.md"), "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
+    # Written next to each other and replaced whole, so that a reader never sees half a file.
+    for name, content in (("summary.md", text), ("summary.json", json.dumps(summary, indent=2))):
+        tmp = os.path.join(out, name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(content)
+        os.replace(tmp, os.path.join(out, name))
+    if not args.quiet:
+        print(text)
     return 0 if passed else 1
 
 
