@@ -71,10 +71,11 @@ prepare() {
   [ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc
   [ -n "$nvcc" ] || die "no CUDA toolkit (nvcc on PATH or in /usr/local/cuda): the GPU check needs the CUDA targets built"
   local t0=$SECONDS
+  # Warnings are not errors here: the default build (CI) is where they are; this one only deploys.
   echo "gpu-check prepare: configuring $BUILD_DIR (Release, CUDA for sm_90, no MPI)"
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DSTRATA_WITH_CUDA=ON -DSTRATA_WITH_MPI=OFF \
-    -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=ON >"$BUILD_DIR.configure.log" 2>&1 ||
+    -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=ON -DSTRATA_WERROR=OFF >"$BUILD_DIR.configure.log" 2>&1 ||
     { tail -n 30 "$BUILD_DIR.configure.log" >&2; die "configure failed (log: $BUILD_DIR.configure.log)"; }
   grep -q "cuda=ON, nccl=ON" "$BUILD_DIR.configure.log" ||
     die "the configuration found no CUDA or no NCCL ($(grep -o 'cuda=[A-Z]*, nccl=[A-Z]*' "$BUILD_DIR.configure.log"))"

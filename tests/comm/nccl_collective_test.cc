@@ -144,11 +144,12 @@ TEST_P(NcclGpuTest, BroadcastBarrierAndStreamOrder) {
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad.ToString();
 }
 
+std::string DtypeTestName(const ::testing::TestParamInfo<DType>& param_info) {
+  return std::string(device::DTypeName(param_info.param));
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, NcclGpuTest,
-                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
-                         [](const ::testing::TestParamInfo<DType>& info) {
-                           return std::string(device::DTypeName(info.param));
-                         });
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16), DtypeTestName);
 
 }  // namespace
 }  // namespace strata::comm::testing
