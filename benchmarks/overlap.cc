@@ -67,6 +67,7 @@
 #include <vector>
 
 #include "common/units.h"
+#include "device/cuda_device.h"
 #include "device/pinned_pool.h"
 #include "io/memory_store.h"
 #include "io/paced_store.h"
@@ -302,9 +303,9 @@ Status ParseArgs(Args& a) {
     }
     a.disk_rate = static_cast<double>(*rate);
     if (!a.paths.empty()) {
-      return InvalidArgumentError(fmt::format(
-          "--disk-rate {} streams from memory: leave out --path (given: {})", a.disk_rate_text,
-          fmt::join(a.paths, ", ")));
+      return InvalidArgumentError(
+          fmt::format("--disk-rate {} streams from memory: leave out --path (given: {})",
+                      a.disk_rate_text, fmt::join(a.paths, ", ")));
     }
     a.paths = {kPacedDiskDir};
   }
@@ -540,16 +541,16 @@ uint64_t DeviceBudget(const Args& a) {
   return static_cast<uint64_t>(DeviceUnits(a)) * UnitAlloc(a);
 }
 
-// The block the CUDA device's caching allocator takes from the GPU for a request: it mirrors
-// BlockSize in src/device/cuda_device.cc (powers of two up to 1 MiB, multiples of 2 MiB above).
-// A cuda device budget counted in these blocks lets the allocator keep every block a run needs:
-// when the blocks it holds would pass its budget it gives cached ones back with cudaFree, which
-// synchronizes the whole GPU, inside a step. (Should the buckets change, that is the cost, not
-// an error.)
+// The block the CUDA device's caching allocator takes from the GPU for a request
+// (device::CudaAllocationBytes). A cuda device budget counted in these blocks lets the allocator
+// keep every block a run needs: when the blocks it holds would pass its budget it gives cached
+// ones back with cudaFree, which synchronizes the whole GPU, inside a step.
 uint64_t CudaBlockBytes(uint64_t bytes) {
-  constexpr uint64_t kMiB = uint64_t{1} << 20;
-  if (bytes <= kMiB) return std::max<uint64_t>(512, std::bit_ceil(bytes));
-  return RoundUp(bytes, 2 * kMiB);
+#if defined(STRATA_WITH_CUDA)
+  return device::CudaAllocationBytes(bytes);
+#else
+  return bytes;  // a build without CUDA refuses --device cuda before any budget is sized
+#endif
 }
 // The cuda budget of a device that holds DeviceUnits units and, with `shape`, the GEMM's x and y.
 uint64_t CudaDeviceBudget(const Args& a, const GemmShape* shape) {
@@ -1101,7 +1102,7 @@ struct Row {
   int units = 0;
   int host_budget_units = 0;
   int gemm_m = 0;
-  int gemm_n = 0;  // columns of the unit the GEMM uses (all but at the smallest targets)
+  int gemm_n = 0;     // columns of the unit the GEMM uses (all but at the smallest targets)
   int gemm_reps = 1;  // GEMMs per access (cuda, when the most rows are too fast)
   double compute_target_ms = 0;
   RunResult io_only, prefetch, no_prefetch;
@@ -1273,7 +1274,8 @@ int Run(Args& a) {
       if (round > 0) {
         fmt::print(stderr, " L={}: io-only, round {}\n", units, round + 1);
         Result<RunResult> again = RunStreaming(al, units, Mode::kIoOnly, nullptr, nullptr);
-        if (!again.ok()) return fail(again.status().WithContext(fmt::format("L={} io-only", units)));
+        if (!again.ok())
+          return fail(again.status().WithContext(fmt::format("L={} io-only", units)));
         ios.push_back(*again);
       }
       fmt::print(stderr, " L={}: compute-only (the GEMMs alone, weights in device memory){}\n",
@@ -1292,27 +1294,31 @@ int Run(Args& a) {
                                           last && round + 1 == a.rounds ? trace.get() : nullptr);
       if (!pf.ok()) return fail(pf.status().WithContext(fmt::format("L={} prefetch", units)));
       pfs.push_back(*pf);
-      row.round_efficiencies.push_back(
-          pf->mean_step_s / std::max(ios.back().mean_step_s, compute_means.back()));
+      row.round_efficiencies.push_back(pf->mean_step_s /
+                                       std::max(ios.back().mean_step_s, compute_means.back()));
     }
     auto median_index = [](std::vector<double> v) {
       std::vector<size_t> idx(v.size());
-      for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      for (size_t i = 0; i < idx.size(); ++i)
+        idx[i] = i;
       std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return v[x] < v[y]; });
       return idx[idx.size() / 2];
     };
     {
       std::vector<double> v;
-      for (const auto& r : ios) v.push_back(r.mean_step_s);
+      for (const auto& r : ios)
+        v.push_back(r.mean_step_s);
       row.io_only = ios[median_index(v)];
       v.clear();
-      for (const auto& r : pfs) v.push_back(r.mean_step_s);
+      for (const auto& r : pfs)
+        v.push_back(r.mean_step_s);
       row.prefetch = pfs[median_index(v)];
       const size_t ci = median_index(compute_means);
       row.compute_only_steps = computes[ci];
       row.compute_only_s = compute_means[ci];
       row.compute_only_gemm_s = compute_gemm[ci];
-      row.compute_only_foreign_cpus = *std::max_element(compute_foreign.begin(), compute_foreign.end());
+      row.compute_only_foreign_cpus =
+          *std::max_element(compute_foreign.begin(), compute_foreign.end());
     }
 
     const int cycles = a.paired_cycles < 0 ? al.steps - 1 : a.paired_cycles;
@@ -1553,8 +1559,12 @@ int main(int argc, char** argv) {
                  "L - 2 so that the model never fits in host memory");
   app.add_option("--io-threads", args.io_threads, "I/O threads of the block store")
       ->capture_default_str();
-  app.add_option("--run-ahead", args.run_ahead,
-                 "Accesses whose compute may be queued behind the one running: 0 waits for each GEMM before the next Acquire; 1 enqueues unit k+1's GEMM while unit k's runs, as a GPU training loop launches ahead of its kernels (one more unit held; with shared host memory it also pins one more host unit). The compute-only runs and the calibration do the same")
+  app.add_option(
+         "--run-ahead", args.run_ahead,
+         "Accesses whose compute may be queued behind the one running: 0 waits for each GEMM "
+         "before the next Acquire; 1 enqueues unit k+1's GEMM while unit k's runs, as a GPU "
+         "training loop launches ahead of its kernels (one more unit held; with shared host memory "
+         "it also pins one more host unit). The compute-only runs and the calibration do the same")
       ->capture_default_str();
   app.add_option(
          "--gemm-rows", args.gemm_rows,
@@ -1567,7 +1577,9 @@ int main(int argc, char** argv) {
          "(fewer for units above 28 MiB: x and y take at most 2 GiB), and when even the most rows "
          "run faster than the target the GEMM is repeated (the table's r)")
       ->capture_default_str();
-  app.add_option("--qd", args.queue_depth, "Requests in flight per I/O thread (large units: 2 keep the disk busy; more only delay the unit needed next)")
+  app.add_option("--qd", args.queue_depth,
+                 "Requests in flight per I/O thread (large units: 2 keep the disk busy; more only "
+                 "delay the unit needed next)")
       ->capture_default_str();
   app.add_option("--backend", args.backend, "I/O backend: auto, uring or posix")
       ->check(CLI::IsMember({"auto", "uring", "posix"}))

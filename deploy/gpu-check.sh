@@ -63,6 +63,14 @@ max_symbol_version() {
     sort -t. -k1,1n -k2,2n -k3,3n -u | tail -n 1
 }
 
+# The path of the built executable NAME under $BUILD_DIR.
+built() {
+  local exe
+  exe="$(find "$BUILD_DIR" -name "$1" -type f -perm -u+x | head -n 1)"
+  [ -n "$exe" ] || die "built target $1 not found under $BUILD_DIR"
+  echo "$exe"
+}
+
 prepare() {
   command -v cmake >/dev/null || die "cmake not found: run deploy/install-deps.sh first"
   command -v ninja >/dev/null || die "ninja not found: run deploy/install-deps.sh first"
@@ -93,15 +101,13 @@ prepare() {
   mkdir -p "$CARRY/bin" "$CARRY/lib" "$CARRY/lib-fallback"
   local bins=() gpu_tests=() exe name
   for name in "${targets[@]}"; do
-    exe="$(find "$BUILD_DIR" -name "$name" -type f -perm -u+x | head -n 1)"
-    [ -n "$exe" ] || die "built target $name not found under $BUILD_DIR"
+    exe="$(built "$name")"
     bins+=("$exe")
   done
   # A test executable travels when it holds tests named *Gpu* (the label gpu, tests/CMakeLists.txt).
   local listed count
   for name in "${tests[@]}"; do
-    exe="$(find "$BUILD_DIR" -name "$name" -type f -perm -u+x | head -n 1)"
-    [ -n "$exe" ] || die "built test executable $name not found under $BUILD_DIR"
+    exe="$(built "$name")"
     listed="$("$exe" --gtest_list_tests --gtest_filter='*Gpu*' 2>&1)" ||
       die "$name --gtest_list_tests failed: $listed"
     count="$(printf '%s\n' "$listed" | grep -c '^  ' || true)"
@@ -117,7 +123,8 @@ prepare() {
     strip --strip-unneeded "$CARRY/bin/$(basename "$exe")"
   done
 
-  # The shared libraries the binaries load, except the C runtime and CUDA's (see the top).
+  # The shared libraries the binaries load, except the C runtime and CUDA's (see the top). ldd
+  # lists the whole tree (OpenBLAS's libgfortran too), so one pass over the binaries finds all.
   declare -A runtime_libs=()
   local soname path
   for exe in "$CARRY"/bin/*; do
@@ -133,22 +140,6 @@ prepare() {
         [ -e "$CARRY/lib/$soname" ] || cp -L "$path" "$CARRY/lib/$soname"
       fi
     done < <(ldd_libs "$exe")
-  done
-  # The carried libraries' own dependencies (libopenblas needs libgfortran, and so on).
-  local added=1
-  while [ "$added" = 1 ]; do
-    added=0
-    for exe in "$CARRY"/lib/*; do
-      while read -r soname path; do
-        if [[ $soname =~ $SYSTEM_LIBS_RE || $soname =~ $CUDA_LIBS_RE ]]; then continue; fi
-        if [[ $soname =~ $FALLBACK_LIBS_RE ]]; then
-          [ -e "$CARRY/lib-fallback/$soname" ] || cp -L "$path" "$CARRY/lib-fallback/$soname"
-        elif [ ! -e "$CARRY/lib/$soname" ]; then
-          cp -L "$path" "$CARRY/lib/$soname"
-          added=1
-        fi
-      done < <(ldd_libs "$exe")
-    done
   done
   chmod u+w "$CARRY"/lib/* "$CARRY"/lib-fallback/* 2>/dev/null || true
   strip --strip-unneeded "$CARRY"/lib/* "$CARRY"/lib-fallback/* 2>/dev/null || true

@@ -1024,4 +1024,8 @@ Result<void*> NativeCudaStream(Stream& stream) {
   return static_cast<void*>(cuda->handle());
 }
 
+size_t CudaAllocationBytes(size_t bytes) {
+  return BlockSize(bytes);
+}
+
 }  // namespace strata::device

@@ -3,6 +3,7 @@
 // cuda_kernels.cu. Only built when STRATA_WITH_CUDA is defined. No CUDA type appears here.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string_view>
 
@@ -20,6 +21,11 @@ Result<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options);
 // stream of another device type. The caller converts its own errors; it must not destroy the
 // handle.
 Result<void*> NativeCudaStream(Stream& stream);
+
+// The bytes the CUDA device's caching allocator reserves (and keeps cached) for an Alloc of
+// `bytes`: a power of two of at least 512 B up to 1 MiB, whole 2 MiB pages above. A caller that
+// sizes a budget to hold given blocks without the cache giving memory back sums these.
+size_t CudaAllocationBytes(size_t bytes);
 
 // The one conversion of a CUDA runtime error (a cudaError_t, passed as int) to a Status: OK for
 // cudaSuccess; otherwise it clears the thread's last-error state (so that no unrelated call

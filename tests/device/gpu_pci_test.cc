@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "device/gpu_info.h"
 #include "test_support.h"
@@ -11,17 +13,20 @@
 namespace strata::device {
 namespace {
 
-void Write(const testing::TempDir& dir, const std::string& name, const std::string& text) {
-  std::ofstream(dir.file(name)) << text;
+// A fake sysfs device directory holding `files` (name, content).
+void WriteFiles(const testing::TempDir& dir,
+                std::initializer_list<std::pair<const char*, const char*>> files) {
+  for (const auto& [name, text] : files)
+    std::ofstream(dir.file(name)) << text;
 }
 
 TEST(PcieLinkTest, ReadsSpeedWidthAndNumaNode) {
   testing::TempDir dir;
-  Write(dir, "current_link_speed", "2.5 GT/s PCIe\n");  // an idle GPU trains its link down
-  Write(dir, "current_link_width", "16\n");
-  Write(dir, "max_link_speed", "32.0 GT/s PCIe\n");
-  Write(dir, "max_link_width", "16\n");
-  Write(dir, "numa_node", "1\n");
+  WriteFiles(dir, {{"current_link_speed", "2.5 GT/s PCIe\n"},  // an idle GPU trains its link down
+                   {"current_link_width", "16\n"},
+                   {"max_link_speed", "32.0 GT/s PCIe\n"},
+                   {"max_link_width", "16\n"},
+                   {"numa_node", "1\n"}});
   const PcieLink link = ReadPcieLink(dir.path().string());
   EXPECT_DOUBLE_EQ(link.current_gts, 2.5);
   EXPECT_EQ(link.current_width, 16);
@@ -32,8 +37,7 @@ TEST(PcieLinkTest, ReadsSpeedWidthAndNumaNode) {
 
 TEST(PcieLinkTest, OlderKernelsWriteNoSuffix) {
   testing::TempDir dir;
-  Write(dir, "max_link_speed", "8 GT/s\n");
-  Write(dir, "max_link_width", "8\n");
+  WriteFiles(dir, {{"max_link_speed", "8 GT/s\n"}, {"max_link_width", "8\n"}});
   const PcieLink link = ReadPcieLink(dir.path().string());
   EXPECT_DOUBLE_EQ(link.max_gts, 8.0);
   EXPECT_EQ(link.max_width, 8);
@@ -42,10 +46,10 @@ TEST(PcieLinkTest, OlderKernelsWriteNoSuffix) {
 TEST(PcieLinkTest, UnknownValuesStayUnknown) {
   testing::TempDir dir;
   // What virtual machines show: no speed, an impossible width, no NUMA information.
-  Write(dir, "current_link_speed", "Unknown\n");
-  Write(dir, "current_link_width", "255\n");
-  Write(dir, "max_link_speed", "garbage GT\n");
-  Write(dir, "numa_node", "-1\n");
+  WriteFiles(dir, {{"current_link_speed", "Unknown\n"},
+                   {"current_link_width", "255\n"},
+                   {"max_link_speed", "garbage GT\n"},
+                   {"numa_node", "-1\n"}});
   const PcieLink link = ReadPcieLink(dir.path().string());
   EXPECT_EQ(link.current_gts, 0);
   EXPECT_EQ(link.current_width, 0);
