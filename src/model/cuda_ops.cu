@@ -200,13 +200,14 @@ struct OpsContext {
   CublasHandle cublas;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  bool external_workspace = false;  // the caller's (UseWorkspace): never freed or grown here
   DeviceDataError* data_error = nullptr;
 };
 
 void OpsContextDeleter::operator()(OpsContext* context) const {
   if (context == nullptr) return;
   (void)cudaStreamSynchronize(context->stream);
-  (void)cudaFree(context->workspace);
+  if (!context->external_workspace) (void)cudaFree(context->workspace);
   (void)cudaFree(context->data_error);
   delete context;
 }
@@ -233,6 +234,9 @@ namespace {
 
 OpError Reserve(OpsContext* context, size_t bytes, const char* op) {
   if (bytes <= context->workspace_bytes) return OpError{};
+  if (context->external_workspace) {
+    return ArgumentError("the workspace given by UseWorkspace is too small for this call", op);
+  }
   // Kernels enqueued earlier may still use the old block.
   OpError error = CudaResult(cudaStreamSynchronize(context->stream), "cudaStreamSynchronize", op);
   if (!error.ok()) return error;
@@ -271,6 +275,41 @@ class WorkspaceCarver {
 
 OpError ReserveWorkspace(OpsContext* context, size_t bytes) {
   return Reserve(context, bytes, "ReserveWorkspace");
+}
+
+size_t WorkspaceBytes(const WorkspaceShape& s) {
+  const size_t t = s.batch * s.seq;
+  // RMSNorm backward's per-chunk partial sums.
+  size_t most = ((t + kRmsNormRowsPerPartial - 1) / kRmsNormRowsPerPartial) * s.hidden *
+                sizeof(float);
+  // Linear layers with 16-bit weights: the activations (and output gradients) rounded to 16 bits.
+  const size_t pairs[][2] = {{s.hidden, s.hidden},       {s.hidden, s.kv_dim},
+                             {s.hidden, s.intermediate}, {s.intermediate, s.hidden},
+                             {s.hidden, s.vocab}};
+  for (const auto& p : pairs) {
+    most = std::max(most, AlignUp(t * p[0] * 2));                         // forward
+    most = std::max(most, AlignUp(t * p[1] * 2) + AlignUp(t * p[0] * 2));  // backward
+  }
+  most = std::max(most, 2 * AlignUp(s.seq * (s.head_dim / 2) * sizeof(float)));  // RoPE tables
+  most = std::max(most, AlignUp(s.batch * s.num_heads * s.seq * sizeof(float)));  // attention
+  most = std::max(most, AlignUp(t * sizeof(double)));                             // the loss
+  return AlignUp(std::max<size_t>(most, 1));
+}
+
+OpError UseWorkspace(OpsContext* context, void* workspace, size_t bytes) {
+  constexpr const char* kOp = "UseWorkspace";
+  if (workspace == nullptr || bytes == 0) return ArgumentError("an empty workspace", kOp);
+  if (!context->external_workspace && context->workspace != nullptr) {
+    OpError error =
+        CudaResult(cudaStreamSynchronize(context->stream), "cudaStreamSynchronize", kOp);
+    if (!error.ok()) return error;
+    error = CudaResult(cudaFree(context->workspace), "cudaFree", kOp);
+    if (!error.ok()) return error;
+  }
+  context->workspace = workspace;
+  context->workspace_bytes = bytes;
+  context->external_workspace = true;
+  return OpError{};
 }
 
 OpError TakeDataError(OpsContext* context, DataError* out) {

@@ -106,6 +106,22 @@ OpError CreateOpsContext(void* stream, OpsContextPtr* out);
 // device::Device budget.
 OpError ReserveWorkspace(OpsContext* context, size_t bytes);
 
+// The sizes of one decoder layer and its LM head, for WorkspaceBytes.
+struct WorkspaceShape {
+  size_t batch = 0, seq = 0;  // tokens = batch * seq
+  size_t hidden = 0, kv_dim = 0, intermediate = 0, vocab = 0;
+  size_t num_heads = 0, head_dim = 0;
+};
+// The most workspace any op of such a layer (and the head's loss) needs in one call, with any
+// weight dtype: a caller that gives the context this much (UseWorkspace) never sees it grow.
+size_t WorkspaceBytes(const WorkspaceShape& shape);
+// Makes the caller's device memory [workspace, workspace + bytes) the context's workspace (the
+// caller allocates it under its own budget and keeps it until the context is destroyed). From
+// then on the context never allocates: a call needing more fails with kArgument ("the workspace
+// is too small"). A workspace the context had allocated itself is freed first (after waiting for
+// the stream).
+OpError UseWorkspace(OpsContext* context, void* workspace, size_t bytes);
+
 // Waits for the stream, then copies the recorded data error (kind kNone when there is none) to
 // `*out` and clears the record.
 OpError TakeDataError(OpsContext* context, DataError* out);

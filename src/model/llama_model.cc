@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <new>
 #include <random>
 
 #include "model/cpu_ops.h"
+#include "model/llama_ops.h"
 
 namespace strata::model {
 
@@ -45,18 +49,113 @@ std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& c, int unit) {
   };
 }
 
+// ---- buffers ------------------------------------------------------------------------------------
+
+namespace {
+
+// Carves aligned pieces out of one device allocation; with base == nullptr it only counts.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <typename T>
+  T* Take(size_t count) {
+    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset_);
+    const size_t bytes = std::max<size_t>(count * sizeof(T), 1);
+    offset_ += (bytes + device::kDeviceAlignment - 1) / device::kDeviceAlignment *
+               device::kDeviceAlignment;
+    return p;
+  }
+  size_t bytes() const { return offset_; }
+
+ private:
+  char* base_;
+  size_t offset_ = 0;
+};
+
+}  // namespace
+
+// Every buffer a micro-batch uses, in device memory, carved out of one allocation made at
+// Create (under the device budget; nothing is allocated during a step). T = micro_batch * seq.
+struct LlamaActivations {
+  int32_t* tokens = nullptr;  // [2T]: the inputs, then the targets
+  float* block_in = nullptr;  // [(L + 1) T H]: block i's input (block L's: the final norm's)
+  // A block's internals, recomputed from its input in backward (activation checkpointing).
+  float *h1 = nullptr, *rstd1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr;
+  float *attn = nullptr, *attn_lse = nullptr, *x2 = nullptr, *h2 = nullptr, *rstd2 = nullptr;
+  float *gate = nullptr, *up = nullptr, *hm = nullptr;
+  // Backward temporaries (dgate shares dhm's buffer).
+  float *dhm = nullptr, *dup = nullptr, *dh2 = nullptr, *dx2 = nullptr, *dattn = nullptr;
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dh1 = nullptr;
+  // The residual stream's gradient and the next one (swapped after each block).
+  float *dres = nullptr, *dres_next = nullptr;
+  // The head: normalised input, its rstd, logits (their gradient in place), log-sum-exp, loss.
+  float *head_x = nullptr, *head_rstd = nullptr, *logits = nullptr, *lse = nullptr;
+  float* loss = nullptr;  // one float
+
+  // Lays the buffers out from `base` (nullptr: only measures); returns the bytes used.
+  size_t Layout(char* base, const LlamaConfig& c, size_t batch, size_t seq) {
+    const size_t t = batch * seq, h = static_cast<size_t>(c.hidden_size);
+    const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
+    const size_t vocab = static_cast<size_t>(c.vocab_size);
+    const size_t layers = static_cast<size_t>(c.num_hidden_layers);
+    const size_t nh = static_cast<size_t>(c.num_attention_heads);
+    Carver m(base);
+    tokens = m.Take<int32_t>(2 * t);
+    block_in = m.Take<float>((layers + 1) * t * h);
+    h1 = m.Take<float>(t * h);
+    rstd1 = m.Take<float>(t);
+    q = m.Take<float>(t * h);
+    k = m.Take<float>(t * kv);
+    v = m.Take<float>(t * kv);
+    attn = m.Take<float>(t * h);
+    attn_lse = m.Take<float>(batch * nh * seq);
+    x2 = m.Take<float>(t * h);
+    h2 = m.Take<float>(t * h);
+    rstd2 = m.Take<float>(t);
+    gate = m.Take<float>(t * inter);
+    up = m.Take<float>(t * inter);
+    hm = m.Take<float>(t * inter);
+    dhm = m.Take<float>(t * inter);
+    dup = m.Take<float>(t * inter);
+    dh2 = m.Take<float>(t * h);
+    dx2 = m.Take<float>(t * h);
+    dattn = m.Take<float>(t * h);
+    dq = m.Take<float>(t * h);
+    dk = m.Take<float>(t * kv);
+    dv = m.Take<float>(t * kv);
+    dh1 = m.Take<float>(t * h);
+    dres = m.Take<float>(t * h);
+    dres_next = m.Take<float>(t * h);
+    head_x = m.Take<float>(t * h);
+    head_rstd = m.Take<float>(t);
+    logits = m.Take<float>(t * vocab);
+    lse = m.Take<float>(t);
+    loss = m.Take<float>(1);
+    return m.bytes();
+  }
+};
+
 struct LlamaModel::State {
-  float loss_scale = 1.0f;
-  std::vector<int32_t> inputs;   // [T]
-  std::vector<int32_t> targets;  // [T]
-  // block_in[i]: the input of block i (block_in[L]: the final norm's input). [T, H] each.
-  std::vector<std::vector<float>> block_in;
-  // Head: normalised input, its rstd, logits and their log-sum-exp.
-  std::vector<float> head_x, head_rstd, logits, lse;
-  double loss = 0.0;
-  // The gradient of the residual stream flowing backward. [T, H]
-  std::vector<float> dres;
-  Status error;  // the first error of a task (also returned by the task)
+  LlamaActivations a;
+  void* block = nullptr;  // the device allocation holding `a`
+  size_t block_bytes = 0;
+  size_t workspace_bytes = 0;  // the CUDA ops' (allocated by CreateCudaLlamaOps)
+  float loss_scale = 1.0f;  // the head's dloss
+  size_t tokens = 0;        // T
+
+  // Host staging for the uploads and the loss, registered with the device.
+  int32_t* host_tokens = nullptr;  // [2T]
+  float* host_loss = nullptr;
+  size_t host_bytes = 0;
+  bool host_registered = false;
+  std::unique_ptr<device::Event> upload_done;  // the last token upload
+
+  // CPU device: the ops run inside HostTasks on the caller's stream.
+  std::unique_ptr<LlamaOps> cpu_ops;
+  // CUDA device: the ops run on the model's own stream, ordered against the caller's by events.
+  std::unique_ptr<device::Stream> stream;
+  std::unique_ptr<device::Event> caller_ready, model_done;
+  std::unique_ptr<LlamaOps> cuda_ops;
 };
 
 LlamaModel::LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
@@ -68,17 +167,26 @@ LlamaModel::LlamaModel(device::Device& device, const LlamaConfig& config, int64_
       init_seed_(init_seed),
       state_(std::make_unique<State>()) {}
 
-LlamaModel::~LlamaModel() = default;
+LlamaModel::~LlamaModel() {
+  State& st = *state_;
+  st.cuda_ops.reset();  // waits for the model's stream
+  if (st.stream) (void)device_.Synchronize(*st.stream);
+  if (st.host_registered) (void)device_.UnregisterHost(st.host_tokens);
+  if (st.host_tokens != nullptr) {
+    ::operator delete(st.host_tokens, std::align_val_t{4096});
+  }
+  device_.Free(st.block);
+}
+
+uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch) {
+  LlamaActivations a;
+  return a.Layout(nullptr, config, static_cast<size_t>(micro_batch), static_cast<size_t>(seq_len));
+}
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
                                                        const LlamaConfig& config, int64_t seq_len,
                                                        int64_t micro_batch, uint64_t init_seed) {
   STRATA_RETURN_IF_ERROR(config.Validate());
-  if (device.type() != device::DeviceType::kCpu) {
-    return UnimplementedError(fmt::format(
-        "the Llama model runs on the CPU device only for now (got the {} device)",
-        device::DeviceTypeName(device.type())));
-  }
   if (seq_len < 1 || seq_len > config.max_position_embeddings) {
     return InvalidArgumentError(fmt::format(
         "sequence length {} is outside [1, max_position_embeddings = {}] of model '{}'", seq_len,
@@ -87,8 +195,74 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
   if (micro_batch < 1) {
     return InvalidArgumentError(fmt::format("micro-batch size {} < 1", micro_batch));
   }
-  return std::unique_ptr<LlamaModel>(
-      new LlamaModel(device, config, seq_len, micro_batch, init_seed));
+  std::unique_ptr<LlamaModel> m(new LlamaModel(device, config, seq_len, micro_batch, init_seed));
+  STRATA_RETURN_IF_ERROR(m->SetUp());
+  return m;
+}
+
+Status LlamaModel::SetUp() {
+  State& st = *state_;
+  const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
+  st.tokens = b * s;
+  st.block_bytes = st.a.Layout(nullptr, config_, b, s);
+  Result<void*> block = device_.Alloc(st.block_bytes);
+  if (!block.ok()) {
+    return block.status().WithContext(fmt::format(
+        "model '{}': activations for a micro-batch of {} x {} tokens ({} bytes, of which the "
+        "logits take {})",
+        config_.name, micro_batch_, seq_len_, st.block_bytes,
+        st.tokens * static_cast<size_t>(config_.vocab_size) * sizeof(float)));
+  }
+  st.block = *block;
+  st.a.Layout(static_cast<char*>(st.block), config_, b, s);
+
+  st.host_bytes = (2 * st.tokens * sizeof(int32_t) + sizeof(float) + 4095) / 4096 * 4096;
+  st.host_tokens = static_cast<int32_t*>(::operator new(st.host_bytes, std::align_val_t{4096}));
+  st.host_loss = reinterpret_cast<float*>(st.host_tokens + 2 * st.tokens);
+  STRATA_RETURN_IF_ERROR(device_.RegisterHost(st.host_tokens, st.host_bytes));
+  st.host_registered = true;
+  STRATA_ASSIGN_OR_RETURN(st.upload_done, device_.CreateEvent());
+
+  if (device_.type() == device::DeviceType::kCpu) {
+    st.cpu_ops = CreateCpuLlamaOps();
+    return Status::Ok();
+  }
+  STRATA_ASSIGN_OR_RETURN(st.stream, device_.CreateStream("llama"));
+  STRATA_ASSIGN_OR_RETURN(st.caller_ready, device_.CreateEvent());
+  STRATA_ASSIGN_OR_RETURN(st.model_done, device_.CreateEvent());
+  LlamaOpsShape shape;
+  shape.batch = b;
+  shape.seq = s;
+  shape.hidden = static_cast<size_t>(config_.hidden_size);
+  shape.kv_dim = static_cast<size_t>(config_.kv_dim());
+  shape.intermediate = static_cast<size_t>(config_.intermediate_size);
+  shape.vocab = static_cast<size_t>(config_.vocab_size);
+  shape.num_heads = static_cast<size_t>(config_.num_attention_heads);
+  shape.head_dim = static_cast<size_t>(config_.head_dim());
+  STRATA_ASSIGN_OR_RETURN(st.cuda_ops, CreateCudaLlamaOps(device_, *st.stream, shape));
+  st.workspace_bytes = CudaLlamaOpsWorkspaceBytes(shape);
+  return Status::Ok();
+}
+
+uint64_t LlamaModel::activation_bytes() const { return state_->block_bytes; }
+
+uint64_t LlamaModel::workspace_bytes() const { return state_->workspace_bytes; }
+
+Status LlamaModel::Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn,
+                       std::string_view label) {
+  State& st = *state_;
+  if (st.cpu_ops) {
+    return device_.HostTask(
+        stream, [ops = st.cpu_ops.get(), fn = std::move(fn)]() { return fn(*ops); }, label);
+  }
+  // The model's stream starts after the caller's work so far; the caller's later work waits for
+  // the model's.
+  STRATA_RETURN_IF_ERROR(device_.Record(*st.caller_ready, stream));
+  STRATA_RETURN_IF_ERROR(device_.Wait(*st.stream, *st.caller_ready));
+  Status result = fn(*st.cuda_ops);
+  STRATA_RETURN_IF_ERROR(device_.Record(*st.model_done, *st.stream));
+  STRATA_RETURN_IF_ERROR(device_.Wait(stream, *st.model_done));
+  return result;
 }
 
 std::vector<zero::UnitSpec> LlamaModel::units() const {
@@ -128,23 +302,24 @@ Status LlamaModel::BeginMicroBatch(const zero::Batch& batch, float loss_scale,
         "LlamaModel: a micro-batch holds {} tokens; expected {} sequences of {} (seq_len + 1)",
         b->tokens.size(), micro_batch_, row));
   }
-  std::vector<int32_t> inputs, targets;
-  inputs.reserve(static_cast<size_t>(seq_len_ * micro_batch_));
-  targets.reserve(inputs.capacity());
+  State& st = *state_;
+  // The staging buffer is free once the previous upload has run (long ago, normally).
+  STRATA_RETURN_IF_ERROR(device_.Synchronize(*st.upload_done));
+  int32_t* inputs = st.host_tokens;
+  int32_t* targets = st.host_tokens + st.tokens;
   for (int64_t s = 0; s < micro_batch_; ++s) {
-    const int32_t* seq = b->tokens.data() + s * row;
-    inputs.insert(inputs.end(), seq, seq + seq_len_);
-    targets.insert(targets.end(), seq + 1, seq + row);
+    const int32_t* seq = b->tokens.data() + static_cast<size_t>(s) * row;
+    std::memcpy(inputs + s * seq_len_, seq, static_cast<size_t>(seq_len_) * sizeof(int32_t));
+    std::memcpy(targets + s * seq_len_, seq + 1, static_cast<size_t>(seq_len_) * sizeof(int32_t));
   }
-  return device_.HostTask(
+  STRATA_RETURN_IF_ERROR(device_.CopyAsync(st.a.tokens, st.host_tokens,
+                                           2 * st.tokens * sizeof(int32_t),
+                                           device::CopyKind::kHostToDevice, stream));
+  STRATA_RETURN_IF_ERROR(device_.Record(*st.upload_done, stream));
+  return Run(
       stream,
-      [this, loss_scale, inputs = std::move(inputs), targets = std::move(targets)]() mutable {
-        State& st = *state_;
-        st.loss_scale = loss_scale;
-        st.inputs = std::move(inputs);
-        st.targets = std::move(targets);
-        st.block_in.assign(static_cast<size_t>(config_.num_hidden_layers) + 1, {});
-        st.loss = 0.0;
+      [this, loss_scale](LlamaOps&) {
+        state_->loss_scale = loss_scale;
         return Status::Ok();
       },
       "llama begin");
@@ -153,24 +328,22 @@ Status LlamaModel::BeginMicroBatch(const zero::Batch& batch, float loss_scale,
 Status LlamaModel::Forward(int unit, const zero::UnitView& params, device::Stream& stream) {
   const int n = LlamaNumUnits(config_);
   zero::UnitView p = params;
-  return device_.HostTask(
+  return Run(
       stream,
-      [this, unit, n, p]() -> Status {
+      [this, unit, n, p](LlamaOps& ops) -> Status {
         State& st = *state_;
-        const size_t t = st.inputs.size(), h = static_cast<size_t>(config_.hidden_size);
+        const size_t h = static_cast<size_t>(config_.hidden_size);
         if (unit == 0) {
-          st.block_in[0].resize(t * h);
-          return cpu::EmbeddingForward(st.inputs.data(), t, W(p, 0),
-                                       static_cast<size_t>(config_.vocab_size), h,
-                                       st.block_in[0].data());
+          return ops.EmbeddingForward(st.a.tokens, st.tokens, W(p, 0),
+                                      static_cast<size_t>(config_.vocab_size), h, st.a.block_in);
         }
         if (unit == n - 1) {
           if (config_.tie_word_embeddings) {
             return InternalError("llama: the tied head needs the embedding unit (ForwardShared)");
           }
-          return HeadForward(p, p.param(1));
+          return HeadForward(ops, p, p.param(1));
         }
-        return BlockForward(unit - 1, p);
+        return BlockForward(ops, unit - 1, p);
       },
       "llama forward");
 }
@@ -179,22 +352,22 @@ Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::
                             device::Stream& stream) {
   const int n = LlamaNumUnits(config_);
   zero::UnitView p = params, g = grads;
-  return device_.HostTask(
+  return Run(
       stream,
-      [this, unit, n, p, g]() -> Status {
+      [this, unit, n, p, g](LlamaOps& ops) -> Status {
         State& st = *state_;
-        const size_t t = st.inputs.size(), h = static_cast<size_t>(config_.hidden_size);
+        const size_t h = static_cast<size_t>(config_.hidden_size);
         if (unit == 0) {
-          return cpu::EmbeddingBackward(st.inputs.data(), t, st.dres.data(),
-                                        static_cast<size_t>(config_.vocab_size), h, G(g, 0));
+          return ops.EmbeddingBackward(st.a.tokens, st.tokens, st.a.dres,
+                                       static_cast<size_t>(config_.vocab_size), h, G(g, 0));
         }
         if (unit == n - 1) {
           if (config_.tie_word_embeddings) {
             return InternalError("llama: the tied head needs the embedding unit (BackwardShared)");
           }
-          return HeadBackward(p, g, p.param(1), G(g, 1));
+          return HeadBackward(ops, p, g, p.param(1), G(g, 1));
         }
-        return BlockBackward(unit - 1, p, g);
+        return BlockBackward(ops, unit - 1, p, g);
       },
       "llama backward");
 }
@@ -210,8 +383,9 @@ Status LlamaModel::ForwardShared(int unit, std::span<const zero::UnitView> param
     return InternalError(fmt::format("llama: unit {} shares no parameters", unit));
   }
   zero::UnitView p = params[0], embed = params[1];
-  return device_.HostTask(
-      stream, [this, p, embed]() { return HeadForward(p, embed.param(0)); }, "llama forward");
+  return Run(
+      stream, [this, p, embed](LlamaOps& ops) { return HeadForward(ops, p, embed.param(0)); },
+      "llama forward");
 }
 
 Status LlamaModel::BackwardShared(int unit, std::span<const zero::UnitView> params,
@@ -220,167 +394,141 @@ Status LlamaModel::BackwardShared(int unit, std::span<const zero::UnitView> para
     return InternalError(fmt::format("llama: unit {} shares no parameters", unit));
   }
   zero::UnitView p = params[0], embed = params[1], g = grads[0], gembed = grads[1];
-  return device_.HostTask(
+  return Run(
       stream,
-      [this, p, embed, g, gembed]() {
-        return HeadBackward(p, g, embed.param(0), G(gembed, 0));
+      [this, p, embed, g, gembed](LlamaOps& ops) {
+        return HeadBackward(ops, p, g, embed.param(0), G(gembed, 0));
       },
       "llama backward");
 }
 
 Result<double> LlamaModel::EndMicroBatch(device::Stream& stream) {
+  State& st = *state_;
+  // The one read-back of the micro-batch: the loss, through registered memory.
+  STRATA_RETURN_IF_ERROR(device_.CopyAsync(st.host_loss, st.a.loss, sizeof(float),
+                                           device::CopyKind::kDeviceToHost, stream));
   STRATA_RETURN_IF_ERROR(device_.Synchronize(stream));
-  return state_->loss;
+  if (st.cuda_ops) STRATA_RETURN_IF_ERROR(st.cuda_ops->CheckDataErrors());
+  return static_cast<double>(*st.host_loss);
 }
 
 // ---- the blocks ---------------------------------------------------------------------------------
 
-namespace {
-
-// A block's internals, recomputed from its input in backward.
-struct BlockActs {
-  std::vector<float> h1, rstd1, q, k, v, attn, lse, x2, h2, rstd2, gate, up, hm;
-};
-
-void BlockInternals(const LlamaConfig& c, int64_t batch, int64_t seq, const zero::UnitView& p,
-                    const float* x, BlockActs& a, float* out) {
-  const size_t t = static_cast<size_t>(batch * seq), h = static_cast<size_t>(c.hidden_size);
+// A block's internals from its input x into the activation buffers; with `out`, also the
+// block's output.
+Status LlamaModel::BlockInternals(LlamaOps& ops, const zero::UnitView& p, const float* x,
+                                  float* out) {
+  LlamaActivations& a = state_->a;
+  const LlamaConfig& c = config_;
+  const size_t t = state_->tokens, h = static_cast<size_t>(c.hidden_size);
   const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
   const size_t nh = static_cast<size_t>(c.num_attention_heads);
   const size_t nkv = static_cast<size_t>(c.num_key_value_heads);
   const size_t d = static_cast<size_t>(c.head_dim());
+  const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope_theta);
-  a.h1.resize(t * h);
-  a.rstd1.resize(t);
-  cpu::RmsNormForward(x, W(p, kInNorm), t, h, eps, a.h1.data(), a.rstd1.data());
-  a.q.resize(t * h);
-  a.k.resize(t * kv);
-  a.v.resize(t * kv);
-  cpu::LinearForward(a.h1.data(), W(p, kQ), t, h, h, a.q.data());
-  cpu::LinearForward(a.h1.data(), W(p, kK), t, h, kv, a.k.data());
-  cpu::LinearForward(a.h1.data(), W(p, kV), t, h, kv, a.v.data());
-  cpu::RopeForward(a.q.data(), static_cast<size_t>(batch), static_cast<size_t>(seq), nh, d, theta);
-  cpu::RopeForward(a.k.data(), static_cast<size_t>(batch), static_cast<size_t>(seq), nkv, d, theta);
-  a.attn.resize(t * h);
-  a.lse.resize(static_cast<size_t>(batch) * nh * static_cast<size_t>(seq));
-  cpu::AttentionForward(a.q.data(), a.k.data(), a.v.data(), static_cast<size_t>(batch),
-                        static_cast<size_t>(seq), nh, nkv, d, a.attn.data(), a.lse.data());
-  a.x2.resize(t * h);
-  cpu::LinearForward(a.attn.data(), W(p, kO), t, h, h, a.x2.data());
-  cpu::ResidualAdd(x, a.x2.data(), t * h, a.x2.data());
-  a.h2.resize(t * h);
-  a.rstd2.resize(t);
-  cpu::RmsNormForward(a.x2.data(), W(p, kPostNorm), t, h, eps, a.h2.data(), a.rstd2.data());
-  a.gate.resize(t * inter);
-  a.up.resize(t * inter);
-  a.hm.resize(t * inter);
-  cpu::LinearForward(a.h2.data(), W(p, kGate), t, h, inter, a.gate.data());
-  cpu::LinearForward(a.h2.data(), W(p, kUp), t, h, inter, a.up.data());
-  cpu::SiluMulForward(a.gate.data(), a.up.data(), t * inter, a.hm.data());
+  STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, W(p, kInNorm), t, h, eps, a.h1, a.rstd1));
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h1, W(p, kQ), t, h, h, a.q));
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h1, W(p, kK), t, h, kv, a.k));
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h1, W(p, kV), t, h, kv, a.v));
+  STRATA_RETURN_IF_ERROR(ops.RopeForward(a.q, b, s, nh, d, theta));
+  STRATA_RETURN_IF_ERROR(ops.RopeForward(a.k, b, s, nkv, d, theta));
+  STRATA_RETURN_IF_ERROR(ops.AttentionForward(a.q, a.k, a.v, b, s, nh, nkv, d, a.attn, a.attn_lse));
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.attn, W(p, kO), t, h, h, a.x2));
+  STRATA_RETURN_IF_ERROR(ops.ResidualAdd(x, a.x2, t * h, a.x2));
+  STRATA_RETURN_IF_ERROR(ops.RmsNormForward(a.x2, W(p, kPostNorm), t, h, eps, a.h2, a.rstd2));
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h2, W(p, kGate), t, h, inter, a.gate));
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h2, W(p, kUp), t, h, inter, a.up));
+  STRATA_RETURN_IF_ERROR(ops.SiluMulForward(a.gate, a.up, t * inter, a.hm));
   if (out != nullptr) {
-    cpu::LinearForward(a.hm.data(), W(p, kDown), t, inter, h, out);
-    cpu::ResidualAdd(a.x2.data(), out, t * h, out);
+    STRATA_RETURN_IF_ERROR(ops.LinearForward(a.hm, W(p, kDown), t, inter, h, out));
+    STRATA_RETURN_IF_ERROR(ops.ResidualAdd(a.x2, out, t * h, out));
   }
-}
-
-}  // namespace
-
-Status LlamaModel::BlockForward(int layer, const zero::UnitView& p) {
-  State& st = *state_;
-  const size_t t = st.inputs.size(), h = static_cast<size_t>(config_.hidden_size);
-  BlockActs a;
-  auto& out = st.block_in[static_cast<size_t>(layer) + 1];
-  out.resize(t * h);
-  BlockInternals(config_, micro_batch_, seq_len_, p, st.block_in[static_cast<size_t>(layer)].data(),
-                 a, out.data());
   return Status::Ok();
 }
 
-Status LlamaModel::BlockBackward(int layer, const zero::UnitView& p, const zero::UnitView& g) {
+Status LlamaModel::BlockForward(LlamaOps& ops, int layer, const zero::UnitView& p) {
   State& st = *state_;
+  const size_t th = st.tokens * static_cast<size_t>(config_.hidden_size);
+  const float* x = st.a.block_in + static_cast<size_t>(layer) * th;
+  return BlockInternals(ops, p, x, st.a.block_in + static_cast<size_t>(layer + 1) * th);
+}
+
+Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, const zero::UnitView& p,
+                                 const zero::UnitView& g) {
+  State& st = *state_;
+  LlamaActivations& a = st.a;
   const LlamaConfig& c = config_;
-  const size_t t = st.inputs.size(), h = static_cast<size_t>(c.hidden_size);
+  const size_t t = st.tokens, h = static_cast<size_t>(c.hidden_size);
   const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
   const size_t nh = static_cast<size_t>(c.num_attention_heads);
   const size_t nkv = static_cast<size_t>(c.num_key_value_heads);
   const size_t d = static_cast<size_t>(c.head_dim());
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float theta = static_cast<float>(c.rope_theta);
-  const float* x = st.block_in[static_cast<size_t>(layer)].data();
-  BlockActs a;
-  BlockInternals(c, micro_batch_, seq_len_, p, x, a, nullptr);  // recompute (checkpointing)
+  const float* x = a.block_in + static_cast<size_t>(layer) * t * h;
+  STRATA_RETURN_IF_ERROR(BlockInternals(ops, p, x, nullptr));  // recompute (checkpointing)
 
-  std::vector<float>& dres = st.dres;  // d out, [T, H]
+  const float* dres = a.dres;  // d out, [T, H]
   // MLP.
-  std::vector<float> dhm(t * inter), dgate(t * inter), dup(t * inter), dh2(t * h);
-  cpu::LinearBackward(a.hm.data(), W(p, kDown), dres.data(), t, inter, h, dhm.data(),
-                      Accumulate::kOverwrite, G(g, kDown));
-  cpu::SiluMulBackward(a.gate.data(), a.up.data(), dhm.data(), t * inter, dgate.data(), dup.data());
-  cpu::LinearBackward(a.h2.data(), W(p, kGate), dgate.data(), t, h, inter, dh2.data(),
-                      Accumulate::kOverwrite, G(g, kGate));
-  cpu::LinearBackward(a.h2.data(), W(p, kUp), dup.data(), t, h, inter, dh2.data(),
-                      Accumulate::kAdd, G(g, kUp));
-  std::vector<float> dx2(t * h);
-  cpu::RmsNormBackward(a.x2.data(), W(p, kPostNorm), a.rstd2.data(), dh2.data(), t, h,
-                       dx2.data(), G(g, kPostNorm));
-  cpu::AccumulateGradient(dres.data(), t * h, dx2.data());  // the residual path
+  float* dgate = a.dhm;
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.hm, W(p, kDown), dres, t, inter, h, a.dhm,
+                                            Accumulate::kOverwrite, G(g, kDown)));
+  STRATA_RETURN_IF_ERROR(ops.SiluMulBackward(a.gate, a.up, a.dhm, t * inter, dgate, a.dup));
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h2, W(p, kGate), dgate, t, h, inter, a.dh2,
+                                            Accumulate::kOverwrite, G(g, kGate)));
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h2, W(p, kUp), a.dup, t, h, inter, a.dh2,
+                                            Accumulate::kAdd, G(g, kUp)));
+  STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(a.x2, W(p, kPostNorm), a.rstd2, a.dh2, t, h, a.dx2,
+                                             G(g, kPostNorm)));
+  STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(dres, t * h, a.dx2));  // the residual path
   // Attention.
-  std::vector<float> dattn(t * h), dq(t * h), dk(t * kv), dv(t * kv), dh1(t * h);
-  cpu::LinearBackward(a.attn.data(), W(p, kO), dx2.data(), t, h, h, dattn.data(),
-                      Accumulate::kOverwrite, G(g, kO));
-  cpu::AttentionBackward(a.q.data(), a.k.data(), a.v.data(), a.attn.data(), a.lse.data(),
-                         dattn.data(), b, s, nh, nkv, d, dq.data(), dk.data(), dv.data());
-  cpu::RopeBackward(dq.data(), b, s, nh, d, theta);
-  cpu::RopeBackward(dk.data(), b, s, nkv, d, theta);
-  cpu::LinearBackward(a.h1.data(), W(p, kQ), dq.data(), t, h, h, dh1.data(),
-                      Accumulate::kOverwrite, G(g, kQ));
-  cpu::LinearBackward(a.h1.data(), W(p, kK), dk.data(), t, h, kv, dh1.data(), Accumulate::kAdd,
-                      G(g, kK));
-  cpu::LinearBackward(a.h1.data(), W(p, kV), dv.data(), t, h, kv, dh1.data(), Accumulate::kAdd,
-                      G(g, kV));
-  std::vector<float> dx(t * h);
-  cpu::RmsNormBackward(x, W(p, kInNorm), a.rstd1.data(), dh1.data(), t, h, dx.data(),
-                       G(g, kInNorm));
-  cpu::AccumulateGradient(dx2.data(), t * h, dx.data());
-  dres = std::move(dx);
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.attn, W(p, kO), a.dx2, t, h, h, a.dattn,
+                                            Accumulate::kOverwrite, G(g, kO)));
+  STRATA_RETURN_IF_ERROR(ops.AttentionBackward(a.q, a.k, a.v, a.attn, a.attn_lse, a.dattn, b, s,
+                                               nh, nkv, d, a.dq, a.dk, a.dv));
+  STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta));
+  STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta));
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h1, W(p, kQ), a.dq, t, h, h, a.dh1,
+                                            Accumulate::kOverwrite, G(g, kQ)));
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h1, W(p, kK), a.dk, t, h, kv, a.dh1,
+                                            Accumulate::kAdd, G(g, kK)));
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h1, W(p, kV), a.dv, t, h, kv, a.dh1,
+                                            Accumulate::kAdd, G(g, kV)));
+  STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(x, W(p, kInNorm), a.rstd1, a.dh1, t, h, a.dres_next,
+                                             G(g, kInNorm)));
+  STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(a.dx2, t * h, a.dres_next));
+  std::swap(a.dres, a.dres_next);
   return Status::Ok();
 }
 
-Status LlamaModel::HeadForward(const zero::UnitView& p, const void* lm) {
+Status LlamaModel::HeadForward(LlamaOps& ops, const zero::UnitView& p, const void* lm) {
   State& st = *state_;
-  const size_t t = st.inputs.size(), h = static_cast<size_t>(config_.hidden_size);
+  LlamaActivations& a = st.a;
+  const size_t t = st.tokens, h = static_cast<size_t>(config_.hidden_size);
   const size_t v = static_cast<size_t>(config_.vocab_size);
-  const auto& x = st.block_in.back();
-  st.head_x.resize(t * h);
-  st.head_rstd.resize(t);
-  cpu::RmsNormForward(x.data(), W(p, 0), t, h, static_cast<float>(config_.rms_norm_eps),
-                      st.head_x.data(), st.head_rstd.data());
-  st.logits.resize(t * v);
-  cpu::LinearForward(st.head_x.data(), cpu::Weight{lm, p.dtype}, t, h, v, st.logits.data());
-  st.lse.resize(t);
-  STRATA_ASSIGN_OR_RETURN(float loss,
-                          cpu::CrossEntropyForward(st.logits.data(), st.targets.data(), t, v,
-                                                   cpu::kIgnoreIndex, st.lse.data()));
-  st.loss = loss;
-  return Status::Ok();
+  const float* x = a.block_in + static_cast<size_t>(config_.num_hidden_layers) * t * h;
+  STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, W(p, 0), t, h,
+                                            static_cast<float>(config_.rms_norm_eps), a.head_x,
+                                            a.head_rstd));
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.head_x, cpu::Weight{lm, p.dtype}, t, h, v, a.logits));
+  return ops.CrossEntropyForward(a.logits, a.tokens + t, t, v, cpu::kIgnoreIndex, a.lse, a.loss);
 }
 
-Status LlamaModel::HeadBackward(const zero::UnitView& p, const zero::UnitView& g, const void* lm,
-                                float* dlm) {
+Status LlamaModel::HeadBackward(LlamaOps& ops, const zero::UnitView& p, const zero::UnitView& g,
+                                const void* lm, float* dlm) {
   State& st = *state_;
-  const size_t t = st.inputs.size(), h = static_cast<size_t>(config_.hidden_size);
+  LlamaActivations& a = st.a;
+  const size_t t = st.tokens, h = static_cast<size_t>(config_.hidden_size);
   const size_t v = static_cast<size_t>(config_.vocab_size);
-  std::vector<float> dlogits(t * v);
-  STRATA_RETURN_IF_ERROR(cpu::CrossEntropyBackward(st.logits.data(), st.targets.data(),
-                                                   st.lse.data(), t, v, cpu::kIgnoreIndex,
-                                                   st.loss_scale, dlogits.data()));
-  std::vector<float> dxn(t * h);
-  cpu::LinearBackward(st.head_x.data(), cpu::Weight{lm, p.dtype}, dlogits.data(), t, h, v,
-                      dxn.data(), Accumulate::kOverwrite, dlm);
-  st.dres.assign(t * h, 0.0f);
-  cpu::RmsNormBackward(st.block_in.back().data(), W(p, 0), st.head_rstd.data(), dxn.data(), t, h,
-                       st.dres.data(), G(g, 0));
-  return Status::Ok();
+  float* dlogits = a.logits;  // in place
+  STRATA_RETURN_IF_ERROR(ops.CrossEntropyBackward(a.logits, a.tokens + t, a.lse, t, v,
+                                                  cpu::kIgnoreIndex, st.loss_scale, dlogits));
+  float* dxn = a.dh1;  // free until the next block's backward
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.head_x, cpu::Weight{lm, p.dtype}, dlogits, t, h, v,
+                                            dxn, Accumulate::kOverwrite, dlm));
+  const float* x = a.block_in + static_cast<size_t>(config_.num_hidden_layers) * t * h;
+  return ops.RmsNormBackward(x, W(p, 0), a.head_rstd, dxn, t, h, a.dres, G(g, 0));
 }
 
 }  // namespace strata::model

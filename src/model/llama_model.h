@@ -11,18 +11,30 @@
 // as its LM head (zero::Model::SharedUnits): the engine gathers the embedding unit for the head
 // too and sums both gradients into it. Checkpoints then hold no lm_head.weight, as Hugging Face's.
 // Activation checkpointing: each block keeps only its input during forward and recomputes its
-// internals in backward (always on: on the CPU device activations are host memory, and a
-// block's internals are ~10x its input).
+// internals in backward (always on: a block's internals are ~10x its input).
+//
+// Devices: the same code runs on the CPU device (cpu_ops.h, inside HostTasks on the caller's
+// stream) and on the CUDA device (cuda_ops.h: cuBLAS GEMMs on the tensor cores for bf16/fp16
+// weights, fp32 accumulation; enqueued on the model's own stream, ordered against the caller's
+// stream by events). Every activation, checkpointed block input, gradient temporary and op
+// workspace lives in device memory, allocated once by Create under the device's budget
+// (activation_bytes() + workspace_bytes()); a step allocates nothing. Tokens go up through a
+// registered (pinned) staging buffer; the loss comes back once per micro-batch (EndMicroBatch),
+// through the same buffer, and nothing else is read back.
 //
 // A micro-batch is a LlamaBatch of `micro_batch` sequences of seq_len + 1 tokens: inputs are the
 // first seq_len, targets the last seq_len (targets < 0 are ignored). The loss is the mean
-// cross-entropy over the micro-batch's (non-ignored) targets.
+// cross-entropy over the micro-batch's (non-ignored) targets. A bad token or target is an
+// InvalidArgument error naming it (on CUDA, reported by EndMicroBatch).
 //
-// Not supported yet: the CUDA device (the kernels exist in cuda_ops.h, checked against the CPU
-// ones, but the decoder does not call them; Create returns Unimplemented).
+// Memory per micro-batch of T = micro_batch * seq_len tokens (fp32): (L + 10) T H for the block
+// inputs and a block's internals and gradients, 5 T I for the MLP, T V for the logits (their
+// gradient reuses them), plus the attention's log-sum-exp; no [seq, seq] score matrix exists on
+// either device (LlamaActivationBytes gives the exact figure).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,9 +49,13 @@ struct LlamaBatch : zero::Batch {
   std::vector<int32_t> tokens;  // micro_batch * (seq_len + 1)
 };
 
+class LlamaOps;
+
 // Hugging Face names of unit `unit`'s parameters, in the unit's order.
 std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& config, int unit);
 int LlamaNumUnits(const LlamaConfig& config);
+// The device memory LlamaModel::Create allocates for activations (without the CUDA workspace).
+uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch);
 
 class LlamaModel final : public zero::Model {
  public:
@@ -67,25 +83,33 @@ class LlamaModel final : public zero::Model {
                         std::span<const zero::UnitView> grads, device::Stream& stream) override;
 
   const LlamaConfig& config() const { return config_; }
+  // Device memory held since Create: activations, and the CUDA ops' workspace (0 on the CPU).
+  uint64_t activation_bytes() const;
+  uint64_t workspace_bytes() const;
   int64_t tokens_per_micro_batch() const { return seq_len_ * micro_batch_; }
 
  private:
   struct State;
   LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
              int64_t micro_batch, uint64_t init_seed);
-  Status BlockForward(int layer, const zero::UnitView& p);
-  Status BlockBackward(int layer, const zero::UnitView& p, const zero::UnitView& g);
+  Status SetUp();
+  // Runs `fn` with the device's ops in the order of `stream` (see the header comment).
+  Status Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn, std::string_view label);
+  Status BlockInternals(LlamaOps& ops, const zero::UnitView& p, const float* x, float* out);
+  Status BlockForward(LlamaOps& ops, int layer, const zero::UnitView& p);
+  Status BlockBackward(LlamaOps& ops, int layer, const zero::UnitView& p, const zero::UnitView& g);
   // The head: final norm (params.param(0)) and the LM head matrix `lm` with its gradient `dlm`
   // (the head unit's second parameter, or the tied embedding matrix).
-  Status HeadForward(const zero::UnitView& p, const void* lm);
-  Status HeadBackward(const zero::UnitView& p, const zero::UnitView& g, const void* lm, float* dlm);
+  Status HeadForward(LlamaOps& ops, const zero::UnitView& p, const void* lm);
+  Status HeadBackward(LlamaOps& ops, const zero::UnitView& p, const zero::UnitView& g,
+                      const void* lm, float* dlm);
 
   device::Device& device_;
   const LlamaConfig config_;
   const int64_t seq_len_;
   const int64_t micro_batch_;
   const uint64_t init_seed_;
-  std::unique_ptr<State> state_;  // touched only by the compute stream's tasks
+  std::unique_ptr<State> state_;  // touched in stream order (CPU: by the stream's tasks)
 };
 
 }  // namespace strata::model

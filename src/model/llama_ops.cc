@@ -1,0 +1,111 @@
+// CpuLlamaOps: cpu_ops.h behind the LlamaOps interface; and the CUDA factory's stand-in in a
+// build without CUDA.
+#include "model/llama_ops.h"
+
+namespace strata::model {
+
+namespace {
+
+class CpuLlamaOps final : public LlamaOps {
+ public:
+  Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight, size_t vocab,
+                          size_t hidden, float* out) override {
+    return cpu::EmbeddingForward(tokens, num_tokens, weight, vocab, hidden, out);
+  }
+  Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                           size_t vocab, size_t hidden, float* dweight) override {
+    return cpu::EmbeddingBackward(tokens, num_tokens, dout, vocab, hidden, dweight);
+  }
+  Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden, float eps,
+                        float* y, float* rstd) override {
+    cpu::RmsNormForward(x, weight, num_tokens, hidden, eps, y, rstd);
+    return Status::Ok();
+  }
+  Status RmsNormBackward(const float* x, Weight weight, const float* rstd, const float* dy,
+                         size_t num_tokens, size_t hidden, float* dx, float* dweight) override {
+    cpu::RmsNormBackward(x, weight, rstd, dy, num_tokens, hidden, dx, dweight);
+    return Status::Ok();
+  }
+  Status LinearForward(const float* x, Weight weight, size_t num_tokens, size_t in_features,
+                       size_t out_features, float* y) override {
+    cpu::LinearForward(x, weight, num_tokens, in_features, out_features, y);
+    return Status::Ok();
+  }
+  Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
+                        size_t in_features, size_t out_features, float* dx, Accumulate dx_mode,
+                        float* dweight) override {
+    cpu::LinearBackward(x, weight, dy, num_tokens, in_features, out_features, dx, dx_mode,
+                        dweight);
+    return Status::Ok();
+  }
+  Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
+                     float theta) override {
+    cpu::RopeForward(x, batch, seq, heads, head_dim, theta);
+    return Status::Ok();
+  }
+  Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
+                      float theta) override {
+    cpu::RopeBackward(dx, batch, seq, heads, head_dim, theta);
+    return Status::Ok();
+  }
+  Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
+                          size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
+                          float* out, float* lse) override {
+    cpu::AttentionForward(q, k, v, batch, seq, num_heads, num_kv_heads, head_dim, out, lse);
+    return Status::Ok();
+  }
+  Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
+                           const float* lse, const float* dout, size_t batch, size_t seq,
+                           size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
+                           float* dk, float* dv) override {
+    cpu::AttentionBackward(q, k, v, out, lse, dout, batch, seq, num_heads, num_kv_heads, head_dim,
+                           dq, dk, dv);
+    return Status::Ok();
+  }
+  Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) override {
+    cpu::SiluMulForward(gate, up, n, h);
+    return Status::Ok();
+  }
+  Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
+                         float* dgate, float* dup) override {
+    cpu::SiluMulBackward(gate, up, dh, n, dgate, dup);
+    return Status::Ok();
+  }
+  Status ResidualAdd(const float* a, const float* b, size_t n, float* y) override {
+    cpu::ResidualAdd(a, b, n, y);
+    return Status::Ok();
+  }
+  Status AccumulateGradient(const float* dy, size_t n, float* dx) override {
+    cpu::AccumulateGradient(dy, n, dx);
+    return Status::Ok();
+  }
+  Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
+                             size_t vocab, int32_t ignore_index, float* lse,
+                             float* loss) override {
+    STRATA_ASSIGN_OR_RETURN(
+        *loss, cpu::CrossEntropyForward(logits, targets, num_tokens, vocab, ignore_index, lse));
+    return Status::Ok();
+  }
+  Status CrossEntropyBackward(const float* logits, const int32_t* targets, const float* lse,
+                              size_t num_tokens, size_t vocab, int32_t ignore_index, float dloss,
+                              float* dlogits) override {
+    return cpu::CrossEntropyBackward(logits, targets, lse, num_tokens, vocab, ignore_index, dloss,
+                                     dlogits);
+  }
+  Status CheckDataErrors() override { return Status::Ok(); }
+};
+
+}  // namespace
+
+std::unique_ptr<LlamaOps> CreateCpuLlamaOps() { return std::make_unique<CpuLlamaOps>(); }
+
+#ifndef STRATA_WITH_CUDA
+Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device&, device::Stream&,
+                                                     const LlamaOpsShape&) {
+  return UnimplementedError("this build of Strata has no CUDA support (configure with the CUDA "
+                            "toolkit to run the model on a GPU)");
+}
+size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape&) { return 0; }
+#endif
+
+}  // namespace strata::model

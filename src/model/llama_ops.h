@@ -1,0 +1,95 @@
+// The decoder's operations behind one interface, so that LlamaModel has a single code path for
+// every device (internal to src/model).
+//
+//   cpu   CpuLlamaOps runs cpu_ops.h synchronously. LlamaModel calls it from inside a HostTask on
+//         the compute stream, so the calls still run in stream order on the stream's thread.
+//   cuda  CudaLlamaOps enqueues cuda_ops.h on one CUDA stream (its OpsContext's) and returns at
+//         once; LlamaModel calls it from the thread that enqueues the unit.
+//
+// Every pointer is device memory of the model's device (on the CPU device, host memory). The
+// shapes, aliasing rules and accumulation conventions are those of cpu_ops.h; the CUDA kernels
+// are checked against the CPU ones in tests/model/cuda_ops_test.cc.
+//
+// Errors: a CPU op that meets bad data returns InvalidArgument at once. A CUDA kernel records it
+// instead; CheckDataErrors (called once per micro-batch, after the loss) waits and reports it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "model/cpu_ops.h"
+#include "strata/device.h"
+#include "strata/status.h"
+
+namespace strata::model {
+
+// The sizes the ops are used with, for the CUDA workspace.
+struct LlamaOpsShape {
+  size_t batch = 0, seq = 0;
+  size_t hidden = 0, kv_dim = 0, intermediate = 0, vocab = 0;
+  size_t num_heads = 0, head_dim = 0;
+};
+
+class LlamaOps {
+ public:
+  using Weight = cpu::Weight;
+  using Accumulate = cpu::Accumulate;
+  virtual ~LlamaOps() = default;
+
+  virtual Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
+                                  size_t vocab, size_t hidden, float* out) = 0;
+  virtual Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                                   size_t vocab, size_t hidden, float* dweight) = 0;
+  virtual Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden,
+                                float eps, float* y, float* rstd) = 0;
+  virtual Status RmsNormBackward(const float* x, Weight weight, const float* rstd,
+                                 const float* dy, size_t num_tokens, size_t hidden, float* dx,
+                                 float* dweight) = 0;
+  virtual Status LinearForward(const float* x, Weight weight, size_t num_tokens,
+                               size_t in_features, size_t out_features, float* y) = 0;
+  virtual Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
+                                size_t in_features, size_t out_features, float* dx,
+                                Accumulate dx_mode, float* dweight) = 0;
+  virtual Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
+                             float theta) = 0;
+  virtual Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
+                              float theta) = 0;
+  virtual Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
+                                  size_t seq, size_t num_heads, size_t num_kv_heads,
+                                  size_t head_dim, float* out, float* lse) = 0;
+  virtual Status AttentionBackward(const float* q, const float* k, const float* v,
+                                   const float* out, const float* lse, const float* dout,
+                                   size_t batch, size_t seq, size_t num_heads,
+                                   size_t num_kv_heads, size_t head_dim, float* dq, float* dk,
+                                   float* dv) = 0;
+  virtual Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) = 0;
+  virtual Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
+                                 float* dgate, float* dup) = 0;
+  virtual Status ResidualAdd(const float* a, const float* b, size_t n, float* y) = 0;
+  virtual Status AccumulateGradient(const float* dy, size_t n, float* dx) = 0;
+  // *loss (one float of device memory) = the mean cross-entropy (cpu::CrossEntropyForward).
+  virtual Status CrossEntropyForward(const float* logits, const int32_t* targets,
+                                     size_t num_tokens, size_t vocab, int32_t ignore_index,
+                                     float* lse, float* loss) = 0;
+  virtual Status CrossEntropyBackward(const float* logits, const int32_t* targets,
+                                      const float* lse, size_t num_tokens, size_t vocab,
+                                      int32_t ignore_index, float dloss, float* dlogits) = 0;
+  // Bad tokens or targets met since the last call (CUDA: waits for the stream). OK on the CPU,
+  // whose ops report them at once.
+  virtual Status CheckDataErrors() = 0;
+};
+
+// The CPU ops (stateless; one instance serves every stream).
+std::unique_ptr<LlamaOps> CreateCpuLlamaOps();
+
+// The CUDA ops on `stream` (a stream of a CUDA device) with a workspace of
+// WorkspaceBytes(shape) bytes allocated from `device` under its budget (freed with the ops).
+// Unimplemented in a build without CUDA.
+Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device& device,
+                                                     device::Stream& stream,
+                                                     const LlamaOpsShape& shape);
+// The workspace CreateCudaLlamaOps allocates (0 in a build without CUDA).
+size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape& shape);
+
+}  // namespace strata::model
