@@ -48,6 +48,10 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"random", "sequential"}));
   cmd->add_option("--seed", o->seed,
                   "Seed of the data order (default 1234; a resumed run keeps its checkpoint's)");
+  cmd->add_option("--device", o->device,
+                  "cpu, cuda (GPU <local rank>) or auto (cuda when a GPU is usable); default: "
+                  "the config's strata.device, else auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->callback([o, exit_code] {
     const Status st = train::RunTraining(*o);
     *exit_code = st.ok() ? kExitOk : ReportError("train", st);

@@ -6,13 +6,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/log.h"
 #include "common/units.h"
+#include "device/gpu_info.h"
 #include "device/pinned_pool.h"
 #include "model/llama_config.h"
 #include "model/llama_model.h"
@@ -23,6 +26,7 @@
 #include "strata/trace.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/device_choice.h"
 #include "train/safetensors.h"
 #include "zero/engine.h"
 
@@ -86,8 +90,24 @@ Status RunTraining(const TrainOptions& o) {
   if (!o.trace_path.empty()) {
     trace = std::make_unique<TraceRecorder>(launch.rank, fmt::format("rank {}", launch.rank));
   }
+  DeviceKind device_kind = config.strata.device;
+  if (!o.device.empty()) {
+    STRATA_ASSIGN_OR_RETURN(device_kind, ParseDeviceKind(o.device));
+  }
+  std::optional<std::string> visible;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) visible = v;
+  STRATA_ASSIGN_OR_RETURN(
+      const DeviceChoice choice,
+      ChooseDevice(device_kind, launch.rank, launch.local_rank,
+                   device_kind == DeviceKind::kCpu ? device::GpuReport{} : device::QueryGpus(),
+                   visible));
   device::DeviceOptions dopt;
-  dopt.type = device::DeviceType::kCpu;
+  dopt.type = choice.type;
+  dopt.ordinal = choice.ordinal;
+  // strata.memory.device_budget: everything the run holds on the device (parameters, gradients,
+  // optimizer states on the device, activations, workspaces); "auto": all free memory on a GPU,
+  // 1/4 of RAM for the CPU device.
+  dopt.memory_budget = config.strata.memory.device_budget.value_or(0);
   dopt.trace = trace.get();
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> dev, device::CreateDevice(dopt));
   comm::CollectiveOptions copt;
@@ -179,12 +199,16 @@ Status RunTraining(const TrainOptions& o) {
   eo.store = store.get();
   eo.trace = trace.get();
   eo.optimizer_pipeline_depth = pipeline_depth;
+  eo.param_host_budget = config.strata.memory.host_budget.value_or(0);
   say(fmt::format(
       "strata train: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
       "parameters on {}, optimizer on {}, {}",
       mcfg.name, static_cast<double>(mcfg.ParameterCount()) / 1e6, mcfg.num_hidden_layers, world,
       config.zero.stage, OffloadDeviceName(config.zero.offload_param.device),
       OffloadDeviceName(config.zero.offload_optimizer.device), PrecisionName(config.precision())));
+  say(fmt::format("  device: {}; device memory budget {}, activations {}", choice.reason,
+                  FormatBytes(dev->memory_stats().budget),
+                  FormatBytes(llama->activation_bytes() + llama->workspace_bytes())));
   say(fmt::format("  data {} ({} tokens), sequence {} x global batch {} ({} per rank x {} "
                   "accumulation), {} steps",
                   o.data, data.size(), seq_len, layout.global_batch(), layout.micro_batch,

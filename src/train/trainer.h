@@ -47,6 +47,8 @@ struct TrainOptions {
   // "random" or "sequential"; empty: random, or what a resumed checkpoint used.
   std::string sampling;
   std::optional<uint64_t> seed;  // data order (default 1234; a resumed run keeps its own)
+  // "cpu", "cuda" or "auto" (train/device_choice.h); empty: the config's strata.device.
+  std::string device;
   // Where rank 0's progress lines go (default: stdout).
   std::function<void(const std::string&)> print;
 };

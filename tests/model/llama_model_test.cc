@@ -400,3 +400,172 @@ TEST(LlamaModelTest, TiedGradientReachesTheEmbeddingThroughTheEngine) {
 
 }  // namespace
 }  // namespace strata::model
+
+namespace strata::model {
+namespace {
+
+// Activations live in device memory, allocated once by Create under the device's budget.
+TEST(LlamaModelTest, ActivationsComeFromTheDeviceBudget) {
+  const LlamaConfig cfg = TinyConfig();
+  const int64_t batch = 2, seq = 16;
+  const uint64_t need = LlamaActivationBytes(cfg, seq, batch);
+  // T V logits alone: 32 tokens x 64 vocab x 4 bytes.
+  EXPECT_GE(need, static_cast<uint64_t>(batch * seq * cfg.vocab_size * 4));
+  {
+    device::DeviceOptions opt;
+    opt.memory_budget = need + (1 << 20);
+    auto dev = device::CreateDevice(opt);
+    ASSERT_TRUE(dev.ok());
+    auto m = LlamaModel::Create(**dev, cfg, seq, batch);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ((*m)->activation_bytes(), need);
+    EXPECT_EQ((*m)->workspace_bytes(), 0u);  // the CPU ops need none
+    EXPECT_GE((*dev)->memory_stats().in_use, need);
+    m->reset();
+    EXPECT_EQ((*dev)->memory_stats().in_use, 0u) << "the model frees its activations";
+  }
+  device::DeviceOptions opt;
+  opt.memory_budget = need / 2;
+  auto dev = device::CreateDevice(opt);
+  ASSERT_TRUE(dev.ok());
+  auto m = LlamaModel::Create(**dev, cfg, seq, batch);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kResourceExhausted) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("activations for a micro-batch of 2 x 16 tokens"),
+            std::string::npos)
+      << m.status().ToString();
+}
+
+// One micro-batch (forward, backward, loss) of `cfg` on `dev`, with the parameters `params`
+// (host fp32, converted to `dtype` on the device) and gradients read back to the host.
+struct MicroBatchResult {
+  double loss = 0;
+  std::vector<std::vector<float>> grads;
+};
+
+Result<MicroBatchResult> RunMicroBatch(device::Device& dev, const LlamaConfig& cfg, int64_t seq,
+                                       int64_t batch, const std::vector<zero::UnitLayout>& layouts,
+                                       const std::vector<std::vector<float>>& params,
+                                       device::DType dtype, const LlamaBatch& b) {
+  STRATA_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(dev, cfg, seq, batch, 7));
+  STRATA_ASSIGN_OR_RETURN(auto stream, dev.CreateStream("compute"));
+  std::vector<void*> p_dev, g_dev, staging;
+  auto free_all = [&] {
+    (void)dev.Synchronize(*stream);
+    for (void* p : p_dev) dev.Free(p);
+    for (void* p : g_dev) dev.Free(p);
+    for (void* p : staging) dev.Free(p);
+  };
+  MicroBatchResult out;
+  Status st = [&]() -> Status {
+    for (size_t u = 0; u < layouts.size(); ++u) {
+      const size_t n = params[u].size();
+      STRATA_ASSIGN_OR_RETURN(void* f32, dev.Alloc(n * 4));
+      staging.push_back(f32);
+      STRATA_ASSIGN_OR_RETURN(void* p, dev.Alloc(n * device::DTypeSize(dtype)));
+      p_dev.push_back(p);
+      STRATA_ASSIGN_OR_RETURN(void* g, dev.Alloc(n * 4));
+      g_dev.push_back(g);
+      STRATA_RETURN_IF_ERROR(dev.CopyAsync(f32, params[u].data(), n * 4,
+                                           device::CopyKind::kHostToDevice, *stream));
+      STRATA_RETURN_IF_ERROR(dev.Cast(f32, device::DType::kF32, p, dtype, n, *stream));
+      STRATA_RETURN_IF_ERROR(dev.Fill(g, device::DType::kF32, 0.0f, n, *stream));
+    }
+    const int n = static_cast<int>(layouts.size());
+    auto pv = [&](int u) { return zero::UnitView{p_dev[u], dtype, &layouts[u].slots}; };
+    auto gv = [&](int u) { return zero::UnitView{g_dev[u], device::DType::kF32, &layouts[u].slots}; };
+    STRATA_RETURN_IF_ERROR(model->BeginMicroBatch(b, 1.0f, *stream));
+    for (int u = 0; u < n; ++u) {
+      if (cfg.tie_word_embeddings && u == n - 1) {
+        const zero::UnitView views[2] = {pv(u), pv(0)};
+        STRATA_RETURN_IF_ERROR(model->ForwardShared(u, views, *stream));
+      } else {
+        STRATA_RETURN_IF_ERROR(model->Forward(u, pv(u), *stream));
+      }
+    }
+    for (int u = n - 1; u >= 0; --u) {
+      if (cfg.tie_word_embeddings && u == n - 1) {
+        const zero::UnitView views[2] = {pv(u), pv(0)};
+        const zero::UnitView gviews[2] = {gv(u), gv(0)};
+        STRATA_RETURN_IF_ERROR(model->BackwardShared(u, views, gviews, *stream));
+      } else {
+        STRATA_RETURN_IF_ERROR(model->Backward(u, pv(u), gv(u), *stream));
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(out.loss, model->EndMicroBatch(*stream));
+    for (size_t u = 0; u < layouts.size(); ++u) {
+      out.grads.emplace_back(params[u].size());
+      STRATA_RETURN_IF_ERROR(dev.CopyAsync(out.grads.back().data(), g_dev[u],
+                                           params[u].size() * 4, device::CopyKind::kDeviceToHost,
+                                           *stream));
+    }
+    return dev.Synchronize(*stream);
+  }();
+  free_all();
+  STRATA_RETURN_IF_ERROR(st);
+  return out;
+}
+
+// The decoder on a GPU against the same micro-batch on the CPU device. fp32 weights (fp32 GEMMs,
+// no TF32): every gradient within 1e-4 of its tensor's largest element, the loss within 1e-5
+// relative. bf16 weights: both devices use the same rounded weights, but the GPU also rounds the
+// GEMM inputs (activations, output gradients) to bf16 for the tensor cores (2^-8 relative each),
+// so the bound is 3e-2 of each tensor's largest gradient and 1e-2 relative on the loss.
+class LlamaModelGpuTest : public ::testing::TestWithParam<device::DType> {};
+
+TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
+  device::DeviceOptions gopt;
+  gopt.type = device::DeviceType::kCuda;
+  auto gpu = device::CreateDevice(gopt);
+  if (!gpu.ok()) GTEST_SKIP() << "no CUDA device: " << gpu.status().ToString();
+  const device::DType dtype = GetParam();
+  LlamaConfig cfg = TinyConfig();
+  cfg.vocab_size = 320;  // a head GEMM wider than one tile
+  const int64_t batch = 2, seq = 48;
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  auto probe = LlamaModel::Create(**cpu, cfg, seq, batch, 7);
+  ASSERT_TRUE(probe.ok());
+  auto layouts = zero::LayoutModel((*probe)->units(), 1);
+  ASSERT_TRUE(layouts.ok());
+  std::vector<std::vector<float>> params;
+  for (const auto& l : *layouts) {
+    params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
+    ASSERT_TRUE((*probe)->InitUnit(l.index, l.slots, params.back()).ok());
+  }
+  probe->reset();
+  LlamaBatch b;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
+  for (int64_t i = 0; i < batch * (seq + 1); ++i) b.tokens.push_back(tok(rng));
+  b.tokens[seq] = -100;
+  auto want = RunMicroBatch(**cpu, cfg, seq, batch, *layouts, params, dtype, b);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  auto got = RunMicroBatch(**gpu, cfg, seq, batch, *layouts, params, dtype, b);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  const bool f32 = dtype == device::DType::kF32;
+  EXPECT_NEAR(got->loss, want->loss, (f32 ? 1e-5 : 1e-2) * std::fabs(want->loss));
+  const double tol = f32 ? 1e-4 : 3e-2;
+  for (size_t u = 0; u < layouts->size(); ++u) {
+    for (const auto& s : (*layouts)[u].slots) {
+      double scale = 0, worst = 0;
+      for (int64_t i = 0; i < s.numel; ++i) {
+        scale = std::max(scale, std::fabs(double{want->grads[u][s.offset + i]}));
+      }
+      for (int64_t i = 0; i < s.numel; ++i) {
+        worst = std::max(worst, std::fabs(double{got->grads[u][s.offset + i]} -
+                                          want->grads[u][s.offset + i]));
+      }
+      EXPECT_LE(worst, tol * scale) << s.name << ": worst " << worst << " of max " << scale;
+    }
+  }
+  // The model's memory came from the GPU's budget, and all of it went back.
+  EXPECT_EQ((*gpu)->memory_stats().in_use, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, LlamaModelGpuTest,
+                         ::testing::Values(device::DType::kF32, device::DType::kBF16),
+                         [](const auto& p) { return std::string(device::DTypeName(p.param)); });
+
+}  // namespace
+}  // namespace strata::model
