@@ -344,7 +344,10 @@ run_check() {
   fi
   # Strata's binaries run with the carried libraries; python3 (PyTorch) with this machine's own.
   libpath="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  local S=(env "LD_LIBRARY_PATH=$libpath" "STRATA_TEST_DIR=$SCRATCH/tests" "NCCL_DEBUG=${NCCL_DEBUG:-WARN}")
+  # STRATA_TEST_BINARY: the CLI tests (strata train on the GPU against the CPU device) run the
+  # carried strata, not the build machine's path compiled into them.
+  local S=(env "LD_LIBRARY_PATH=$libpath" "STRATA_TEST_DIR=$SCRATCH/tests" "NCCL_DEBUG=${NCCL_DEBUG:-WARN}"
+    "STRATA_TEST_BINARY=$bin/strata")
   local f
   for f in "$bin"/*; do
     LD_LIBRARY_PATH="$libpath" ldd "$f" | grep 'not found' | sed "s|^|unresolved: $(basename "$f"): |" || true

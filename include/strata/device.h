@@ -205,6 +205,19 @@ class Device {
                       Stream& stream) = 0;
   // x[i] = value
   virtual Status Fill(void* x, DType dtype, float value, size_t n, Stream& stream) = 0;
+
+  // *sum (one double of device memory, 8-byte aligned) += the sum over i < n of float(x[i])^2,
+  // in double arithmetic: the reduction behind the gradient norm, clipping and fp16 overflow
+  // detection, so that one scalar, not the gradients, goes to the host. A NaN or Inf element
+  // makes *sum non-finite. CPU device: in index order, continuing from *sum (consecutive calls
+  // give, bit for bit, one running sum over their concatenation). CUDA: per-block partial sums
+  // added in a fixed order: the same bits on every run, not necessarily the CPU's (they differ
+  // in the last bits of a double).
+  virtual Status SumSquares(const void* x, DType dtype, size_t n, double* sum, Stream& stream) {
+    (void)x, (void)dtype, (void)n, (void)sum, (void)stream;
+    return Status(StatusCode::kUnimplemented,
+                  std::string(name()) + ": SumSquares is not implemented by this device");
+  }
 };
 
 // Creates a device. DeviceType::kCuda in a build without CUDA is Unimplemented; with CUDA but no

@@ -676,4 +676,50 @@ Status CpuDevice::Fill(void* x, DType dtype, float value, size_t n, Stream& stre
   return Enqueue(stream, std::move(item));
 }
 
+Status CpuDevice::SumSquares(const void* x, DType dtype, size_t n, double* sum,
+                             Stream& stream) {
+  STRATA_RETURN_IF_ERROR(sticky_.Get());
+  STRATA_RETURN_IF_ERROR(internal::ValidateOperand("sum_squares", "x", x, dtype, n));
+  if (sum == nullptr || reinterpret_cast<uintptr_t>(sum) % alignof(double) != 0) {
+    return InvalidArgumentError(fmt::format(
+        "{}: sum_squares: the result must be an 8-byte aligned double of device memory", name_));
+  }
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("sum_squares", "sum", sum, sizeof(double)));
+  if (n > 0) STRATA_RETURN_IF_ERROR(CheckDeviceRange("sum_squares", "x", x, n * DTypeSize(dtype)));
+  CpuWorkItem item("compute", fmt::format("sum_squares {}", DTypeName(dtype)));
+  item.fn = [=] {
+    double acc = *sum;
+    switch (dtype) {
+      case DType::kF32: {
+        const float* v = static_cast<const float*>(x);
+        for (size_t i = 0; i < n; ++i) acc += static_cast<double>(v[i]) * v[i];
+        break;
+      }
+      case DType::kBF16: {
+        const uint16_t* v = static_cast<const uint16_t*>(x);
+        for (size_t i = 0; i < n; ++i) {
+          const double f = Bf16ToFloat(v[i]);
+          acc += f * f;
+        }
+        break;
+      }
+      case DType::kF16: {
+        const uint16_t* v = static_cast<const uint16_t*>(x);
+        for (size_t i = 0; i < n; ++i) {
+          const double f = F16ToFloat(v[i]);
+          acc += f * f;
+        }
+        break;
+      }
+    }
+    *sum = acc;
+    return Status::Ok();
+  };
+  if (tracing()) {
+    item.args = {{"elements", static_cast<double>(n)},
+                 {"bytes", static_cast<double>(n * DTypeSize(dtype))}};
+  }
+  return Enqueue(stream, std::move(item));
+}
+
 }  // namespace strata::device

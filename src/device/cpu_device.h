@@ -86,6 +86,7 @@ class CpuDevice final : public Device {
   Status Scale(void* x, DType dtype, float alpha, size_t n, Stream& stream) override;
   Status Axpy(float alpha, const void* x, void* y, DType dtype, size_t n, Stream& stream) override;
   Status Fill(void* x, DType dtype, float value, size_t n, Stream& stream) override;
+  Status SumSquares(const void* x, DType dtype, size_t n, double* sum, Stream& stream) override;
 
  private:
   friend class CpuStream;

@@ -175,8 +175,10 @@ struct CudaCallback {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(CudaDevice* device, std::string name, uint32_t track, cudaStream_t handle)
-      : device_(device), name_(std::move(name)), track_(track), handle_(handle) {}
+  CudaStream(CudaDevice* device, std::string name, uint32_t track, cudaStream_t handle,
+             double* partials)
+      : device_(device), name_(std::move(name)), track_(track), handle_(handle),
+        partials_(partials) {}
   // Runs the pending callbacks, waits for the stream's work, destroys the stream.
   ~CudaStream() override;
 
@@ -184,6 +186,10 @@ class CudaStream final : public Stream {
   CudaDevice* device() const { return device_; }
   uint32_t track() const { return track_; }
   cudaStream_t handle() const { return handle_; }
+  // SumSquares' per-block partial sums (cuda_kernels::kSumSquaresBlocks doubles), allocated with
+  // the stream (8 KiB, outside the budget) so that no step allocates; work on one stream runs in
+  // order, so one buffer per stream is enough.
+  double* partials() const { return partials_; }
 
   // An event for the callback thread, from the pool or new. `timing`: with timing data (for
   // traces); all are cudaEventBlockingSync.
@@ -199,6 +205,7 @@ class CudaStream final : public Stream {
   const std::string name_;
   const uint32_t track_;
   const cudaStream_t handle_;
+  double* const partials_;
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
@@ -248,6 +255,7 @@ class CudaDevice final : public Device {
   Status Scale(void* x, DType dtype, float alpha, size_t n, Stream& stream) override;
   Status Axpy(float alpha, const void* x, void* y, DType dtype, size_t n, Stream& stream) override;
   Status Fill(void* x, DType dtype, float value, size_t n, Stream& stream) override;
+  Status SumSquares(const void* x, DType dtype, size_t n, double* sum, Stream& stream) override;
 
   // Selects this device's GPU on the calling thread.
   Status Bind() const { return STRATA_CUDA(name_, cudaSetDevice(ordinal_)); }
@@ -450,6 +458,8 @@ CudaStream::~CudaStream() {
       if (!destroyed.ok()) STRATA_LOG(warn, device, "{}", destroyed.ToString());
     }
   }
+  Status freed = STRATA_CUDA(device_->name(), cudaFree(partials_));
+  if (!freed.ok()) STRATA_LOG(warn, device, "{}", freed.ToString());
   Status destroyed = STRATA_CUDA(device_->name(), cudaStreamDestroy(handle_));
   if (!destroyed.ok()) STRATA_LOG(warn, device, "{}", destroyed.ToString());
 }
@@ -728,9 +738,16 @@ Result<std::unique_ptr<Stream>> CudaDevice::CreateStream(std::string_view name) 
   cudaStream_t handle = nullptr;
   STRATA_RETURN_IF_ERROR(
       STRATA_CUDA(name_, cudaStreamCreateWithFlags(&handle, cudaStreamNonBlocking)));
+  void* partials = nullptr;
+  Status allocated = STRATA_CUDA(
+      name_, cudaMalloc(&partials, cuda_kernels::kSumSquaresBlocks * sizeof(double)));
+  if (!allocated.ok()) {
+    (void)cudaStreamDestroy(handle);
+    return allocated;
+  }
   const uint32_t track = trace_ != nullptr ? trace_->Track(stream_name) : 0;
-  return std::unique_ptr<Stream>(
-      std::make_unique<CudaStream>(this, std::move(stream_name), track, handle));
+  return std::unique_ptr<Stream>(std::make_unique<CudaStream>(
+      this, std::move(stream_name), track, handle, static_cast<double*>(partials)));
 }
 
 Result<std::unique_ptr<Event>> CudaDevice::CreateEvent() {
@@ -1008,6 +1025,29 @@ Status CudaDevice::Fill(void* x, DType dtype, float value, size_t n, Stream& str
   };
   return Traced(*cuda, "LaunchFill", describe, [&] {
     return cuda_kernels::LaunchFill(x, ToKernel(dtype), value, n, cuda->handle());
+  });
+}
+
+Status CudaDevice::SumSquares(const void* x, DType dtype, size_t n, double* sum,
+                              Stream& stream) {
+  STRATA_ASSIGN_OR_RETURN(CudaStream * cuda, BeginEnqueue(stream));
+  STRATA_RETURN_IF_ERROR(internal::ValidateOperand("sum_squares", "x", x, dtype, n));
+  if (sum == nullptr || reinterpret_cast<uintptr_t>(sum) % alignof(double) != 0) {
+    return InvalidArgumentError(fmt::format(
+        "{}: sum_squares: the result must be an 8-byte aligned double of device memory", name_));
+  }
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("sum_squares", "sum", sum, sizeof(double)));
+  if (n == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("sum_squares", "x", x, n * DTypeSize(dtype)));
+  auto describe = [&] {
+    return TraceInfo{fmt::format("sum_squares {}", DTypeName(dtype)),
+                     "compute",
+                     {{"elements", static_cast<double>(n)},
+                      {"bytes", static_cast<double>(n * DTypeSize(dtype))}}};
+  };
+  return Traced(*cuda, "LaunchSumSquares", describe, [&] {
+    return cuda_kernels::LaunchSumSquares(x, ToKernel(dtype), n, cuda->partials(), sum,
+                                          cuda->handle());
   });
 }
 

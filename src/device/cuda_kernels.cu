@@ -54,6 +54,52 @@ __global__ void FillKernel(typename E::T* x, typename E::T value, size_t n) {
     x[i] = value;
 }
 
+// Sums `value` over the block's threads (blockDim.x == kBlockThreads) in a fixed tree order;
+// thread 0 gets the total.
+__device__ double BlockSum(double value) {
+  __shared__ double shared[kBlockThreads];
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (unsigned width = kBlockThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) shared[threadIdx.x] += shared[threadIdx.x + width];
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+template <typename E>
+__global__ void SumSquaresPartialKernel(const typename E::T* __restrict__ x, size_t n,
+                                        double* __restrict__ partials) {
+  double acc = 0.0;
+  for (size_t i = FirstIndex(); i < n; i += Stride()) {
+    const double v = E::Load(x[i]);
+    acc += v * v;
+  }
+  const double total = BlockSum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void SumSquaresFinishKernel(const double* __restrict__ partials, unsigned count,
+                                       double* sum) {
+  double acc = 0.0;
+  for (unsigned i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  const double total = BlockSum(acc);
+  if (threadIdx.x == 0) *sum += total;
+}
+
+template <typename E>
+cudaError_t SumSquaresAs(const void* x, size_t n, double* partials, double* sum,
+                         cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(
+      std::min<size_t>(kSumSquaresBlocks, (n + kBlockThreads - 1) / kBlockThreads));
+  SumSquaresPartialKernel<E><<<blocks, kBlockThreads, 0, stream>>>(
+      static_cast<const typename E::T*>(x), n, partials);
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) return error;
+  SumSquaresFinishKernel<<<1, kBlockThreads, 0, stream>>>(partials, blocks, sum);
+  return cudaGetLastError();
+}
+
 template <typename S, typename D>
 cudaError_t CastAs(const void* x, void* y, size_t n, cudaStream_t stream) {
   CastKernel<S, D><<<BlockCount(n), kBlockThreads, 0, stream>>>(
@@ -148,6 +194,20 @@ cudaError_t LaunchFill(void* x, KernelDType dtype, float value, size_t n, cudaSt
       return FillAs<BF16>(x, convert::FloatToBf16(value), n, stream);
     case KernelDType::kF16:
       return FillAs<F16>(x, convert::FloatToF16(value), n, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchSumSquares(const void* x, KernelDType dtype, size_t n, double* partials,
+                             double* sum, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (dtype) {
+    case KernelDType::kF32:
+      return SumSquaresAs<F32>(x, n, partials, sum, stream);
+    case KernelDType::kBF16:
+      return SumSquaresAs<BF16>(x, n, partials, sum, stream);
+    case KernelDType::kF16:
+      return SumSquaresAs<F16>(x, n, partials, sum, stream);
   }
   return cudaErrorInvalidValue;
 }

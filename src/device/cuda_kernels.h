@@ -33,4 +33,13 @@ cudaError_t LaunchAxpy(float alpha, const void* x, void* y, KernelDType dtype, s
 // x[i] = value (converted once to `dtype`)
 cudaError_t LaunchFill(void* x, KernelDType dtype, float value, size_t n, cudaStream_t stream);
 
+// The blocks of LaunchSumSquares' first pass; `partials` holds one double per block.
+inline constexpr unsigned kSumSquaresBlocks = 1024;
+// *sum += sum_i float(x[i])^2 in double. Two kernels: up to kSumSquaresBlocks blocks each write
+// their partial sum to `partials`, then one block adds them in a fixed order and adds the total
+// to *sum. Deterministic. `partials` must not be used by other work running at the same time
+// (one buffer per stream).
+cudaError_t LaunchSumSquares(const void* x, KernelDType dtype, size_t n, double* partials,
+                             double* sum, cudaStream_t stream);
+
 }  // namespace strata::device::cuda_kernels

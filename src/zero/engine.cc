@@ -11,6 +11,7 @@
 #include <deque>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -193,6 +194,12 @@ struct Engine::Impl {
   std::vector<HostBuffer> param_stage;
   // Device optimizer: master, m, v (shard-sized; full at stage 0).
   std::vector<void*> master_dev, m_dev, v_dev;
+  // The step's scalars: the gradient norm's sum of squares (a double) and the rank sum of it (a
+  // float) in device memory, read back through one registered host page; allocated at Init so
+  // that the norm costs no allocation and no pageable copy per step.
+  void* scalars_dev = nullptr;  // [0, 8): double sum; [8, 12): float for the all-reduce
+  void* scalars_host = nullptr;  // 4096 B, registered with the device
+  bool scalars_host_registered = false;
 
   // Stage 3: parameter shards (id = unit index).
   std::unique_ptr<offload::TierManager> ptm;
@@ -316,6 +323,9 @@ Engine::Impl::~Impl() {
     for (void* p : *vec) dev.Free(p);
   }
   dev.Free(bucket);
+  dev.Free(scalars_dev);
+  if (scalars_host_registered) (void)dev.UnregisterHost(scalars_host);
+  if (scalars_host != nullptr) ::operator delete(scalars_host, std::align_val_t{4096});
 }
 
 // ---- compute-stream clock -----------------------------------------------------------------------
@@ -707,6 +717,11 @@ Status Engine::Impl::Init() {
     STRATA_ASSIGN_OR_RETURN(grad_landing, HostBuffer::Make(opt.pool, max_shard * 4,
                                                            "gradient landing buffer (host)"));
   }
+  STRATA_ASSIGN_OR_RETURN(scalars_dev, dev.Alloc(16));
+  scalars_host = ::operator new(4096, std::align_val_t{4096});
+  std::memset(scalars_host, 0, 4096);
+  STRATA_RETURN_IF_ERROR(dev.RegisterHost(scalars_host, 4096));
+  scalars_host_registered = true;
 
   // Initial values: from the caller's reader, or every rank computes each unit in full (fp32)
   // and keeps what it owns.
@@ -1095,48 +1110,54 @@ Status Engine::Impl::WaitOptimizer(int64_t* waited_ns) {
 
 // Sum of squares of this rank's part of the (summed, unscaled) gradients, in double.
 Result<double> Engine::Impl::LocalGradSumSquares() {
-  double sum = 0.0;
-  std::vector<float> host;
+  if (cpu_optimizer) {
+    // The gradient shards already sit in host memory, where the optimizer reads them.
+    double sum = 0.0;
+    for (size_t u = 0; u < layouts.size(); ++u) {
+      const float* data = reinterpret_cast<const float*>(grad_shard_host[u].data());
+      const size_t n = static_cast<size_t>(layouts[u].shard_numel);
+      for (size_t i = 0; i < n; ++i) sum += static_cast<double>(data[i]) * data[i];
+    }
+    return sum;
+  }
+  // A device reduction over this rank's gradients; one double comes back.
+  auto* host = static_cast<double*>(scalars_host);
+  auto* sum = static_cast<double*>(scalars_dev);
+  host[0] = 0.0;
+  STRATA_RETURN_IF_ERROR(
+      dev.CopyAsync(sum, host, sizeof(double), device::CopyKind::kHostToDevice, *comm_stream));
   for (size_t u = 0; u < layouts.size(); ++u) {
     const auto& l = layouts[u];
-    const float* data = nullptr;
+    const void* src = nullptr;
     size_t n = static_cast<size_t>(l.shard_numel);
-    if (cpu_optimizer) {
-      data = reinterpret_cast<const float*>(grad_shard_host[u].data());
+    if (stage == 0) {
+      src = full_grads[u];
+      n = static_cast<size_t>(l.padded_numel());
+    } else if (stage == 1) {
+      src = static_cast<const float*>(full_grads[u]) + l.shard_offset(rank);
     } else {
-      const void* src = nullptr;
-      if (stage == 0) {
-        src = full_grads[u];
-        n = static_cast<size_t>(l.padded_numel());
-      } else if (stage == 1) {
-        src = static_cast<const float*>(full_grads[u]) + l.shard_offset(rank);
-      } else {
-        src = grad_shard_dev[u];
-      }
-      host.resize(n);
-      STRATA_RETURN_IF_ERROR(
-          dev.CopyAsync(host.data(), src, n * 4, device::CopyKind::kDeviceToHost, *comm_stream));
-      STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
-      data = host.data();
+      src = grad_shard_dev[u];
     }
-    for (size_t i = 0; i < n; ++i) sum += static_cast<double>(data[i]) * data[i];
+    STRATA_RETURN_IF_ERROR(dev.SumSquares(src, DType::kF32, n, sum, *comm_stream));
   }
-  return sum;
+  STRATA_RETURN_IF_ERROR(
+      dev.CopyAsync(host, sum, sizeof(double), device::CopyKind::kDeviceToHost, *comm_stream));
+  STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+  return host[0];
 }
 
 Result<float> Engine::Impl::AllReduceHostFloat(float value) {
-  STRATA_ASSIGN_OR_RETURN(void* buf, dev.Alloc(sizeof(float)));
-  float out = 0.0f;
-  Status st = dev.CopyAsync(buf, &value, sizeof(float), device::CopyKind::kHostToDevice,
-                            *comm_stream);
-  if (st.ok()) st = comm.AllReduce(buf, buf, 1, DType::kF32, comm::ReduceOp::kSum, *comm_stream);
-  if (st.ok()) {
-    st = dev.CopyAsync(&out, buf, sizeof(float), device::CopyKind::kDeviceToHost, *comm_stream);
-  }
-  if (st.ok()) st = dev.Synchronize(*comm_stream);
-  dev.Free(buf);
-  STRATA_RETURN_IF_ERROR(st);
-  return out;
+  auto* host = reinterpret_cast<float*>(static_cast<char*>(scalars_host) + 8);
+  void* buf = static_cast<char*>(scalars_dev) + 8;
+  *host = value;
+  STRATA_RETURN_IF_ERROR(
+      dev.CopyAsync(buf, host, sizeof(float), device::CopyKind::kHostToDevice, *comm_stream));
+  STRATA_RETURN_IF_ERROR(
+      comm.AllReduce(buf, buf, 1, DType::kF32, comm::ReduceOp::kSum, *comm_stream));
+  STRATA_RETURN_IF_ERROR(
+      dev.CopyAsync(host, buf, sizeof(float), device::CopyKind::kDeviceToHost, *comm_stream));
+  STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+  return *host;
 }
 
 // ---- the step -----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 // Running the `strata` binary from a test: its exit code, stdout and stderr, with a timeout that
 // kills it so a hang fails the test instead of blocking the suite. Header-only; the binary's path
-// is the STRATA_BINARY compile definition of strata_cli_tests.
+// is the STRATA_BINARY compile definition of strata_cli_tests, or $STRATA_TEST_BINARY when set.
 //
 //   CommandResult r = RunStrata({"env", "--json"});
 //   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -18,6 +18,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -168,7 +169,11 @@ inline CommandResult RunStrata(const std::vector<std::string>& args,
                                std::chrono::milliseconds timeout = std::chrono::seconds(60),
                                const std::vector<std::string>& extra_env = {},
                                ChildSetup child_setup = nullptr, const void* child_arg = nullptr) {
-  return RunCommand(STRATA_BINARY, args, timeout, extra_env, child_setup, child_arg);
+  // STRATA_TEST_BINARY overrides the build tree's binary (deploy/gpu-check.sh runs these tests
+  // on another machine, with the binary beside them).
+  const char* binary = std::getenv("STRATA_TEST_BINARY");
+  return RunCommand(binary != nullptr && *binary != '\0' ? binary : STRATA_BINARY, args, timeout,
+                    extra_env, child_setup, child_arg);
 }
 
 // The non-empty lines of `text`.

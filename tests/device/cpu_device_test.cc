@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <future>
 #include <numeric>
@@ -381,6 +383,42 @@ TEST(CpuDeviceTest, CudaDeviceFailsCleanlyWhenUnavailable) {
   EXPECT_EQ(device.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(device.status().message().find("built without CUDA"), std::string::npos);
 #endif
+}
+
+}  // namespace
+}  // namespace strata::device::testing
+
+namespace strata::device::testing {
+namespace {
+
+TEST(CpuDeviceTest, SumSquaresIsOneRunningSumInIndexOrder) {
+  auto device = MakeCpuDevice();
+  std::vector<float> x(10007);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<float>(i)) * 3.0f;
+  double want = 0.5;
+  for (float v : x) want += static_cast<double>(v) * v;
+  ASSERT_OK_AND_ASSIGN(double whole, SumSquaresInPieces(*device, x, x.size(), 0.5));
+  ASSERT_OK_AND_ASSIGN(double pieces, SumSquaresInPieces(*device, x, 999, 0.5));
+  EXPECT_EQ(whole, want);
+  EXPECT_EQ(pieces, want) << "consecutive calls continue one running sum";
+  x[5000] = std::numeric_limits<float>::infinity();
+  ASSERT_OK_AND_ASSIGN(double inf, SumSquaresInPieces(*device, x, 999, 0.0));
+  EXPECT_TRUE(std::isinf(inf));
+}
+
+TEST(CpuDeviceTest, SumSquaresTakesOnlyDeviceMemory) {
+  auto device = MakeCpuDevice();
+  ASSERT_OK_AND_ASSIGN(auto s, device->CreateStream("s"));
+  std::vector<float> host(16, 1.0f);
+  ASSERT_OK_AND_ASSIGN(void* buf, device->Alloc(256));
+  double* sum = static_cast<double*>(buf);
+  Status st = device->SumSquares(host.data(), DType::kF32, host.size(), sum, *s);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  double host_sum = 0;
+  st = device->SumSquares(buf, DType::kF32, 8, &host_sum, *s);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  ASSERT_TRUE(device->Synchronize(*s).ok());
+  device->Free(buf);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <future>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -100,6 +101,31 @@ TEST(CudaDeviceGpuTest, KernelsMatchTheCpuDeviceBitForBit) {
     EXPECT_TRUE(on_cpu.z == on_gpu.z) << "fill";
     EXPECT_TRUE(on_cpu.w == on_gpu.w) << "cast";
   }
+}
+
+// The gradient-norm reduction: the CPU device's running sum is the oracle (within 1e-12
+// relative: the GPU adds per-block partial sums, a different order); the GPU gives the same bits
+// on every run and the same total in one call or many; Inf propagates.
+TEST(CudaDeviceGpuTest, SumSquaresMatchesTheCpuDeviceAndIsDeterministic) {
+  std::string why;
+  auto gpu = MakeCudaDevice(uint64_t{256} << 20, &why);
+  if (gpu == nullptr) GTEST_SKIP() << why;
+  auto cpu = CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  std::vector<float> x((size_t{1} << 22) + 333);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  for (float& v : x) v = normal(rng);
+  ASSERT_OK_AND_ASSIGN(double want, SumSquaresInPieces(**cpu, x, x.size(), 0.25));
+  ASSERT_OK_AND_ASSIGN(double once, SumSquaresInPieces(*gpu, x, x.size(), 0.25));
+  ASSERT_OK_AND_ASSIGN(double again, SumSquaresInPieces(*gpu, x, x.size(), 0.25));
+  ASSERT_OK_AND_ASSIGN(double pieces, SumSquaresInPieces(*gpu, x, 100003, 0.25));
+  EXPECT_NEAR(once, want, 1e-12 * want);
+  EXPECT_EQ(once, again) << "the same bits on every run";
+  EXPECT_NEAR(pieces, want, 1e-12 * want);
+  x[x.size() / 2] = std::numeric_limits<float>::infinity();
+  ASSERT_OK_AND_ASSIGN(double inf, SumSquaresInPieces(*gpu, x, x.size(), 0.0));
+  EXPECT_TRUE(std::isinf(inf));
 }
 
 TEST(CudaDeviceGpuTest, FreedBlocksAreReusedAndTheCacheYieldsToTheBudget) {

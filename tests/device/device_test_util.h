@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <ostream>
@@ -145,5 +146,28 @@ class DeviceContractTest : public ::testing::TestWithParam<DeviceType> {
   std::unique_ptr<Event> event_;
   std::vector<void*> allocations_;
 };
+
+// Runs SumSquares over `x` (fp32, copied to the device) in pieces of `piece` elements, starting
+// from `start`; returns *sum.
+inline Result<double> SumSquaresInPieces(Device& device, const std::vector<float>& x, size_t piece,
+                                  double start) {
+  STRATA_ASSIGN_OR_RETURN(auto s, device.CreateStream("s"));
+  STRATA_ASSIGN_OR_RETURN(void* buf, device.Alloc(x.size() * 4));
+  STRATA_ASSIGN_OR_RETURN(void* sum_buf, device.Alloc(sizeof(double)));
+  double* sum = static_cast<double*>(sum_buf);
+  float* data = static_cast<float*>(buf);
+  double out = 0;
+  Status st = device.CopyAsync(data, x.data(), x.size() * 4, CopyKind::kHostToDevice, *s);
+  if (st.ok()) st = device.CopyAsync(sum, &start, 8, CopyKind::kHostToDevice, *s);
+  for (size_t i = 0; st.ok() && i < x.size(); i += piece) {
+    st = device.SumSquares(data + i, DType::kF32, std::min(piece, x.size() - i), sum, *s);
+  }
+  if (st.ok()) st = device.CopyAsync(&out, sum, 8, CopyKind::kDeviceToHost, *s);
+  if (st.ok()) st = device.Synchronize(*s);
+  device.Free(buf);
+  device.Free(sum_buf);
+  STRATA_RETURN_IF_ERROR(st);
+  return out;
+}
 
 }  // namespace strata::device::testing

@@ -41,6 +41,9 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rtol", type=float, default=1e-5)
     ap.add_argument("--step1-rtol", type=float, default=1e-6)
+    ap.add_argument("--extra-config", default="",
+                    help="a JSON object merged into the prepared DeepSpeed config (e.g. "
+                         "'{\"strata\": {\"memory\": {\"share_host_memory\": \"off\"}}}')")
     args = ap.parse_args()
 
     try:
@@ -62,6 +65,20 @@ def main():
     if setup["world_size"] != args.np:
         print(f"FAIL: the prepared batch layout is for {setup['world_size']} ranks, not {args.np}")
         return 1
+
+    if args.extra_config:
+        def merge(dst, src):
+            for k, v in src.items():
+                if isinstance(v, dict) and isinstance(dst.get(k), dict):
+                    merge(dst[k], v)
+                else:
+                    dst[k] = v
+        with open(setup["config"]) as f:
+            config = json.load(f)
+        merge(config, json.loads(args.extra_config))
+        with open(setup["config"], "w") as f:
+            json.dump(config, f, indent=1)
+        print(f"config with {args.extra_config}: {setup['config']}")
 
     metrics = os.path.join(work, "metrics.jsonl")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
