@@ -267,16 +267,6 @@ TEST(TrainCommandTest, BadModelsAndCheckpointsAreClearErrors) {
 namespace strata::cli {
 namespace {
 
-// The per-step losses of a --metrics file.
-std::vector<double> Losses(const std::string& path) {
-  std::vector<double> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  }
-  return out;
-}
-
 // `strata train --device cuda` for 20 steps against the same run on the CPU device (same data,
 // seed, initial weights): ZeRO-3 in fp32 with everything in HBM, with the optimizer offloaded to
 // the CPU, and with parameters and optimizer on NVMe. fp32 GEMMs on both (no TF32): every step's
@@ -292,7 +282,9 @@ struct GpuRun {
 class TrainGpuTest : public ::testing::TestWithParam<GpuRun> {};
 
 TEST_P(TrainGpuTest, TwentyStepsOnCudaMatchTheCpuDevice) {
-  auto probe = strata::device::CreateDevice({.type = strata::device::DeviceType::kCuda});
+  strata::device::DeviceOptions gpu;
+  gpu.type = strata::device::DeviceType::kCuda;
+  auto probe = strata::device::CreateDevice(gpu);
   if (!probe.ok()) GTEST_SKIP() << "no CUDA device: " << probe.status().ToString();
   probe->reset();
   const GpuRun& run = GetParam();
@@ -321,7 +313,9 @@ TEST_P(TrainGpuTest, TwentyStepsOnCudaMatchTheCpuDevice) {
                         metrics},
                        std::chrono::seconds(240));
     ASSERT_EQ(r.exit_code, 0) << devices[d] << ":\n" << r.out << r.err;
-    if (d == 1) EXPECT_THAT(r.out, HasSubstr("device: GPU 0"));
+    if (d == 1) {
+      EXPECT_THAT(r.out, HasSubstr("device: GPU 0"));
+    }
     losses[d] = Losses(metrics);
     ASSERT_EQ(losses[d].size(), 20u) << devices[d];
   }
