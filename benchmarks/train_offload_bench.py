@@ -25,12 +25,14 @@ benchmarks/README.md and src/zero/engine.cc):
                max(stage3_max_live_parameters * csz, 2 * largest unit * (csz + 4)), plus tied
                units) + the fp32 gradient reduction bucket (world * min(reduce_bucket_size /
                world, the shards that fit) * 4) + units below the persistence threshold kept
-               gathered + one 256 B scalar (the loss / norm all-reduce). The script computes
-               each term from the config and the model's shapes the way the engine does.
+               gathered + one 256 B scalar (the loss / norm all-reduce) + the model's
+               activations and op workspace (model_device_bytes in the metrics, allocated once
+               at set-up). The script computes each engine term from the config and the
+               model's shapes the way the engine does.
 
 Gathered units, gradients and the bucket are not "parameters": only the first check is the
-prefetch budget. On the CPU device the model's activations are host memory outside the device
-allocator, so device_peak_bytes holds no activations.
+prefetch budget. The model's activations are device memory on every device (LlamaModel allocates
+them under the device budget), so device_peak_bytes includes them.
 
 Output: progress on stderr; a table and one JSON object on stdout (and in --json FILE). The exit
 status is 1 on an error (a run that fails or times out), 2 on bad options, 0 otherwise, whether
@@ -312,6 +314,8 @@ def train_once(args, kind, rep, work, swap_dir, tokens):
         "param_device_peak_bytes": max(s.get("param_device_peak_bytes", 0) for s in steps),
         "param_device_budget_bytes": last.get("param_device_budget_bytes"),
         "host_peak_bytes": max(s["host_peak_bytes"] for s in steps),
+        # The model's activations and op workspace, device memory held from set-up on.
+        "model_device_bytes": last.get("model_device_bytes", 0),
         "final_loss": last["loss"],
         "parameters": params,
         "metrics_file": metrics,
@@ -335,6 +339,7 @@ def summarize(runs):
     budgets = {r["param_device_budget_bytes"] for r in runs}
     out["param_device_budget_bytes"] = budgets.pop() if len(budgets) == 1 else None
     out["host_peak_bytes"] = max(r["host_peak_bytes"] for r in runs)
+    out["model_device_bytes"] = max(r["model_device_bytes"] for r in runs)
     return out
 
 
@@ -445,6 +450,10 @@ def main():
     shape = llama_shape(args.model)
     terms = (engine_device_terms(shape, args.np, csz, prefetch, live, rbucket,
                                  DEFAULT_PERSISTENCE_THRESHOLD) if shape else None)
+    if terms:
+        # The model's activations live in device memory too (allocated once at set-up).
+        terms["model_device_bytes"] = med["nvme"]["model_device_bytes"]
+        terms["bound_bytes"] += terms["model_device_bytes"]
     bound = terms["bound_bytes"] if terms else None
     total_met = bound is not None and nvme_peak <= bound
     # The script's copy of the engine's sizing agrees with the engine (checked on the one term
@@ -498,12 +507,13 @@ def main():
         print("  total: peak %.2f MiB; bound %.2f MiB = parameter budget %.2f + live gathered units "
               "and fp32 unit gradients %.2f (max(stage3_max_live_parameters %d x %d B, 2 x "
               "largest unit %.2f)) + fp32 gradient reduction bucket %.2f (reduce_bucket_size %d) "
-              "+ persistent units %.2f + scalar %d B; within: %s"
+              "+ persistent units %.2f + scalar %d B + model activations %.2f; within: %s"
               % (nvme_peak / MIB, bound / MIB, terms["param_device_budget_bytes"] / MIB,
                  terms["max_live_bytes"] / MIB, live, csz,
                  terms["largest_unit_gathered_plus_grad_bytes"] / MIB,
                  terms["reduce_bucket_bytes"] / MIB, rbucket, terms["persistent_unit_bytes"] / MIB,
-                 terms["scalar_scratch_bytes"], "yes" if total_met else "NO"))
+                 terms["scalar_scratch_bytes"], terms["model_device_bytes"] / MIB,
+                 "yes" if total_met else "NO"))
         if not terms_agree:
             print("  warning: the parameter budget computed here (%d B) differs from the engine's "
                   "(%s B); the script's copy of the engine's sizing is stale"

@@ -9,6 +9,10 @@
 #                                   check), the GPU micro-benchmarks against PyTorch on the same
 #                                   machine; writes summary.md, summary.json, run.log and
 #                                   details.tar.gz to the output folder ($OUT, or --out DIR)
+#   deploy/gpu-check.sh run --train the second phase, for a later call on the same machine: strata
+#                                   train on the GPU against PyTorch (eager, FSDP2 with CPU offload)
+#                                   and the NVMe-offloaded run against its floor, with a ~1.1B Llama
+#                                   in bf16 at sequence 2048 (benchmarks/gpu_train_bench.py)
 #   deploy/gpu-check.sh --dry-run   prints what `run` would do, and whether the carry folder is ready
 #
 # docs/gpu.md says how to carry the folder to a lent machine and read the results.
@@ -40,6 +44,7 @@ Options of run:
                    recorded as not run, which fails the check
   --no-bench       the environment and the tests only
   --quick          small benchmark sizes (seconds instead of minutes; for trying the script)
+  --train          the training phase instead of the tests and micro-benchmarks
 Environment: STRATA_GPU_BUILD_DIR, STRATA_GPU_CARRY (default build/gpu-check, build/gpu-carry),
   STRATA_GPU_SCRATCH (the overlap benchmark's files; default /var/tmp/strata-gpu-check).
 EOF
@@ -197,6 +202,7 @@ OUT_DIR=""
 BUDGET=450
 BENCH=1
 QUICK=0
+PHASE=check
 DRY_RUN=0
 SCRATCH="${STRATA_GPU_SCRATCH:-/var/tmp/strata-gpu-check}"
 RUN_START=$SECONDS
@@ -236,7 +242,8 @@ WORK=""
 FINAL_RC=""  # set when the run reached its end (the EXIT trap then only closes the log)
 TEE_PID=""
 refresh() {
-  python3 "$ROOT/deploy/gpu_check_report.py" --dir "$WORK" --out "$OUT_DIR" --bench "$BENCH" "$@" ||
+  python3 "$ROOT/deploy/gpu_check_report.py" --dir "$WORK" --out "$OUT_DIR" --bench "$BENCH" \
+    --phase "$PHASE" "$@" ||
     return $?
 }
 pack() {
@@ -284,6 +291,30 @@ step_json() {
   local name="$1" max="$2" min="$3" file="$4"
   shift 4
   step "$name" "$max" "$min" bash -c '"${@:2}" >"$1"' _ "$file" "$@"
+}
+
+# The training phase (run --train): the host<->device rate first (for the NVMe floor's PCIe
+# term), then one step per scenario, each writing train_<scenario>.json, so that what finished is
+# kept when a later one runs out of time. The benchmark gives the carried libraries to strata only
+# (STRATA_LD_LIBRARY_PATH); PyTorch runs with this machine's.
+train_phase() {
+  local bin="$1" libpath="$2"
+  local T=(env "STRATA_LD_LIBRARY_PATH=$libpath" python3 "$ROOT/benchmarks/gpu_train_bench.py"
+    --strata "$bin/strata" --python python3 --device cuda --work "$SCRATCH/train" --bf16)
+  local sizes=(--model llama-1b --seq-len 2048 --micro-batch 4 --steps 6 --warmup 2)
+  [ "$QUICK" = 0 ] || sizes=(--model llama-tiny --seq-len 128 --micro-batch 2 --steps 4 --warmup 1)
+  step_json copy_strata 60 10 "$WORK/steps/copy_strata.json" env "LD_LIBRARY_PATH=$libpath" \
+    "$bin/strata_gpu_bench" copy --bytes 256MiB --chunk 64MiB --reps 3 --warmup 1 --json
+  local pcie compute
+  pcie="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"]["h2d"]["gb_per_s"])' \
+    "$WORK/steps/copy_strata.json" 2>/dev/null || echo 0)"
+  step train_hbm 200 60 "${T[@]}" "${sizes[@]}" --scenarios hbm --json "$WORK/steps/train_hbm.json"
+  step train_cpu_optim 200 60 "${T[@]}" "${sizes[@]}" --scenarios cpu-optim \
+    --json "$WORK/steps/train_cpu_optim.json"
+  compute="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"]["hbm"]["strata"]["step_s"])' \
+    "$WORK/steps/train_hbm.json" 2>/dev/null || echo 0)"
+  step train_nvme 240 60 "${T[@]}" "${sizes[@]}" --scenarios nvme --pcie-gbs "$pcie" \
+    --compute-s "$compute" --nvme-dir "$SCRATCH/train" --json "$WORK/steps/train_nvme.json"
 }
 
 run_check() {
@@ -362,6 +393,16 @@ run_check() {
   step_json env_json 60 5 "$WORK/steps/env.json" "${S[@]}" "$bin/strata" env --json
   if command -v nvidia-smi >/dev/null; then
     step info_nvidia_smi 30 5 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,power.limit --format=csv
+  fi
+
+  if [ "$PHASE" = train ]; then
+    train_phase "$bin" "$libpath"
+    local rc=0
+    refresh || rc=$?
+    pack || true
+    rm -rf "$SCRATCH/tests" "$SCRATCH/overlap" "$SCRATCH/carry" "$SCRATCH/train"
+    FINAL_RC=$rc
+    return "$rc"
   fi
 
   # 2. Every GPU test; the report counts a skipped test as a failure. NCCL's tests last: a hang
@@ -457,11 +498,13 @@ main() {
       --budget) BUDGET="${2:?--budget needs seconds}"; shift 2 ;;
       --no-bench) BENCH=0; shift ;;
       --quick) QUICK=1; shift ;;
+      --train) PHASE=train; shift ;;
       --dry-run) DRY_RUN=1; shift ;;
       *) echo "gpu-check: unknown option '$1'" >&2; usage >&2; exit 2 ;;
     esac
   done
   [[ $BUDGET =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 60 ] || die "--budget '$BUDGET': expected whole seconds, at least 60"
+  [ "$PHASE" = check ] || BENCH=0  # the training phase has its own tables
   case "$cmd" in
     prepare) prepare ;;
     run) if [ "$DRY_RUN" = 1 ]; then dry_run; else run_check; fi ;;

@@ -147,6 +147,9 @@ def main():
     parser.add_argument("--dir", required=True, help="the run's work folder (holds steps/)")
     parser.add_argument("--out", help="where summary.md and summary.json go (default: --dir)")
     parser.add_argument("--bench", type=int, default=1, help="1 when the benchmarks were run")
+    parser.add_argument("--phase", default="check", choices=["check", "train"],
+                        help="check: the tests and micro-benchmarks; train: the training "
+                             "benchmarks (run --train)")
     parser.add_argument("--quiet", action="store_true", help="do not print summary.md")
     args = parser.parse_args()
     out = args.out or args.dir
@@ -197,8 +200,10 @@ def report(args, out):
     else:
         problems.append("strata env --json wrote nothing")
 
-    # ---- tests
+    # ---- tests (not part of the training phase)
     expected = (manifest or {}).get("gpu_test_executables", {})
+    if args.phase == "train":
+        expected = {}
     tests = {}
     for exe, listed in sorted(expected.items()):
         xml_path = os.path.join(steps_dir, f"test_{exe}.xml")
@@ -230,7 +235,7 @@ def report(args, out):
                 if entry["tests"] < listed:
                     problems.append(f"{exe}: ran {entry['tests']} GPU tests, {listed} were listed")
         tests[exe] = entry
-    if not expected:
+    if not expected and args.phase != "train":
         problems.append("the manifest lists no test executable with GPU tests")
     totals = {k: sum(len(t.get(k, [])) if k in ("failed", "skipped") else t.get(k, 0)
                      for t in tests.values()) for k in ("tests", "passed", "failed", "skipped")}
@@ -297,10 +302,32 @@ def report(args, out):
                             "store": (ov or {}).get("backend"), "direct": (ov or {}).get("direct"),
                             "unit_bytes": (ov or {}).get("unit_bytes"), "error": ov_err}
 
+    # ---- training (run --train): one document per scenario, train_<scenario>.json
+    training = []
+    for path in sorted(glob.glob(os.path.join(steps_dir, "train_*.json"))):
+        doc, err = load_json(path)
+        if not doc:
+            training.append({"file": os.path.basename(path), "error": err})
+            continue
+        for scenario, r in doc.get("results", {}).items():
+            st, pt = r.get("strata", {}), r.get("pytorch", {})
+            training.append({
+                "scenario": scenario, "model": doc.get("model"), "seq_len": doc.get("seq_len"),
+                "micro_batch": doc.get("micro_batch"), "bf16": doc.get("bf16"),
+                "strata_tokens_per_s": st.get("tokens_per_s"), "strata_step_s": st.get("step_s"),
+                "strata_tflops": st.get("tflops"), "strata_error": st.get("error"),
+                "strata_device_peak_bytes": st.get("device_peak_bytes"),
+                "peer": pt.get("mode"), "peer_tokens_per_s": pt.get("tokens_per_s"),
+                "peer_error": pt.get("error") or pt.get("skipped"),
+                "ratio": r.get("ratio"), "target": r.get("target"), "met": r.get("met"),
+                "floor_terms_s": r.get("floor_terms_s"), "floor_missing": r.get("floor_missing")})
+    if args.phase == "train" and not training:
+        problems.append("no training benchmark wrote its results")
+
     passed = not problems
     summary = {"passed": passed, "problems": problems, "machine": machine, "tests": tests,
-               "test_totals": totals, "benchmarks": bench, "steps": steps,
-               "carry": manifest}
+               "test_totals": totals, "benchmarks": bench, "training": training,
+               "steps": steps, "carry": manifest}
 
     # ---- the table for people
     md = []
@@ -358,6 +385,30 @@ def report(args, out):
                       f"{'met' if r['met'] else 'NOT met'} |")
         if not o["rows"]:
             md.append(f"| - | no result: {o['error'] or 'the benchmark wrote no rows'} | | | | | | | | |")
+    if training:
+        md.append("")
+        md.append("Training (`strata train --device cuda`; hbm against PyTorch eager, cpu-optim "
+                  "against FSDP2 + CPUOffloadPolicy, nvme against its floor):")
+        md.append("")
+        md.append("| scenario | model | seq x batch | Strata tok/s | TFLOPS | peer | peer tok/s "
+                  "| ratio | target | note |")
+        md.append("| --- | --- | --- | ---: | ---: | --- | ---: | ---: | --- | --- |")
+        for t in training:
+            if "error" in t and "scenario" not in t:
+                md.append(f"| {t['file']} | | | | | | | | | {t['error']} |")
+                continue
+            note = "; ".join(x for x in (
+                f"strata: {t['strata_error']}" if t["strata_error"] else "",
+                f"peer: {t['peer_error']}" if t["peer_error"] else "",
+                f"floor terms {t['floor_terms_s']}" if t["floor_terms_s"] else "",
+                f"missing {t['floor_missing']}" if t["floor_missing"] else "") if x)
+            target = "-" if t["target"] is None else (
+                f"<= {t['target']}" if t["scenario"] == "nvme" else f">= {t['target']}")
+            md.append(f"| {t['scenario']} | {t['model']} {'bf16' if t['bf16'] else 'fp32'} | "
+                      f"{t['seq_len']} x {t['micro_batch']} | {fmt(t['strata_tokens_per_s'], '.0f')} | "
+                      f"{fmt(t['strata_tflops'], '.1f')} | {t['peer'] or '-'} | "
+                      f"{fmt(t['peer_tokens_per_s'], '.0f')} | {fmt(t['ratio'])} | {target} "
+                      f"{'' if t['met'] is None else ('met' if t['met'] else 'NOT met')} | {note} |")
     md.append("")
     md.append("| step | exit | seconds | note |")
     md.append("| --- | --- | ---: | --- |")

@@ -330,7 +330,9 @@ Status RunTraining(const TrainOptions& o) {
                           {"device_peak_bytes", st.device_peak_bytes},
                           {"param_device_peak_bytes", st.param_device_peak_bytes},
                           {"param_device_budget_bytes", st.param_device_budget_bytes},
-                          {"host_peak_bytes", st.host_peak_bytes}};
+                          {"host_peak_bytes", st.host_peak_bytes},
+                          {"model_device_bytes",
+                           llama->activation_bytes() + llama->workspace_bytes()}};
       *metrics << j.dump() << "\n";
       metrics->flush();
     }
