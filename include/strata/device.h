@@ -100,6 +100,11 @@ struct DeviceMemoryStats {
   // Freed blocks the device keeps for reuse (its allocator's cache); in_use + cached stays within
   // the budget, the cache giving way when a new block needs the room.
   uint64_t cached = 0;
+  // Host<->device copies (CopyAsync h2d / d2h) whose host side is not inside registered host
+  // memory, since creation: pageable copies, which on a GPU are staged through a driver buffer
+  // and may block. Strata's own transfers never make them during a training step.
+  uint64_t pageable_copies = 0;
+  uint64_t pageable_copy_bytes = 0;
 };
 
 struct DeviceOptions {

@@ -267,6 +267,52 @@ TEST(TrainCommandTest, BadModelsAndCheckpointsAreClearErrors) {
 namespace strata::cli {
 namespace {
 
+// Every host<->device copy a training step makes goes through registered (pinned) memory: the
+// device counts pageable ones and the metrics report them per step. Checked on the CPU device
+// with device memory apart from host memory (every parameter copied, as on a GPU) and shared, for
+// parameters and optimizer in device memory, the optimizer on the CPU, and both on NVMe.
+TEST(TrainCommandTest, StepsMakeNoPageableCopies) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  auto synth = RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"});
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const std::string nvme = dir.path().string();
+  const std::string zeros[] = {
+      R"({"stage": 0})",
+      R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})",
+      R"({"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}})",
+      R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" + nvme +
+          R"("}, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme + R"("}})"};
+  int run = 0;
+  for (const std::string& zero : zeros) {
+    for (const char* share : {"off", "on"}) {
+      SCOPED_TRACE(zero + " share_host_memory " + share);
+      const std::string config = dir.file("ds" + std::to_string(run) + ".json");
+      {
+        std::ofstream out(config);
+        out << R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
+                   "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
+                   "strata": {"memory": {"share_host_memory": ")"
+            << share << R"("}}, "zero_optimization": )" << zero << "}";
+      }
+      const std::string metrics = dir.file("m" + std::to_string(run++) + ".jsonl");
+      auto r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                          "--seq-len", "32", "--steps", "4", "--device", "cpu", "--metrics",
+                          metrics},
+                         std::chrono::seconds(120));
+      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+      std::ifstream in(metrics);
+      int steps = 0;
+      for (std::string line; std::getline(in, line); ++steps) {
+        const auto j = nlohmann::json::parse(line);
+        EXPECT_EQ(j["pageable_copies"].get<uint64_t>(), 0u) << "step " << j["step"];
+        EXPECT_GT(j["model_device_bytes"].get<uint64_t>(), 0u);
+      }
+      EXPECT_EQ(steps, 4);
+    }
+  }
+}
+
 // `strata train --device cuda` for 20 steps against the same run on the CPU device (same data,
 // seed, initial weights): ZeRO-3 in fp32 with everything in HBM, with the optimizer offloaded to
 // the CPU, and with parameters and optimizer on NVMe. fp32 GEMMs on both (no TF32): every step's

@@ -10,6 +10,7 @@
 #include <limits>
 #include <cstdlib>
 #include <future>
+#include <new>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -419,6 +420,36 @@ TEST(CpuDeviceTest, SumSquaresTakesOnlyDeviceMemory) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   ASSERT_TRUE(device->Synchronize(*s).ok());
   device->Free(buf);
+}
+
+}  // namespace
+}  // namespace strata::device::testing
+
+namespace strata::device::testing {
+namespace {
+
+TEST(CpuDeviceTest, CountsCopiesFromAndToUnregisteredHostMemory) {
+  auto device = MakeCpuDevice();
+  ASSERT_OK_AND_ASSIGN(auto s, device->CreateStream("s"));
+  ASSERT_OK_AND_ASSIGN(void* d, device->Alloc(8192));
+  std::vector<char> pageable(8192, 1);
+  void* pinned = ::operator new(8192, std::align_val_t{4096});
+  ASSERT_TRUE(device->RegisterHost(pinned, 8192).ok());
+  ASSERT_TRUE(device->CopyAsync(d, pinned, 8192, CopyKind::kHostToDevice, *s).ok());
+  ASSERT_TRUE(device->CopyAsync(pinned, d, 4096, CopyKind::kDeviceToHost, *s).ok());
+  EXPECT_EQ(device->memory_stats().pageable_copies, 0u);
+  ASSERT_TRUE(device->CopyAsync(d, pageable.data(), 8192, CopyKind::kHostToDevice, *s).ok());
+  ASSERT_TRUE(device->CopyAsync(pageable.data(), d, 100, CopyKind::kDeviceToHost, *s).ok());
+  // A piece inside a registered range is registered.
+  ASSERT_TRUE(device->CopyAsync(d, static_cast<char*>(pinned) + 4096, 4096,
+                                CopyKind::kHostToDevice, *s)
+                  .ok());
+  ASSERT_TRUE(device->Synchronize(*s).ok());
+  EXPECT_EQ(device->memory_stats().pageable_copies, 2u);
+  EXPECT_EQ(device->memory_stats().pageable_copy_bytes, 8292u);
+  ASSERT_TRUE(device->UnregisterHost(pinned).ok());
+  ::operator delete(pinned, std::align_val_t{4096});
+  device->Free(d);
 }
 
 }  // namespace
