@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "device/pinned_pool.h"
 #include "offload/prefetch_scheduler.h"
+#include "offload/optimizer_states.h"
 #include "offload/tier_manager.h"
 #include "optim/adam.h"
 #include "optim/device_adam.h"
@@ -133,12 +134,7 @@ class HostBuffer {
 };
 
 // One sub-group of a unit's optimizer shard: [master | m | v], each `numel` fp32.
-struct SubGroup {
-  offload::ShardId id = 0;
-  int unit = 0;
-  int64_t offset = 0;  // within the rank's shard (elements)
-  int64_t numel = 0;
-};
+using SubGroup = offload::OptimizerSubGroup;
 
 }  // namespace
 
@@ -154,6 +150,9 @@ struct Engine::Impl {
   DType cdt = DType::kF32;
   size_t csz = 4;
   bool cpu_optimizer = false;  // offload_optimizer cpu / nvme
+  // The CPU optimizer steps each unit as soon as its gradients land, overlapped with the rest of
+  // backward: only when nothing needs every gradient first (no clipping, no fp16 overflow check).
+  bool overlapped_optimizer = false;
   Tier param_home = Tier::kDevice;
   Tier optim_home = Tier::kDevice;
   std::vector<UnitLayout> layouts;
@@ -208,17 +207,9 @@ struct Engine::Impl {
   std::vector<bool> persistent;
   uint64_t max_live_bytes = 0;
 
-  // CPU optimizer: states in sub-groups.
-  std::unique_ptr<offload::TierManager> otm;
-  std::vector<std::vector<SubGroup>> subgroups;  // per unit
-  // The order the optimizer visits sub-groups in: units from last to first (the order backward
-  // lands their gradients and the order the steps are queued in), each unit's sub-groups in
-  // order. opt_order[id] is a sub-group's position; opt_cursor the position being updated (or
-  // the total after the last). They drive the read-ahead across units and, as the tier
-  // manager's eviction oracle, keep read-ahead copies over ones already updated this step.
-  std::vector<int64_t> opt_order;
-  std::vector<const SubGroup*> opt_sequence;
-  std::atomic<int64_t> opt_cursor{0};
+  // CPU optimizer: master weights and moments in sub-groups, streamed through host memory
+  // (offload/optimizer_states.h).
+  std::unique_ptr<offload::OptimizerStates> ostates;
 
   // Transient device buffers (stage-3 gathered units, per-unit gradients): at most
   // max_live_bytes of them exist at once; each is freed by a Notify once its last stream used it.
@@ -287,7 +278,6 @@ struct Engine::Impl {
   // Optimizer.
   Status DeviceOptimizerStep(int u);
   Status CpuOptimizerUnit(int u, const optim::AdamHyper& hyper);
-  Status ReadAheadOptimizer(int64_t from, int64_t count);
   void OptimizerThread();
   Status QueueOptimizer(int u, std::shared_ptr<device::Event> ready,
                         const optim::AdamHyper& hyper);
@@ -317,7 +307,7 @@ Engine::Impl::~Impl() {
   if (comm_stream) (void)dev.Synchronize(*comm_stream);
   sched.reset();
   ptm.reset();
-  otm.reset();
+  ostates.reset();
   for (auto* vec : {&full_params, &full_grads, &grad_shard_dev, &master_dev, &m_dev, &v_dev,
                     &persistent_full}) {
     for (void* p : *vec) dev.Free(p);
@@ -442,7 +432,7 @@ void Engine::Impl::CleanUpFailedStep() {
   bucket_units.clear();
   bucket_fill = 0;
   std::fill(pending_grad.begin(), pending_grad.end(), nullptr);  // freed with `owned` above
-  if (otm) (void)otm->TakeWritebackError();
+  if (ostates) (void)ostates->TakeWritebackError();
   if (ptm) (void)ptm->TakeWritebackError();
   if (sched && in_step) sched->EndStep();
   in_step = false;
@@ -460,6 +450,8 @@ Status Engine::Impl::Init() {
   optim_home = HomeOf(cfg.zero.offload_optimizer.device);
   if (stage == 0) optim_home = Tier::kDevice;
   cpu_optimizer = optim_home != Tier::kDevice;
+  overlapped_optimizer = cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
+                         !cfg.fp16.enabled;
   isa = optim::BestIsa();
   if (opt.cpu_adam_threads < 1) {
     return InvalidArgumentError(
@@ -610,54 +602,20 @@ Status Engine::Impl::Init() {
     // sub_group_size 0 means no tiling: one sub-group per unit shard.
     int64_t sg = cfg.zero.sub_group_size > 0 ? cfg.zero.sub_group_size : max_shard;
     sg = (sg + kShardAlignElems - 1) / kShardAlignElems * kShardAlignElems;
-    offload::TierManagerOptions to;
-    to.device = &dev;
-    to.pool = opt.pool;
-    to.store = opt.store;
-    to.nvme = nvme;
-    to.trace = opt.trace;
-    subgroups.resize(n_units);
-    uint64_t total = 0, largest = 0;
-    offload::ShardId next_id = 0;
-    for (size_t u = 0; u < n_units; ++u) {
-      for (int64_t off = 0; off < layouts[u].shard_numel; off += sg) {
-        SubGroup g{next_id++, static_cast<int>(u), off,
-                   std::min(sg, layouts[u].shard_numel - off)};
-        const uint64_t held = device::PinnedPool::SizeClass(12 * static_cast<uint64_t>(g.numel));
-        total += held;
-        largest = std::max<uint64_t>(largest, held);
-        subgroups[u].push_back(g);
-      }
+    offload::OptimizerStatesOptions oo;
+    oo.tiers.device = &dev;
+    oo.tiers.pool = opt.pool;
+    oo.tiers.store = opt.store;
+    oo.tiers.nvme = nvme;
+    oo.tiers.trace = opt.trace;
+    oo.home = optim_home;
+    oo.pipeline_depth = opt.optimizer_pipeline_depth;
+    oo.sub_group_elems = sg;
+    for (const auto& l : layouts) {
+      oo.unit_elems.push_back(l.shard_numel);
+      oo.unit_names.push_back(l.name);
     }
-    to.host_budget = optim_home == Tier::kHost
-                         ? total
-                         : static_cast<uint64_t>(opt.optimizer_pipeline_depth) * largest;
-    STRATA_ASSIGN_OR_RETURN(otm, offload::TierManager::Create(to));
-    for (const auto& unit_groups : subgroups) {
-      for (const SubGroup& g : unit_groups) {
-        offload::ShardSpec spec;
-        spec.id = g.id;
-        spec.bytes = 12 * static_cast<uint64_t>(g.numel);
-        spec.home = optim_home;
-        spec.name = fmt::format("{} optimizer states [{}, {})", layouts[g.unit].name, g.offset,
-                                g.offset + g.numel);
-        spec.state_class = "optim";
-        STRATA_RETURN_IF_ERROR(otm->Register(spec));
-      }
-    }
-    STRATA_RETURN_IF_ERROR(otm->Start());
-    opt_order.assign(static_cast<size_t>(next_id), 0);
-    for (size_t u = n_units; u-- > 0;) {
-      for (const SubGroup& g : subgroups[u]) {
-        opt_order[g.id] = static_cast<int64_t>(opt_sequence.size());
-        opt_sequence.push_back(&g);
-      }
-    }
-    otm->SetEvictionOracle([this](offload::ShardId id) -> uint64_t {
-      const int64_t n = static_cast<int64_t>(opt_sequence.size());
-      const int64_t at = opt_order[id], cursor = opt_cursor.load(std::memory_order_relaxed);
-      return static_cast<uint64_t>(at >= cursor ? at - cursor : at + n - cursor);
-    });
+    STRATA_ASSIGN_OR_RETURN(ostates, offload::OptimizerStates::Create(oo));
   }
 
   // Transient buffers: gathered units (stage 3) and per-unit fp32 gradients. At least two units'
@@ -765,9 +723,9 @@ Status Engine::Impl::InitOptimizerStates(int u, const std::vector<float>& full) 
     STRATA_RETURN_IF_ERROR(dev.Fill(v_dev[u], DType::kF32, 0.0f, n, *compute));
     return dev.Synchronize(*compute);
   }
-  for (const SubGroup& g : subgroups[u]) {
+  for (const SubGroup& g : ostates->groups(u)) {
     STRATA_ASSIGN_OR_RETURN(Lease lease,
-                            otm->Acquire(g.id, Tier::kHost, Access::kOverwrite, "optimizer init"));
+                            ostates->Acquire(g, Access::kOverwrite, "optimizer init"));
     auto* p = static_cast<float*>(lease.data());
     std::memcpy(p, full.data() + l.shard_offset(rank) + g.offset, g.numel * 4);
     std::memset(p + g.numel, 0, 2 * g.numel * 4);
@@ -903,8 +861,7 @@ Status Engine::Impl::FinishReducedShard(int u, void* own, int mb, bool last, boo
           dev.Axpy(1.0f, own, grad_shard_dev[u], DType::kF32, shard, *comm_stream));
     }
   }
-  if (last && cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
-      !cfg.fp16.enabled) {
+  if (last && overlapped_optimizer) {
     std::shared_ptr<device::Event> ready;
     STRATA_ASSIGN_OR_RETURN(auto ev, dev.CreateEvent());
     ready = std::move(ev);
@@ -984,26 +941,10 @@ Status Engine::Impl::DeviceOptimizerStep(int u) {
   return optim::DeviceAdamStep(dev, *compute, step_hyper, s, co);
 }
 
-// Starts reading `count` sub-groups from optimizer position `from` on into host memory, across
-// units; stops at the first that finds no room. During the step one slot of the pipeline is
-// being updated and one may be being written back, so `count` is depth - 2 then.
-Status Engine::Impl::ReadAheadOptimizer(int64_t from, int64_t count) {
-  if (optim_home != Tier::kNvme) return Status::Ok();
-  const int64_t total = static_cast<int64_t>(opt_sequence.size());
-  const int64_t ahead = std::max<int64_t>(1, count);
-  for (int64_t i = from; i < std::min(total, from + ahead); ++i) {
-    STRATA_ASSIGN_OR_RETURN(offload::PrefetchOutcome o,
-                            otm->Prefetch(opt_sequence[i]->id, Tier::kHost));
-    if (o == offload::PrefetchOutcome::kNoRoom) break;
-  }
-  return Status::Ok();
-}
-
 // One unit's CPU optimizer step: its sub-groups in order, each read ahead (the next one is
 // prefetched before the current one is updated) and written behind (released dirty; the tier
 // manager writes it to NVMe when it needs the room).
 Status Engine::Impl::CpuOptimizerUnit(int u, const optim::AdamHyper& hyper) {
-  const auto& l = layouts[u];
   const float* grad = reinterpret_cast<const float*>(grad_shard_host[u].data());
   Lease param_lease;
   char* out = nullptr;
@@ -1016,7 +957,7 @@ Status Engine::Impl::CpuOptimizerUnit(int u, const optim::AdamHyper& hyper) {
   } else {
     out = param_stage[u].data();
   }
-  const auto& groups = subgroups[u];
+  const auto& groups = ostates->groups(u);
   optim::CpuAdamOptions co{isa, opt.cpu_adam_threads};
   // Sub-groups updated so far: their parameters changed in place in the leased copy, and must
   // become the shard's current version even when a later sub-group fails (a clean release would
@@ -1026,11 +967,8 @@ Status Engine::Impl::CpuOptimizerUnit(int u, const optim::AdamHyper& hyper) {
   Status loop = [&]() -> Status {
     for (size_t k = 0; k < groups.size(); ++k) {
       const SubGroup& g = groups[k];
-      opt_cursor.store(opt_order[g.id], std::memory_order_relaxed);
-      STRATA_RETURN_IF_ERROR(
-          ReadAheadOptimizer(opt_order[g.id] + 1, opt.optimizer_pipeline_depth - 2));
-      STRATA_ASSIGN_OR_RETURN(Lease lease,
-                              otm->Acquire(g.id, Tier::kHost, Access::kReadWrite, "optimizer"));
+      STRATA_RETURN_IF_ERROR(ostates->Visit(g));
+      STRATA_ASSIGN_OR_RETURN(Lease lease, ostates->Acquire(g, Access::kReadWrite, "optimizer"));
       auto* base = static_cast<float*>(lease.data());
       optim::AdamShard s;
       s.master = base;
@@ -1044,17 +982,14 @@ Status Engine::Impl::CpuOptimizerUnit(int u, const optim::AdamHyper& hyper) {
       lease.Release(st.ok());
       STRATA_RETURN_IF_ERROR(st);
       ++updated;
-      if (opt_order[g.id] + 1 == static_cast<int64_t>(opt_sequence.size())) {
-        opt_cursor.store(opt_order[g.id] + 1, std::memory_order_relaxed);  // the step's last
-      }
+      ostates->Visited(g);
     }
     return Status::Ok();
   }();
   if (param_lease) param_lease.Release(/*dirty=*/updated > 0);
   STRATA_RETURN_IF_ERROR(loop);
-  (void)l;
   // A write-behind of this or an earlier sub-group that failed in the background.
-  return otm->TakeWritebackError();
+  return ostates->TakeWritebackError();
 }
 
 void Engine::Impl::OptimizerThread() {
@@ -1234,12 +1169,10 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
         STRATA_RETURN_IF_ERROR(ReleaseParams(shared[u][i], views[i + 1]));
       }
     }
-    if (last && cpu_optimizer && !(opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
-                                   !cfg.fp16.enabled)) {
+    if (last && cpu_optimizer && !overlapped_optimizer) {
       // The step waits for every gradient (clipping, fp16): read its first optimizer states
       // from NVMe during this backward, while the disk has little else to do.
-      opt_cursor.store(0, std::memory_order_relaxed);
-      STRATA_RETURN_IF_ERROR(ReadAheadOptimizer(0, opt.optimizer_pipeline_depth - 1));
+      STRATA_RETURN_IF_ERROR(ostates->ReadAheadFirst());
     }
     for (int u = n_units - 1; u >= 0; --u) {
       const int64_t t0 = TraceRecorder::NowNs();
@@ -1300,8 +1233,7 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
         if (cpu_optimizer) STRATA_RETURN_IF_ERROR(LandGradShard(u, own, 0));
       }
     }
-    if (cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
-        !cfg.fp16.enabled) {
+    if (overlapped_optimizer) {
       std::shared_ptr<device::Event> ready;
       STRATA_ASSIGN_OR_RETURN(auto ev, dev.CreateEvent());
       ready = std::move(ev);
@@ -1313,16 +1245,12 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
   }
 
   // Everything backward enqueued has run; what is left is exposed.
-  int64_t t_sync = TraceRecorder::NowNs();
   STRATA_RETURN_IF_ERROR(dev.Synchronize(*compute));
-  exposed_io += 0.0;
   const int64_t t_comm = TraceRecorder::NowNs();
   STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
   int64_t exposed_comm_ns = comm_wait_ns.load() + (TraceRecorder::NowNs() - t_comm);
-  (void)t_sync;
 
-  const bool overlapped = cpu_optimizer && opt.overlap_optimizer &&
-                          cfg.gradient_clipping <= 0.0 && !cfg.fp16.enabled;
+  const bool overlapped = overlapped_optimizer;
   // Global norm (clipping, overflow check, reporting).
   double clip_coef = 1.0;
   bool overflow = false;
@@ -1371,7 +1299,7 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
   if (cpu_optimizer) {
     Status st = WaitOptimizer(&opt_wait_ns);
     STRATA_RETURN_IF_ERROR(st);
-    STRATA_RETURN_IF_ERROR(otm->TakeWritebackError());
+    STRATA_RETURN_IF_ERROR(ostates->TakeWritebackError());
   }
   if (ptm) STRATA_RETURN_IF_ERROR(ptm->TakeWritebackError());
   if (!result.skipped) ++steps_taken;
@@ -1497,8 +1425,8 @@ Status Engine::Impl::SaveUnitStates(int u, const StateWriter& write) {
     return Status::Ok();
   }
   // One sub-group at a time: an NVMe-homed shard is never held whole in host memory.
-  for (const SubGroup& g : subgroups[u]) {
-    STRATA_ASSIGN_OR_RETURN(Lease lease, otm->Acquire(g.id, Tier::kHost, Access::kRead, "checkpoint"));
+  for (const SubGroup& g : ostates->groups(u)) {
+    STRATA_ASSIGN_OR_RETURN(Lease lease, ostates->Acquire(g, Access::kRead, "checkpoint"));
     const char* base = static_cast<const char*>(lease.data());
     for (int k = 0; k < 3; ++k) {
       STRATA_RETURN_IF_ERROR(emit(kinds[k], g.offset, g.offset + g.numel, base + k * g.numel * 4,
@@ -1552,16 +1480,16 @@ Status Engine::Impl::LoadUnitStates(int u, const InitialStates& initial) {
     }
     return Status::Ok();
   }
-  for (const SubGroup& g : subgroups[u]) {
+  for (const SubGroup& g : ostates->groups(u)) {
     STRATA_ASSIGN_OR_RETURN(Lease lease,
-                            otm->Acquire(g.id, Tier::kHost, Access::kOverwrite, "checkpoint load"));
+                            ostates->Acquire(g, Access::kOverwrite, "checkpoint load"));
     auto* p = static_cast<float*>(lease.data());
     for (int k = 0; k < 3; ++k) {
       std::memcpy(p + k * g.numel, states[k]->data() + g.offset, static_cast<size_t>(g.numel) * 4);
     }
     lease.Release(true);
   }
-  return otm->TakeWritebackError();
+  return ostates->TakeWritebackError();
 }
 
 // ---- gathering for tests and checkpoints --------------------------------------------------------
@@ -1704,8 +1632,8 @@ Result<std::vector<float>> Engine::GatherMaster(int unit) {
     }
     shard = std::move(host);
   } else {
-    for (const SubGroup& g : m.subgroups[unit]) {
-      STRATA_ASSIGN_OR_RETURN(Lease lease, m.otm->Acquire(g.id, Tier::kHost, Access::kRead, "gather"));
+    for (const SubGroup& g : m.ostates->groups(unit)) {
+      STRATA_ASSIGN_OR_RETURN(Lease lease, m.ostates->Acquire(g, Access::kRead, "gather"));
       std::memcpy(shard.data() + g.offset, lease.data(), static_cast<size_t>(g.numel) * 4);
     }
   }
@@ -1786,9 +1714,9 @@ EngineStats Engine::stats() const {
     s.param_device_peak_bytes = dev_tier.peak;
     s.param_device_budget_bytes = dev_tier.budget;
   }
-  if (m.otm) {
-    const auto nvme = m.otm->stats(Tier::kNvme);
-    const auto host = m.otm->stats(Tier::kHost);
+  if (m.ostates) {
+    const auto nvme = m.ostates->stats(Tier::kNvme);
+    const auto host = m.ostates->stats(Tier::kHost);
     s.optim_nvme_write_bytes = nvme.writeback_bytes;
     s.optim_nvme_read_bytes = host.fill_bytes;
     s.host_peak_bytes += host.peak;
