@@ -1,0 +1,310 @@
+// The ZeRO engine's implementation, shared by its source files (private to src/zero):
+//   engine.cc            set-up, the public Engine methods
+//   engine_step.cc       the step: compute-stream clock, transient buffers, parameters for compute
+//   engine_grads.cc      gradient reduction, bucketing, landing on the host, the global norm
+//   engine_optimizer.cc  the device optimizer and the CPU optimizer's thread (its states stream
+//                        through offload::OptimizerStates)
+//   engine_states.cc     checkpoint states: save, load, gather
+#pragma once
+
+#include "zero/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "common/log.h"
+#include "device/pinned_pool.h"
+#include "offload/prefetch_scheduler.h"
+#include "offload/optimizer_states.h"
+#include "offload/tier_manager.h"
+#include "optim/adam.h"
+#include "optim/device_adam.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "strata/block_store.h"
+#include "strata/trace.h"
+
+namespace strata::zero {
+
+namespace engine_internal {
+
+using device::DType;
+using offload::Access;
+using offload::Lease;
+using offload::Tier;
+
+inline double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+
+inline DType ComputeDType(const Config& config) {
+  switch (config.precision()) {
+    case Precision::kFp16:
+      return DType::kF16;
+    case Precision::kBf16:
+      return DType::kBF16;
+    case Precision::kFp32:
+      break;
+  }
+  return DType::kF32;
+}
+
+// Device bytes the parameter tier manager may hold for offloaded shards: the prefetch lookahead
+// plus the unit in use and the one being gathered, at least four of the largest shard and at most
+// all of them.
+inline uint64_t OffloadedParamDeviceBudget(uint64_t shard_bytes_total, uint64_t largest,
+                                    uint64_t lookahead_bytes) {
+  const uint64_t resident = std::max(shard_bytes_total, 4 * largest);
+  return std::min(resident, std::max(lookahead_bytes + 2 * largest, 4 * largest));
+}
+
+// Whether the parameter tier manager shares host memory (strata.memory.share_host_memory; auto:
+// on for the CPU device).
+inline bool SharesHostMemory(const Config& cfg, device::DeviceType type) {
+  return type == device::DeviceType::kCpu && cfg.strata.memory.share_host_memory != Toggle::kOff;
+}
+
+inline Tier HomeOf(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::kNone:
+      return Tier::kDevice;
+    case OffloadDevice::kCpu:
+      return Tier::kHost;
+    case OffloadDevice::kNvme:
+      return Tier::kNvme;
+  }
+  return Tier::kDevice;
+}
+
+// A host buffer from the pinned pool when there is one (registered, fast copies), else from the
+// heap (the CPU device takes any host memory).
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  ~HostBuffer() { Reset(); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      pool_ = o.pool_;
+      block_ = o.block_;
+      heap_ = std::move(o.heap_);
+      o.pool_ = nullptr;
+      o.block_ = {};
+    }
+    return *this;
+  }
+
+  static Result<HostBuffer> Make(device::PinnedPool* pool, size_t bytes, std::string_view what) {
+    HostBuffer b;
+    if (pool != nullptr) {
+      auto block = pool->Allocate(bytes);
+      if (!block.ok()) {
+        return Status(block.status().code(),
+                      fmt::format("{}: {}", what, block.status().message()));
+      }
+      b.pool_ = pool;
+      b.block_ = *block;
+    } else {
+      b.heap_.reset(new (std::align_val_t{4096}) char[bytes]);
+    }
+    std::memset(b.data(), 0, bytes);
+    return b;
+  }
+
+  char* data() const { return pool_ != nullptr ? static_cast<char*>(block_.data) : heap_.get(); }
+
+ private:
+  struct AlignedDelete {
+    void operator()(char* p) const { ::operator delete[](p, std::align_val_t{4096}); }
+  };
+  void Reset() {
+    if (pool_ != nullptr && block_) pool_->Free(block_);
+    pool_ = nullptr;
+    block_ = {};
+    heap_.reset();
+  }
+  device::PinnedPool* pool_ = nullptr;
+  device::PinnedBlock block_;
+  std::unique_ptr<char[], AlignedDelete> heap_;
+};
+
+// One sub-group of a unit's optimizer shard: [master | m | v], each `numel` fp32.
+using SubGroup = offload::OptimizerSubGroup;
+
+}  // namespace engine_internal
+
+using namespace engine_internal;  // NOLINT: the engine's own private header
+
+struct Engine::Impl {
+  Model& model;
+  EngineOptions opt;
+  const Config& cfg;
+  device::Device& dev;
+  comm::Collective& comm;
+  int rank = 0;
+  int world = 1;
+  int stage = 0;
+  DType cdt = DType::kF32;
+  size_t csz = 4;
+  bool cpu_optimizer = false;  // offload_optimizer cpu / nvme
+  // The CPU optimizer steps each unit as soon as its gradients land, overlapped with the rest of
+  // backward: only when nothing needs every gradient first (no clipping, no fp16 overflow check).
+  bool overlapped_optimizer = false;
+  Tier param_home = Tier::kDevice;
+  Tier optim_home = Tier::kDevice;
+  std::vector<UnitLayout> layouts;
+  // Tied weights: shared[u] = the earlier units unit u also reads (Model::SharedUnits), and the
+  // gradient buffer a shared unit's tying unit already added to, waiting for its own backward.
+  std::vector<std::vector<int>> shared;
+  std::vector<void*> pending_grad;
+  int64_t max_shard = 0;
+  int64_t max_padded = 0;
+
+  std::unique_ptr<device::Stream> compute, comm_stream;
+  std::unique_ptr<device::Event> ev_compute, ev_comm;
+
+  // Stages 0-2: every unit's parameters, gathered, in the compute dtype (device).
+  std::vector<void*> full_params;
+  // Stages 0-1: full fp32 gradient accumulators (device).
+  std::vector<void*> full_grads;
+  // Stages 2-3: the reduction bucket (reduce_bucket_size). Units whose gradient is smaller than
+  // the bucket are copied into it (each rank's part at stride bucket_cap) and reduce-scattered
+  // together when it is full or backward ends; larger units are reduced on their own.
+  void* bucket = nullptr;
+  int64_t bucket_cap = 0;   // elements per rank
+  int64_t bucket_fill = 0;  // elements per rank in use
+  struct Pending {
+    int unit;
+    int64_t offset;  // in the rank's block
+    int mb;
+    bool last;
+  };
+  std::vector<Pending> bucket_units;
+  // Stages 1-3, device optimizer: grad shard accumulators (device; stage 1 uses full_grads).
+  std::vector<void*> grad_shard_dev;
+  // CPU optimizer: grad shard accumulators (host) and the staging buffer they arrive through.
+  std::vector<HostBuffer> grad_shard_host;
+  HostBuffer grad_landing;
+  // CPU optimizer at stages 1-2 (and stage 3 with device-homed parameters): the updated shard in
+  // the compute dtype, copied to the device after the step.
+  std::vector<HostBuffer> param_stage;
+  // Device optimizer: master, m, v (shard-sized; full at stage 0).
+  std::vector<void*> master_dev, m_dev, v_dev;
+  // The step's scalars: the gradient norm's sum of squares (a double) and the rank sum of it (a
+  // float) in device memory, read back through one registered host page; allocated at Init so
+  // that the norm costs no allocation and no pageable copy per step.
+  void* scalars_dev = nullptr;  // [0, 8): double sum; [8, 12): float for the all-reduce
+  void* scalars_host = nullptr;  // 4096 B, registered with the device
+  bool scalars_host_registered = false;
+
+  // Stage 3: parameter shards (id = unit index).
+  std::unique_ptr<offload::TierManager> ptm;
+  std::unique_ptr<offload::PrefetchScheduler> sched;
+  std::vector<void*> persistent_full;  // gathered persistent units, per step
+  std::vector<bool> persistent;
+  uint64_t max_live_bytes = 0;
+
+  // CPU optimizer: master weights and moments in sub-groups, streamed through host memory
+  // (offload/optimizer_states.h).
+  std::unique_ptr<offload::OptimizerStates> ostates;
+
+  // Transient device buffers (stage-3 gathered units, per-unit gradients): at most
+  // max_live_bytes of them exist at once; each is freed by a Notify once its last stream used it.
+  // `owned` holds those not yet handed to a Notify, for clean-up after a failed step.
+  std::mutex live_mu;
+  std::condition_variable live_cv;
+  uint64_t live_bytes = 0;
+  std::unordered_map<void*, uint64_t> owned;
+
+  // Compute-stream clock: what ran when, to tell exposed waits from hidden ones.
+  std::atomic<uint64_t> compute_done{0};
+  uint64_t compute_enqueued = 0;
+  std::atomic<int64_t> compute_done_ns{0};
+  std::atomic<int64_t> comm_wait_ns{0};
+
+  // The optimizer thread (CPU optimizer).
+  struct Job {
+    int unit = 0;
+    std::shared_ptr<device::Event> grads_ready;  // grad shard final on the host
+    optim::AdamHyper hyper;                      // this job's own copy (no sharing with Step)
+  };
+  std::thread opt_thread;
+  std::mutex opt_mu;
+  std::condition_variable opt_cv;
+  std::deque<Job> opt_queue;
+  int opt_pending = 0;
+  bool opt_stop = false;
+  Status opt_error;
+  optim::AdamHyper step_hyper;  // the driving thread's; jobs get copies
+  int64_t optimizer_ns = 0;     // total optimizer work this step (guarded by opt_mu)
+
+  std::optional<optim::LrSchedule> lr;
+  std::optional<optim::LossScaler> scaler;
+  int64_t steps_taken = 0;
+  bool in_step = false;  // between the scheduler's BeginStep and EndStep
+  optim::Isa isa = optim::Isa::kScalar;
+
+  Impl(Model& m, EngineOptions o)
+      : model(m), opt(std::move(o)), cfg(opt.config), dev(*opt.device), comm(*opt.comm) {}
+  ~Impl();
+
+  Status Init();
+  Status InitOptimizerStates(int u, const std::vector<float>& full);
+  Result<StepResult> Step(std::span<const Batch* const> micro_batches);
+
+  // Compute-stream bookkeeping.
+  Status StampCompute();
+  Status ComputeWaitComm();
+  double ExposedSince(int64_t t0_ns) const;
+
+  // Parameters for use by compute.
+  Result<UnitView> AcquireParams(int u, std::string_view owner, int64_t* io_wait_ns);
+  Status ReleaseParams(int u, const UnitView& view);
+  Result<void*> AllocLive(uint64_t bytes);
+  Status FreeLiveAfter(device::Stream& stream, void* ptr);
+  void CleanUpFailedStep();
+  Result<StepResult> StepImpl(std::span<const Batch* const> micro_batches);
+  Status ReduceGrads(int u, void* grads, int mb, bool last);
+  Status LandGradShard(int u, const void* dev_shard, int mb);
+  Status FinishReducedShard(int u, void* own, int mb, bool last, bool direct_done);
+  Status FlushBucket();
+  bool Bucketed(int u) const {
+    return bucket != nullptr && layouts[u].shard_numel <= bucket_cap;
+  }
+
+  // Optimizer.
+  Status DeviceOptimizerStep(int u);
+  Status CpuOptimizerUnit(int u, const optim::AdamHyper& hyper);
+  void OptimizerThread();
+  Status QueueOptimizer(int u, std::shared_ptr<device::Event> ready,
+                        const optim::AdamHyper& hyper);
+  Status WaitOptimizer(int64_t* waited_ns);
+  Result<double> LocalGradSumSquares();
+  Result<float> AllReduceHostFloat(float value);
+  Status WriteParamShard(int u, const void* host_src);
+  Status ReadParamShard(int u, void* host_dst);
+  // Calls fn(slot, offset in the parameter, count, offset in the rank's shard) for every
+  // parameter range that falls within elements [begin, end) of the rank's shard of unit u.
+  template <typename Fn>
+  Status ForEachPiece(int u, int64_t begin, int64_t end, Fn&& fn) const;
+  Status LoadUnitStates(int u, const InitialStates& initial);
+  Status SaveUnitStates(int u, const StateWriter& write);
+  Status InitUnitFromModel(int u);
+  Result<std::vector<float>> GatherShards(int u, const void* own_shard_host, DType dtype);
+};
+
+}  // namespace strata::zero
