@@ -15,7 +15,6 @@
 
 #include "common/log.h"
 #include "common/units.h"
-#include "device/gpu_info.h"
 #include "device/pinned_pool.h"
 #include "model/llama_config.h"
 #include "model/llama_model.h"
@@ -26,7 +25,7 @@
 #include "strata/trace.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
-#include "train/device_choice.h"
+#include "train/runtime.h"
 #include "train/safetensors.h"
 #include "zero/engine.h"
 
@@ -84,36 +83,21 @@ Status RunTraining(const TrainOptions& o) {
   }
   const uint64_t seed = resumed ? resumed->seed : o.seed.value_or(1234);
 
-  // Devices and ranks.
+  // Devices and ranks (train/runtime.h: the composition root).
   const comm::LaunchInfo launch = comm::DetectLaunch();
   std::unique_ptr<TraceRecorder> trace;
   if (!o.trace_path.empty()) {
     trace = std::make_unique<TraceRecorder>(launch.rank, fmt::format("rank {}", launch.rank));
   }
-  DeviceKind device_kind = config.strata.device;
+  RuntimeOptions ropt;
   if (!o.device.empty()) {
-    STRATA_ASSIGN_OR_RETURN(device_kind, ParseDeviceKind(o.device));
+    STRATA_ASSIGN_OR_RETURN(ropt.device, ParseDeviceKind(o.device));
   }
-  std::optional<std::string> visible;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) visible = v;
-  STRATA_ASSIGN_OR_RETURN(
-      const DeviceChoice choice,
-      ChooseDevice(device_kind, launch.rank, launch.local_rank,
-                   device_kind == DeviceKind::kCpu ? device::GpuReport{} : device::QueryGpus(),
-                   visible));
-  device::DeviceOptions dopt;
-  dopt.type = choice.type;
-  dopt.ordinal = choice.ordinal;
-  // strata.memory.device_budget: everything the run holds on the device (parameters, gradients,
-  // optimizer states on the device, activations, workspaces); "auto": all free memory on a GPU,
-  // 1/4 of RAM for the CPU device.
-  dopt.memory_budget = config.strata.memory.device_budget.value_or(0);
-  dopt.trace = trace.get();
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> dev, device::CreateDevice(dopt));
-  comm::CollectiveOptions copt;
-  copt.trace = trace.get();
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Collective> comm,
-                          comm::CreateCollective(*dev, copt));
+  ropt.trace = trace.get();
+  ropt.launch = launch;
+  STRATA_ASSIGN_OR_RETURN(Runtime runtime, OpenRuntime(config, ropt));
+  device::Device* dev = runtime.device.get();
+  comm::Collective* comm = runtime.comm.get();
   const int rank = comm->rank(), world = comm->world_size();
   auto say = [&](const std::string& line) {
     if (rank == 0) print(line);
@@ -159,54 +143,13 @@ Status RunTraining(const TrainOptions& o) {
                           model::LlamaModel::Create(*dev, mcfg, seq_len,
                                                     batch.train_micro_batch_size_per_gpu,
                                                     config.strata.seed));
-  const IoSettings& io_cfg = config.strata.io;
-  io::StoreOptions store_opt;
-  store_opt.backend = io_cfg.backend == IoBackend::kUring   ? io::Backend::kUring
-                      : io_cfg.backend == IoBackend::kPosix ? io::Backend::kPosix
-                                                            : io::Backend::kAuto;
-  store_opt.threads = io_cfg.threads;
-  store_opt.queue_depth = io_cfg.queue_depth;
-  store_opt.sqpoll = io_cfg.sqpoll;
-  store_opt.register_files = io_cfg.register_files;
-  store_opt.register_buffers = io_cfg.register_buffers;
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<io::BlockStore> store, io::CreateBlockStore(store_opt));
-  // offload_optimizer.buffer_count: the optimizer sub-groups in host memory at once (read-ahead,
-  // current, write-behind), at least 3.
-  const int pipeline_depth = static_cast<int>(
-      std::clamp<int64_t>(config.zero.offload_optimizer.buffer_count, 3, 1024));
-  uint64_t pool_bytes = 0;
-  if (config.strata.memory.pinned_pool.has_value()) {
-    pool_bytes = *config.strata.memory.pinned_pool;
-  } else {
-    STRATA_ASSIGN_OR_RETURN(pool_bytes,
-                            zero::Engine::PlanPinnedPoolBytes(llama->units(), config, world,
-                                                              pipeline_depth, dev->type()));
-  }
-  device::PinnedPoolOptions popt;
-  popt.bytes = pool_bytes;
-  popt.huge_pages = io_cfg.huge_pages == Toggle::kOn    ? HugePages::kOn
-                    : io_cfg.huge_pages == Toggle::kOff ? HugePages::kOff
-                                                        : HugePages::kAuto;
-  popt.device = dev.get();
-  popt.store = store.get();
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::PinnedPool> pool,
-                          device::PinnedPool::Create(popt));
-  zero::EngineOptions eo;
-  eo.config = config;
-  eo.device = dev.get();
-  eo.comm = comm.get();
-  eo.pool = pool.get();
-  eo.store = store.get();
-  eo.trace = trace.get();
-  eo.optimizer_pipeline_depth = pipeline_depth;
-  eo.param_host_budget = config.strata.memory.host_budget.value_or(0);
   say(fmt::format(
       "strata train: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
       "parameters on {}, optimizer on {}, {}",
       mcfg.name, static_cast<double>(mcfg.ParameterCount()) / 1e6, mcfg.num_hidden_layers, world,
       config.zero.stage, OffloadDeviceName(config.zero.offload_param.device),
       OffloadDeviceName(config.zero.offload_optimizer.device), PrecisionName(config.precision())));
-  say(fmt::format("  device: {}; device memory budget {}, activations {}", choice.reason,
+  say(fmt::format("  device: {}; device memory budget {}, activations {}", runtime.choice.reason,
                   FormatBytes(dev->memory_stats().budget),
                   FormatBytes(llama->activation_bytes() + llama->workspace_bytes())));
   say(fmt::format("  data {} ({} tokens), sequence {} x global batch {} ({} per rank x {} "
@@ -231,13 +174,16 @@ Status RunTraining(const TrainOptions& o) {
     }
   }
   const auto load_t0 = std::chrono::steady_clock::now();
+  std::optional<zero::InitialStates> initial;
   if (files) {
     say(fmt::format("  loading {} from {} ({} over all ranks)",
                     files->has_optimizer() ? "weights and optimizer states" : "weights",
                     files->source(), FormatBytes(files->total_bytes())));
-    eo.initial = files->Initial(UnitProgress(rank == 0 ? print : nullptr, "loading"));
+    initial = files->Initial(UnitProgress(rank == 0 ? print : nullptr, "loading"));
   }
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::Create(*llama, eo));
+  STRATA_ASSIGN_OR_RETURN(EngineStack stack,
+                          BuildEngine(runtime, *llama, config, std::move(initial), trace.get()));
+  zero::Engine* engine = stack.engine.get();
   int64_t first_step = 0;
   if (files) {
     const double s =

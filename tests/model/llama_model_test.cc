@@ -20,6 +20,7 @@
 #include "device/pinned_pool.h"
 #include "strata/block_store.h"
 #include "test_support.h"
+#include "train/runtime.h"
 #include "zero/engine.h"
 #include "zero/partition.h"
 
@@ -206,44 +207,33 @@ TEST_P(LlamaOracleTest, ForwardAndBackwardMatchPyTorch) {
 INSTANTIATE_TEST_SUITE_P(Heads, LlamaOracleTest, ::testing::Values(false, true),
                          [](const auto& p) { return p.param ? "Tied" : "Untied"; });
 
-// A LlamaModel in the ZeRO engine on one rank of the CPU device; "@DIR@" in the config JSON
-// becomes a temporary directory (for nvme_path).
+// A LlamaModel in the ZeRO engine on one rank of the CPU device, wired by the composition root
+// strata train uses (train/runtime.h); "@DIR@" in the config JSON becomes a temporary directory
+// (for nvme_path).
 struct EngineRun {
-  std::unique_ptr<device::Device> dev;
-  std::unique_ptr<comm::Collective> comm;
-  std::unique_ptr<io::BlockStore> store;
-  std::unique_ptr<device::PinnedPool> pool;
   strata::testing::TempDir dir;
+  train::Runtime runtime;
   std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<zero::Engine> engine;
+  train::EngineStack stack;
+  zero::Engine* engine = nullptr;
 
   ~EngineRun() {
-    engine.reset();
-    pool.reset();
+    stack.Reset();  // before the model it drives
+    model.reset();
   }
 
   Status Setup(const LlamaConfig& cfg, int64_t seq, int64_t batch, std::string config_json) {
-    STRATA_ASSIGN_OR_RETURN(dev, device::CreateDevice({}));
-    comm::CollectiveOptions copt;
-    comm = std::make_unique<comm::internal::SingleCollective>(*dev, copt);
-    STRATA_ASSIGN_OR_RETURN(store, io::CreateBlockStore(io::StoreOptions{}));
-    device::PinnedPoolOptions popt;
-    popt.bytes = 64 << 20;
-    popt.device = dev.get();
-    popt.store = store.get();
-    STRATA_ASSIGN_OR_RETURN(pool, device::PinnedPool::Create(popt));
     for (size_t pos; (pos = config_json.find("@DIR@")) != std::string::npos;) {
       config_json.replace(pos, 5, dir.path().string());
     }
     STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(config_json, "<test>"));
-    STRATA_ASSIGN_OR_RETURN(model, LlamaModel::Create(*dev, cfg, seq, batch, 1));
-    zero::EngineOptions eo;
-    eo.config = config;
-    eo.device = dev.get();
-    eo.comm = comm.get();
-    eo.pool = pool.get();
-    eo.store = store.get();
-    STRATA_ASSIGN_OR_RETURN(engine, zero::Engine::Create(*model, eo));
+    train::RuntimeOptions ro;
+    ro.device = DeviceKind::kCpu;
+    ro.launch = comm::LaunchInfo{};
+    STRATA_ASSIGN_OR_RETURN(runtime, train::OpenRuntime(config, ro));
+    STRATA_ASSIGN_OR_RETURN(model, LlamaModel::Create(*runtime.device, cfg, seq, batch, 1));
+    STRATA_ASSIGN_OR_RETURN(stack, train::BuildEngine(runtime, *model, config));
+    engine = stack.engine.get();
     return Status::Ok();
   }
 };

@@ -1,0 +1,118 @@
+#include "train/runtime.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "device/gpu_info.h"
+
+namespace strata::train {
+
+Runtime::~Runtime() {
+  comm.reset();
+  device.reset();
+}
+
+Runtime& Runtime::operator=(Runtime&& other) noexcept {
+  if (this != &other) {
+    comm.reset();
+    device.reset();
+    choice = std::move(other.choice);
+    launch = std::move(other.launch);
+    device = std::move(other.device);
+    comm = std::move(other.comm);
+  }
+  return *this;
+}
+
+void EngineStack::Reset() {
+  engine.reset();
+  pool.reset();
+  store.reset();
+}
+
+EngineStack& EngineStack::operator=(EngineStack&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    store = std::move(other.store);
+    pool = std::move(other.pool);
+    engine = std::move(other.engine);
+    optimizer_pipeline_depth = other.optimizer_pipeline_depth;
+  }
+  return *this;
+}
+
+Result<Runtime> OpenRuntime(const Config& config, const RuntimeOptions& options) {
+  Runtime rt;
+  rt.launch = options.launch ? *options.launch : comm::DetectLaunch();
+  const DeviceKind kind = options.device.value_or(config.strata.device);
+  std::optional<std::string> visible;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) visible = v;
+  const device::GpuReport gpus = options.gpus ? *options.gpus
+                                 : kind == DeviceKind::kCpu ? device::GpuReport{}
+                                                            : device::QueryGpus();
+  STRATA_ASSIGN_OR_RETURN(rt.choice,
+                          ChooseDevice(kind, rt.launch.rank, rt.launch.local_rank, gpus, visible));
+  device::DeviceOptions dopt;
+  dopt.type = rt.choice.type;
+  dopt.ordinal = rt.choice.ordinal;
+  // strata.memory.device_budget: everything the run holds on the device (parameters, gradients,
+  // optimizer states on the device, activations, workspaces); "auto": all free memory on a GPU,
+  // 1/4 of RAM for the CPU device.
+  dopt.memory_budget = config.strata.memory.device_budget.value_or(0);
+  dopt.trace = options.trace;
+  STRATA_ASSIGN_OR_RETURN(rt.device, device::CreateDevice(dopt));
+  comm::CollectiveOptions copt;
+  copt.trace = options.trace;
+  STRATA_ASSIGN_OR_RETURN(rt.comm, comm::CreateCollective(*rt.device, copt));
+  return rt;
+}
+
+Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Config& config,
+                                std::optional<zero::InitialStates> initial, TraceRecorder* trace) {
+  EngineStack s;
+  const IoSettings& io_cfg = config.strata.io;
+  io::StoreOptions store_opt;
+  store_opt.backend = io_cfg.backend == IoBackend::kUring   ? io::Backend::kUring
+                      : io_cfg.backend == IoBackend::kPosix ? io::Backend::kPosix
+                                                            : io::Backend::kAuto;
+  store_opt.threads = io_cfg.threads;
+  store_opt.queue_depth = io_cfg.queue_depth;
+  store_opt.sqpoll = io_cfg.sqpoll;
+  store_opt.register_files = io_cfg.register_files;
+  store_opt.register_buffers = io_cfg.register_buffers;
+  STRATA_ASSIGN_OR_RETURN(s.store, io::CreateBlockStore(store_opt));
+  // offload_optimizer.buffer_count: the optimizer sub-groups in host memory at once (read-ahead,
+  // current, write-behind), at least 3.
+  s.optimizer_pipeline_depth = static_cast<int>(
+      std::clamp<int64_t>(config.zero.offload_optimizer.buffer_count, 3, 1024));
+  uint64_t pool_bytes = 0;
+  if (config.strata.memory.pinned_pool.has_value()) {
+    pool_bytes = *config.strata.memory.pinned_pool;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(pool_bytes, zero::Engine::PlanPinnedPoolBytes(
+                                            model.units(), config, runtime.comm->world_size(),
+                                            s.optimizer_pipeline_depth, runtime.device->type()));
+  }
+  device::PinnedPoolOptions popt;
+  popt.bytes = pool_bytes;
+  popt.huge_pages = io_cfg.huge_pages == Toggle::kOn    ? HugePages::kOn
+                    : io_cfg.huge_pages == Toggle::kOff ? HugePages::kOff
+                                                        : HugePages::kAuto;
+  popt.device = runtime.device.get();
+  popt.store = s.store.get();
+  STRATA_ASSIGN_OR_RETURN(s.pool, device::PinnedPool::Create(popt));
+  zero::EngineOptions eo;
+  eo.config = config;
+  eo.device = runtime.device.get();
+  eo.comm = runtime.comm.get();
+  eo.pool = s.pool.get();
+  eo.store = s.store.get();
+  eo.trace = trace;
+  eo.optimizer_pipeline_depth = s.optimizer_pipeline_depth;
+  eo.param_host_budget = config.strata.memory.host_budget.value_or(0);
+  if (initial) eo.initial = std::move(*initial);
+  STRATA_ASSIGN_OR_RETURN(s.engine, zero::Engine::Create(model, eo));
+  return s;
+}
+
+}  // namespace strata::train

@@ -1,0 +1,81 @@
+// The composition root of a training run: the one place that turns a loaded Config into the
+// objects a run is made of, in the order they depend on each other.
+//
+//   Runtime  (OpenRuntime)   the device (ChooseDevice: --device / strata.device, the local rank,
+//                            strata.memory.device_budget) and the collective (NCCL, MPI or
+//                            single-rank, as the device and the launcher decide)
+//   the model                built by the caller on runtime.device (its shape and micro-batch
+//                            come from the config and the data)
+//   EngineStack (BuildEngine) the block store (strata.io), the pinned pool (strata.memory.
+//                            pinned_pool, else planned), the ZeRO engine and its tier managers
+//                            (strata.memory.host_budget, offload_optimizer.buffer_count)
+//
+// `strata train` uses it, and so do the model's engine tests, so that what they test is wired as
+// what users run. Destruction order is the reverse of construction: an EngineStack must be
+// destroyed before the model it drives, and both before their Runtime.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "device/pinned_pool.h"
+#include "strata/block_store.h"
+#include "strata/collective.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/status.h"
+#include "train/device_choice.h"
+#include "zero/engine.h"
+
+namespace strata {
+class TraceRecorder;
+}
+
+namespace strata::train {
+
+struct RuntimeOptions {
+  // Overrides strata.device when set ("cpu", "cuda", "auto": the --device flag).
+  std::optional<DeviceKind> device;
+  // Recorded into when set; must outlive the Runtime.
+  TraceRecorder* trace = nullptr;
+  // Launcher and GPUs, for tests; DetectLaunch() and QueryGpus() when unset.
+  std::optional<comm::LaunchInfo> launch;
+  std::optional<device::GpuReport> gpus;
+};
+
+struct Runtime {
+  DeviceChoice choice;
+  comm::LaunchInfo launch;
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<comm::Collective> comm;
+
+  ~Runtime();  // the collective before the device it uses
+  Runtime() = default;
+  Runtime(Runtime&&) = default;
+  Runtime& operator=(Runtime&& other) noexcept;  // releases its own in that order first
+};
+
+Result<Runtime> OpenRuntime(const Config& config, const RuntimeOptions& options = {});
+
+struct EngineStack {
+  std::unique_ptr<io::BlockStore> store;
+  std::unique_ptr<device::PinnedPool> pool;
+  std::unique_ptr<zero::Engine> engine;
+  int optimizer_pipeline_depth = 3;
+
+  ~EngineStack() { Reset(); }
+  EngineStack() = default;
+  EngineStack(EngineStack&&) = default;
+  EngineStack& operator=(EngineStack&& other) noexcept;  // releases its own first (Reset)
+  // The engine, then the pool, then the store.
+  void Reset();
+};
+
+// Builds the store, the pool and the engine for `model` on `runtime`. `initial`: the states to
+// start from (a checkpoint, a model's weights); the model's own initialisation when unset.
+Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Config& config,
+                                std::optional<zero::InitialStates> initial = std::nullopt,
+                                TraceRecorder* trace = nullptr);
+
+}  // namespace strata::train
