@@ -1,11 +1,27 @@
 #include "train/runtime.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdlib>
 
+#include "common/proc_files.h"
+#include "common/units.h"
 #include "device/gpu_info.h"
 
 namespace strata::train {
+
+namespace {
+
+// MemAvailable from /proc/meminfo (0 when unknown).
+uint64_t HostAvailableBytes() {
+  if (auto text = procfs::ReadSmallFile("/proc/meminfo")) {
+    return procfs::MeminfoField(*text, "MemAvailable").value_or(0) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
 
 Runtime::~Runtime() {
   comm.reset();
@@ -92,6 +108,16 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
     STRATA_ASSIGN_OR_RETURN(pool_bytes, zero::Engine::PlanPinnedPoolBytes(
                                             model.units(), config, runtime.comm->world_size(),
                                             s.optimizer_pipeline_depth, runtime.device->type()));
+    // "auto" sizes from the host too: a plan the machine cannot pin fails here, clearly, rather
+    // than as a failed allocation or the OOM killer later. Every rank on the node pins its own.
+    const uint64_t available = HostAvailableBytes();
+    if (available > 0 && pool_bytes > available) {
+      return ResourceExhaustedError(fmt::format(
+          "the pinned pool this run needs ({} on rank {}) is more than the host's available "
+          "memory ({}): offload to NVMe (offload_param / offload_optimizer \"nvme\"), use more "
+          "ranks, or set strata.memory.pinned_pool",
+          FormatBytes(pool_bytes), runtime.comm->rank(), FormatBytes(available)));
+    }
   }
   device::PinnedPoolOptions popt;
   popt.bytes = pool_bytes;
