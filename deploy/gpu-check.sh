@@ -460,6 +460,22 @@ EOF
   else
     echo "  not prepared: run 'deploy/gpu-check.sh prepare' here first (it builds $BUILD_DIR)"
   fi
+  if [ "$PHASE" = train ]; then
+    cat <<EOF
+
+run --train (the training phase; its own budget, for a second call on the same machine):
+ 0. the CUDA libraries, as for run; strata env
+ 1. strata_gpu_bench copy --bytes 256MiB                          (the PCIe rate for the NVMe floor)
+ 2. benchmarks/gpu_train_bench.py --scenarios hbm       llama-1b, bf16, 4 x 2048 tokens per step,
+    against PyTorch eager (train_peers.py eager)
+ 3. benchmarks/gpu_train_bench.py --scenarios cpu-optim against FSDP2 + CPUOffloadPolicy
+ 4. benchmarks/gpu_train_bench.py --scenarios nvme      against max(compute, PCIe, CPU Adam)
+ 5. the report, with a training table
+
+Targets: hbm >= 1.0x PyTorch eager tokens/s; cpu-optim >= 2x FSDP2 offload; nvme <= 1.15 x floor.
+EOF
+    return 0
+  fi
   cat <<EOF
 
  0. find the CUDA libraries the binaries need (libcublas, libcublasLt, libnccl) in the loader
@@ -486,6 +502,7 @@ EOF
 
 Targets: every GPU test passes, none skipped; copies against the PCIe link and PyTorch;
 fused AdamW >= 1.0x PyTorch's fused AdamW; overlap step / max(compute, io) <= 1.10 at L = 32, 128.
+Then, in a second call: 'deploy/gpu-check.sh run --train' (the training benchmarks).
 EOF
 }
 

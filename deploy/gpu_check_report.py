@@ -341,14 +341,17 @@ def report(args, out):
         md.append(f"- build: commit {manifest.get('commit', '?')[:12]}"
                   f"{' (with uncommitted changes)' if manifest.get('uncommitted_changes') else ''}, "
                   f"prepared {manifest.get('prepared')}")
-    md.append(f"- GPU tests: {totals['passed']} passed, {totals['failed']} failed, "
-              f"{totals['skipped']} skipped (a skip fails the check), of {totals['tests']} run")
-    md.append("")
-    md.append("| test executable | listed | ran | passed | failed | skipped |")
-    md.append("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for exe, t in tests.items():
-        md.append(f"| {exe} | {t['listed']} | {t.get('tests', 0)} | {t.get('passed', 0)} | "
-                  f"{len(t.get('failed', []))} | {len(t.get('skipped', []))} |")
+    if args.phase == "train":
+        md.append("- the training phase (`run --train`): the GPU tests ran in `run`")
+    else:
+        md.append(f"- GPU tests: {totals['passed']} passed, {totals['failed']} failed, "
+                  f"{totals['skipped']} skipped (a skip fails the check), of {totals['tests']} run")
+        md.append("")
+        md.append("| test executable | listed | ran | passed | failed | skipped |")
+        md.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for exe, t in tests.items():
+            md.append(f"| {exe} | {t['listed']} | {t.get('tests', 0)} | {t.get('passed', 0)} | "
+                      f"{len(t.get('failed', []))} | {len(t.get('skipped', []))} |")
     if bench:
         c = bench["copy"]
         md.append("")
