@@ -334,6 +334,9 @@ struct StrataSettings {
   MemorySettings memory;
   PrefetchSettings prefetch;
   DeviceKind device = DeviceKind::kAuto;
+  // fp32 GEMMs on a GPU may use TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation),
+  // as torch.backends.cuda.matmul.allow_tf32 allows. Off: fp32 GEMMs are fp32 throughout.
+  bool tf32 = false;
   uint64_t seed = 1234;
 
   friend bool operator==(const StrataSettings&, const StrataSettings&) = default;

@@ -844,6 +844,7 @@ class ConfigParser {
                                             {"cuda", DeviceKind::kCuda}},
                                            &s.device);
              }},
+        {.name = "tf32", .parse = [&](const Field& v) { return ReadBool(v, &s.tf32); }},
         {.name = "seed",
          .parse =
              [&](const Field& v) {

@@ -132,8 +132,10 @@ size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape& shape) {
 
 Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device& device,
                                                      device::Stream& stream,
-                                                     const LlamaOpsShape& shape) {
+                                                     const LlamaOpsShape& shape,
+                                                     bool allow_tf32) {
   STRATA_ASSIGN_OR_RETURN(cuda::OpsContextPtr context, cuda::CreateOpsContext(stream));
+  STRATA_RETURN_IF_ERROR(cuda::ToStatus(cuda::SetTf32(context.get(), allow_tf32)));
   const size_t bytes = CudaLlamaOpsWorkspaceBytes(shape);
   Result<void*> workspace = device.Alloc(bytes);
   if (!workspace.ok()) {

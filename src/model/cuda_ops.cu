@@ -277,6 +277,12 @@ OpError ReserveWorkspace(OpsContext* context, size_t bytes) {
   return Reserve(context, bytes, "ReserveWorkspace");
 }
 
+OpError SetTf32(OpsContext* context, bool allow) {
+  return CublasResult(cublasSetMathMode(context->cublas.get(),
+                                        allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+                      "cublasSetMathMode", "SetTf32");
+}
+
 size_t WorkspaceBytes(const WorkspaceShape& s) {
   const size_t t = s.batch * s.seq;
   // RMSNorm backward's per-chunk partial sums.

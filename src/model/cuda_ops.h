@@ -12,7 +12,7 @@
 //     without waiting; outputs are ready once the stream reaches that point.
 //   - Activations and gradients are fp32; a weight is fp32, bf16 or fp16 (Weight).
 //   - Linear layers run on cuBLAS with fp32 accumulation (CUBLAS_COMPUTE_32F). With an fp32
-//     weight the GEMM is fp32 throughout (no TF32). With a bf16 (fp16) weight the GEMM inputs
+//     weight the GEMM is fp32 throughout (no TF32 unless SetTf32). With a bf16 (fp16) weight the GEMM inputs
 //     are bf16 (fp16): the fp32 activations and output gradients are rounded to the weight's
 //     dtype on the fly (in the context's workspace), for the forward and for both backward
 //     GEMMs; outputs and weight gradients stay fp32. The tensor cores do the work, at the cost of
@@ -121,6 +121,11 @@ size_t WorkspaceBytes(const WorkspaceShape& shape);
 // is too small"). A workspace the context had allocated itself is freed first (after waiting for
 // the stream).
 OpError UseWorkspace(OpsContext* context, void* workspace, size_t bytes);
+
+// TF32 for GEMMs with fp32 weights (cublasSetMathMode CUBLAS_TF32_TENSOR_OP_MATH): inputs rounded
+// to TF32 (10-bit mantissa) on the tensor cores, fp32 accumulation. Off (the default): fp32
+// throughout. GEMMs with 16-bit weights are unaffected.
+OpError SetTf32(OpsContext* context, bool allow);
 
 // Waits for the stream, then copies the recorded data error (kind kNone when there is none) to
 // `*out` and clears the record.

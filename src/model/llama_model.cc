@@ -185,7 +185,8 @@ uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
                                                        const LlamaConfig& config, int64_t seq_len,
-                                                       int64_t micro_batch, uint64_t init_seed) {
+                                                       int64_t micro_batch, uint64_t init_seed,
+                                                       const LlamaModelOptions& options) {
   STRATA_RETURN_IF_ERROR(config.Validate());
   if (seq_len < 1 || seq_len > config.max_position_embeddings) {
     return InvalidArgumentError(fmt::format(
@@ -196,11 +197,11 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
     return InvalidArgumentError(fmt::format("micro-batch size {} < 1", micro_batch));
   }
   std::unique_ptr<LlamaModel> m(new LlamaModel(device, config, seq_len, micro_batch, init_seed));
-  STRATA_RETURN_IF_ERROR(m->SetUp());
+  STRATA_RETURN_IF_ERROR(m->SetUp(options));
   return m;
 }
 
-Status LlamaModel::SetUp() {
+Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   State& st = *state_;
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   st.tokens = b * s;
@@ -239,7 +240,8 @@ Status LlamaModel::SetUp() {
   shape.vocab = static_cast<size_t>(config_.vocab_size);
   shape.num_heads = static_cast<size_t>(config_.num_attention_heads);
   shape.head_dim = static_cast<size_t>(config_.head_dim());
-  STRATA_ASSIGN_OR_RETURN(st.cuda_ops, CreateCudaLlamaOps(device_, *st.stream, shape));
+  STRATA_ASSIGN_OR_RETURN(st.cuda_ops,
+                          CreateCudaLlamaOps(device_, *st.stream, shape, options.allow_tf32));
   st.workspace_bytes = CudaLlamaOpsWorkspaceBytes(shape);
   return Status::Ok();
 }

@@ -57,11 +57,18 @@ int LlamaNumUnits(const LlamaConfig& config);
 // The device memory LlamaModel::Create allocates for activations (without the CUDA workspace).
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch);
 
+struct LlamaModelOptions {
+  // CUDA: fp32 GEMMs on TF32 tensor cores (strata.tf32). No effect on the CPU device or with
+  // 16-bit weights.
+  bool allow_tf32 = false;
+};
+
 class LlamaModel final : public zero::Model {
  public:
   static Result<std::unique_ptr<LlamaModel>> Create(device::Device& device,
                                                     const LlamaConfig& config, int64_t seq_len,
-                                                    int64_t micro_batch, uint64_t init_seed = 0);
+                                                    int64_t micro_batch, uint64_t init_seed = 0,
+                                                    const LlamaModelOptions& options = {});
   ~LlamaModel() override;
 
   std::vector<zero::UnitSpec> units() const override;
@@ -92,7 +99,7 @@ class LlamaModel final : public zero::Model {
   struct State;
   LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
              int64_t micro_batch, uint64_t init_seed);
-  Status SetUp();
+  Status SetUp(const LlamaModelOptions& options);
   // Runs `fn` with the device's ops in the order of `stream` (see the header comment).
   Status Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn, std::string_view label);
   Status BlockInternals(LlamaOps& ops, const zero::UnitView& p, const float* x, float* out);

@@ -101,7 +101,7 @@ std::unique_ptr<LlamaOps> CreateCpuLlamaOps() { return std::make_unique<CpuLlama
 
 #ifndef STRATA_WITH_CUDA
 Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device&, device::Stream&,
-                                                     const LlamaOpsShape&) {
+                                                     const LlamaOpsShape&, bool) {
   return UnimplementedError("this build of Strata has no CUDA support (configure with the CUDA "
                             "toolkit to run the model on a GPU)");
 }

@@ -86,9 +86,11 @@ std::unique_ptr<LlamaOps> CreateCpuLlamaOps();
 // The CUDA ops on `stream` (a stream of a CUDA device) with a workspace of
 // WorkspaceBytes(shape) bytes allocated from `device` under its budget (freed with the ops).
 // Unimplemented in a build without CUDA.
+// `allow_tf32`: fp32 GEMMs on TF32 tensor cores (cuda::SetTf32).
 Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device& device,
                                                      device::Stream& stream,
-                                                     const LlamaOpsShape& shape);
+                                                     const LlamaOpsShape& shape,
+                                                     bool allow_tf32 = false);
 // The workspace CreateCudaLlamaOps allocates (0 in a build without CUDA).
 size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape& shape);
 

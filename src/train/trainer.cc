@@ -142,7 +142,8 @@ Status RunTraining(const TrainOptions& o) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> llama,
                           model::LlamaModel::Create(*dev, mcfg, seq_len,
                                                     batch.train_micro_batch_size_per_gpu,
-                                                    config.strata.seed));
+                                                    config.strata.seed,
+                                                    {.allow_tf32 = config.strata.tf32}));
   say(fmt::format(
       "strata train: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
       "parameters on {}, optimizer on {}, {}",

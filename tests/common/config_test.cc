@@ -899,6 +899,9 @@ TEST(ConfigStrataTest, TogglesAndEnums) {
   EXPECT_EQ(ErrorOf(R"({"strata": {"memory": {"share_host_memory": 2}}})"),
             "test.json: strata.memory.share_host_memory: expected \"auto\", \"on\", \"off\", true "
             "or false, got 2");
+  EXPECT_FALSE(Ok("{}").strata.tf32);
+  EXPECT_TRUE(Ok(R"({"strata": {"tf32": true}})").strata.tf32);
+  EXPECT_THAT(ErrorOf(R"({"strata": {"tf32": "yes"}})"), HasSubstr("strata.tf32"));
 }
 
 // ---- files ----

@@ -436,8 +436,10 @@ struct MicroBatchResult {
 Result<MicroBatchResult> RunMicroBatch(device::Device& dev, const LlamaConfig& cfg, int64_t seq,
                                        int64_t batch, const std::vector<zero::UnitLayout>& layouts,
                                        const std::vector<std::vector<float>>& params,
-                                       device::DType dtype, const LlamaBatch& b) {
-  STRATA_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(dev, cfg, seq, batch, 7));
+                                       device::DType dtype, const LlamaBatch& b,
+                                       bool tf32 = false) {
+  STRATA_ASSIGN_OR_RETURN(auto model,
+                          LlamaModel::Create(dev, cfg, seq, batch, 7, {.allow_tf32 = tf32}));
   STRATA_ASSIGN_OR_RETURN(auto stream, dev.CreateStream("compute"));
   std::vector<void*> p_dev, g_dev, staging;
   auto free_all = [&] {
@@ -500,15 +502,23 @@ Result<MicroBatchResult> RunMicroBatch(device::Device& dev, const LlamaConfig& c
 // no TF32): every gradient within 1e-4 of its tensor's largest element, the loss within 1e-5
 // relative. bf16 weights: both devices use the same rounded weights, but the GPU also rounds the
 // GEMM inputs (activations, output gradients) to bf16 for the tensor cores (2^-8 relative each),
-// so the bound is 3e-2 of each tensor's largest gradient and 1e-2 relative on the loss.
-class LlamaModelGpuTest : public ::testing::TestWithParam<device::DType> {};
+// so the bound is 3e-2 of each tensor's largest gradient and 1e-2 relative on the loss. fp32 with
+// strata.tf32 (inputs rounded to TF32's 10-bit mantissa): 1e-2 and 1e-3.
+struct GpuCase {
+  device::DType dtype;
+  bool tf32;
+  double grad_tol, loss_tol;
+  const char* name;
+};
+
+class LlamaModelGpuTest : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
   device::DeviceOptions gopt;
   gopt.type = device::DeviceType::kCuda;
   auto gpu = device::CreateDevice(gopt);
   if (!gpu.ok()) GTEST_SKIP() << "no CUDA device: " << gpu.status().ToString();
-  const device::DType dtype = GetParam();
+  const device::DType dtype = GetParam().dtype;
   LlamaConfig cfg = TinyConfig();
   cfg.vocab_size = 320;  // a head GEMM wider than one tile
   const int64_t batch = 2, seq = 48;
@@ -531,11 +541,11 @@ TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
   b.tokens[seq] = -100;
   auto want = RunMicroBatch(**cpu, cfg, seq, batch, *layouts, params, dtype, b);
   ASSERT_TRUE(want.ok()) << want.status().ToString();
-  auto got = RunMicroBatch(**gpu, cfg, seq, batch, *layouts, params, dtype, b);
+  auto got = RunMicroBatch(**gpu, cfg, seq, batch, *layouts, params, dtype, b,
+                           GetParam().tf32);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
-  const bool f32 = dtype == device::DType::kF32;
-  EXPECT_NEAR(got->loss, want->loss, (f32 ? 1e-5 : 1e-2) * std::fabs(want->loss));
-  const double tol = f32 ? 1e-4 : 3e-2;
+  EXPECT_NEAR(got->loss, want->loss, GetParam().loss_tol * std::fabs(want->loss));
+  const double tol = GetParam().grad_tol;
   for (size_t u = 0; u < layouts->size(); ++u) {
     for (const auto& s : (*layouts)[u].slots) {
       double scale = 0, worst = 0;
@@ -553,9 +563,12 @@ TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
   EXPECT_EQ((*gpu)->memory_stats().in_use, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, LlamaModelGpuTest,
-                         ::testing::Values(device::DType::kF32, device::DType::kBF16),
-                         [](const auto& p) { return std::string(device::DTypeName(p.param)); });
+INSTANTIATE_TEST_SUITE_P(
+    DTypes, LlamaModelGpuTest,
+    ::testing::Values(GpuCase{device::DType::kF32, false, 1e-4, 1e-5, "fp32"},
+                      GpuCase{device::DType::kF32, true, 1e-2, 1e-3, "fp32_tf32"},
+                      GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16"}),
+    [](const auto& p) { return std::string(p.param.name); });
 
 }  // namespace
 }  // namespace strata::model
