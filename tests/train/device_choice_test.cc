@@ -43,7 +43,7 @@ TEST(DeviceChoiceTest, AutoFallsBackToTheCpuAndSaysWhy) {
   EXPECT_THAT(g->reason, HasSubstr("local rank 3"));
 }
 
-TEST(DeviceChoiceTest, CudaWithoutAGpuIsAnError) {
+TEST(DeviceChoiceTest, CudaWithoutADeviceIsAnError) {
   auto c = ChooseDevice(DeviceKind::kCuda, 0, 0, Gpus(0), std::nullopt);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
@@ -51,7 +51,7 @@ TEST(DeviceChoiceTest, CudaWithoutAGpuIsAnError) {
   EXPECT_THAT(c.status().message(), HasSubstr("--device cpu"));
 }
 
-TEST(DeviceChoiceTest, EachLocalRankTakesItsOwnGpu) {
+TEST(DeviceChoiceTest, EachLocalRankTakesItsOwnDevice) {
   for (int lr = 0; lr < 4; ++lr) {
     auto c = ChooseDevice(DeviceKind::kCuda, 4 + lr, lr, Gpus(4), std::nullopt);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -59,7 +59,7 @@ TEST(DeviceChoiceTest, EachLocalRankTakesItsOwnGpu) {
   }
 }
 
-TEST(DeviceChoiceTest, TwoRanksOnOneGpuIsAnErrorNamingBoth) {
+TEST(DeviceChoiceTest, TwoRanksOnOneDeviceIsAnErrorNamingBoth) {
   auto c = ChooseDevice(DeviceKind::kCuda, 5, 5, Gpus(4), std::string("0,1,2,3"));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
@@ -72,7 +72,7 @@ TEST(DeviceChoiceTest, TwoRanksOnOneGpuIsAnErrorNamingBoth) {
   EXPECT_THAT(one.status().message(), HasSubstr("share GPU 0 with local rank 0"));
 }
 
-TEST(DeviceChoiceTest, OneVisibleGpuPerRankIsALauncherBinding) {
+TEST(DeviceChoiceTest, OneVisibleDevicePerRankIsALauncherBinding) {
   auto c = ChooseDevice(DeviceKind::kCuda, 2, 2, Gpus(1), std::string("2"));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->ordinal, 0);

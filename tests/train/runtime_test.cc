@@ -35,7 +35,7 @@ TEST(RuntimeTest, TheDeviceTakesTheConfiguredBudget) {
   EXPECT_THAT(rt->choice.reason, HasSubstr("CPU"));
 }
 
-TEST(RuntimeTest, CudaWithoutAGpuNamesTheReason) {
+TEST(RuntimeTest, CudaWithoutADeviceNamesTheReason) {
   const Config c = Parse(R"({"train_micro_batch_size_per_gpu": 1})");
   RuntimeOptions o = OneRank();
   o.device = DeviceKind::kCuda;
