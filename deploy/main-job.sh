@@ -43,6 +43,6 @@ JSON
 mpi_args=(-np 2 --oversubscribe --bind-to none)
 if [ "$(id -u)" = 0 ]; then mpi_args+=(--allow-run-as-root); fi
 mpirun "${mpi_args[@]}" "$strata" train --config "$out/ds_config.json" --model llama-20m \
-  --data "$out/tokens.bin" --seq-len 64 --steps "$steps" --save "$out/checkpoint" \
+  --data "$out/tokens.bin" --seq-len 64 --steps "$steps" --device cpu --save "$out/checkpoint" \
   --metrics "$out/metrics.jsonl"
 echo "main-job: done; per-step metrics in $out/metrics.jsonl"
