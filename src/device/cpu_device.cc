@@ -375,18 +375,8 @@ DeviceMemoryStats CpuDevice::memory_stats() const {
   std::lock_guard lock(mem_mu_);
   DeviceMemoryStats s = stats_;
   s.cached = cached_bytes_;
-  s.pageable_copies = pageable_copies_.load(std::memory_order_relaxed);
-  s.pageable_copy_bytes = pageable_copy_bytes_.load(std::memory_order_relaxed);
+  pageable_.Report(s);
   return s;
-}
-
-void CpuDevice::CountPageable(const void* host, size_t bytes) {
-  {
-    std::lock_guard lock(host_mu_);
-    if (registry_.Contains(host, bytes)) return;
-  }
-  pageable_copies_.fetch_add(1, std::memory_order_relaxed);
-  pageable_copy_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 void CpuDevice::ResetPeak() {
@@ -578,8 +568,9 @@ Status CpuDevice::CopyAsync(void* dst, const void* src, size_t bytes, CopyKind k
                                     : CheckHostRange(op, "destination", dst, bytes));
   STRATA_RETURN_IF_ERROR(src_device ? CheckDeviceRange(op, "source", src, bytes)
                                     : CheckHostRange(op, "source", src, bytes));
-  if (kind == CopyKind::kHostToDevice) CountPageable(src, bytes);
-  if (kind == CopyKind::kDeviceToHost) CountPageable(dst, bytes);
+  if (kind != CopyKind::kDeviceToDevice) {
+    pageable_.Count(host_mu_, registry_, kind == CopyKind::kHostToDevice ? src : dst, bytes);
+  }
   CpuWorkItem item("copy", std::string(CopyKindName(kind)));
   item.fn = [dst, src, bytes] {
     std::memcpy(dst, src, bytes);

@@ -127,9 +127,7 @@ class CpuDevice final : public Device {
 
   mutable std::mutex host_mu_;  // guards registry_, stream_counter_
   internal::HostRegistry registry_;
-  std::atomic<uint64_t> pageable_copies_{0}, pageable_copy_bytes_{0};
-  // Counts a copy whose host side [host, +bytes) is not registered.
-  void CountPageable(const void* host, size_t bytes);
+  internal::PageableCopies pageable_;
   // Registered host memory passes CheckDeviceRange (UseHostMemoryAsDeviceMemory).
   std::atomic<bool> host_memory_as_device_{false};
   uint64_t stream_counter_ = 0;

@@ -331,9 +331,7 @@ class CudaDevice final : public Device {
 
   std::mutex host_mu_;  // guards registry_, stream_counter_
   internal::HostRegistry registry_;
-  std::atomic<uint64_t> pageable_copies_{0}, pageable_copy_bytes_{0};
-  // Counts a copy whose host side [host, +bytes) is not registered.
-  void CountPageable(const void* host, size_t bytes);
+  internal::PageableCopies pageable_;
   uint64_t stream_counter_ = 0;
 
   internal::StickyError sticky_;
@@ -701,18 +699,8 @@ DeviceMemoryStats CudaDevice::memory_stats() const {
   std::lock_guard lock(mem_mu_);
   DeviceMemoryStats s = stats_;
   s.cached = cached_bytes_;
-  s.pageable_copies = pageable_copies_.load(std::memory_order_relaxed);
-  s.pageable_copy_bytes = pageable_copy_bytes_.load(std::memory_order_relaxed);
+  pageable_.Report(s);
   return s;
-}
-
-void CudaDevice::CountPageable(const void* host, size_t bytes) {
-  {
-    std::lock_guard lock(host_mu_);
-    if (registry_.Contains(host, bytes)) return;
-  }
-  pageable_copies_.fetch_add(1, std::memory_order_relaxed);
-  pageable_copy_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 void CudaDevice::ResetPeak() {
@@ -925,8 +913,9 @@ Status CudaDevice::CopyAsync(void* dst, const void* src, size_t bytes, CopyKind 
   if (kind != CopyKind::kHostToDevice) {
     STRATA_RETURN_IF_ERROR(CheckDeviceRange(op, "source", src, bytes));
   }
-  if (kind == CopyKind::kHostToDevice) CountPageable(src, bytes);
-  if (kind == CopyKind::kDeviceToHost) CountPageable(dst, bytes);
+  if (kind != CopyKind::kDeviceToDevice) {
+    pageable_.Count(host_mu_, registry_, kind == CopyKind::kHostToDevice ? src : dst, bytes);
+  }
   auto describe = [&] {
     return TraceInfo{
         std::string(CopyKindName(kind)), "copy", {{"bytes", static_cast<double>(bytes)}}};

@@ -73,6 +73,29 @@ class HostRegistry {
   std::map<uintptr_t, size_t> ranges_;
 };
 
+// Host<->device copies whose host side is not registered (DeviceMemoryStats::pageable_copies),
+// counted the same way by every device.
+class PageableCopies {
+ public:
+  // Counts the copy of [host, +bytes) unless `registry` (guarded by `mu`) holds it.
+  void Count(std::mutex& mu, const HostRegistry& registry, const void* host, size_t bytes) {
+    {
+      std::lock_guard lock(mu);
+      if (registry.Contains(host, bytes)) return;
+    }
+    copies_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  // Fills the two counters of `stats`.
+  void Report(DeviceMemoryStats& stats) const {
+    stats.pageable_copies = copies_.load(std::memory_order_relaxed);
+    stats.pageable_copy_bytes = bytes_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<uint64_t> copies_{0}, bytes_{0};
+};
+
 // A device's sticky error: the first failure reported by work that ran asynchronously. Once set
 // it never clears. Thread-safe. Reading it while it is unset costs one atomic load and creates no
 // happens-before edge between threads (so it hides no data race from ThreadSanitizer).

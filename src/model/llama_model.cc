@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <new>
 #include <random>
 
+#include "common/host_memory.h"
 #include "model/cpu_ops.h"
 #include "model/llama_ops.h"
 
@@ -144,9 +144,9 @@ struct LlamaModel::State {
   size_t tokens = 0;        // T
 
   // Host staging for the uploads and the loss, registered with the device.
-  int32_t* host_tokens = nullptr;  // [2T]
-  float* host_loss = nullptr;
-  size_t host_bytes = 0;
+  HostRegion host;
+  int32_t* host_tokens = nullptr;  // [2T], in `host`
+  float* host_loss = nullptr;      // after them
   bool host_registered = false;
   std::unique_ptr<device::Event> upload_done;  // the last token upload
 
@@ -171,10 +171,7 @@ LlamaModel::~LlamaModel() {
   State& st = *state_;
   st.cuda_ops.reset();  // waits for the model's stream
   if (st.stream) (void)device_.Synchronize(*st.stream);
-  if (st.host_registered) (void)device_.UnregisterHost(st.host_tokens);
-  if (st.host_tokens != nullptr) {
-    ::operator delete(st.host_tokens, std::align_val_t{4096});
-  }
+  if (st.host_registered) (void)device_.UnregisterHost(st.host.data());
   device_.Free(st.block);
 }
 
@@ -217,10 +214,12 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   st.block = *block;
   st.a.Layout(static_cast<char*>(st.block), config_, b, s);
 
-  st.host_bytes = (2 * st.tokens * sizeof(int32_t) + sizeof(float) + 4095) / 4096 * 4096;
-  st.host_tokens = static_cast<int32_t*>(::operator new(st.host_bytes, std::align_val_t{4096}));
+  STRATA_ASSIGN_OR_RETURN(
+      st.host, HostRegion::Allocate(2 * st.tokens * sizeof(int32_t) + sizeof(float),
+                                    HugePages::kOff));
+  st.host_tokens = reinterpret_cast<int32_t*>(st.host.data());
   st.host_loss = reinterpret_cast<float*>(st.host_tokens + 2 * st.tokens);
-  STRATA_RETURN_IF_ERROR(device_.RegisterHost(st.host_tokens, st.host_bytes));
+  STRATA_RETURN_IF_ERROR(device_.RegisterHost(st.host.data(), st.host.size()));
   st.host_registered = true;
   STRATA_ASSIGN_OR_RETURN(st.upload_done, device_.CreateEvent());
 

@@ -28,8 +28,7 @@ Engine::Impl::~Impl() {
   }
   dev.Free(bucket);
   dev.Free(scalars_dev);
-  if (scalars_host_registered) (void)dev.UnregisterHost(scalars_host);
-  if (scalars_host != nullptr) ::operator delete(scalars_host, std::align_val_t{4096});
+  if (scalars_host_registered) (void)dev.UnregisterHost(scalars_host.data());
 }
 
 // ---- set-up -----------------------------------------------------------------------------------
@@ -270,9 +269,8 @@ Status Engine::Impl::Init() {
                                                            "gradient landing buffer (host)"));
   }
   STRATA_ASSIGN_OR_RETURN(scalars_dev, dev.Alloc(16));
-  scalars_host = ::operator new(4096, std::align_val_t{4096});
-  std::memset(scalars_host, 0, 4096);
-  STRATA_RETURN_IF_ERROR(dev.RegisterHost(scalars_host, 4096));
+  STRATA_ASSIGN_OR_RETURN(scalars_host, HostRegion::Allocate(4096, HugePages::kOff));
+  STRATA_RETURN_IF_ERROR(dev.RegisterHost(scalars_host.data(), scalars_host.size()));
   scalars_host_registered = true;
 
   // Initial values: from the caller's reader, or every rank computes each unit in full (fp32)

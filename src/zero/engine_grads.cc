@@ -131,7 +131,7 @@ Result<double> Engine::Impl::LocalGradSumSquares() {
     return sum;
   }
   // A device reduction over this rank's gradients; one double comes back.
-  auto* host = static_cast<double*>(scalars_host);
+  auto* host = reinterpret_cast<double*>(scalars_host.data());
   auto* sum = static_cast<double*>(scalars_dev);
   host[0] = 0.0;
   STRATA_RETURN_IF_ERROR(
@@ -157,7 +157,7 @@ Result<double> Engine::Impl::LocalGradSumSquares() {
 }
 
 Result<float> Engine::Impl::AllReduceHostFloat(float value) {
-  auto* host = reinterpret_cast<float*>(static_cast<char*>(scalars_host) + 8);
+  auto* host = reinterpret_cast<float*>(scalars_host.data() + 8);
   void* buf = static_cast<char*>(scalars_dev) + 8;
   *host = value;
   STRATA_RETURN_IF_ERROR(

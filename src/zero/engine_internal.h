@@ -25,6 +25,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/host_memory.h"
 #include "common/log.h"
 #include "device/pinned_pool.h"
 #include "offload/prefetch_scheduler.h"
@@ -208,7 +209,7 @@ struct Engine::Impl {
   // float) in device memory, read back through one registered host page; allocated at Init so
   // that the norm costs no allocation and no pageable copy per step.
   void* scalars_dev = nullptr;  // [0, 8): double sum; [8, 12): float for the all-reduce
-  void* scalars_host = nullptr;  // 4096 B, registered with the device
+  HostRegion scalars_host;  // one page, registered with the device
   bool scalars_host_registered = false;
 
   // Stage 3: parameter shards (id = unit index).
