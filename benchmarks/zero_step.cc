@@ -33,6 +33,7 @@
 #include "strata/collective.h"
 #include "strata/config.h"
 #include "strata/device.h"
+#include "train/runtime.h"
 #include "zero/engine.h"
 
 namespace {
@@ -202,14 +203,13 @@ int main(int argc, char** argv) {
   auto config = ParseConfig(cfg_text, "<zero_step_bench>");
   CHECK_OK(config.status());
 
-  device::DeviceOptions dopt;
-  dopt.type = device::DeviceType::kCpu;
-  auto dev = device::CreateDevice(dopt);
-  CHECK_OK(dev.status());
-  comm::CollectiveOptions copt;
-  auto comm = comm::CreateCollective(**dev, copt);
-  CHECK_OK(comm.status());
-  const int rank = (*comm)->rank(), world = (*comm)->world_size();
+  // Wired as `strata train` wires a run (train/runtime.h), on the CPU device; the pinned pool is
+  // the engine's own plan for this model and config.
+  train::RuntimeOptions ropt;
+  ropt.device = DeviceKind::kCpu;
+  auto runtime = train::OpenRuntime(*config, ropt);
+  CHECK_OK(runtime.status());
+  const int rank = runtime->comm->rank(), world = runtime->comm->world_size();
   std::filesystem::create_directories(path);
 
   nlohmann::json out = {{"benchmark", "zero_step"}, {"world_size", world}, {"layers", layers},
@@ -217,30 +217,13 @@ int main(int argc, char** argv) {
   Mean means[2];
   for (int mode = 0; mode < 2; ++mode) {
     const bool overlap = mode == 0;
-    io::StoreOptions sopt;
-    auto store = io::CreateBlockStore(sopt);
-    CHECK_OK(store.status());
-    const uint64_t unit_bytes = static_cast<uint64_t>(width) * (width + 1) * 4;
-    device::PinnedPoolOptions popt;
-    popt.bytes = 4 * unit_bytes + 8 * 12ull * static_cast<uint64_t>(std::min<int64_t>(
-                                                   sub_group, int64_t{width} * width)) +
-                 static_cast<uint64_t>(layers) * unit_bytes * 2 / world + (64ull << 20);
-    popt.device = dev->get();
-    popt.store = store->get();
-    auto pool = device::PinnedPool::Create(popt);
-    CHECK_OK(pool.status());
-    GemmMlp model(**dev, layers, width, tokens);
-    zero::EngineOptions eo;
-    eo.config = *config;
-    eo.device = dev->get();
-    eo.comm = comm->get();
-    eo.pool = pool->get();
-    eo.store = store->get();
-    eo.nvme_paths = {path};
-    eo.overlap_optimizer = overlap;
-    eo.cpu_adam_threads = adam_threads;
-    auto engine = zero::Engine::Create(model, eo);
-    CHECK_OK(engine.status());
+    GemmMlp model(*runtime->device, layers, width, tokens);
+    train::BuildOptions bopt;
+    bopt.overlap_optimizer = overlap;
+    bopt.cpu_adam_threads = adam_threads;
+    auto stack = train::BuildEngine(*runtime, model, *config, std::move(bopt));
+    CHECK_OK(stack.status());
+    zero::Engine* engine = stack->engine.get();
     std::mt19937 rng(99 + rank);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     for (int s = 0; s < steps; ++s) {
@@ -250,11 +233,11 @@ int main(int argc, char** argv) {
       for (auto& v : rows.x) v = u(rng);
       for (size_t k = 0; k < rows.t.size(); ++k) rows.t[k] = 0.5f * rows.x[k];
       const zero::Batch* b = &rows;
-      auto r = (*engine)->TrainStep(std::span<const zero::Batch* const>(&b, 1));
+      auto r = engine->TrainStep(std::span<const zero::Batch* const>(&b, 1));
       CHECK_OK(r.status());
       if (s > 0) means[mode].Add(*r);
     }
-    engine->reset();
+    stack->Reset();
   }
 
   if (rank == 0) {

@@ -1,5 +1,5 @@
 # Every library Strata needs comes from Debian packages (deploy/install-deps.sh installs them).
-# Required: liburing, hwloc, spdlog (+fmt), nlohmann-json, CLI11, Threads.
+# Required: liburing, hwloc, xxhash, spdlog (+fmt), nlohmann-json, CLI11, Threads.
 # Optional, detected: CUDA toolkit, NCCL, MPI. Tests: GoogleTest; benchmarks: Google Benchmark.
 
 find_package(Threads REQUIRED)
@@ -7,6 +7,8 @@ find_package(PkgConfig REQUIRED)
 
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing>=2.1)
 pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc>=2.0)
+# XXH3 checksums of offloaded shards and checkpoint files.
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash>=0.8)
 find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)

@@ -16,6 +16,7 @@ packages=(
   # libraries
   liburing-dev          # io_uring
   libhwloc-dev          # NUMA placement of I/O threads
+  libxxhash-dev         # checksums of offloaded data and checkpoints
   libspdlog-dev libfmt-dev
   nlohmann-json3-dev    # configuration
   libcli11-dev          # the strata command line

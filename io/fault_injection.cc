@@ -64,6 +64,12 @@ FaultDecision FaultInjector::Decide(IoOp op, std::string_view path, uint64_t off
         }
         break;
       }
+      case FaultKind::kCorrupt:
+        if (op == IoOp::kRead && !d.corrupt) {
+          d.corrupt = true;
+          ++rs.hits;
+        }
+        break;
       case FaultKind::kLatency:
         d.latency = std::max(d.latency, r.latency);
         ++rs.hits;
@@ -130,7 +136,8 @@ class FaultInjectingStore final : public internal::StoreWrapper {
       decisions[i] =
           faults_->Decide(r.op, infos[i].paths.front(), r.offset, r.length, infos[i].alignment);
       if (decisions[i].error == 0 && decisions[i].latency.count() == 0) {
-        now.push_back(Forwarded(r, false));  // a copy: the caller's request stays intact on failure
+        // A copy: the caller's request stays intact on failure.
+        now.push_back(Forwarded(r, false, decisions[i].corrupt));
       } else {
         later.push_back(i);
       }
@@ -153,6 +160,7 @@ class FaultInjectingStore final : public internal::StoreWrapper {
       Action a;
       a.deadline = t0 + decisions[i].latency;
       a.request = std::move(requests[i]);
+      a.corrupt = decisions[i].corrupt;
       if (decisions[i].error != 0) {
         a.error = ErrnoToStatus(
             decisions[i].error,
@@ -170,6 +178,7 @@ class FaultInjectingStore final : public internal::StoreWrapper {
     std::chrono::steady_clock::time_point deadline;
     IoRequest request;
     Status error;  // non-OK: complete with it instead of forwarding
+    bool corrupt = false;
   };
   struct Later {
     bool operator()(const std::shared_ptr<Action>& a, const std::shared_ptr<Action>& b) const {
@@ -182,9 +191,18 @@ class FaultInjectingStore final : public internal::StoreWrapper {
   // A copy of `r` whose callback also counts the request done once the caller's callback returns.
   // With `held`, the request was delayed by the wrapper, and stops counting as held before the
   // caller's callback runs (so that a caller woken by it may close the file at once).
-  IoRequest Forwarded(const IoRequest& r, bool held) {
+  // With `corrupt`, a successful read's bytes are changed first (one bit in every 512 bytes, at
+  // positions that depend on the offset).
+  IoRequest Forwarded(const IoRequest& r, bool held, bool corrupt) {
     IoRequest copy = r;
-    copy.done = [this, user = r.done, held, file = r.file](const Status& s) {
+    copy.done = [this, user = r.done, held, corrupt, file = r.file, buffer = r.buffer,
+                 offset = r.offset, length = r.length](const Status& s) {
+      if (corrupt && s.ok()) {
+        auto* bytes = static_cast<unsigned char*>(buffer);
+        for (uint64_t at = (offset * 2654435761u) % 512; at < length; at += 512) {
+          bytes[at] ^= static_cast<unsigned char>(1u << (at % 8));
+        }
+      }
       if (held) LetGo(file);
       user(s);
       std::lock_guard lock(mu_);
@@ -231,7 +249,7 @@ class FaultInjectingStore final : public internal::StoreWrapper {
       a.request.done(a.error);
       return;
     }
-    IoRequest forwarded = Forwarded(a.request, true);
+    IoRequest forwarded = Forwarded(a.request, true, a.corrupt);
     {
       std::lock_guard lock(mu_);
       ++forwarded_;

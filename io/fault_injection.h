@@ -33,6 +33,9 @@ enum class FaultKind : uint8_t {
   kError,          // complete with `error` (an errno value: EIO, ENOSPC, EAGAIN, ...)
   kShortTransfer,  // move only part of the bytes (backend level)
   kLatency,        // delay by `latency` (wrapper level)
+  // Reads only, wrapper level: the read succeeds, then bytes of the buffer are changed before the
+  // caller's callback runs, as a drive returning bad data would (what checksums must catch).
+  kCorrupt,
 };
 
 struct FaultRule {
@@ -59,7 +62,8 @@ struct FaultDecision {
   int error = 0;        // non-zero: fail with this errno
   uint64_t length = 0;  // bytes to actually transfer (== request length unless short)
   std::chrono::microseconds latency{0};
-  bool injected() const { return error != 0 || latency.count() > 0; }
+  bool corrupt = false;  // change bytes of the data read
+  bool injected() const { return error != 0 || latency.count() > 0 || corrupt; }
 };
 
 class FaultInjector {
@@ -89,7 +93,7 @@ class FaultInjector {
   std::mt19937_64 rng_;
 };
 
-// Wraps a store and injects request-level errors and latency from `faults`.
+// Wraps a store and injects request-level errors, latency and corrupted reads from `faults`.
 // Errors complete the request (on the wrapper's own thread) with a Status that names the path,
 // offset and length and says the fault was injected.
 std::unique_ptr<BlockStore> CreateFaultInjectingStore(std::unique_ptr<BlockStore> inner,

@@ -132,6 +132,14 @@ struct StoreStats {
   // not yet returned), since the store was created: the store's busy time. Its difference over an
   // interval, divided by the interval, is how busy the store kept the disk (iostat's %util).
   uint64_t busy_ns = 0;
+  // With checksums (CreateChecksummingStore): reads checked against the checksum of the bytes
+  // last written to the same range, reads of ranges this store never wrote (not checked), reads
+  // whose bytes differed (each completed with DataLoss), and the bytes hashed and the time it took.
+  uint64_t checksum_verified_reads = 0;
+  uint64_t checksum_unverified_reads = 0;
+  uint64_t checksum_mismatches = 0;
+  uint64_t checksum_bytes = 0;
+  uint64_t checksum_ns = 0;
 };
 
 class BlockStore {

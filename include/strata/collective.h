@@ -69,6 +69,9 @@ struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;  // rank within the node (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)
+  // Ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, SLURM_NTASKS_PER_NODE);
+  // world_size when the launcher does not say.
+  int local_size = 1;
   std::string launcher;  // "mpirun", "srun", "pmi" or "none"
 };
 LaunchInfo DetectLaunch();

@@ -301,6 +301,9 @@ struct IoSettings {
   bool register_buffers = true;
   bool register_files = true;
   bool durable_writes = false;  // fsync/FUA offload writes (normally scratch data)
+  // Every offloaded shard read back from NVMe is checked against the XXH3 checksum of the bytes
+  // written (io/checksum_store.h); a mismatch stops the step with DataLoss.
+  bool checksums = true;
   bool numa_bind = true;
 
   friend bool operator==(const IoSettings&, const IoSettings&) = default;
@@ -337,6 +340,10 @@ struct StrataSettings {
   // fp32 GEMMs on a GPU may use TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation),
   // as torch.backends.cuda.matmul.allow_tf32 allows. Off: fp32 GEMMs are fp32 throughout.
   bool tf32 = false;
+  // Threads of the CPU AdamW step (offload_optimizer cpu/nvme). nullopt ("auto"): on a GPU run
+  // the host's cores divided among the node's ranks, less one each for I/O and the run's own
+  // thread; on the CPU device 1, since the cores compute the model.
+  std::optional<int> cpu_adam_threads;
   uint64_t seed = 1234;
 
   friend bool operator==(const StrataSettings&, const StrataSettings&) = default;

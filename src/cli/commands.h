@@ -17,6 +17,9 @@ void RegisterNvmeBenchCommand(CLI::App& app, int* exit_code);
 // `strata data`: token data utilities (`strata data synth` writes a synthetic corpus).
 void RegisterDataCommand(CLI::App& app, int* exit_code);
 
+// `strata checkpoint`: checkpoint tools (`strata checkpoint verify DIR` checks its checksums).
+void RegisterCheckpointCommand(CLI::App& app, int* exit_code);
+
 // `strata train`: trains a Llama-family model with the ZeRO engine (train/trainer.h).
 void RegisterTrainCommand(CLI::App& app, int* exit_code);
 

@@ -20,17 +20,20 @@ struct LauncherVars {
   const char* rank;
   const char* sizes[2];  // the first one set wins
   const char* local_rank;
+  const char* local_size;  // ranks on this node; unset: assume every rank is on this node
 };
 
 constexpr LauncherVars kLaunchers[] = {
     {"mpirun",
      "OMPI_COMM_WORLD_RANK",
      {"OMPI_COMM_WORLD_SIZE", nullptr},
-     "OMPI_COMM_WORLD_LOCAL_RANK"},
-    {"pmi", "PMI_RANK", {"PMI_SIZE", nullptr}, "MPI_LOCALRANKID"},
+     "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"pmi", "PMI_RANK", {"PMI_SIZE", nullptr}, "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
     // Inside a job step SLURM_STEP_NUM_TASKS is the step's size; SLURM_NTASKS (the job's) is the
     // fallback for older Slurm versions.
-    {"srun", "SLURM_PROCID", {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, "SLURM_LOCALID"},
+    {"srun", "SLURM_PROCID", {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, "SLURM_LOCALID",
+     "SLURM_NTASKS_PER_NODE"},
 };
 
 // The variable's value as a non-negative int; nullopt when unset; InvalidArgument when malformed.
@@ -75,10 +78,18 @@ Result<LaunchInfo> ParseLaunch(const GetEnvFn& getenv) {
       return InvalidArgumentError(fmt::format("launcher environment: {}={} is not below {}={}",
                                               vars.local_rank, *local, size_name, *size));
     }
+    STRATA_ASSIGN_OR_RETURN(std::optional<int> local_size, ReadInt(getenv, vars.local_size));
+    if (local_size && (*local_size < 1 || *local_size > *size ||
+                       (local && *local >= *local_size))) {
+      return InvalidArgumentError(fmt::format(
+          "launcher environment: {}={} is not between {} and {}={}", vars.local_size, *local_size,
+          local ? *local + 1 : 1, size_name, *size));
+    }
     LaunchInfo info;
     info.rank = *rank;
     info.world_size = *size;
     info.local_rank = local.value_or(0);
+    info.local_size = local_size.value_or(*size);
     info.launcher = std::string(vars.launcher);
     return info;
   }

@@ -845,6 +845,13 @@ class ConfigParser {
                                            &s.device);
              }},
         {.name = "tf32", .parse = [&](const Field& v) { return ReadBool(v, &s.tf32); }},
+        {.name = "cpu_adam_threads",
+         .parse =
+             [&](const Field& v) {
+               return ReadOptional(v, &s.cpu_adam_threads, [&](int* n) {
+                 return ReadInt(v, 1, 1024, "an integer from 1 to 1024 or \"auto\"", n);
+               });
+             }},
         {.name = "seed",
          .parse =
              [&](const Field& v) {
@@ -911,6 +918,7 @@ class ConfigParser {
         {.name = "register_buffers", .parse = flag(&io.register_buffers)},
         {.name = "register_files", .parse = flag(&io.register_files)},
         {.name = "durable_writes", .parse = flag(&io.durable_writes)},
+        {.name = "checksums", .parse = flag(&io.checksums)},
         {.name = "numa_bind", .parse = flag(&io.numa_bind)},
     };
     return WalkObject(f, specs);

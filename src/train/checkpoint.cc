@@ -15,6 +15,7 @@
 #include "common/errno.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "train/checksum_manifest.h"
 #include "train/safetensors.h"
 
 namespace strata::train {
@@ -310,6 +311,16 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
       if (st.ok()) st = f;
     }
   }
+  // What this rank wrote, hashed as it was written, for the manifest (checksum_manifest.h).
+  if (st.ok()) {
+    std::map<std::string, std::vector<SafetensorsWriter::WrittenRange>> written;
+    for (int k = 0; k < 2; ++k) {
+      for (size_t f = 0; f < writers[k].size(); ++f) {
+        written[sets[k]->files[f]] = writers[k][f]->written();
+      }
+    }
+    st = WriteManifestPart(tmp_dir, rank, written);
+  }
   STRATA_RETURN_IF_ERROR(AgreeOk(comm, device, *stream, st, what));
 
   // 3. Rank 0 writes the small files and publishes the directory.
@@ -328,6 +339,13 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
     if (st.ok()) {
       st = WriteDurable((fs::path(tmp_dir) / kTrainerStateFile).string(),
                         StateToJson(state).dump(2) + "\n");
+    }
+    if (st.ok()) {
+      std::vector<std::string> small = {"config.json", kTrainerStateFile};
+      for (int k = 0; k < 2; ++k) {
+        if (sets[k]->sharded()) small.push_back(sets[k]->index_name());
+      }
+      st = WriteManifest(tmp_dir, comm.world_size(), small);
     }
     if (st.ok()) st = FsyncDirectory(tmp_dir);
     if (st.ok()) {
@@ -376,6 +394,47 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
 }
 
 // ---- reading -----------------------------------------------------------------------------------
+
+Status VerifyCheckpoint(const std::string& step_dir, comm::Collective& comm,
+                        device::Device& device,
+                        const std::function<void(const std::string&)>& print) {
+  const int rank = comm.rank();
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<Manifest> manifest = ReadManifest(step_dir);
+  if (manifest.status().code() == StatusCode::kNotFound) {
+    if (rank == 0 && print) {
+      print(fmt::format("  note: {} has no {} (saved before checkpoints had checksums): not "
+                        "verified",
+                        step_dir, kChecksumsFile));
+    }
+    return Status::Ok();
+  }
+  Status st = manifest.status();
+  VerifyResult result;
+  if (st.ok()) {
+    result = VerifyManifest(step_dir, *manifest, rank, comm.world_size());
+    if (!result.problems.empty()) {
+      std::string lines;
+      const size_t shown = std::min<size_t>(result.problems.size(), 3);
+      for (size_t i = 0; i < shown; ++i) lines += (i ? "; " : "") + result.problems[i];
+      if (result.problems.size() > shown) {
+        lines += fmt::format("; and {} more (strata checkpoint verify {} lists them all)",
+                             result.problems.size() - shown, step_dir);
+      }
+      st = Status(StatusCode::kDataLoss,
+                  fmt::format("checkpoint {} is damaged: {}", step_dir, lines));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream, device.CreateStream("verify"));
+  STRATA_RETURN_IF_ERROR(
+      AgreeOk(comm, device, *stream, st, fmt::format("verifying checkpoint {}", step_dir)));
+  if (rank == 0 && print) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    print(fmt::format("  verified {} against its checksums in {:.1f} s ({} on rank 0)", step_dir,
+                      s, FormatBytes(result.bytes)));
+  }
+  return Status::Ok();
+}
 
 bool HasWeights(const std::string& dir) {
   std::error_code ec;

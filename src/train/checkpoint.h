@@ -79,6 +79,14 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
 // The step directory `path` names: itself when it holds trainer_state.json, else what its
 // `latest` link points to. NotFound / InvalidArgument naming the path otherwise.
 Result<std::string> ResolveCheckpoint(const std::string& path);
+// Collective: every rank reads back its share of the checkpoint's checksummed ranges
+// (checksum_manifest.h) and all agree. DataLoss listing what differs (at most a few lines, with
+// the count of the rest) when anything does; OK with a note through `print` when the checkpoint
+// has no checksums.json (saved before checkpoints had them). `print`: rank 0's progress lines.
+Status VerifyCheckpoint(const std::string& step_dir, comm::Collective& comm,
+                        device::Device& device,
+                        const std::function<void(const std::string&)>& print = {});
+
 // Reads and validates DIR/trainer_state.json.
 Result<TrainerState> ReadTrainerState(const std::string& step_dir);
 

@@ -4,10 +4,14 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include "common/proc_files.h"
 #include "common/units.h"
+#include "comm/single_collective.h"
 #include "device/gpu_info.h"
+#include "io/checksum_store.h"
+#include "io/memory_store.h"
 
 namespace strata::train {
 
@@ -59,7 +63,9 @@ EngineStack& EngineStack::operator=(EngineStack&& other) noexcept {
 
 Result<Runtime> OpenRuntime(const Config& config, const RuntimeOptions& options) {
   Runtime rt;
-  rt.launch = options.launch ? *options.launch : comm::DetectLaunch();
+  rt.launch = options.standalone ? comm::LaunchInfo{.launcher = "none"}
+              : options.launch   ? *options.launch
+                                 : comm::DetectLaunch();
   const DeviceKind kind = options.device.value_or(config.strata.device);
   std::optional<std::string> visible;
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) visible = v;
@@ -74,36 +80,60 @@ Result<Runtime> OpenRuntime(const Config& config, const RuntimeOptions& options)
   // strata.memory.device_budget: everything the run holds on the device (parameters, gradients,
   // optimizer states on the device, activations, workspaces); "auto": all free memory on a GPU,
   // 1/4 of RAM for the CPU device.
-  dopt.memory_budget = config.strata.memory.device_budget.value_or(0);
+  dopt.memory_budget =
+      options.device_budget.value_or(config.strata.memory.device_budget.value_or(0));
   dopt.trace = options.trace;
   STRATA_ASSIGN_OR_RETURN(rt.device, device::CreateDevice(dopt));
   comm::CollectiveOptions copt;
   copt.trace = options.trace;
-  STRATA_ASSIGN_OR_RETURN(rt.comm, comm::CreateCollective(*rt.device, copt));
+  copt.backend = options.backend;
+  if (options.comm_timeout) copt.timeout = *options.comm_timeout;
+  if (options.standalone) {
+    // Directly: CreateCollective refuses a world of one when the launcher started several ranks.
+    rt.comm = std::make_unique<comm::internal::SingleCollective>(*rt.device, copt);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(rt.comm, comm::CreateCollective(*rt.device, copt));
+  }
   return rt;
 }
 
+int CpuAdamThreads(const Config& config, device::DeviceType device, int local_ranks,
+                   unsigned hardware_threads) {
+  if (config.strata.cpu_adam_threads) return *config.strata.cpu_adam_threads;
+  if (device == device::DeviceType::kCpu) return 1;
+  const int per_rank = static_cast<int>(hardware_threads) / std::max(local_ranks, 1);
+  return std::max(1, per_rank - 2);
+}
+
 Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Config& config,
-                                std::optional<zero::InitialStates> initial, TraceRecorder* trace) {
+                                BuildOptions options) {
   EngineStack s;
   const IoSettings& io_cfg = config.strata.io;
   io::StoreOptions store_opt;
   store_opt.backend = io_cfg.backend == IoBackend::kUring   ? io::Backend::kUring
                       : io_cfg.backend == IoBackend::kPosix ? io::Backend::kPosix
                                                             : io::Backend::kAuto;
-  store_opt.threads = io_cfg.threads;
+  store_opt.threads = options.io_threads.value_or(io_cfg.threads);
   store_opt.queue_depth = io_cfg.queue_depth;
   store_opt.sqpoll = io_cfg.sqpoll;
   store_opt.register_files = io_cfg.register_files;
   store_opt.register_buffers = io_cfg.register_buffers;
-  STRATA_ASSIGN_OR_RETURN(s.store, io::CreateBlockStore(store_opt));
+  if (options.memory_store) {
+    STRATA_ASSIGN_OR_RETURN(s.store, io::CreateMemoryStore(store_opt));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(s.store, io::CreateBlockStore(store_opt));
+  }
+  if (options.wrap_store) s.store = options.wrap_store(std::move(s.store));
+  // Above everything else, so that whatever happens below (the drive, the file, an injected fault)
+  // is caught.
+  if (io_cfg.checksums) s.store = io::CreateChecksummingStore(std::move(s.store));
   // offload_optimizer.buffer_count: the optimizer sub-groups in host memory at once (read-ahead,
   // current, write-behind), at least 3.
   s.optimizer_pipeline_depth = static_cast<int>(
       std::clamp<int64_t>(config.zero.offload_optimizer.buffer_count, 3, 1024));
   uint64_t pool_bytes = 0;
-  if (config.strata.memory.pinned_pool.has_value()) {
-    pool_bytes = *config.strata.memory.pinned_pool;
+  if (options.pinned_pool || config.strata.memory.pinned_pool) {
+    pool_bytes = options.pinned_pool.value_or(config.strata.memory.pinned_pool.value_or(0));
   } else {
     STRATA_ASSIGN_OR_RETURN(pool_bytes, zero::Engine::PlanPinnedPoolBytes(
                                             model.units(), config, runtime.comm->world_size(),
@@ -121,7 +151,8 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
   }
   device::PinnedPoolOptions popt;
   popt.bytes = pool_bytes;
-  popt.huge_pages = io_cfg.huge_pages == Toggle::kOn    ? HugePages::kOn
+  popt.huge_pages = options.huge_pages ? *options.huge_pages
+                    : io_cfg.huge_pages == Toggle::kOn  ? HugePages::kOn
                     : io_cfg.huge_pages == Toggle::kOff ? HugePages::kOff
                                                         : HugePages::kAuto;
   popt.device = runtime.device.get();
@@ -133,10 +164,16 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
   eo.comm = runtime.comm.get();
   eo.pool = s.pool.get();
   eo.store = s.store.get();
-  eo.trace = trace;
+  eo.trace = options.trace;
   eo.optimizer_pipeline_depth = s.optimizer_pipeline_depth;
-  eo.param_host_budget = config.strata.memory.host_budget.value_or(0);
-  if (initial) eo.initial = std::move(*initial);
+  eo.param_host_budget =
+      options.param_host_budget.value_or(config.strata.memory.host_budget.value_or(0));
+  eo.param_device_budget = options.param_device_budget;
+  eo.cpu_adam_threads = CpuAdamThreads(config, runtime.device->type(), runtime.launch.local_size,
+                                       std::thread::hardware_concurrency());
+  if (options.cpu_adam_threads) eo.cpu_adam_threads = *options.cpu_adam_threads;
+  if (options.overlap_optimizer) eo.overlap_optimizer = *options.overlap_optimizer;
+  if (options.initial) eo.initial = std::move(*options.initial);
   STRATA_ASSIGN_OR_RETURN(s.engine, zero::Engine::Create(model, eo));
   return s;
 }

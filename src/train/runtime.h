@@ -15,6 +15,8 @@
 // destroyed before the model it drives, and both before their Runtime.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +44,12 @@ struct RuntimeOptions {
   // Launcher and GPUs, for tests; DetectLaunch() and QueryGpus() when unset.
   std::optional<comm::LaunchInfo> launch;
   std::optional<device::GpuReport> gpus;
+  // Tests and benchmarks; each replaces what the config or the launcher would choose.
+  std::optional<uint64_t> device_budget;  // strata.memory.device_budget
+  comm::Backend backend = comm::Backend::kAuto;
+  std::optional<std::chrono::milliseconds> comm_timeout;
+  // A world of one even inside a launcher's job (a reference run beside an mpirun test's ranks).
+  bool standalone = false;
 };
 
 struct Runtime {
@@ -72,10 +80,33 @@ struct EngineStack {
   void Reset();
 };
 
-// Builds the store, the pool and the engine for `model` on `runtime`. `initial`: the states to
-// start from (a checkpoint, a model's weights); the model's own initialisation when unset.
+struct BuildOptions {
+  // The states to start from (a checkpoint, a model's weights); the model's own initialisation
+  // when unset.
+  std::optional<zero::InitialStates> initial;
+  TraceRecorder* trace = nullptr;  // must outlive the EngineStack
+
+  // Tests and benchmarks; each replaces what the config would choose.
+  std::optional<uint64_t> pinned_pool;        // strata.memory.pinned_pool, else the plan
+  std::optional<uint64_t> param_host_budget;  // strata.memory.host_budget
+  uint64_t param_device_budget = 0;           // 0: the device's own budget
+  std::optional<int> cpu_adam_threads;        // strata.cpu_adam_threads
+  std::optional<bool> overlap_optimizer;      // the engine's choice (EngineOptions)
+  std::optional<int> io_threads;              // strata.io.threads
+  std::optional<HugePages> huge_pages;        // strata.io.huge_pages
+  bool memory_store = false;  // "NVMe" blocks kept in memory (io::CreateMemoryStore)
+  // Wraps the block store (fault injection) before anything uses it.
+  std::function<std::unique_ptr<io::BlockStore>(std::unique_ptr<io::BlockStore>)> wrap_store;
+};
+
+// Builds the store, the pool and the engine for `model` on `runtime`.
 Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Config& config,
-                                std::optional<zero::InitialStates> initial = std::nullopt,
-                                TraceRecorder* trace = nullptr);
+                                BuildOptions options = {});
+
+// strata.cpu_adam_threads resolved for this rank: the configured count, else on a GPU run the
+// cores of the node shared among its ranks, less one for I/O and one for the rank's own thread
+// (at least 1); on the CPU device 1.
+int CpuAdamThreads(const Config& config, device::DeviceType device, int local_ranks,
+                   unsigned hardware_threads);
 
 }  // namespace strata::train

@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <utility>
 
 #include "common/errno.h"
+#include "io/checksum_store.h"
 #include "common/log.h"
 
 namespace strata::train {
@@ -675,7 +677,10 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   // On a shared filesystem (NFS: close-to-open consistency) the other writers open the file on
   // other nodes after the caller's barrier; make the size and header durable and visible first.
   if (::fsync(fd) != 0) return ErrnoToStatus(errno, fmt::format("fsync {}", path));
-  return std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter(path, layout, closer.release()));
+  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter(path, layout, closer.release()));
+  w->written_.push_back({0, layout.header().size(),
+                         io::Checksum64(std::as_bytes(std::span(layout.header()))), "header"});
+  return w;
 }
 
 Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Open(
@@ -714,17 +719,27 @@ Status SafetensorsWriter::WriteRange(std::string_view name, uint64_t element_off
   STRATA_ASSIGN_OR_RETURN(DType file_dtype, CheckRange(*tensor, element_offset, count, path_));
   const uint64_t file_size = device::DTypeSize(file_dtype);
   const uint64_t offset = tensor->file_offset + element_offset * file_size;
-  if (src_dtype == file_dtype) return PwriteFully(fd_, src, count * file_size, offset, path_);
+  if (count == 0) return Status::Ok();
+  if (src_dtype == file_dtype) {
+    STRATA_RETURN_IF_ERROR(PwriteFully(fd_, src, count * file_size, offset, path_));
+    written_.push_back({offset, count * file_size,
+                        io::Checksum64({static_cast<const std::byte*>(src), count * file_size}),
+                        std::string(name)});
+    return Status::Ok();
+  }
   std::vector<char> bounce(std::min(count, kBounceElements) * file_size);
   const uint64_t src_size = device::DTypeSize(src_dtype);
+  io::Checksum64Stream hash;
   for (uint64_t done = 0; done < count;) {
     const uint64_t n = std::min(count - done, kBounceElements);
     ConvertElements(static_cast<const char*>(src) + done * src_size, src_dtype, bounce.data(),
                     file_dtype, n);
     STRATA_RETURN_IF_ERROR(
         PwriteFully(fd_, bounce.data(), n * file_size, offset + done * file_size, path_));
+    hash.Update(bounce.data(), n * file_size);
     done += n;
   }
+  written_.push_back({offset, count * file_size, hash.Digest(), std::string(name)});
   return Status::Ok();
 }
 

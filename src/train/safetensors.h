@@ -243,12 +243,23 @@ class SafetensorsWriter {
   // fsyncs and closes the file. Further writes are FailedPrecondition; a second Finish is a no-op.
   Status Finish();
 
+  // The byte ranges this writer wrote (the header for the one that created the file, then each
+  // WriteRange) with the XXH3-64 of the bytes as written: a checkpoint's manifest is made of them.
+  struct WrittenRange {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint64_t checksum = 0;
+    std::string what;  // "header" or the tensor's name
+  };
+  const std::vector<WrittenRange>& written() const { return written_; }
+
  private:
   SafetensorsWriter(std::string path, SafetensorsLayout layout, int fd);
 
   std::string path_;
   SafetensorsLayout layout_;
   int fd_ = -1;
+  std::vector<WrittenRange> written_;
 };
 
 // Writes a Hugging Face index ({"metadata": {"total_size": N}, "weight_map": {tensor: file}}) to

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -153,6 +154,12 @@ Status RunTraining(const TrainOptions& o) {
   say(fmt::format("  device: {}; device memory budget {}, activations {}", runtime.choice.reason,
                   FormatBytes(dev->memory_stats().budget),
                   FormatBytes(llama->activation_bytes() + llama->workspace_bytes())));
+  if (config.zero.offload_optimizer.device != OffloadDevice::kNone) {
+    say(fmt::format("  CPU AdamW: {} thread(s) per rank (strata.cpu_adam_threads{})",
+                    CpuAdamThreads(config, dev->type(), runtime.launch.local_size,
+                                   std::thread::hardware_concurrency()),
+                    config.strata.cpu_adam_threads ? "" : " auto"));
+  }
   say(fmt::format("  data {} ({} tokens), sequence {} x global batch {} ({} per rank x {} "
                   "accumulation), {} steps",
                   o.data, data.size(), seq_len, layout.global_batch(), layout.micro_batch,
@@ -160,6 +167,9 @@ Status RunTraining(const TrainOptions& o) {
   // Initial states: a checkpoint, a model directory's weights, or the model's own init.
   std::unique_ptr<StateFiles> files;
   if (resumed) {
+    // Every byte read back is checked first (the ranks share the work): a damaged checkpoint is
+    // an error naming the file and tensor, never weights that train on silently.
+    STRATA_RETURN_IF_ERROR(VerifyCheckpoint(resume_dir, *comm, *dev, say));
     STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenCheckpoint(resume_dir, llama->units()));
   } else {
     // A model directory, or its config.json: the weights sit beside it.
@@ -183,7 +193,8 @@ Status RunTraining(const TrainOptions& o) {
     initial = files->Initial(UnitProgress(rank == 0 ? print : nullptr, "loading"));
   }
   STRATA_ASSIGN_OR_RETURN(EngineStack stack,
-                          BuildEngine(runtime, *llama, config, std::move(initial), trace.get()));
+                          BuildEngine(runtime, *llama, config,
+                                      {.initial = std::move(initial), .trace = trace.get()}));
   zero::Engine* engine = stack.engine.get();
   int64_t first_step = 0;
   if (files) {

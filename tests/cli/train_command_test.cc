@@ -244,6 +244,12 @@ TEST(TrainCommandTest, BadModelsAndCheckpointsAreClearErrors) {
   EXPECT_THAT(r.err, HasSubstr("not a Strata checkpoint"));
   fs::copy(step, dir.file("noopt"));
   fs::remove(dir.file("noopt/optimizer.safetensors"));
+  // With its checksums the missing file is damage, named as such ...
+  r = RunStrata({"train", "--config", config, "--data", data, "--resume", dir.file("noopt")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("optimizer.safetensors: open"));
+  // ... and without them (a checkpoint from before checksums) the loader says what is missing.
+  fs::remove(dir.file("noopt/checksums.json"));
   r = RunStrata({"train", "--config", config, "--data", data, "--resume", dir.file("noopt")});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("no optimizer states"));
@@ -259,6 +265,64 @@ TEST(TrainCommandTest, BadModelsAndCheckpointsAreClearErrors) {
                  "--seq-len", "32", "--steps", "3"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("sequence length cannot change"));
+}
+
+// A checkpoint carries checksums of every byte (checksums.json): `strata checkpoint verify`
+// checks one without training, and resuming checks first. Bytes changed in the optimizer states
+// (which before checksums loaded silently) are an error naming the file, the bytes and the tensor,
+// from both; a checkpoint that was not touched verifies, sharded or not.
+TEST(TrainCommandTest, ChecksumsCatchADamagedCheckpoint) {
+  TempDir dir;
+  namespace fs = std::filesystem;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"}).exit_code, 0);
+  const std::string config = WriteConfig(dir);
+  for (const std::string shard : {"5GiB", "20000"}) {
+    SCOPED_TRACE("--save-shard-size " + shard);
+    const std::string ck = dir.file("ck" + shard);
+    auto r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                        "--seq-len", "16", "--steps", "2", "--save", ck, "--save-shard-size",
+                        shard});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(fs::exists(ck + "/step-00000002/checksums.json"));
+    // No per-rank leftovers in the published directory.
+    for (const auto& e : fs::directory_iterator(ck + "/step-00000002")) {
+      EXPECT_NE(e.path().filename().string()[0], '.') << e.path();
+    }
+    auto v = RunStrata({"checkpoint", "verify", ck});
+    ASSERT_EQ(v.exit_code, 0) << v.out << v.err;
+    EXPECT_THAT(v.out, HasSubstr("every byte matches its checksum"));
+    EXPECT_THAT(v.out, HasSubstr("trainer_state.json"));
+    auto js = RunStrata({"checkpoint", "verify", ck, "--json"});
+    ASSERT_EQ(js.exit_code, 0) << js.err;
+    auto j = nlohmann::json::parse(js.out);
+    EXPECT_TRUE(j["ok"].get<bool>());
+    EXPECT_GT(j["bytes"].get<uint64_t>(), 0u);
+  }
+  // 1 KiB of other bytes in the middle of the optimizer states.
+  const std::string step = dir.file("ck5GiB/step-00000002");
+  const std::string optim = step + "/optimizer.safetensors";
+  const uint64_t at = fs::file_size(optim) / 2;
+  {
+    std::fstream f(optim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    const std::string junk(1024, '\x7f');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  auto v = RunStrata({"checkpoint", "verify", step});
+  EXPECT_EQ(v.exit_code, 1);
+  EXPECT_THAT(v.out, HasSubstr("damaged: optimizer.safetensors: bytes ["));
+  EXPECT_THAT(v.err, HasSubstr("is damaged"));
+  EXPECT_THAT(v.out, ::testing::ContainsRegex("\\((exp_avg|exp_avg_sq|master)\\."));
+  auto r = RunStrata({"train", "--config", config, "--data", data, "--steps", "3", "--resume",
+                      step});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("checkpoint " + step + " is damaged: optimizer.safetensors"));
+  // Not a checkpoint with checksums: a clear error, not a crash.
+  fs::create_directories(dir.file("none"));
+  v = RunStrata({"checkpoint", "verify", dir.file("none")});
+  EXPECT_NE(v.exit_code, 0);
+  EXPECT_THAT(v.err, HasSubstr(dir.file("none")));
 }
 
 }  // namespace

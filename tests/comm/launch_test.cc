@@ -1,6 +1,7 @@
 // The launcher's environment: ParseLaunch over a fake environment, DetectLaunch over the real one.
 #include "comm/launch.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -13,6 +14,7 @@ namespace strata::comm {
 namespace {
 
 using internal::ParseLaunch;
+using ::testing::HasSubstr;
 using testing::EnvGuard;
 
 // A fake environment for ParseLaunch.
@@ -47,7 +49,31 @@ TEST(ParseLaunchTest, OpenMpi) {
   EXPECT_EQ(info.rank, 3);
   EXPECT_EQ(info.world_size, 8);
   EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_size, 8);  // not said: every rank is assumed on this node
   EXPECT_EQ(info.launcher, "mpirun");
+}
+
+TEST(ParseLaunchTest, RanksPerNode) {
+  FakeEnv ompi({{"OMPI_COMM_WORLD_RANK", "3"},
+                {"OMPI_COMM_WORLD_SIZE", "8"},
+                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  ASSERT_OK_AND_ASSIGN(LaunchInfo info, ParseLaunch(ompi.fn()));
+  EXPECT_EQ(info.local_size, 2);
+  FakeEnv pmi({{"PMI_RANK", "2"}, {"PMI_SIZE", "4"}, {"MPI_LOCALNRANKS", "4"}});
+  ASSERT_OK_AND_ASSIGN(info, ParseLaunch(pmi.fn()));
+  EXPECT_EQ(info.local_size, 4);
+  FakeEnv slurm({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_NTASKS_PER_NODE", "4"}});
+  ASSERT_OK_AND_ASSIGN(info, ParseLaunch(slurm.fn()));
+  EXPECT_EQ(info.local_size, 4);
+  // A local rank at or past the node's size, or a node larger than the world, is refused.
+  FakeEnv past({{"OMPI_COMM_WORLD_RANK", "3"},
+                {"OMPI_COMM_WORLD_SIZE", "8"},
+                {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_THAT(ParseLaunch(past.fn()).status().message(), HasSubstr("OMPI_COMM_WORLD_LOCAL_SIZE=2"));
+  FakeEnv big({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"MPI_LOCALNRANKS", "3"}});
+  EXPECT_THAT(ParseLaunch(big.fn()).status().message(), HasSubstr("MPI_LOCALNRANKS=3"));
 }
 
 TEST(ParseLaunchTest, Pmi) {

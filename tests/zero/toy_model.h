@@ -29,6 +29,7 @@
 #include "strata/config.h"
 #include "strata/device.h"
 #include "test_support.h"
+#include "train/runtime.h"
 #include "zero/engine.h"
 #include "zero/model.h"
 
@@ -281,24 +282,26 @@ struct ToyRun {
 
   Options o;
   Config config;
-  std::unique_ptr<device::Device> device;
-  std::unique_ptr<comm::Collective> comm;
-  std::unique_ptr<io::BlockStore> store;
-  std::unique_ptr<device::PinnedPool> pool;
+  // Built by the composition root (train/runtime.h) as `strata train` builds a run; destroyed in
+  // reverse: the engine stack, the model, then the device and collective.
+  train::Runtime runtime;
   std::unique_ptr<strata::testing::TempDir> dir;
   std::unique_ptr<ToyModel> model;
-  std::unique_ptr<Engine> engine;
+  train::EngineStack stack;
+  std::unique_ptr<device::Device>& device = runtime.device;
+  std::unique_ptr<comm::Collective>& comm = runtime.comm;
+  std::unique_ptr<io::BlockStore>& store = stack.store;
+  std::unique_ptr<device::PinnedPool>& pool = stack.pool;
+  std::unique_ptr<Engine>& engine = stack.engine;
   std::vector<StepResult> results;
 
-  ~ToyRun() {
-    engine.reset();
-    pool.reset();
-    store.reset();
-    comm.reset();
-    device.reset();
-  }
+  ToyRun() = default;
+  ToyRun(const ToyRun&) = delete;
+  ToyRun& operator=(const ToyRun&) = delete;
 
   Status Setup(const Options& options) {
+    stack.Reset();  // a second Setup: the old run goes, engine first
+    model.reset();
     o = options;
     dir = std::make_unique<strata::testing::TempDir>();
     const std::string nvme = (dir->path() / "nvme").string();
@@ -307,47 +310,32 @@ struct ToyRun {
     size_t pos = 0;
     while ((pos = json.find("@NVME@")) != std::string::npos) json.replace(pos, 6, nvme);
     STRATA_ASSIGN_OR_RETURN(config, ParseConfig(json, "<test config>"));
-    device::DeviceOptions dopt;
-    dopt.type = device::DeviceType::kCpu;
-    dopt.memory_budget = o.device_budget;
-    STRATA_ASSIGN_OR_RETURN(device, device::CreateDevice(dopt));
-    comm::CollectiveOptions copt;
-    copt.backend = o.backend;
-    copt.timeout = o.comm_timeout;
-    if (o.backend == comm::Backend::kSingle) {
-      // Directly, so that a reference run also works inside an mpirun job (CreateCollective
-      // refuses the single backend when the launcher started several ranks).
-      comm = std::make_unique<comm::internal::SingleCollective>(*device, copt);
-    } else {
-      STRATA_ASSIGN_OR_RETURN(comm, comm::CreateCollective(*device, copt));
-    }
-    io::StoreOptions sopt;
-    sopt.threads = 1;
-    if (o.real_files) {
-      STRATA_ASSIGN_OR_RETURN(store, io::CreateBlockStore(sopt));
-    } else {
-      STRATA_ASSIGN_OR_RETURN(store, io::CreateMemoryStore(sopt));
-    }
-    if (o.faults) store = io::CreateFaultInjectingStore(std::move(store), o.faults);
-    device::PinnedPoolOptions popt;
-    popt.bytes = o.pool_bytes;
-    popt.huge_pages = HugePages::kOff;
-    popt.device = device.get();
-    popt.store = store.get();
-    STRATA_ASSIGN_OR_RETURN(pool, device::PinnedPool::Create(popt));
+    // The test's own budgets, store and backend; everything else as the config says.
+    train::RuntimeOptions ro;
+    ro.device = DeviceKind::kCpu;
+    ro.device_budget = o.device_budget;
+    ro.backend = o.backend;
+    ro.comm_timeout = o.comm_timeout;
+    // A reference run also works inside an mpirun job.
+    ro.standalone = o.backend == comm::Backend::kSingle;
+    STRATA_ASSIGN_OR_RETURN(runtime, train::OpenRuntime(config, ro));
     model = std::make_unique<ToyModel>(*device, o.layers, o.width);
-    EngineOptions eo;
-    eo.config = config;
-    eo.device = device.get();
-    eo.comm = comm.get();
-    eo.pool = pool.get();
-    eo.store = store.get();
-    eo.nvme_paths = {nvme};
-    eo.overlap_optimizer = o.overlap_optimizer;
-    eo.param_device_budget = o.param_device_budget;
-    eo.param_host_budget = o.param_host_budget;
-    eo.initial = o.initial;
-    STRATA_ASSIGN_OR_RETURN(engine, Engine::Create(*model, eo));
+    train::BuildOptions bo;
+    bo.initial = o.initial;
+    bo.pinned_pool = o.pool_bytes;
+    bo.param_host_budget = o.param_host_budget;
+    bo.param_device_budget = o.param_device_budget;
+    bo.cpu_adam_threads = 1;
+    bo.overlap_optimizer = o.overlap_optimizer;
+    bo.io_threads = 1;
+    bo.huge_pages = HugePages::kOff;
+    bo.memory_store = !o.real_files;
+    if (o.faults) {
+      bo.wrap_store = [faults = o.faults](std::unique_ptr<io::BlockStore> inner) {
+        return io::CreateFaultInjectingStore(std::move(inner), faults);
+      };
+    }
+    STRATA_ASSIGN_OR_RETURN(stack, train::BuildEngine(runtime, *model, config, std::move(bo)));
     return Status::Ok();
   }
 
