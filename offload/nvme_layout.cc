@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <map>
 #include <utility>
 
+#include "common/file_lock.h"
 #include "common/log.h"
 #include "common/units.h"
 
@@ -59,6 +61,15 @@ Result<std::unique_ptr<NvmeLayout>> NvmeLayout::Create(io::BlockStore& store,
     spec.truncate = true;
     spec.preallocate = bytes;
     spec.durable_writes = options.durable_writes;
+    // One run per file: a second run on the same paths (and prefix) is refused here, before
+    // Open truncates what the first one is using. (A directory that does not exist has nothing
+    // to protect; Open reports it. The memory store's paths are such.)
+    for (const std::string& p : spec.paths) {
+      if (!std::filesystem::is_directory(std::filesystem::path(p).parent_path())) continue;
+      Result<FileLock> lock = FileLock::Acquire(p, "NVMe offload file");
+      if (!lock.ok()) return lock.status();
+      layout->locks_.push_back(std::move(*lock));
+    }
     Result<io::FileId> file = store.Open(spec);
     if (!file.ok()) {
       return file.status().WithContext("creating the NVMe offload file for '" + cls + "' state");

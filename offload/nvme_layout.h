@@ -8,7 +8,8 @@
 // O_DIRECT request. The files are preallocated (fallocate) for the whole layout at creation, so a
 // full disk is reported before training starts (naming the path, the bytes needed and free), and
 // removed when the layout is destroyed unless `keep_files` is set (offload files are scratch: a
-// checkpoint is the durable copy).
+// checkpoint is the durable copy). Each file is locked (common/file_lock.h) from before it is
+// opened until after it is removed: a second run on the same paths is refused, naming the holder.
 //
 // Threading: immutable after Create; Find may be called from any thread.
 #pragma once
@@ -20,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/file_lock.h"
 #include "strata/block_store.h"
 #include "strata/status.h"
 
@@ -75,6 +77,7 @@ class NvmeLayout {
   std::vector<io::FileId> files_;
   std::vector<std::vector<std::string>> file_paths_;
   std::unordered_map<uint64_t, NvmeSlot> slots_;
+  std::vector<FileLock> locks_;  // released after the files are removed (member order)
   uint64_t total_bytes_ = 0;
   bool direct_ = false;
 };

@@ -330,6 +330,16 @@ struct PrefetchSettings {
 };
 
 enum class DeviceKind { kAuto, kCpu, kCuda };
+
+// strata.on_nonfinite: a step whose gradient norm (or loss) is not finite, outside fp16's loss
+// scaling (which skips such steps and lowers the scale).
+enum class NonFinitePolicy {
+  kError,  // stop: TrainStep returns Aborted naming the step (the default)
+  kSkip,   // skip the update, as fp16 does on overflow (turns off the overlapped CPU optimizer,
+           // whose updates would otherwise be applied before the norm is known)
+};
+std::string_view NonFinitePolicyName(NonFinitePolicy policy);  // "error", "skip"
+
 std::string_view DeviceKindName(DeviceKind kind);  // "auto", "cpu", "cuda"
 
 struct StrataSettings {
@@ -344,6 +354,7 @@ struct StrataSettings {
   // the host's cores divided among the node's ranks, less one each for I/O and the run's own
   // thread; on the CPU device 1, since the cores compute the model.
   std::optional<int> cpu_adam_threads;
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::kError;
   uint64_t seed = 1234;
 
   friend bool operator==(const StrataSettings&, const StrataSettings&) = default;

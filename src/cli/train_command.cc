@@ -26,9 +26,11 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"uint16", "uint32", "int32"}))
       ->capture_default_str();
   cmd->add_option("--seq-len", o->seq_len,
-                  "Tokens per sequence (default: min(256, max_position_embeddings))");
+                  "Tokens per sequence (default: min(256, max_position_embeddings))")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   cmd->add_option("--steps", o->steps,
                   "Training steps to reach (a resumed run continues up to this total)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1'000'000'000'000}))
       ->capture_default_str();
   cmd->add_option("--save", o->save_dir,
                   "Write checkpoints here: DIR/step-N/ (Hugging Face model + optimizer and "
@@ -38,8 +40,10 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
                   "directory; any number of ranks");
   cmd->add_option("--save-shard-size", o->max_shard_bytes,
                   "Split checkpoint files above this many bytes, with an index (default 5GiB)")
-      ->transform(ByteSize());
-  cmd->add_option("--save-every", o->save_every, "Also save every N steps (0: only at the end)");
+      ->transform(ByteSize())
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 50));
+  cmd->add_option("--save-every", o->save_every, "Also save every N steps (0: only at the end)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1'000'000'000'000}));
   cmd->add_option("--trace", o->trace_path, "Write a Chrome / Perfetto timeline (per rank)");
   cmd->add_option("--metrics", o->metrics_path, "Write one JSON object per step (rank 0)");
   cmd->add_option("--sampling", o->sampling,

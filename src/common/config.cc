@@ -114,6 +114,10 @@ std::string_view DeviceKindName(DeviceKind kind) {
   return "?";
 }
 
+std::string_view NonFinitePolicyName(NonFinitePolicy policy) {
+  return policy == NonFinitePolicy::kSkip ? "skip" : "error";
+}
+
 std::string ConfigDiagnostics::IgnoredKeysMessage(std::string_view source_name) const {
   if (ignored_keys.empty()) return "";
   return fmt::format(
@@ -845,6 +849,13 @@ class ConfigParser {
                                            &s.device);
              }},
         {.name = "tf32", .parse = [&](const Field& v) { return ReadBool(v, &s.tf32); }},
+        {.name = "on_nonfinite",
+         .parse =
+             [&](const Field& v) {
+               return ReadEnum<NonFinitePolicy>(
+                   v, {{"error", NonFinitePolicy::kError}, {"skip", NonFinitePolicy::kSkip}},
+                   &s.on_nonfinite);
+             }},
         {.name = "cpu_adam_threads",
          .parse =
              [&](const Field& v) {

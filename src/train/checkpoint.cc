@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <algorithm>
@@ -119,6 +120,24 @@ Status AgreeOk(comm::Collective& comm, device::Device& dev, device::Stream& stre
   }
   if (failed.empty()) return Status::Ok();
   return Status(StatusCode::kAborted, fmt::format("{}: failed on rank(s) {} (see their error)", what, failed));
+}
+
+// The first element of `data` that is not finite (NaN or infinite), or -1.
+int64_t FirstNonFinite(const void* data, uint64_t count, device::DType dtype) {
+  if (dtype == device::DType::kF32) {
+    const float* f = static_cast<const float*>(data);
+    for (uint64_t i = 0; i < count; ++i) {
+      if (!std::isfinite(f[i])) return static_cast<int64_t>(i);
+    }
+    return -1;
+  }
+  // bf16 and fp16: the exponent bits all set.
+  const uint16_t mask = dtype == device::DType::kBF16 ? 0x7f80 : 0x7c00;
+  const uint16_t* h = static_cast<const uint16_t*>(data);
+  for (uint64_t i = 0; i < count; ++i) {
+    if ((h[i] & mask) == mask) return static_cast<int64_t>(i);
+  }
+  return -1;
 }
 
 // Writes `text` to `path` and fsyncs it.
@@ -239,6 +258,16 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
   const std::string tmp_dir = (fs::path(save_dir) / ("." + StepDirName(state.step) + ".tmp")).string();
   const std::string what = fmt::format("saving checkpoint {}", final_dir);
   const auto t0 = std::chrono::steady_clock::now();
+  // A save that fails anywhere leaves no temporary directory behind (rank 0 made it).
+  struct RemoveUnlessPublished {
+    const std::string& dir;
+    bool active;
+    ~RemoveUnlessPublished() {
+      if (!active) return;
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{tmp_dir, rank == 0};
   const zero::StateProgress progress =
       UnitProgress(rank == 0 ? options.print : nullptr, "saving checkpoint");
 
@@ -296,6 +325,16 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
           const std::string& pname = layouts[p.unit].slots[p.slot].name;
           const int k = p.kind == zero::StateKind::kParams ? 0 : 1;
           const std::string name = k == 0 ? pname : OptimizerName(p.kind, pname);
+          // A checkpoint is the run's durable copy: one with NaN or infinite values is never
+          // written, so `latest` never moves to one.
+          if (const int64_t bad = FirstNonFinite(data, static_cast<uint64_t>(p.count), dtype);
+              bad >= 0) {
+            return Status(StatusCode::kAborted,
+                          fmt::format("tensor '{}' element {} is not finite: not saving a "
+                                      "checkpoint of non-finite weights ({} is unchanged)",
+                                      name, static_cast<int64_t>(p.offset) + bad,
+                                      (fs::path(save_dir) / kLatest).string()));
+          }
           auto it = sets[k]->file_of.find(name);
           if (it == sets[k]->file_of.end()) {
             return InternalError(fmt::format("checkpoint: no file for tensor '{}'", name));

@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +26,8 @@
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/trace.h"
+#include "common/errno.h"
+#include "common/file_lock.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/runtime.h"
@@ -43,6 +47,51 @@ std::string RankPath(const std::string& path, int rank, int world) {
 }
 
 
+
+// Creates `dir` if needed and proves it writable by creating and removing a file in it.
+Status ProbeDirectory(const std::string& dir, std::string_view what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return ErrnoToStatus(ec.value(), fmt::format("{} {}: cannot create the directory", what, dir));
+  }
+  const std::string probe =
+      (std::filesystem::path(dir) / fmt::format(".strata-probe-{}", ::getpid())).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return ErrnoToStatus(errno, fmt::format("{} {}: cannot write in the directory", what, dir));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return Status::Ok();
+}
+
+// Opens `path` for appending (creating it, never truncating) to prove it can be written.
+Status ProbeFile(const std::string& path, std::string_view what) {
+  const std::filesystem::path p(path);
+  if (!p.parent_path().empty()) STRATA_RETURN_IF_ERROR(ProbeDirectory(p.parent_path().string(), what));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("{} {}: cannot open for writing", what, path));
+  ::close(fd);
+  return Status::Ok();
+}
+
+// Everything the run will write, checked before anything is allocated or trained: a read-only
+// --save found after hours of training loses them all.
+Status ProbeOutputs(const TrainOptions& o, const Config& config, const comm::LaunchInfo& launch) {
+  if (!o.save_dir.empty()) STRATA_RETURN_IF_ERROR(ProbeDirectory(o.save_dir, "--save"));
+  if (!o.metrics_path.empty() && launch.rank == 0) {
+    STRATA_RETURN_IF_ERROR(ProbeFile(o.metrics_path, "--metrics"));
+  }
+  if (!o.trace_path.empty()) {
+    STRATA_RETURN_IF_ERROR(
+        ProbeFile(RankPath(o.trace_path, launch.rank, launch.world_size), "--trace"));
+  }
+  for (const std::string& dir : config.strata.io.nvme_paths) {
+    STRATA_RETURN_IF_ERROR(ProbeDirectory(dir, "nvme_path"));
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -86,6 +135,15 @@ Status RunTraining(const TrainOptions& o) {
 
   // Devices and ranks (train/runtime.h: the composition root).
   const comm::LaunchInfo launch = comm::DetectLaunch();
+  STRATA_RETURN_IF_ERROR(ProbeOutputs(o, config, launch));
+  // One run per --save directory: a second one would race for `latest`. (Rank 0 saves.)
+  FileLock save_lock;
+  if (!o.save_dir.empty() && launch.rank == 0) {
+    STRATA_ASSIGN_OR_RETURN(
+        save_lock,
+        FileLock::Acquire(o.save_dir, "checkpoint directory",
+                          (std::filesystem::path(o.save_dir) / ".strata.lock").string()));
+  }
   std::unique_ptr<TraceRecorder> trace;
   if (!o.trace_path.empty()) {
     trace = std::make_unique<TraceRecorder>(launch.rank, fmt::format("rank {}", launch.rank));

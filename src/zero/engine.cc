@@ -43,8 +43,11 @@ Status Engine::Impl::Init() {
   optim_home = HomeOf(cfg.zero.offload_optimizer.device);
   if (stage == 0) optim_home = Tier::kDevice;
   cpu_optimizer = optim_home != Tier::kDevice;
+  // The CPU optimizer overlaps backward only when an update never depends on the global gradient
+  // norm: no clipping, no fp16 overflow skipping, no skipping of non-finite steps.
   overlapped_optimizer = cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
-                         !cfg.fp16.enabled;
+                         !cfg.fp16.enabled &&
+                         cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
   isa = optim::BestIsa();
   if (opt.cpu_adam_threads < 1) {
     return InvalidArgumentError(

@@ -351,10 +351,14 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
       if (coef < 1.0) clip_coef = coef;
     }
   }
+  // fp32 / bf16: a non-finite norm is never applied where it can still be held back (not when
+  // the CPU optimizer overlapped backward: those updates are done). strata.on_nonfinite "error"
+  // stops the run below, once the step's work has drained; "skip" goes on.
+  const bool nonfinite = !scaler && overflow;
   if (scaler) {
     result.skipped = scaler->Update(overflow);
-  } else if (overflow) {
-    result.skipped = false;  // fp32 / bf16: no skipping; the non-finite values propagate
+  } else if (nonfinite) {
+    result.skipped = true;
   }
 
   int64_t opt_wait_ns = 0;
@@ -422,6 +426,21 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
   if (world > 1) {
     STRATA_ASSIGN_OR_RETURN(float total, AllReduceHostFloat(static_cast<float>(result.loss)));
     result.loss = static_cast<double>(total) / world;
+  }
+  if (!scaler && (nonfinite || !std::isfinite(result.loss)) &&
+      cfg.strata.on_nonfinite == NonFinitePolicy::kError) {
+    return Status(
+        StatusCode::kAborted,
+        fmt::format("step {}: the loss is {} and the gradient norm is {}: stopping (strata."
+                    "on_nonfinite \"error\"); {}. Lower the learning rate, set gradient_clipping, "
+                    "or set strata.on_nonfinite to \"skip\" to skip such steps",
+                    steps_taken + 1, std::isnan(result.loss) ? "NaN" : fmt::format("{}", result.loss),
+                    std::isnan(result.grad_norm) ? "NaN" : fmt::format("{}", result.grad_norm),
+                    overlapped && nonfinite
+                        ? "the overlapped CPU optimizer had already applied this step's update, "
+                          "so the weights in memory are no longer usable; saved checkpoints are "
+                          "not affected"
+                        : "this step's update was not applied"));
   }
   result.step_s = Seconds(TraceRecorder::NowNs() - step_t0);
   result.exposed_io_s = exposed_io;

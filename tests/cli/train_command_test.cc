@@ -11,8 +11,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unistd.h>
+#include <utility>
+#include <vector>
 
 #include "cli_test_util.h"
+#include "common/file_lock.h"
 #include "strata/device.h"
 #include "test_support.h"
 
@@ -323,6 +327,97 @@ TEST(TrainCommandTest, ChecksumsCatchADamagedCheckpoint) {
   v = RunStrata({"checkpoint", "verify", dir.file("none")});
   EXPECT_NE(v.exit_code, 0);
   EXPECT_THAT(v.err, HasSubstr(dir.file("none")));
+}
+
+// A learning rate that overflows the weights: the step that makes them infinite still has a
+// finite loss, so a save right after it must refuse to write them; the next step's loss is not
+// finite and stops the run naming the step. Nothing is saved and no temporary directory is left.
+TEST(TrainCommandTest, NonFiniteWeightsAreNeverSavedAndStopTheRun) {
+  TempDir dir;
+  namespace fs = std::filesystem;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"}).exit_code, 0);
+  const std::string config = dir.file("huge_lr.json");
+  std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e39}},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})";
+  const std::string ck = dir.file("ck");
+  auto r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                      "--seq-len", "16", "--steps", "3", "--save", ck, "--save-every", "1"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("is not finite: not saving a checkpoint of non-finite weights"));
+  EXPECT_FALSE(fs::exists(ck + "/latest"));
+  if (fs::exists(ck)) {
+    for (const auto& e : fs::directory_iterator(ck)) ADD_FAILURE() << "left behind: " << e.path();
+  }
+  // Without saving, the next step stops the run.
+  r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                 "--seq-len", "16", "--steps", "3"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("step 2: the loss is"));
+  EXPECT_THAT(r.err, HasSubstr("strata.on_nonfinite"));
+}
+
+// What a run owns is locked: a second run on the same NVMe files or the same --save directory is
+// refused before it touches them, naming the path and the process holding it. Outputs that cannot
+// be written, and numbers out of range, are refused before the first step.
+TEST(TrainCommandTest, SecondRunsAndUnwritableOutputsAreRefusedUpFront) {
+  TempDir dir;
+  namespace fs = std::filesystem;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "20k", "--vocab", "256"}).exit_code, 0);
+  const std::string config = WriteConfig(dir);
+  const std::vector<std::string> base = {"train", "--config", config, "--model", "llama-tiny",
+                                         "--data", data, "--seq-len", "16", "--steps", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunStrata(args);
+  };
+  {
+    // "Another run" holds rank 0's parameter swap file.
+    const std::string swap = dir.file("strata.rank0.param.swap");
+    auto held = FileLock::Acquire(swap, "NVMe offload file");
+    ASSERT_TRUE(held.ok()) << held.status().ToString();
+    auto r = with({});
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr(swap + " is in use by another process: pid " +
+                                 std::to_string(::getpid())));
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step     1")));
+  }
+  {
+    const std::string ck = dir.file("ck");
+    fs::create_directories(ck);
+    auto held = FileLock::Acquire(ck, "checkpoint directory", ck + "/.strata.lock");
+    ASSERT_TRUE(held.ok());
+    auto r = with({"--save", ck});
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("the checkpoint directory " + ck + " is in use"));
+  }
+  // Once the holder is gone the same run works, and leaves no lock files behind.
+  auto ok = with({"--save", dir.file("ck")});
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_FALSE(fs::exists(dir.file("ck/.strata.lock")));
+  EXPECT_FALSE(fs::exists(dir.file("strata.rank0.param.swap.lock")));
+  // Outputs that cannot be written: found before anything trains.
+  std::ofstream(dir.file("a_file")) << "x";
+  for (const std::string flag : {"--save", "--metrics", "--trace"}) {
+    SCOPED_TRACE(flag);
+    const std::string bad = dir.file("a_file/out");
+    auto r = with({flag, bad});
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_THAT(r.err, HasSubstr(flag + " " + dir.file("a_file")));
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step     1")));
+  }
+  // Numbers out of range name the option.
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--seq-len", "0"}, {"--steps", "-3"}, {"--save-every", "-1"},
+           {"--save-shard-size", "100"}}) {
+    SCOPED_TRACE(flag);
+    auto r = with({flag, value});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(flag));
+  }
 }
 
 }  // namespace

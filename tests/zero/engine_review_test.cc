@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <functional>
 #include <random>
 #include <mutex>
@@ -562,6 +563,61 @@ TEST(EngineIntegrityTest, WithChecksumsOffTheSameCorruptionGoesUnnoticed) {
   Scribble((run.dir->path() / "nvme" / "strata.rank0.optim.swap").string(), 4096);
   EXPECT_TRUE(run.Step(2).ok());
   EXPECT_EQ(run.store->stats().checksum_verified_reads, 0u);
+}
+
+
+// ---- non-finite steps --------------------------------------------------------------------------
+
+// One step on a batch with a NaN input: its loss and gradients are NaN.
+Result<StepResult> PoisonedStep(ToyRun& run, int64_t step) {
+  ToyBatch b = testing::MakeBatch(step, 0, run.o.samples_per_micro_batch, run.o.width);
+  b.x[3] = NAN;
+  const Batch* p = &b;
+  return run.engine->TrainStep(std::span<const Batch* const>(&p, 1));
+}
+
+TEST(EngineNonFiniteTest, ANonFiniteStepStopsTheRunAndIsNotApplied) {
+  for (const char* optim : {"none", "cpu"}) {
+    SCOPED_TRACE(optim);
+    ToyRun run;
+    ToyRun::Options o;
+    o.config_json = Config(3, "none", optim, "", R"(, "bf16": {"enabled": true})");
+    o.steps = 0;
+    o.overlap_optimizer = false;
+    ASSERT_TRUE(run.Setup(o).ok());
+    ASSERT_TRUE(run.Step(0).ok());
+    auto before = run.Masters();
+    ASSERT_TRUE(before.ok());
+    Result<StepResult> r = PoisonedStep(run, 1);
+    ASSERT_EQ(r.status().code(), StatusCode::kAborted) << r.status().ToString();
+    EXPECT_THAT(r.status().message(), ::testing::HasSubstr("step 2: the loss is NaN"));
+    EXPECT_THAT(r.status().message(), ::testing::HasSubstr("was not applied"));
+    EXPECT_THAT(r.status().message(), ::testing::HasSubstr("strata.on_nonfinite"));
+    auto after = run.Masters();
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(MaxRelDiff(*after, *before), 0.0);
+  }
+}
+
+TEST(EngineNonFiniteTest, SkipPolicySkipsTheUpdateAndGoesOn) {
+  ToyRun run;
+  ToyRun::Options o;
+  o.config_json = Config(3, "nvme", "nvme", "", R"(, "strata": {"on_nonfinite": "skip"})");
+  o.steps = 0;
+  ASSERT_TRUE(run.Setup(o).ok());
+  ASSERT_TRUE(run.Step(0).ok());
+  auto before = run.Masters();
+  ASSERT_TRUE(before.ok());
+  Result<StepResult> r = PoisonedStep(run, 1);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->skipped);
+  EXPECT_EQ(r->step, 1);  // not counted
+  auto after = run.Masters();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(MaxRelDiff(*after, *before), 0.0);
+  ASSERT_TRUE(run.Step(2).ok());
+  EXPECT_TRUE(std::isfinite(run.results.back().loss));
+  EXPECT_EQ(run.results.back().step, 2);
 }
 
 }  // namespace
