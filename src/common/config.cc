@@ -213,6 +213,17 @@ class ConfigParser {
                                               config_internal::Describe(root)));
     }
     STRATA_RETURN_IF_ERROR(WalkObject(Field{root, "", &state_}, RootSpecs()));
+    // Every bad key and value as one error (the cross-key checks of Finish would only repeat
+    // them). Per object, unknown keys come first, then bad values, each in document order.
+    if (state_.errors.size() == 1) return state_.errors.front();
+    if (!state_.errors.empty()) {
+      std::string all;
+      for (size_t i = 0; i < state_.errors.size(); ++i) {
+        all += fmt::format("{}({}) {}", i == 0 ? "" : "; ", i + 1, state_.errors[i].message());
+      }
+      return InvalidArgumentError(
+          fmt::format("{} errors: {}", state_.errors.size(), all));
+    }
     return Finish();
   }
 

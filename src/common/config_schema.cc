@@ -280,7 +280,10 @@ Status WalkObject(const Field& object, const std::vector<KeySpec>& specs) {
         deprecated_spelling = true;
       }
     }
-    if (spec == nullptr) return UnknownKey(path, key, specs);
+    if (spec == nullptr) {
+      object.state->errors.push_back(UnknownKey(path, key, specs));
+      continue;
+    }
     --index;
     if (it.value().is_null()) continue;  // null means "not given", as in DeepSpeed
     if (spec->support == Support::kIgnored) {
@@ -303,15 +306,16 @@ Status WalkObject(const Field& object, const std::vector<KeySpec>& specs) {
     const Found& first = found[i].front();
     for (const Found& other : found[i]) {
       if (*other.value != *first.value) {
-        return InvalidArgumentError(fmt::format(
+        object.state->errors.push_back(InvalidArgumentError(fmt::format(
             "{}: given with different values as '{}' ({}) and '{}' ({}); these spellings name "
             "the same setting",
             JoinPath(object.path, specs[i].name), first.spelling, Describe(*first.value),
-            other.spelling, Describe(*other.value)));
+            other.spelling, Describe(*other.value))));
+        break;
       }
     }
     Field field{*first.value, JoinPath(object.path, first.spelling), object.state};
-    STRATA_RETURN_IF_ERROR(specs[i].parse(field));
+    if (Status st = specs[i].parse(field); !st.ok()) object.state->errors.push_back(std::move(st));
   }
   return Status::Ok();
 }

@@ -27,6 +27,9 @@ using Json = nlohmann::ordered_json;
 
 // What a parse collects besides the values themselves.
 struct ParseState {
+  // Every error found: WalkObject records a bad key or value here and goes on with the next, so
+  // that one load reports all of a file's mistakes (the caller turns them into one Status).
+  std::vector<Status> errors;
   std::vector<std::string> ignored_keys;
   std::vector<std::string> auto_keys;
   std::vector<std::string> deprecated_keys;
@@ -65,6 +68,8 @@ struct KeySpec {
 KeySpec Ignored(std::string_view name, std::vector<std::string_view> aliases = {});
 
 // Walks `object` (which must be a JSON object) against `specs`. Errors name the full key path.
+// An unknown key, or a value its parser refuses, is recorded in object.state->errors and the
+// walk goes on; only `object` not being an object is returned.
 Status WalkObject(const Field& object, const std::vector<KeySpec>& specs);
 
 // "<path>: expected <expected>, got <value>" as InvalidArgument.

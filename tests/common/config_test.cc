@@ -902,6 +902,37 @@ TEST(ConfigStrataTest, TogglesAndEnums) {
   EXPECT_FALSE(Ok("{}").strata.tf32);
   EXPECT_TRUE(Ok(R"({"strata": {"tf32": true}})").strata.tf32);
   EXPECT_THAT(ErrorOf(R"({"strata": {"tf32": "yes"}})"), HasSubstr("strata.tf32"));
+  // Issue 19's keys.
+  EXPECT_EQ(Ok("{}").strata.on_nonfinite, NonFinitePolicy::kError);
+  EXPECT_EQ(Ok(R"({"strata": {"on_nonfinite": "skip"}})").strata.on_nonfinite,
+            NonFinitePolicy::kSkip);
+  EXPECT_THAT(ErrorOf(R"({"strata": {"on_nonfinite": "ignore"}})"),
+              HasSubstr("strata.on_nonfinite"));
+  EXPECT_FALSE(Ok("{}").strata.cpu_adam_threads.has_value());
+  EXPECT_EQ(Ok(R"({"strata": {"cpu_adam_threads": 6}})").strata.cpu_adam_threads, 6);
+  EXPECT_FALSE(Ok(R"({"strata": {"cpu_adam_threads": "auto"}})").strata.cpu_adam_threads);
+  EXPECT_THAT(ErrorOf(R"({"strata": {"cpu_adam_threads": 0}})"),
+              HasSubstr("strata.cpu_adam_threads"));
+  EXPECT_TRUE(Ok("{}").strata.io.checksums);
+  EXPECT_FALSE(Ok(R"({"strata": {"io": {"checksums": false}}})").strata.io.checksums);
+}
+
+// One load names every mistake in the file, not only the first (per object: unknown keys, then
+// bad values, each in document order).
+TEST(ConfigErrorsTest, EveryErrorInTheFileIsReported) {
+  const std::string e = ErrorOf(R"({"train_micro_batch_size_per_gpu": -1,
+      "zero_optimisation": {"stage": 3},
+      "optimizer": {"type": "AdamW", "params": {"lr": "fast", "betas": [0.9]}},
+      "strata": {"tf32": "yes", "devise": "cpu"}})");
+  EXPECT_THAT(e, HasSubstr("6 errors: (1) "));
+  EXPECT_THAT(e, HasSubstr("optimizer.params.betas"));
+  EXPECT_THAT(e, HasSubstr("train_micro_batch_size_per_gpu"));
+  EXPECT_THAT(e, HasSubstr("zero_optimisation"));
+  EXPECT_THAT(e, HasSubstr("optimizer.params.lr"));
+  EXPECT_THAT(e, HasSubstr("strata.tf32"));
+  EXPECT_THAT(e, HasSubstr("strata.devise"));
+  // One error alone reads as before: no count.
+  EXPECT_THAT(ErrorOf(R"({"strata": {"tf32": "yes"}})"), ::testing::Not(HasSubstr("errors:")));
 }
 
 // ---- files ----
