@@ -1,9 +1,11 @@
 // `strata train`: trains a Llama-family model with the ZeRO engine (see train/trainer.h).
+#include <cstdio>
 #include <memory>
 #include <string>
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "common/signals.h"
 #include "train/trainer.h"
 
 namespace strata::cli {
@@ -56,8 +58,21 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
                   "cpu, cuda (GPU <local rank>) or auto (cuda when a GPU is usable); default: "
                   "the config's strata.device, else auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_flag("--save-on-signal", o->save_on_signal,
+               "On SIGINT or SIGTERM, save a checkpoint of the last finished step before stopping "
+               "(with --save)");
   cmd->callback([o, exit_code] {
+    // SIGINT / SIGTERM: finish the step, save if asked, remove the swap files, exit 128 + signal.
+    signals::InstallStopHandlers(o->save_on_signal && !o->save_dir.empty()
+                                     ? "finishing the current step, then saving a checkpoint"
+                                     : "finishing the current step, then stopping");
+    o->stop_signal = &signals::StopSignal;
     const Status st = train::RunTraining(*o);
+    if (st.code() == StatusCode::kCancelled && signals::StopSignal() != 0) {
+      std::fprintf(stderr, "strata train: %s\n", std::string(st.message()).c_str());
+      *exit_code = 128 + signals::StopSignal();
+      return;
+    }
     *exit_code = st.ok() ? kExitOk : ReportError("train", st);
   });
 }

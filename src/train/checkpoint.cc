@@ -98,25 +98,13 @@ Result<FileSet> PlanFiles(const std::string& base, const std::vector<Safetensors
 // naming the ranks that failed.
 Status AgreeOk(comm::Collective& comm, device::Device& dev, device::Stream& stream,
                const Status& mine, std::string_view what) {
-  const int world = comm.world_size();
-  if (world == 1) return mine;
-  std::vector<float> flags(static_cast<size_t>(world), 0.0f);
-  STRATA_ASSIGN_OR_RETURN(void* buf, dev.Alloc(static_cast<size_t>(world) * sizeof(float)));
-  const float me = mine.ok() ? 0.0f : 1.0f;
-  char* own = static_cast<char*>(buf) + static_cast<size_t>(comm.rank()) * sizeof(float);
-  Status st = dev.CopyAsync(own, &me, sizeof(float), device::CopyKind::kHostToDevice, stream);
-  if (st.ok()) st = comm.AllGather(own, buf, 1, device::DType::kF32, stream);
-  if (st.ok()) {
-    st = dev.CopyAsync(flags.data(), buf, flags.size() * sizeof(float),
-                       device::CopyKind::kDeviceToHost, stream);
-  }
-  if (st.ok()) st = dev.Synchronize(stream);
-  dev.Free(buf);
+  if (comm.world_size() == 1) return mine;
+  Result<std::vector<float>> flags = GatherFromRanks(comm, dev, stream, mine.ok() ? 0.0f : 1.0f);
   if (!mine.ok()) return mine;
-  STRATA_RETURN_IF_ERROR(st);
+  STRATA_RETURN_IF_ERROR(flags.status());
   std::string failed;
-  for (int r = 0; r < world; ++r) {
-    if (flags[static_cast<size_t>(r)] != 0.0f) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  for (size_t r = 0; r < flags->size(); ++r) {
+    if ((*flags)[r] != 0.0f) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
   }
   if (failed.empty()) return Status::Ok();
   return Status(StatusCode::kAborted, fmt::format("{}: failed on rank(s) {} (see their error)", what, failed));
@@ -430,6 +418,28 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
         bytes / std::max(s, 1e-6) / 1e6));
   }
   return final_dir;
+}
+
+Result<std::vector<float>> GatherFromRanks(comm::Collective& comm, device::Device& dev,
+                                           device::Stream& stream, float mine) {
+  const int world = comm.world_size();
+  std::vector<float> values(static_cast<size_t>(world), 0.0f);
+  if (world == 1) {
+    values[0] = mine;
+    return values;
+  }
+  STRATA_ASSIGN_OR_RETURN(void* buf, dev.Alloc(static_cast<size_t>(world) * sizeof(float)));
+  char* own = static_cast<char*>(buf) + static_cast<size_t>(comm.rank()) * sizeof(float);
+  Status st = dev.CopyAsync(own, &mine, sizeof(float), device::CopyKind::kHostToDevice, stream);
+  if (st.ok()) st = comm.AllGather(own, buf, 1, device::DType::kF32, stream);
+  if (st.ok()) {
+    st = dev.CopyAsync(values.data(), buf, values.size() * sizeof(float),
+                       device::CopyKind::kDeviceToHost, stream);
+  }
+  if (st.ok()) st = dev.Synchronize(stream);
+  dev.Free(buf);
+  STRATA_RETURN_IF_ERROR(st);
+  return values;
 }
 
 // ---- reading -----------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <string.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -302,6 +304,44 @@ Status RunTraining(const TrainOptions& o) {
   // Pageable host<->device copies made by the steps (a bug on a GPU, where they stall the
   // stream): counted by the device, reported per step, zero in every test configuration.
   uint64_t pageable_seen = dev->memory_stats().pageable_copies;
+  // A signal, or the launcher gone (mpirun died: this rank was re-parented), stops the run
+  // between steps; every rank learns what any rank saw, so all stop after the same step.
+  const pid_t launcher_pid = ::getppid();
+  std::unique_ptr<device::Stream> agree_stream;
+  auto stop_reason = [&]() -> Result<int> {
+    int mine = o.stop_signal ? o.stop_signal() : 0;
+    if (launch.launcher != "none" && ::getppid() != launcher_pid) mine = -1;
+    if (world == 1) return mine;
+    if (!agree_stream) {
+      STRATA_ASSIGN_OR_RETURN(agree_stream, dev->CreateStream("agree"));
+    }
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> all,
+                            GatherFromRanks(*comm, *dev, *agree_stream, static_cast<float>(mine)));
+    int reason = 0;
+    for (float v : all) {
+      if (v < 0) return -1;  // a launcher gone outranks a signal: nothing more is written
+      if (v > 0 && reason == 0) reason = static_cast<int>(v);
+    }
+    return reason;
+  };
+  auto make_state = [&](int64_t done_steps) {
+    TrainerState ts;
+    ts.step = done_steps;
+    ts.counters = engine->counters();
+    ts.sampler = sampler.state();
+    ts.world_size = world;
+    ts.global_batch = layout.global_batch();
+    ts.seq_len = static_cast<uint64_t>(seq_len);
+    ts.scheduler_total_steps = scheduler_total_steps;
+    ts.seed = seed;
+    ts.compute_dtype = TorchDtypeName(engine->compute_dtype());
+    ts.data_path = o.data;
+    ts.data_tokens = data.size();
+    return ts;
+  };
+  SaveOptions save_options;
+  save_options.max_shard_bytes = o.max_shard_bytes;
+  save_options.print = say;
   for (int64_t step = first_step; step < o.steps; ++step) {
     std::vector<model::LlamaBatch> mbs(static_cast<size_t>(layout.grad_accum));
     std::vector<const zero::Batch*> ptrs;
@@ -331,7 +371,10 @@ Status RunTraining(const TrainOptions& o) {
         step + 1, r.loss, r.lr, tok_s, tflops, r.step_s, r.compute_s, r.exposed_comm_s,
         r.exposed_io_s, r.exposed_optimizer_s, FormatBytes(nvme_read), FormatBytes(nvme_write),
         100.0 * st.prefetch_hit_rate, FormatBytes(st.device_peak_bytes),
-        FormatBytes(st.host_peak_bytes), r.skipped ? " | skipped (fp16 overflow)" : "",
+        FormatBytes(st.host_peak_bytes),
+        !r.skipped                ? ""
+        : config.fp16.enabled     ? " | skipped (fp16 overflow)"
+                                  : " | skipped (non-finite gradients, strata.on_nonfinite skip)",
         pageable > 0 ? fmt::format(" | {} pageable copies", pageable) : ""));
     if (metrics) {
       nlohmann::json j = {{"step", step + 1},
@@ -361,25 +404,34 @@ Status RunTraining(const TrainOptions& o) {
       metrics->flush();
     }
     const bool last_step = step + 1 == o.steps;
-    if (!o.save_dir.empty() && (last_step || (o.save_every > 0 && (step + 1) % o.save_every == 0))) {
-      TrainerState ts;
-      ts.step = step + 1;
-      ts.counters = engine->counters();
-      ts.sampler = sampler.state();
-      ts.world_size = world;
-      ts.global_batch = layout.global_batch();
-      ts.seq_len = static_cast<uint64_t>(seq_len);
-      ts.scheduler_total_steps = scheduler_total_steps;
-      ts.seed = seed;
-      ts.compute_dtype = TorchDtypeName(engine->compute_dtype());
-      ts.data_path = o.data;
-      ts.data_tokens = data.size();
-      SaveOptions so;
-      so.max_shard_bytes = o.max_shard_bytes;
-      so.print = say;
-      STRATA_ASSIGN_OR_RETURN(last_save, SaveCheckpoint(*engine, *comm, *dev, mcfg, ts,
-                                                        o.save_dir, so));
-      pageable_seen = dev->memory_stats().pageable_copies;  // a save's copies are not a step's
+    STRATA_ASSIGN_OR_RETURN(const int stop, stop_reason());
+    if (stop < 0) {
+      return Status(StatusCode::kAborted,
+                    fmt::format("after step {}: the launcher ({}) that started this rank is gone; "
+                                "stopping without writing anything more",
+                                step + 1, launch.launcher));
+    }
+    const bool periodic = o.save_every > 0 && (step + 1) % o.save_every == 0;
+    if (!o.save_dir.empty() && (last_step || periodic || (stop > 0 && o.save_on_signal))) {
+      STRATA_ASSIGN_OR_RETURN(last_save, SaveCheckpoint(*engine, *comm, *dev, mcfg,
+                                                        make_state(step + 1), o.save_dir,
+                                                        save_options));
+    }
+    pageable_seen = dev->memory_stats().pageable_copies;  // a save's copies are not a step's
+    if (stop > 0 && !last_step) {
+      if (trace) {
+        STRATA_RETURN_IF_ERROR(trace->WriteChromeJson(RankPath(o.trace_path, rank, world)));
+      }
+      const std::string saved =
+          o.save_on_signal && !last_save.empty()
+              ? fmt::format("checkpoint {}: continue with --resume {}", last_save, o.save_dir)
+          : o.save_dir.empty() || !o.save_on_signal
+              ? std::string("nothing saved (--save DIR --save-on-signal saves on a signal)")
+              : std::string("nothing saved");
+      return Status(StatusCode::kCancelled,
+                    fmt::format("stopped by SIG{} after step {} of {}: {}",
+                                ::sigabbrev_np(stop) ? ::sigabbrev_np(stop) : "?", step + 1,
+                                o.steps, saved));
     }
   }
   if (trace) {

@@ -51,7 +51,14 @@ struct TrainOptions {
   std::string device;
   // Where rank 0's progress lines go (default: stdout).
   std::function<void(const std::string&)> print;
+  // Polled between steps: a signal number (SIGINT, SIGTERM) asks the run to stop there (the CLI
+  // passes signals::StopSignal). All ranks stop after the same step. Unset: never.
+  std::function<int()> stop_signal;
+  // On a stop by signal, save a checkpoint of the last finished step first (needs save_dir).
+  // A run stopped by a signal returns Cancelled ("stopped by SIGTERM after step N ...").
+  bool save_on_signal = false;
 };
+
 
 // Runs the whole training. Errors name what was wrong (a file, a key, a flag).
 Status RunTraining(const TrainOptions& options);

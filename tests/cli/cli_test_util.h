@@ -18,6 +18,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -43,10 +44,15 @@ using ChildSetup = bool (*)(const void* arg);
 // entries ("NAME=value") added to the environment. With `child_setup`, the child is forked and
 // runs child_setup(child_arg) before exec (e.g. to install a seccomp filter); otherwise it is
 // started with posix_spawn.
+// `watch`, when set, is called with the child's pid and its stdout so far each time more output
+// arrives (e.g. to send it a signal once it has reached some point).
+using OutputWatch = std::function<void(pid_t pid, const std::string& out)>;
+
 inline CommandResult RunCommand(const std::string& binary, const std::vector<std::string>& args,
                                 std::chrono::milliseconds timeout = std::chrono::seconds(60),
                                 const std::vector<std::string>& extra_env = {},
-                                ChildSetup child_setup = nullptr, const void* child_arg = nullptr) {
+                                ChildSetup child_setup = nullptr, const void* child_arg = nullptr,
+                                const OutputWatch& watch = {}) {
   CommandResult result;
   int out_pipe[2] = {-1, -1};
   int err_pipe[2] = {-1, -1};
@@ -130,6 +136,7 @@ inline CommandResult RunCommand(const std::string& binary, const std::vector<std
       ssize_t got = read(fds[i].fd, buf, sizeof(buf));
       if (got > 0) {
         sinks[i]->append(buf, static_cast<size_t>(got));
+        if (watch && i == 0) watch(pid, result.out);
       } else if (got == 0 || errno != EINTR) {
         close(fds[i].fd);
         fds[i].fd = -1;  // poll ignores negative descriptors
@@ -174,6 +181,15 @@ inline CommandResult RunStrata(const std::vector<std::string>& args,
   const char* binary = std::getenv("STRATA_TEST_BINARY");
   return RunCommand(binary != nullptr && *binary != '\0' ? binary : STRATA_BINARY, args, timeout,
                     extra_env, child_setup, child_arg);
+}
+
+// RunStrata with an OutputWatch.
+inline CommandResult RunStrataWatching(const std::vector<std::string>& args,
+                                       const OutputWatch& watch,
+                                       std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const char* binary = std::getenv("STRATA_TEST_BINARY");
+  return RunCommand(binary != nullptr && *binary != '\0' ? binary : STRATA_BINARY, args, timeout,
+                    {}, nullptr, nullptr, watch);
 }
 
 // The non-empty lines of `text`.

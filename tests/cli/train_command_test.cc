@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <signal.h>
 #include <unistd.h>
 #include <utility>
 #include <vector>
@@ -418,6 +419,43 @@ TEST(TrainCommandTest, SecondRunsAndUnwritableOutputsAreRefusedUpFront) {
     EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_THAT(r.err, HasSubstr(flag));
   }
+}
+
+// SIGTERM (what Slurm sends before it kills a job) in the middle of a long run: the step in
+// progress finishes, a checkpoint of it is saved (--save-on-signal), the swap and lock files are
+// removed, and the exit status is 128 + 15; the checkpoint resumes.
+TEST(TrainCommandTest, SigtermSavesAndStopsCleanly) {
+  TempDir dir;
+  namespace fs = std::filesystem;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"}).exit_code, 0);
+  const std::string config = WriteConfig(dir);
+  const std::string ck = dir.file("ck");
+  bool sent = false;
+  auto r = strata::testing::RunStrataWatching(
+      {"train", "--config", config, "--model", "llama-tiny", "--data", data, "--seq-len", "16",
+       "--steps", "1000000", "--save", ck, "--save-on-signal"},
+      [&](pid_t pid, const std::string& out) {
+        if (!sent && out.find("step     3 |") != std::string::npos) {
+          ::kill(pid, SIGTERM);
+          sent = true;
+        }
+      },
+      std::chrono::seconds(120));
+  ASSERT_TRUE(sent) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("SIGTERM received: finishing the current step, then saving"));
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("stopped by SIGTERM after step [0-9]+ of 1000000: "
+                                              "checkpoint .*continue with --resume"));
+  ASSERT_TRUE(fs::exists(ck + "/latest"));
+  const std::string step = (fs::path(ck) / fs::read_symlink(ck + "/latest")).string();
+  EXPECT_TRUE(fs::exists(step + "/checksums.json"));
+  EXPECT_FALSE(fs::exists(ck + "/.strata.lock"));
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    EXPECT_EQ(e.path().string().find(".swap"), std::string::npos) << "left behind: " << e.path();
+  }
+  auto v = RunStrata({"checkpoint", "verify", ck});
+  EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
 }
 
 }  // namespace
