@@ -65,7 +65,8 @@ Status BlockStore::Write(FileId file, uint64_t offset, uint64_t length, const vo
   return SubmitAsync(IoOp::kWrite, file, offset, length, const_cast<void*>(buffer)).get();
 }
 
-Result<std::unique_ptr<BlockStore>> CreateBlockStore(const StoreOptions& options) {
+Result<std::unique_ptr<BlockStore>> CreateBlockStore(const StoreOptions& options,
+                                                     std::shared_ptr<FaultInjector> faults) {
   if (options.threads < 1) {
     return InvalidArgumentError(
         fmt::format("I/O threads must be at least 1, got {}", options.threads));
@@ -76,13 +77,13 @@ Result<std::unique_ptr<BlockStore>> CreateBlockStore(const StoreOptions& options
   }
   switch (options.backend) {
     case Backend::kMemory:
-      return CreateMemoryStore(options);
+      return CreateMemoryStore(options, faults);
     case Backend::kPosix:
-      return CreatePosixStore(options);
+      return CreatePosixStore(options, faults);
     case Backend::kUring:
-      return CreateUringStore(options);
+      return CreateUringStore(options, faults);
     case Backend::kAuto: {
-      Result<std::unique_ptr<BlockStore>> uring = CreateUringStore(options);
+      Result<std::unique_ptr<BlockStore>> uring = CreateUringStore(options, faults);
       if (uring.ok()) {
         STRATA_LOG_ONCE(debug, io, "I/O backend: io_uring ({} thread(s), queue depth {})",
                         options.threads, options.queue_depth);
@@ -90,7 +91,7 @@ Result<std::unique_ptr<BlockStore>> CreateBlockStore(const StoreOptions& options
       }
       STRATA_LOG_ONCE(warn, io, "io_uring is not usable here ({}); using the pread/pwrite backend",
                       uring.status().message());
-      return CreatePosixStore(options);
+      return CreatePosixStore(options, faults);
     }
   }
   return InvalidArgumentError("unknown I/O backend");

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <condition_variable>
 #include <queue>
 #include <thread>
@@ -283,6 +285,86 @@ class FaultInjectingStore final : public internal::StoreWrapper {
 std::unique_ptr<BlockStore> CreateFaultInjectingStore(std::unique_ptr<BlockStore> inner,
                                                       std::shared_ptr<FaultInjector> faults) {
   return std::make_unique<FaultInjectingStore>(std::move(inner), std::move(faults));
+}
+
+Result<FaultPlan> ParseFaultSpec(std::string_view spec) {
+  FaultPlan plan;
+  plan.text = std::string(spec);
+  uint64_t seed = 1;
+  struct Want {
+    std::string kind;
+    double p;
+  };
+  std::vector<Want> wants;
+  size_t at = 0;
+  while (at <= spec.size()) {
+    size_t end = spec.find(',', at);
+    if (end == std::string_view::npos) end = spec.size();
+    const std::string_view item = spec.substr(at, end - at);
+    at = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    const std::string key(item.substr(0, eq));
+    const std::string value = eq == std::string_view::npos ? "" : std::string(item.substr(eq + 1));
+    auto bad = [&](std::string_view why) {
+      return InvalidArgumentError(fmt::format(
+          "STRATA_FAULT_INJECT='{}': '{}': {}; expected kind=probability with kinds eio, enospc, "
+          "eagain, short, corrupt, and seed=N",
+          spec, item, why));
+    };
+    if (eq == std::string_view::npos || value.empty()) return bad("no value");
+    char* stop = nullptr;
+    if (key == "seed") {
+      seed = std::strtoull(value.c_str(), &stop, 10);
+      if (*stop != '\0') return bad("not a whole number");
+      continue;
+    }
+    if (key != "eio" && key != "enospc" && key != "eagain" && key != "short" && key != "corrupt") {
+      return bad("unknown kind");
+    }
+    const double p = std::strtod(value.c_str(), &stop);
+    if (*stop != '\0' || !(p >= 0.0 && p <= 1.0)) return bad("not a probability in [0, 1]");
+    wants.push_back({key, p});
+  }
+  if (wants.empty()) return InvalidArgumentError(fmt::format("STRATA_FAULT_INJECT='{}': no fault kind given", spec));
+  plan.backend = std::make_shared<FaultInjector>(seed);
+  plan.wrapper = std::make_shared<FaultInjector>(seed ^ 0x9e3779b97f4a7c15ull);
+  for (const Want& w : wants) {
+    FaultRule r;
+    r.probability = w.p;
+    FaultInjector* target = plan.wrapper.get();
+    if (w.kind == "eio") {
+      r.error = EIO;
+    } else if (w.kind == "enospc") {
+      r.error = ENOSPC;
+      r.op = IoOp::kWrite;
+    } else if (w.kind == "corrupt") {
+      r.kind = FaultKind::kCorrupt;
+      r.op = IoOp::kRead;
+    } else if (w.kind == "eagain") {
+      r.error = EAGAIN;
+      target = plan.backend.get();
+    } else {
+      r.kind = FaultKind::kShortTransfer;
+      target = plan.backend.get();
+    }
+    plan.rules_.push_back({w.kind, {target, target->AddRule(r)}});
+  }
+  return plan;
+}
+
+uint64_t FaultPlan::total() const {
+  uint64_t n = 0;
+  for (const auto& [kind, rule] : rules_) n += rule.first->hits(rule.second);
+  return n;
+}
+
+std::string FaultPlan::Summary() const {
+  std::string out;
+  for (const auto& [kind, rule] : rules_) {
+    out += fmt::format("{}{} {}", out.empty() ? "" : ", ", kind, rule.first->hits(rule.second));
+  }
+  return fmt::format("{} ({} in all)", out, total());
 }
 
 }  // namespace strata::io

@@ -23,9 +23,11 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "strata/block_store.h"
+#include "strata/status.h"
 
 namespace strata::io {
 
@@ -92,6 +94,25 @@ class FaultInjector {
   std::vector<RuleState> rules_;
   std::mt19937_64 rng_;
 };
+
+// STRATA_FAULT_INJECT, a testing aid (docs/testing.md): a comma-separated list of
+// `kind=probability` with kinds eio, enospc (request-level errors, reads and writes), eagain, short
+// (backend transfers: resubmitted by the backend) and corrupt (reads whose bytes are changed),
+// plus `seed=N`. E.g. "eagain=0.05,short=0.05,eio=0.001,corrupt=0.001,seed=7".
+struct FaultPlan {
+  std::shared_ptr<FaultInjector> backend;  // eagain, short: pass to CreateBlockStore
+  std::shared_ptr<FaultInjector> wrapper;  // eio, enospc, corrupt: CreateFaultInjectingStore
+  std::string text;                        // the spec, for logs
+  // Hits per kind so far, e.g. "eio 3, enospc 0, eagain 812, short 790, corrupt 2 (1607 in all)".
+  std::string Summary() const;
+  uint64_t total() const;
+
+ private:
+  friend Result<FaultPlan> ParseFaultSpec(std::string_view spec);
+  std::vector<std::pair<std::string, std::pair<FaultInjector*, size_t>>> rules_;
+};
+// InvalidArgument naming the bad part of `spec`.
+Result<FaultPlan> ParseFaultSpec(std::string_view spec);
 
 // Wraps a store and injects request-level errors, latency and corrupted reads from `faults`.
 // Errors complete the request (on the wrapper's own thread) with a Status that names the path,

@@ -225,8 +225,12 @@ struct StoreOptions {
   bool respect_queue_limits = true;
 };
 
+class FaultInjector;  // io/fault_injection.h
+
 // Creates a store. With Backend::kAuto, io_uring is probed and the posix backend is used if it
-// cannot be set up (EPERM, ENOSYS, a disabled io_uring); the choice is logged once.
-Result<std::unique_ptr<BlockStore>> CreateBlockStore(const StoreOptions& options);
+// cannot be set up (EPERM, ENOSYS, a disabled io_uring); the choice is logged once. `faults`
+// (tests, STRATA_FAULT_INJECT): injected into the backend's own transfers.
+Result<std::unique_ptr<BlockStore>> CreateBlockStore(const StoreOptions& options,
+                                                     std::shared_ptr<FaultInjector> faults = nullptr);
 
 }  // namespace strata::io

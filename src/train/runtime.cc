@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "common/log.h"
 #include "common/proc_files.h"
 #include "common/units.h"
 #include "comm/single_collective.h"
@@ -48,11 +49,17 @@ void EngineStack::Reset() {
   engine.reset();
   pool.reset();
   store.reset();
+  if (faults && faults->backend) {  // (not a moved-from plan)
+    STRATA_LOG(warn, io, "STRATA_FAULT_INJECT: injected {}", faults->Summary());
+    faults.reset();
+  }
 }
 
 EngineStack& EngineStack::operator=(EngineStack&& other) noexcept {
   if (this != &other) {
     Reset();
+    faults = std::move(other.faults);
+    other.faults.reset();
     store = std::move(other.store);
     pool = std::move(other.pool);
     engine = std::move(other.engine);
@@ -118,11 +125,19 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
   store_opt.sqpoll = io_cfg.sqpoll;
   store_opt.register_files = io_cfg.register_files;
   store_opt.register_buffers = io_cfg.register_buffers;
-  if (options.memory_store) {
-    STRATA_ASSIGN_OR_RETURN(s.store, io::CreateMemoryStore(store_opt));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(s.store, io::CreateBlockStore(store_opt));
+  // STRATA_FAULT_INJECT: a testing aid (docs/testing.md), never set in production.
+  if (const char* spec = std::getenv("STRATA_FAULT_INJECT"); spec != nullptr && *spec != '\0') {
+    STRATA_ASSIGN_OR_RETURN(io::FaultPlan plan, io::ParseFaultSpec(spec));
+    STRATA_LOG(warn, io, "STRATA_FAULT_INJECT='{}': injecting I/O faults (a testing aid)", spec);
+    s.faults = std::move(plan);
   }
+  std::shared_ptr<io::FaultInjector> backend_faults = s.faults ? s.faults->backend : nullptr;
+  if (options.memory_store) {
+    STRATA_ASSIGN_OR_RETURN(s.store, io::CreateMemoryStore(store_opt, backend_faults));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(s.store, io::CreateBlockStore(store_opt, backend_faults));
+  }
+  if (s.faults) s.store = io::CreateFaultInjectingStore(std::move(s.store), s.faults->wrapper);
   if (options.wrap_store) s.store = options.wrap_store(std::move(s.store));
   // Above everything else, so that whatever happens below (the drive, the file, an injected fault)
   // is caught.

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "device/pinned_pool.h"
+#include "io/fault_injection.h"
 #include "strata/block_store.h"
 #include "strata/collective.h"
 #include "strata/config.h"
@@ -67,6 +68,8 @@ struct Runtime {
 Result<Runtime> OpenRuntime(const Config& config, const RuntimeOptions& options = {});
 
 struct EngineStack {
+  // STRATA_FAULT_INJECT (a testing aid): the faults injected into the store; Reset logs how many.
+  std::optional<io::FaultPlan> faults;
   std::unique_ptr<io::BlockStore> store;
   std::unique_ptr<device::PinnedPool> pool;
   std::unique_ptr<zero::Engine> engine;
