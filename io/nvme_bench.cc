@@ -23,6 +23,7 @@
 #include "common/errno.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "io/checksum_store.h"
 #include "io/numa.h"
 #include "io/stripe.h"
 #include "strata/trace.h"
@@ -473,6 +474,7 @@ Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn
   if (!store_or.ok()) return store_or.status();
   std::unique_ptr<BlockStore> store = std::move(store_or).value();
   result.backend = std::string(store->name());
+  if (config.checksums) store = CreateChecksummingStore(std::move(store));
 
   BufferRange range{region.data(), region.size(), region.fully_huge()};
   STRATA_RETURN_IF_ERROR(store->RegisterBuffers({&range, 1}));
@@ -538,6 +540,10 @@ Result<BenchResult> RunBench(const BenchConfig& config_in, const BenchProgressFn
     result.registered_buffer_bytes = stats.registered_buffer_bytes;
     result.fixed_buffer_transfers = stats.fixed_buffer_transfers;
     result.transfers = stats.device_requests;
+    result.checksum_bytes = stats.checksum_bytes;
+    result.checksum_ns = stats.checksum_ns;
+    result.checksum_mismatches = stats.checksum_mismatches;
+    result.checksum_verified = stats.checksum_verified_reads;
   }
   Status closed = store->Close(file);
   if (st.ok()) st = closed;

@@ -59,6 +59,9 @@ struct BenchConfig {
   bool register_files = true;    // io_uring: register the file descriptors
   bool sqpoll = false;
   bool verify = false;  // write a pattern and check every byte read back
+  // Through the checksumming store, as `strata train` uses it (io/checksum_store.h): writes are
+  // hashed and reads checked against them. For measuring what checksums cost.
+  bool checksums = false;
   bool keep = false;    // keep created files
   double runtime = 0;   // seconds per phase; 0 = one pass over the file
   uint64_t seed = 1;    // for the random order and the verify pattern
@@ -109,6 +112,9 @@ struct BenchResult {
   uint64_t registered_buffer_bytes = 0;  // registered with every ring (io_uring fixed buffers)
   uint64_t fixed_buffer_transfers = 0;   // transfers that used them
   uint64_t transfers = 0;                // all device transfers of the run (prepare included)
+  // With `checksums`: bytes hashed, the nanoseconds it took (summed over I/O threads), and reads
+  // whose checksum differed (must be 0).
+  uint64_t checksum_bytes = 0, checksum_ns = 0, checksum_mismatches = 0, checksum_verified = 0;
   std::vector<BenchPhaseResult> phases;
 };
 

@@ -60,6 +60,7 @@ struct NvmeBenchArgs {
   bool tune = false;
   std::string tune_file = "strata-io-tuned.json";
   bool verify = false;
+  int checksum_cost = 0;  // --checksum-cost N: rounds with and without checksums
   bool keep = false;
   bool json_output = false;
   uint64_t seed = 1;
@@ -278,6 +279,74 @@ void PrintTable(const std::vector<BenchResult>& results, std::FILE* out) {
                "(after striping and queue-limit splitting).\n");
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// --checksum-cost: what offload checksums (io/checksum_store.h) cost at this storage's speed.
+// Rounds alternate between the plain store and the checksumming one (write then read, one
+// configuration), so drift in the drive or the VM falls on both; the cost is 1 - the median
+// checksummed / plain bandwidth per phase. Also reported: the hash's own rate on this CPU and
+// the share of a transfer's time it would take if it were not overlapped with the I/O.
+Result<json> ChecksumCost(const NvmeBenchArgs& a, const BenchConfig& base,
+                          const BenchConfig& measured, std::FILE* human) {
+  BenchConfig c = base;
+  c.block = measured.block;
+  c.queue_depth = measured.queue_depth;
+  c.threads = measured.threads;
+  c.write = true;
+  c.read = true;
+  c.trace = nullptr;
+  std::vector<double> plain[2], summed[2], ratio[2];
+  uint64_t hashed = 0, hash_ns = 0, mismatches = 0, verified = 0;
+  for (int round = 0; round < a.checksum_cost; ++round) {
+    double bw[2][2] = {};
+    for (int with = 0; with < 2; ++with) {
+      c.checksums = with == 1;
+      STRATA_ASSIGN_OR_RETURN(BenchResult r, io::RunBench(c, nullptr, &g_interrupted));
+      for (const auto& p : r.phases) bw[with][p.op == io::IoOp::kWrite ? 0 : 1] = p.gb_per_second();
+      if (with == 1) {
+        hashed += r.checksum_bytes;
+        hash_ns += r.checksum_ns;
+        mismatches += r.checksum_mismatches;
+        verified += r.checksum_verified;
+      }
+    }
+    for (int k = 0; k < 2; ++k) {
+      plain[k].push_back(bw[0][k]);
+      summed[k].push_back(bw[1][k]);
+      ratio[k].push_back(bw[0][k] > 0 ? bw[1][k] / bw[0][k] : 0.0);
+    }
+  }
+  const double hash_gbps = hash_ns > 0 ? static_cast<double>(hashed) / static_cast<double>(hash_ns) : 0;
+  json out = {{"rounds", a.checksum_cost}, {"block", c.block}, {"queue_depth", c.queue_depth},
+              {"threads", c.threads}, {"hash", "xxh3-64"}, {"hash_gb_per_s", hash_gbps},
+              {"verified_reads", verified}, {"mismatches", mismatches}, {"target_cost", 0.02}};
+  std::fprintf(human, "\nchecksum cost (%d interleaved rounds, block %s, qd %d, threads %d; "
+               "XXH3 hashes %.1f GB/s on one core here):\n",
+               a.checksum_cost, FormatBytesExact(c.block).c_str(), c.queue_depth, c.threads,
+               hash_gbps);
+  std::fprintf(human, "  %-6s %12s %16s %8s %14s\n", "phase", "plain GB/s", "checksummed GB/s",
+               "cost", "hash share");
+  bool met = mismatches == 0;
+  for (int k = 0; k < 2; ++k) {
+    const char* name = k == 0 ? "write" : "read";
+    const double cost = 1.0 - Median(ratio[k]);
+    const double share = hash_gbps > 0 ? Median(plain[k]) / hash_gbps : 0.0;
+    met = met && cost < 0.02;
+    std::fprintf(human, "  %-6s %12.2f %16.2f %7.1f%% %13.1f%%\n", name, Median(plain[k]),
+                 Median(summed[k]), 100.0 * cost, 100.0 * share);
+    out[name] = {{"plain_gb_per_s", Median(plain[k])}, {"checksummed_gb_per_s", Median(summed[k])},
+                 {"cost", cost}, {"hash_share_of_transfer_time", share}};
+  }
+  out["meets_target"] = met;
+  std::fprintf(human, "  cost = 1 - checksummed/plain (median of the rounds' ratios), target < 2%%: %s; "
+               "hash share = the hashing's time over the transfer's, if it were not overlapped\n",
+               met ? "met" : "NOT met");
+  return out;
+}
+
 int Run(NvmeBenchArgs a) {
   Status valid = Validate(a);
   if (!valid.ok()) return ReportError("nvme-bench", valid);
@@ -465,6 +534,11 @@ int Run(NvmeBenchArgs a) {
     out["tune_file"] = a.tune_file;
     out["tuned"] = tuned;
   }
+  if (a.checksum_cost > 0 && !results.empty()) {
+    Result<json> cost = ChecksumCost(a, base, results[0].config, human);
+    if (!cost.ok()) return ReportError("nvme-bench", cost.status());
+    out["checksum_cost"] = *cost;
+  }
   if (trace != nullptr) out["trace_file"] = a.trace_file;
   if (a.json_output) std::printf("%s\n", out.dump(2).c_str());
   // SIGPIPE is ignored (to clean up): a closed stdout shows up here instead.
@@ -543,6 +617,10 @@ void RegisterNvmeBenchCommand(CLI::App& app, int* exit_code) {
                 "Write a pattern and check it in every block read back that this run wrote "
                 "(slower: data is generated and compared). It writes the file even with --rw "
                 "read, so an existing file given as --path is overwritten");
+  cmd->add_option("--checksum-cost", args->checksum_cost,
+                  "After the measurements, N interleaved rounds of the first configuration with "
+                  "and without offload checksums (write then read): what checksums cost here")
+      ->check(CLI::Range(0, 100));
   cmd->add_flag("--keep", args->keep, "Keep the bench file(s) instead of removing them");
   cmd->add_flag("--json", args->json_output,
                 "Print the results as JSON on stdout (the table and progress go to stderr)");
