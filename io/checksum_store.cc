@@ -3,7 +3,12 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <thread>
 #include <chrono>
 #include <iterator>
 #include <map>
@@ -37,11 +42,22 @@ namespace {
 
 class ChecksummingStore final : public internal::StoreWrapper {
  public:
-  explicit ChecksummingStore(std::unique_ptr<BlockStore> inner)
-      : StoreWrapper(std::move(inner), "checksummed", "", "request(s)") {}
+  ChecksummingStore(std::unique_ptr<BlockStore> inner, int hash_threads)
+      : StoreWrapper(std::move(inner), "checksummed", "", "request(s) being checked") {
+    for (int i = 0; i < hash_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  }
 
   ~ChecksummingStore() override {
-    inner_.reset();  // waits for every callback, which use the members below
+    {
+      // Every request submitted through us has been called back, including those its callbacks
+      // submitted in turn (each counts before its submitter's callback returns).
+      std::unique_lock lock(pool_mu_);
+      idle_cv_.wait(lock, [&] { return outstanding_ == 0; });
+      stop_ = true;
+    }
+    pool_cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+    inner_.reset();
   }
 
   Status Close(FileId file) override {
@@ -58,20 +74,40 @@ class ChecksummingStore final : public internal::StoreWrapper {
       const FileId file = r.file;
       const uint64_t offset = r.offset, length = r.length;
       const std::byte* buffer = static_cast<const std::byte*>(r.buffer);
-      r.done = [this, op, file, offset, length, buffer, user = std::move(r.done)](const Status& st) {
-        if (op == IoOp::kWrite) {
-          if (st.ok()) {
-            Record(file, offset, length, Hash(buffer, length));
-          } else {
-            Forget(file, offset, length);  // the range's bytes are unknown now
+      // The inner store's callback hands the hashing to a hash thread and returns, so the I/O
+      // thread goes back to its ring at once; the caller's callback runs on the hash thread.
+      r.done = [this, op, file, offset, length, buffer,
+                user = std::move(r.done)](const Status& st) mutable {
+        Post([this, op, file, offset, length, buffer, user = std::move(user), st] {
+          Status result = st;
+          if (op == IoOp::kWrite) {
+            if (st.ok()) {
+              Record(file, offset, length, Hash(buffer, length));
+            } else {
+              Forget(file, offset, length);  // the range's bytes are unknown now
+            }
+          } else if (st.ok()) {
+            result = Verify(file, offset, length, buffer);
           }
-          user(st);
-        } else {
-          user(st.ok() ? Verify(file, offset, length, buffer) : st);
-        }
+          LetGo(file);
+          user(result);
+          Finished();
+        });
       };
     }
-    return inner_->Submit(forwarded);  // copies: the caller's requests stay intact on failure
+    for (const IoRequest& r : forwarded) Hold(r.file);
+    {
+      std::lock_guard lock(pool_mu_);
+      outstanding_ += forwarded.size();
+    }
+    Status st = inner_->Submit(forwarded);  // copies: the caller's requests stay intact
+    if (!st.ok()) {
+      for (const IoRequest& r : forwarded) LetGo(r.file);
+      std::lock_guard lock(pool_mu_);
+      outstanding_ -= forwarded.size();
+      if (outstanding_ == 0) idle_cv_.notify_all();
+    }
+    return st;
   }
 
   StoreStats stats() const override {
@@ -152,15 +188,54 @@ class ChecksummingStore final : public internal::StoreWrapper {
         where, offset, length, expected, got));
   }
 
+  void Post(std::function<void()> job) {
+    if (workers_.empty()) {
+      job();
+      return;
+    }
+    {
+      std::lock_guard lock(pool_mu_);
+      jobs_.push_back(std::move(job));
+    }
+    pool_cv_.notify_one();
+  }
+
+  void Finished() {
+    std::lock_guard lock(pool_mu_);
+    if (--outstanding_ == 0) idle_cv_.notify_all();
+  }
+
+  void WorkerLoop() {
+    std::unique_lock lock(pool_mu_);
+    while (true) {
+      pool_cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stop_, and nothing left
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  }
+
   std::mutex mu_;
   std::unordered_map<FileId, Ranges> ranges_;
+  // The hash threads and the requests not yet called back.
+  std::mutex pool_mu_;
+  std::condition_variable pool_cv_, idle_cv_;
+  std::deque<std::function<void()>> jobs_;
+  uint64_t outstanding_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;  // last: started after everything above exists
   std::atomic<uint64_t> verified_{0}, unverified_{0}, mismatches_{0}, hashed_bytes_{0}, hash_ns_{0};
 };
 
 }  // namespace
 
 std::unique_ptr<BlockStore> CreateChecksummingStore(std::unique_ptr<BlockStore> inner) {
-  return std::make_unique<ChecksummingStore>(std::move(inner));
+  // Two hash threads: with io_uring one I/O thread's completions arrive faster than one core
+  // hashes them from memory (docs/io.md, "Checksums").
+  return std::make_unique<ChecksummingStore>(std::move(inner), 2);
 }
 
 }  // namespace strata::io

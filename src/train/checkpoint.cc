@@ -94,6 +94,29 @@ Result<FileSet> PlanFiles(const std::string& base, const std::vector<Safetensors
   return set;
 }
 
+// Every rank's `mine`, in rank order (a few bytes through the device, between steps).
+Result<std::vector<float>> GatherFromRanks(comm::Collective& comm, device::Device& dev,
+                                           device::Stream& stream, float mine) {
+  const int world = comm.world_size();
+  std::vector<float> values(static_cast<size_t>(world), 0.0f);
+  if (world == 1) {
+    values[0] = mine;
+    return values;
+  }
+  STRATA_ASSIGN_OR_RETURN(void* buf, dev.Alloc(static_cast<size_t>(world) * sizeof(float)));
+  char* own = static_cast<char*>(buf) + static_cast<size_t>(comm.rank()) * sizeof(float);
+  Status st = dev.CopyAsync(own, &mine, sizeof(float), device::CopyKind::kHostToDevice, stream);
+  if (st.ok()) st = comm.AllGather(own, buf, 1, device::DType::kF32, stream);
+  if (st.ok()) {
+    st = dev.CopyAsync(values.data(), buf, values.size() * sizeof(float),
+                       device::CopyKind::kDeviceToHost, stream);
+  }
+  if (st.ok()) st = dev.Synchronize(stream);
+  dev.Free(buf);
+  STRATA_RETURN_IF_ERROR(st);
+  return values;
+}
+
 // Every rank learns whether every rank succeeded. Returns this rank's own error, or Aborted
 // naming the ranks that failed.
 Status AgreeOk(comm::Collective& comm, device::Device& dev, device::Stream& stream,
@@ -418,28 +441,6 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
         bytes / std::max(s, 1e-6) / 1e6));
   }
   return final_dir;
-}
-
-Result<std::vector<float>> GatherFromRanks(comm::Collective& comm, device::Device& dev,
-                                           device::Stream& stream, float mine) {
-  const int world = comm.world_size();
-  std::vector<float> values(static_cast<size_t>(world), 0.0f);
-  if (world == 1) {
-    values[0] = mine;
-    return values;
-  }
-  STRATA_ASSIGN_OR_RETURN(void* buf, dev.Alloc(static_cast<size_t>(world) * sizeof(float)));
-  char* own = static_cast<char*>(buf) + static_cast<size_t>(comm.rank()) * sizeof(float);
-  Status st = dev.CopyAsync(own, &mine, sizeof(float), device::CopyKind::kHostToDevice, stream);
-  if (st.ok()) st = comm.AllGather(own, buf, 1, device::DType::kF32, stream);
-  if (st.ok()) {
-    st = dev.CopyAsync(values.data(), buf, values.size() * sizeof(float),
-                       device::CopyKind::kDeviceToHost, stream);
-  }
-  if (st.ok()) st = dev.Synchronize(stream);
-  dev.Free(buf);
-  STRATA_RETURN_IF_ERROR(st);
-  return values;
 }
 
 // ---- reading -----------------------------------------------------------------------------------

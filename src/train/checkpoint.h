@@ -79,11 +79,6 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
 // The step directory `path` names: itself when it holds trainer_state.json, else what its
 // `latest` link points to. NotFound / InvalidArgument naming the path otherwise.
 Result<std::string> ResolveCheckpoint(const std::string& path);
-// Collective: every rank's `mine`, in rank order, on every rank (a few bytes through the device:
-// for flags the ranks must agree on, between steps).
-Result<std::vector<float>> GatherFromRanks(comm::Collective& comm, device::Device& device,
-                                           device::Stream& stream, float mine);
-
 // Collective: every rank reads back its share of the checkpoint's checksummed ranges
 // (checksum_manifest.h) and all agree. DataLoss listing what differs (at most a few lines, with
 // the count of the rest) when anything does; OK with a note through `print` when the checkpoint
