@@ -6,6 +6,10 @@
 #include <fmt/format.h>
 #include <pthread.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -35,6 +39,14 @@ using detail::OutKind;
 // stores: far beyond the last-level cache nothing of it would still be cached when it is read.
 constexpr size_t kStreamingThresholdBytes = size_t{64} << 20;
 
+#if defined(__x86_64__) || defined(__i386__)
+// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c").
+bool CpuHasF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+#endif
+
 bool CpuHas(Isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -42,8 +54,7 @@ bool CpuHas(Isa isa) {
     case Isa::kScalar:
       return true;
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CpuHasF16c();
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");

@@ -298,9 +298,11 @@ Status RunTraining(const TrainOptions& o) {
                     files->source(), FormatBytes(files->total_bytes())));
     initial = files->Initial(UnitProgress(rank == 0 ? print : nullptr, "loading"));
   }
+  BuildOptions build;
+  build.initial = std::move(initial);
+  build.trace = trace.get();
   STRATA_ASSIGN_OR_RETURN(EngineStack stack,
-                          BuildEngine(runtime, *llama, config,
-                                      {.initial = std::move(initial), .trace = trace.get()}));
+                          BuildEngine(runtime, *llama, config, std::move(build)));
   zero::Engine* engine = stack.engine.get();
   int64_t first_step = 0;
   if (files) {
