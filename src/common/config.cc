@@ -1190,6 +1190,13 @@ Result<Json> ParseJson(std::string_view text, std::string_view source_name) {
     std::string_view reason = colon == std::string_view::npos ? what : what.substr(colon + 2);
     return InvalidArgumentError(
         fmt::format("{}:{}:{}: malformed JSON: {}", source_name, line, column, reason));
+  } catch (const Json::exception& e) {
+    // E.g. out_of_range for a number too large for a double (found by fuzz/config_fuzz).
+    std::string_view what = e.what();
+    size_t bracket = what.find("] ");
+    return InvalidArgumentError(fmt::format(
+        "{}: malformed JSON: {}", source_name,
+        bracket == std::string_view::npos ? what : what.substr(bracket + 2)));
   }
   if (!duplicate.empty()) {
     return InvalidArgumentError(

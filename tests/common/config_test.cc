@@ -917,6 +917,14 @@ TEST(ConfigStrataTest, TogglesAndEnums) {
   EXPECT_FALSE(Ok(R"({"strata": {"io": {"checksums": false}}})").strata.io.checksums);
 }
 
+// Found by fuzz/config_fuzz: a number too large for a double made the JSON library throw
+// out_of_range, which ended the process. Now it is one error like any malformed JSON.
+TEST(ConfigErrorsTest, NumbersTooLargeForADoubleAreAnError) {
+  const std::string e = ErrorOf(R"({"gradient_clipping": 5555555555555555E555555})");
+  EXPECT_THAT(e, HasSubstr("malformed JSON"));
+  EXPECT_THAT(e, HasSubstr("test.json"));
+}
+
 // One load names every mistake in the file, not only the first (per object: unknown keys, then
 // bad values, each in document order).
 TEST(ConfigErrorsTest, EveryErrorInTheFileIsReported) {
