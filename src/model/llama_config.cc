@@ -148,7 +148,8 @@ Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_vie
   Json j;
   try {
     j = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
+    // parse_error, and out_of_range for a number too large for a double (fuzz/hf_config_fuzz).
     return InvalidArgumentError(fmt::format("{}: not valid JSON: {}", source, e.what()));
   }
   if (!j.is_object()) {

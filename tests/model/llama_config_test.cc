@@ -48,6 +48,17 @@ TEST(LlamaConfigTest, ParsesAHuggingFaceConfigAndRoundTrips) {
   EXPECT_NE(ToHfConfigJson(*c, "bfloat16").find("128009"), std::string::npos);
 }
 
+// Found by fuzz/hf_config_fuzz: a number too large for a double made the JSON library throw
+// out_of_range past the parse_error handler, and the process aborted.
+TEST(LlamaConfigTest, NumbersTooLargeForADoubleAreAnError) {
+  auto c = ParseLlamaConfig(R"({"hidden_size": 5555555555555555E555555})", "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("config.json: not valid JSON"),
+            std::string::npos)
+      << c.status().message();
+}
+
 TEST(LlamaConfigTest, DefaultsForOptionalKeys) {
   auto c = ParseLlamaConfig(R"({"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
                                 "num_hidden_layers": 2, "num_attention_heads": 4})",
