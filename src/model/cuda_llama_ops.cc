@@ -78,16 +78,18 @@ class CudaLlamaOps final : public LlamaOps {
   }
   Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* out, float* lse) override {
+                          float* out, float* lse, device::DType precision) override {
     return cuda::ToStatus(cuda::AttentionForward(ctx(), q, k, v, batch, seq, num_heads,
-                                                 num_kv_heads, head_dim, out, lse));
+                                                 num_kv_heads, head_dim, out, lse,
+                                                 cuda::ToCudaDType(precision)));
   }
   Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
                            const float* lse, const float* dout, size_t batch, size_t seq,
                            size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
-                           float* dk, float* dv) override {
+                           float* dk, float* dv, device::DType precision) override {
     return cuda::ToStatus(cuda::AttentionBackward(ctx(), q, k, v, out, lse, dout, batch, seq,
-                                                  num_heads, num_kv_heads, head_dim, dq, dk, dv));
+                                                  num_heads, num_kv_heads, head_dim, dq, dk, dv,
+                                                  cuda::ToCudaDType(precision)));
   }
   Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) override {
     return cuda::ToStatus(cuda::SiluMulForward(ctx(), gate, up, n, h));

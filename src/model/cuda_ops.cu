@@ -1,10 +1,10 @@
 // The Llama decoder's CUDA kernels (see cuda_ops.h for the contracts).
 //
 // Layout of this file: helpers (errors, dtype tags, reductions), the context (cuBLAS handle,
-// workspace, data-error record), then one section per op mirroring cpu_ops.cc. Where the CPU op
-// rounds every fp32 operation, the kernel does too (__fmul_rn and friends: nvcc would otherwise
-// fuse a * b + c), so element-wise results agree to the last bit or nearly; where the CPU sums
-// in double, so does the kernel.
+// workspace, data-error record), then one section per op mirroring cpu_ops.cc. Arithmetic is
+// fp32, sums included (block-tree reductions); only the per-call RoPE angle table is computed in
+// double. Where the CPU op rounds every fp32 operation of an element-wise op, the kernel does too
+// (__fmul_rn and friends: nvcc would otherwise fuse a * b + c), so those agree to the last bit.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -18,6 +18,7 @@
 #include "device/dtype_convert.h"
 #include "device/cuda_dtype_tags.h"
 #include "model/cuda_ops.h"
+#include "model/cuda_ops_internal.cuh"
 
 namespace strata::model::cuda {
 namespace {
@@ -52,23 +53,13 @@ bool FitsInt(size_t n) {
 
 // ---- errors -------------------------------------------------------------------------------------
 
-OpError CudaResult(cudaError_t err, const char* what, const char* op) {
-  if (err == cudaSuccess) return OpError{};
-  return OpError{ErrorSource::kCuda, static_cast<int>(err), what, op};
-}
+using detail::ArgumentError;
+using detail::CudaResult;
+using detail::LaunchResult;
 
 OpError CublasResult(cublasStatus_t status, const char* what, const char* op) {
   if (status == CUBLAS_STATUS_SUCCESS) return OpError{};
   return OpError{ErrorSource::kCublas, static_cast<int>(status), what, op};
-}
-
-OpError ArgumentError(const char* why, const char* op) {
-  return OpError{ErrorSource::kArgument, 0, why, op};
-}
-
-// The launch error of the kernel just enqueued.
-OpError LaunchResult(const char* op) {
-  return CudaResult(cudaGetLastError(), "kernel launch", op);
 }
 
 // ---- dtype tags ---------------------------------------------------------------------------------
@@ -103,14 +94,8 @@ __device__ inline size_t GridStride() {
   return static_cast<size_t>(gridDim.x) * blockDim.x;
 }
 
-// The sum over the warp. A butterfly: every lane ends with the same bits (each step adds the
-// same two values, and fp addition is commutative), so branches on the result stay uniform.
-template <typename T>
-__device__ inline T WarpSum(T v) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
+using detail::WarpMax;
+using detail::WarpSum;
 
 // The sum over a kBlockThreads block, the same in every thread and the same on every run.
 // `scratch` holds kWarpsPerBlock values; the call synchronizes the block (twice).
@@ -127,8 +112,7 @@ __device__ T BlockSum(T v, T* scratch) {
 }
 
 __device__ float BlockMax(float v, float* scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  v = WarpMax(v);
   if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = v;
   __syncthreads();
   float total = scratch[0];
@@ -298,7 +282,7 @@ size_t WorkspaceBytes(const WorkspaceShape& s) {
   }
   most = std::max(most, 2 * AlignUp(s.seq * (s.head_dim / 2) * sizeof(float)));  // RoPE tables
   most = std::max(most, AlignUp(s.batch * s.num_heads * s.seq * sizeof(float)));  // attention
-  most = std::max(most, AlignUp(t * sizeof(double)));                             // the loss
+  most = std::max(most, AlignUp(t * sizeof(float)));                              // the loss
   return AlignUp(std::max<size_t>(most, 1));
 }
 
@@ -442,17 +426,16 @@ namespace {
 template <typename E>
 __global__ void RmsNormForwardKernel(const float* x, const typename E::T* __restrict__ weight,
                                      size_t hidden, float eps, float* y, float* __restrict__ rstd) {
-  __shared__ double scratch[kWarpsPerBlock];
+  __shared__ float scratch[kWarpsPerBlock];
   const size_t t = blockIdx.x;
   const float* xr = x + t * hidden;
-  double sum_sq = 0.0;
+  float sum_sq = 0.0f;
   for (size_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    const double v = xr[i];
+    const float v = xr[i];
     sum_sq += v * v;
   }
   sum_sq = BlockSum(sum_sq, scratch);
-  const float r = static_cast<float>(
-      1.0 / sqrt(sum_sq / static_cast<double>(hidden) + static_cast<double>(eps)));
+  const float r = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
   if (threadIdx.x == 0) rstd[t] = r;
   float* yr = y + t * hidden;
   for (size_t i = threadIdx.x; i < hidden; i += blockDim.x)
@@ -466,18 +449,16 @@ __global__ void RmsNormBackwardKernel(const float* __restrict__ x,
                                       const typename E::T* __restrict__ weight,
                                       const float* __restrict__ rstd, const float* dy,
                                       size_t hidden, float* dx) {
-  __shared__ double scratch[kWarpsPerBlock];
+  __shared__ float scratch[kWarpsPerBlock];
   const size_t t = blockIdx.x;
   const float* xr = x + t * hidden;
   const float* dyr = dy + t * hidden;
   const float r = rstd[t];
-  double dot = 0.0;
+  float dot = 0.0f;
   for (size_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    dot += static_cast<double>(dyr[i]) * static_cast<double>(E::Load(weight[i])) *
-           static_cast<double>(xr[i]);
+    dot += dyr[i] * E::Load(weight[i]) * xr[i];
   dot = BlockSum(dot, scratch);
-  const double rd = r;
-  const float coef = static_cast<float>(dot * rd * rd * rd / static_cast<double>(hidden));
+  const float coef = dot * r * r * r / static_cast<float>(hidden);
   float* dxr = dx + t * hidden;
   for (size_t i = threadIdx.x; i < hidden; i += blockDim.x) {
     const float w = E::Load(weight[i]);
@@ -766,18 +747,12 @@ OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, s
 //
 // Each warp owns one row; lane l holds elements l, l + 32, ... of a head vector (R per lane,
 // head_dim <= 32 R), so a dot product is R multiply-adds and a warp sum. The forward streams the
-// keys 0..i of query row i with an online softmax (running max m, running sum l in double);
+// keys 0..i of query row i with an online softmax (running max m, running sum l);
 // lse = m + log(l). The backward recomputes p = exp(s - lse) per pair.
 
 namespace {
 
-struct AttentionShape {
-  size_t batch, seq, num_heads, num_kv_heads, head_dim;
-  size_t group;      // query heads per kv head
-  size_t q_stride;   // num_heads * head_dim
-  size_t kv_stride;  // num_kv_heads * head_dim
-  float scale;       // 1 / sqrt(head_dim)
-};
+using detail::AttentionShape;
 
 // The query row (b, h, i) of this warp, with the offset of its q / out / dout vector and where
 // its kv group's K and V start; false past the last row (the whole warp returns).
@@ -838,7 +813,7 @@ __global__ void AttentionForwardKernel(const float* __restrict__ q, const float*
   for (int r = 0; r < R; ++r)
     acc[r] = 0.0f;
   float m = -INFINITY;
-  double l = 0.0;
+  float l = 0.0f;
   for (size_t j = 0; j <= i; ++j) {
     const float s = WarpDot<R>(qi, kg + j * shape.kv_stride, d, lane) * shape.scale;
     if (s > m) {  // uniform: every lane holds the same s
@@ -858,7 +833,7 @@ __global__ void AttentionForwardKernel(const float* __restrict__ q, const float*
       if (c < d) acc[r] += p * vj[c];
     }
   }
-  const float inv = static_cast<float>(1.0 / l);
+  const float inv = 1.0f / l;
   float* oi = out + row.q_off;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -866,7 +841,7 @@ __global__ void AttentionForwardKernel(const float* __restrict__ q, const float*
     if (c < d) oi[c] = acc[r] * inv;
   }
   if (lane == 0) {
-    lse[(b * shape.num_heads + h) * shape.seq + i] = m + static_cast<float>(log(l));
+    lse[(b * shape.num_heads + h) * shape.seq + i] = m + logf(l);
   }
 }
 
@@ -888,15 +863,15 @@ __global__ void AttentionBackwardQueryKernel(
   float qi[R], doi[R], dqi[R];
   LoadHeadVector<R>(q + q_off, d, lane, qi);
   LoadHeadVector<R>(dout + q_off, d, lane, doi);
-  double dot = 0.0;
+  float dot = 0.0f;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const size_t c = lane + 32 * r;
-    if (c < d) dot += static_cast<double>(out[q_off + c]) * static_cast<double>(doi[r]);
+    if (c < d) dot += out[q_off + c] * doi[r];
     dqi[r] = 0.0f;
   }
   const size_t stat = (b * shape.num_heads + h) * shape.seq + i;
-  const float di = static_cast<float>(WarpSum(dot));
+  const float di = WarpSum(dot);
   if (lane == 0) delta[stat] = di;
   const float lse_i = lse[stat];
   for (size_t j = 0; j <= i; ++j) {
@@ -1021,14 +996,19 @@ void ForLanesPerHead(size_t head_dim, Fn&& fn) {
 
 OpError AttentionForward(OpsContext* context, const float* q, const float* k, const float* v,
                          size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
-                         size_t head_dim, float* out, float* lse) {
+                         size_t head_dim, float* out, float* lse, DType precision) {
   constexpr const char* kOp = "AttentionForward";
   OpError error = CheckAttentionShape(num_heads, num_kv_heads, head_dim, kOp);
   if (!error.ok()) return error;
+  if (!IsKnown(precision)) return ArgumentError("unknown attention precision", kOp);
   const size_t rows = batch * num_heads * seq;
   if (rows == 0) return OpError{};
   if (rows / kAttentionWarps >= UINT_MAX) return ArgumentError("too many rows", kOp);
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
+  if (detail::TensorCoreAttentionSupports(precision, shape)) {
+    return detail::TensorCoreAttentionForward(context->stream, precision, shape, q, k, v, out,
+                                              lse);
+  }
   ForLanesPerHead(head_dim, [&](auto lanes) {
     constexpr int R = decltype(lanes)::value;
     AttentionForwardKernel<R><<<AttentionBlocks(rows), kAttentionWarps * 32, 0, context->stream>>>(
@@ -1040,10 +1020,11 @@ OpError AttentionForward(OpsContext* context, const float* q, const float* k, co
 OpError AttentionBackward(OpsContext* context, const float* q, const float* k, const float* v,
                           const float* out, const float* lse, const float* dout, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* dq, float* dk, float* dv) {
+                          float* dq, float* dk, float* dv, DType precision) {
   constexpr const char* kOp = "AttentionBackward";
   OpError error = CheckAttentionShape(num_heads, num_kv_heads, head_dim, kOp);
   if (!error.ok()) return error;
+  if (!IsKnown(precision)) return ArgumentError("unknown attention precision", kOp);
   const size_t rows = batch * num_heads * seq;
   if (rows == 0) {  // the CPU op still zeroes dk and dv
     const size_t kv_bytes = batch * seq * num_kv_heads * head_dim * sizeof(float);
@@ -1057,6 +1038,10 @@ OpError AttentionBackward(OpsContext* context, const float* q, const float* k, c
   if (!error.ok()) return error;
   float* delta = WorkspaceCarver(context).Take<float>(rows);
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
+  if (detail::TensorCoreAttentionSupports(precision, shape)) {
+    return detail::TensorCoreAttentionBackward(context->stream, precision, shape, q, k, v, out,
+                                               lse, dout, delta, dq, dk, dv);
+  }
   const size_t kv_rows = batch * num_kv_heads * seq;
   ForLanesPerHead(head_dim, [&](auto lanes) {
     constexpr int R = decltype(lanes)::value;
@@ -1074,15 +1059,14 @@ OpError AttentionBackward(OpsContext* context, const float* q, const float* k, c
 
 namespace {
 
-// In double, as the CPU op, with every operation rounded (no fused multiply-add).
-__device__ inline double Sigmoid(double x) {
-  return __ddiv_rn(1.0, __dadd_rn(1.0, exp(-x)));
+__device__ inline float Sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
 }
 
 __global__ void SiluMulForwardKernel(const float* gate, const float* up, size_t n, float* h) {
   for (size_t i = FirstIndex(); i < n; i += GridStride()) {
-    const double g = gate[i];
-    h[i] = static_cast<float>(__dmul_rn(__dmul_rn(g, Sigmoid(g)), static_cast<double>(up[i])));
+    const float g = gate[i];
+    h[i] = g * Sigmoid(g) * up[i];
   }
 }
 
@@ -1090,14 +1074,13 @@ __global__ void SiluMulForwardKernel(const float* gate, const float* up, size_t 
 __global__ void SiluMulBackwardKernel(const float* gate, const float* up, const float* dh, size_t n,
                                       float* dgate, float* dup) {
   for (size_t i = FirstIndex(); i < n; i += GridStride()) {
-    const double g = gate[i];
-    const double s = Sigmoid(g);
-    const double d = dh[i];
-    const double u = up[i];
-    // silu'(g) = s (1 + g (1 - s))
-    const double dsilu = __dmul_rn(s, __dadd_rn(1.0, __dmul_rn(g, __dsub_rn(1.0, s))));
-    dgate[i] = static_cast<float>(__dmul_rn(__dmul_rn(d, u), dsilu));
-    dup[i] = static_cast<float>(__dmul_rn(__dmul_rn(d, g), s));
+    const float g = gate[i];
+    const float s = Sigmoid(g);
+    const float d = dh[i];
+    const float u = up[i];
+    const float dsilu = s * (1.0f + g * (1.0f - s));  // silu'(g)
+    dgate[i] = d * u * dsilu;
+    dup[i] = d * g * s;
   }
 }
 
@@ -1153,38 +1136,38 @@ __device__ inline bool IsBadTarget(int32_t target, size_t vocab, int32_t ignore_
 __global__ void CrossEntropyRowKernel(const float* __restrict__ logits,
                                       const int32_t* __restrict__ targets, size_t vocab,
                                       int32_t ignore_index, float* __restrict__ lse,
-                                      double* __restrict__ row_loss, DeviceDataError* record) {
+                                      float* __restrict__ row_loss, DeviceDataError* record) {
   __shared__ float max_scratch[kWarpsPerBlock];
-  __shared__ double sum_scratch[kWarpsPerBlock];
+  __shared__ float sum_scratch[kWarpsPerBlock];
   const size_t t = blockIdx.x;
   const float* row = logits + t * vocab;
   float max = -INFINITY;
   for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
     max = fmaxf(max, row[j]);
   max = BlockMax(max, max_scratch);
-  double sum = 0.0;
+  float sum = 0.0f;
   for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
-    sum += exp(static_cast<double>(row[j]) - static_cast<double>(max));
+    sum += expf(row[j] - max);
   sum = BlockSum(sum, sum_scratch);
   if (threadIdx.x != 0) return;
-  const double row_lse = static_cast<double>(max) + log(sum);
-  if (lse != nullptr) lse[t] = static_cast<float>(row_lse);
+  const float row_lse = max + logf(sum);
+  if (lse != nullptr) lse[t] = row_lse;
   const int32_t target = targets[t];
   if (IsBadTarget(target, vocab, ignore_index)) {
     RecordDataError(record, DataErrorKind::kTarget, t, target, vocab);
-    row_loss[t] = 0.0;
+    row_loss[t] = 0.0f;
   } else {
-    row_loss[t] = target == ignore_index ? 0.0 : row_lse - static_cast<double>(row[target]);
+    row_loss[t] = target == ignore_index ? 0.0f : row_lse - row[target];
   }
 }
 
 // One block: *loss = sum(row_loss) / count over counted rows (0 when none), in a fixed order.
-__global__ void CrossEntropyMeanKernel(const double* __restrict__ row_loss,
+__global__ void CrossEntropyMeanKernel(const float* __restrict__ row_loss,
                                        const int32_t* __restrict__ targets, size_t num_tokens,
                                        size_t vocab, int32_t ignore_index, float* loss) {
-  __shared__ double sum_scratch[kWarpsPerBlock];
+  __shared__ float sum_scratch[kWarpsPerBlock];
   __shared__ unsigned long long count_scratch[kWarpsPerBlock];
-  double total = 0.0;
+  float total = 0.0f;
   unsigned long long count = 0;
   for (size_t t = threadIdx.x; t < num_tokens; t += blockDim.x) {
     total += row_loss[t];
@@ -1194,7 +1177,7 @@ __global__ void CrossEntropyMeanKernel(const double* __restrict__ row_loss,
   total = BlockSum(total, sum_scratch);
   count = BlockSum(count, count_scratch);
   if (threadIdx.x == 0) {
-    *loss = count == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(count));
+    *loss = count == 0 ? 0.0f : total / static_cast<float>(count);
   }
 }
 
@@ -1252,9 +1235,9 @@ OpError CrossEntropyForward(OpsContext* context, const float* logits, const int3
                       kOp);
   }
   if (vocab == 0) return ArgumentError("vocab is 0", kOp);
-  OpError error = Reserve(context, num_tokens * sizeof(double), kOp);
+  OpError error = Reserve(context, num_tokens * sizeof(float), kOp);
   if (!error.ok()) return error;
-  double* row_loss = WorkspaceCarver(context).Take<double>(num_tokens);
+  float* row_loss = WorkspaceCarver(context).Take<float>(num_tokens);
   CrossEntropyRowKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
       logits, targets, vocab, ignore_index, lse, row_loss, context->data_error);
   error = LaunchResult(kOp);

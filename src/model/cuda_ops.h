@@ -18,9 +18,10 @@
 //     GEMMs; outputs and weight gradients stay fp32. The tensor cores do the work, at the cost of
 //     a rounding of up to 2^-8 (bf16) or 2^-11 (fp16) relative per input (docs/model.md gives
 //     the tolerances the tests hold the results to).
-//   - The other ops compute in fp32, with row reductions in double where the CPU ops use double,
-//     and no fused multiply-add where the CPU rounds each operation; element-wise ops
-//     (RoPE, SiluMul, residual, embedding forward) match the CPU to the last bit or nearly so.
+//   - The other ops compute in fp32 (row reductions too; only the per-call RoPE angle table is
+//     computed in double). Residual add and embedding forward match the CPU to the last bit;
+//     the rest agree within the tolerances of tests/model/cuda_ops_test.cc (the CPU ops sum
+//     some rows in double).
 //   - Reductions are deterministic: no floating-point atomics; the same inputs give the same
 //     bits on every run (embedding backward sums repeated tokens in position order).
 //   - Bad data (a token or target out of range) cannot be reported synchronously: the kernel
@@ -168,17 +169,27 @@ OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, s
                      size_t head_dim, float theta);
 
 // ---- Causal grouped-query attention -------------------------------------------------------------
-// As cpu::AttentionForward / AttentionBackward. One warp per query row with an online softmax
-// (no [seq, seq] matrix); the backward recomputes the probabilities from lse, one warp per query
-// row for dq and one per key row for dk and dv (no atomics). head_dim <= kMaxAttentionHeadDim.
+// As cpu::AttentionForward / AttentionBackward; no [seq, seq] matrix exists. `precision` is the
+// arithmetic (the model passes its weights' dtype):
+//   kF32         the exact kernels: fp32 throughout, one warp per query row with an online
+//                softmax; the backward recomputes the probabilities from lse, one warp per query
+//                row for dq and one per key row for dk and dv. head_dim <= kMaxAttentionHeadDim.
+//   kBF16, kF16  for head_dim 64 and 128, tiled kernels on the tensor cores
+//                (cuda_attention_tc.cu: FlashAttention-2's blocking, 64 x 64 tiles, WMMA): q, k,
+//                v, dout and the probabilities are rounded to the dtype, products accumulate in
+//                fp32, softmax statistics and outputs are fp32. Other head dims take the exact
+//                kernels.
+// Both are deterministic (no atomics). The backward uses batch * num_heads * seq floats of the
+// workspace.
 inline constexpr size_t kMaxAttentionHeadDim = 256;
 OpError AttentionForward(OpsContext* context, const float* q, const float* k, const float* v,
                          size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
-                         size_t head_dim, float* out, float* lse);
+                         size_t head_dim, float* out, float* lse,
+                         DType precision = DType::kF32);
 OpError AttentionBackward(OpsContext* context, const float* q, const float* k, const float* v,
                           const float* out, const float* lse, const float* dout, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* dq, float* dk, float* dv);
+                          float* dq, float* dk, float* dv, DType precision = DType::kF32);
 
 // ---- SwiGLU's element-wise part -----------------------------------------------------------------
 OpError SiluMulForward(OpsContext* context, const float* gate, const float* up, size_t n, float* h);

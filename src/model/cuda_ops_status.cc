@@ -89,7 +89,11 @@ Status CheckDataErrors(OpsContext* context) {
 }
 
 Weight ToCudaWeight(cpu::Weight weight) {
-  return Weight{weight.data, static_cast<DType>(static_cast<int>(weight.dtype))};
+  return Weight{weight.data, ToCudaDType(weight.dtype)};
+}
+
+DType ToCudaDType(device::DType dtype) {
+  return static_cast<DType>(static_cast<int>(dtype));
 }
 
 }  // namespace strata::model::cuda

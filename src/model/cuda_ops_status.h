@@ -25,5 +25,7 @@ Status CheckDataErrors(OpsContext* context);
 
 // The same weight descriptor, for device memory.
 Weight ToCudaWeight(cpu::Weight weight);
+// The same dtype (the enums are numbered alike).
+DType ToCudaDType(device::DType dtype);
 
 }  // namespace strata::model::cuda

@@ -434,7 +434,8 @@ Status LlamaModel::BlockInternals(LlamaOps& ops, const zero::UnitView& p, const 
   STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h1, W(p, kV), t, h, kv, a.v));
   STRATA_RETURN_IF_ERROR(ops.RopeForward(a.q, b, s, nh, d, theta));
   STRATA_RETURN_IF_ERROR(ops.RopeForward(a.k, b, s, nkv, d, theta));
-  STRATA_RETURN_IF_ERROR(ops.AttentionForward(a.q, a.k, a.v, b, s, nh, nkv, d, a.attn, a.attn_lse));
+  STRATA_RETURN_IF_ERROR(ops.AttentionForward(a.q, a.k, a.v, b, s, nh, nkv, d, a.attn, a.attn_lse,
+                                              p.dtype));
   STRATA_RETURN_IF_ERROR(ops.LinearForward(a.attn, W(p, kO), t, h, h, a.x2));
   STRATA_RETURN_IF_ERROR(ops.ResidualAdd(x, a.x2, t * h, a.x2));
   STRATA_RETURN_IF_ERROR(ops.RmsNormForward(a.x2, W(p, kPostNorm), t, h, eps, a.h2, a.rstd2));
@@ -487,7 +488,7 @@ Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, const zero::UnitView&
   STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.attn, W(p, kO), a.dx2, t, h, h, a.dattn,
                                             Accumulate::kOverwrite, G(g, kO)));
   STRATA_RETURN_IF_ERROR(ops.AttentionBackward(a.q, a.k, a.v, a.attn, a.attn_lse, a.dattn, b, s,
-                                               nh, nkv, d, a.dq, a.dk, a.dv));
+                                               nh, nkv, d, a.dq, a.dk, a.dv, p.dtype));
   STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta));
   STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta));
   STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h1, W(p, kQ), a.dq, t, h, h, a.dh1,

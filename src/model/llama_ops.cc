@@ -50,14 +50,14 @@ class CpuLlamaOps final : public LlamaOps {
   }
   Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* out, float* lse) override {
+                          float* out, float* lse, device::DType /*precision*/) override {
     cpu::AttentionForward(q, k, v, batch, seq, num_heads, num_kv_heads, head_dim, out, lse);
     return Status::Ok();
   }
   Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
                            const float* lse, const float* dout, size_t batch, size_t seq,
                            size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
-                           float* dk, float* dv) override {
+                           float* dk, float* dv, device::DType /*precision*/) override {
     cpu::AttentionBackward(q, k, v, out, lse, dout, batch, seq, num_heads, num_kv_heads, head_dim,
                            dq, dk, dv);
     return Status::Ok();

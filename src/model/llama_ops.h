@@ -55,14 +55,17 @@ class LlamaOps {
                              float theta) = 0;
   virtual Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
                               float theta) = 0;
+  // `precision`: the weights' dtype. The CUDA ops run 16-bit attention on the tensor cores
+  // (cuda::AttentionForward); the CPU ops compute in fp32 whatever it is.
   virtual Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                                   size_t seq, size_t num_heads, size_t num_kv_heads,
-                                  size_t head_dim, float* out, float* lse) = 0;
+                                  size_t head_dim, float* out, float* lse,
+                                  device::DType precision) = 0;
   virtual Status AttentionBackward(const float* q, const float* k, const float* v,
                                    const float* out, const float* lse, const float* dout,
                                    size_t batch, size_t seq, size_t num_heads,
                                    size_t num_kv_heads, size_t head_dim, float* dq, float* dk,
-                                   float* dv) = 0;
+                                   float* dv, device::DType precision) = 0;
   virtual Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) = 0;
   virtual Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
                                  float* dgate, float* dup) = 0;

@@ -5,12 +5,15 @@
 // Tolerances, and why:
 //   exact  embedding forward and backward, residual add, gradient accumulation: the same fp32
 //          operations in the same order (the embedding backward sums repeats in position order).
-//   1e-5   every other fp32 path: RMSNorm (double sums in another order), fp32 linear (cuBLAS and
-//          OpenBLAS sum in different orders), RoPE (CUDA's double sin/cos/pow), attention (online
-//          softmax and per-lane fp32 sums instead of sgemm), SiluMul, cross-entropy (CUDA's
-//          expf). The measured errors are far below (printed by each test).
+//   1e-5   every other fp32 path: RMSNorm (fp32 block sums against the CPU's double sums), fp32
+//          linear (cuBLAS and OpenBLAS sum in different orders), RoPE (CUDA's double
+//          sin/cos/pow), attention (online softmax and per-lane fp32 sums instead of sgemm),
+//          SiluMul (fp32 against the CPU's double), cross-entropy (fp32 sums and expf). The
+//          measured errors are far below (printed by each test).
 //   1e-2   linear with bf16 or fp16 weights: the GEMM inputs are rounded to the weight's dtype
 //          (activations and output gradients lose bits beyond 8 / 11), accumulation is fp32.
+//   1e-2 / 3e-2  attention on the tensor cores (16-bit precision), against the CPU on inputs
+//          rounded alike (see the test).
 // Sizes include 1-element cases and sizes that are not multiples of the block (256), the warp
 // (32) or the head-dim register tiles.
 //
@@ -415,6 +418,94 @@ TEST_F(CudaOpsGpuTest, AttentionMatchesTheCpuAndIsDeterministic) {
     ExpectBitEqual("attention dq rerun " + shape, Download(d_dq, q_n), dq_gpu);
     ExpectBitEqual("attention dk rerun " + shape, Download(d_dk, kv_n), dk_gpu);
     ExpectBitEqual("attention dv rerun " + shape, Download(d_dv, kv_n), dv_gpu);
+  }
+}
+
+// The tensor-core kernels (16-bit precision, head_dim 64 and 128). The CPU reference runs on q, k,
+// v and dout rounded to the same dtype, so what remains is the rounding of the probabilities (and
+// dS) to 16 bits before the second product of each pair, and the order of the fp32 sums:
+// 1e-2 of the largest element for the output and lse, 3e-2 (bf16) or 1e-2 (fp16) for the
+// gradients. Shapes cover one exact tile, partial tiles (seq 100, 130, 3), grouped-query and
+// multi-query heads. A head_dim the tiled kernels do not take (72) runs the exact kernels.
+TEST_F(CudaOpsGpuTest, AttentionOnTensorCoresMatchesTheCpuOnRoundedInputs) {
+  struct Shape {
+    size_t batch, seq, heads, kv_heads, head_dim;
+  };
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const double grad_tol = dtype == DType::kBF16 ? 3e-2 : 1e-2;
+    for (const Shape s : {Shape{1, 64, 2, 2, 64}, Shape{2, 100, 4, 2, 64},
+                          Shape{1, 130, 2, 1, 128}, Shape{1, 3, 2, 1, 128},
+                          Shape{1, 20, 2, 2, 72}}) {
+      const bool tiled = s.head_dim == 64 || s.head_dim == 128;
+      const std::string shape =
+          Label("b" + std::to_string(s.batch) + " s" + std::to_string(s.seq) + " h" +
+                    std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " d" +
+                    std::to_string(s.head_dim),
+                dtype);
+      const size_t q_n = s.batch * s.seq * s.heads * s.head_dim;
+      const size_t kv_n = s.batch * s.seq * s.kv_heads * s.head_dim;
+      const size_t lse_n = s.batch * s.heads * s.seq;
+      const auto q = RandomVector(q_n, 60);
+      const auto k = RandomVector(kv_n, 61);
+      const auto v = RandomVector(kv_n, 62);
+      const auto dout = RandomVector(q_n, 63);
+      // What the tiled kernels see; the exact kernels see the inputs as they are.
+      auto rounded = [&](const std::vector<float>& x) {
+        if (!tiled) return x;
+        std::vector<uint8_t> bytes(x.size() * device::DTypeSize(dtype));
+        std::vector<float> back(x.size());
+        device::ConvertHost(x.data(), DType::kF32, bytes.data(), dtype, x.size());
+        device::ConvertHost(bytes.data(), dtype, back.data(), DType::kF32, x.size());
+        return back;
+      };
+      const auto rq = rounded(q), rk = rounded(k), rv = rounded(v), rdout = rounded(dout);
+      std::vector<float> out_cpu(q_n), lse_cpu(lse_n), dq_cpu(q_n), dk_cpu(kv_n), dv_cpu(kv_n);
+      cpu::AttentionForward(rq.data(), rk.data(), rv.data(), s.batch, s.seq, s.heads, s.kv_heads,
+                            s.head_dim, out_cpu.data(), lse_cpu.data());
+      cpu::AttentionBackward(rq.data(), rk.data(), rv.data(), out_cpu.data(), lse_cpu.data(),
+                             rdout.data(), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
+                             dq_cpu.data(), dk_cpu.data(), dv_cpu.data());
+      const double out_tol = tiled ? 1e-2 : kF32Tolerance;
+      const double dgrad_tol = tiled ? grad_tol : kF32Tolerance;
+
+      const cuda::DType precision = cuda::ToCudaDType(dtype);
+      const float* d_q = Upload(q);
+      const float* d_k = Upload(k);
+      const float* d_v = Upload(v);
+      const float* d_dout = Upload(dout);
+      float* d_out = Alloc<float>(q_n);
+      float* d_lse = Alloc<float>(lse_n);
+      ASSERT_OP_OK(cuda::AttentionForward(context(), d_q, d_k, d_v, s.batch, s.seq, s.heads,
+                                          s.kv_heads, s.head_dim, d_out, d_lse, precision));
+      const std::vector<float> out_gpu = Download(d_out, q_n);
+      ExpectClose("attention out " + shape, out_gpu, out_cpu, out_tol);
+      ExpectClose("attention lse " + shape, Download(d_lse, lse_n), lse_cpu, out_tol);
+
+      // dq, dk and dv start as garbage: they are overwritten.
+      float* d_dq = Upload(RandomVector(q_n, 64));
+      float* d_dk = Upload(RandomVector(kv_n, 65));
+      float* d_dv = Upload(RandomVector(kv_n, 66));
+      ASSERT_OP_OK(cuda::AttentionBackward(context(), d_q, d_k, d_v, d_out, d_lse, d_dout,
+                                           s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, d_dq,
+                                           d_dk, d_dv, precision));
+      const std::vector<float> dq_gpu = Download(d_dq, q_n);
+      const std::vector<float> dk_gpu = Download(d_dk, kv_n);
+      const std::vector<float> dv_gpu = Download(d_dv, kv_n);
+      ExpectClose("attention dq " + shape, dq_gpu, dq_cpu, dgrad_tol);
+      ExpectClose("attention dk " + shape, dk_gpu, dk_cpu, dgrad_tol);
+      ExpectClose("attention dv " + shape, dv_gpu, dv_cpu, dgrad_tol);
+
+      // Deterministic: a second run gives the same bits.
+      ASSERT_OP_OK(cuda::AttentionForward(context(), d_q, d_k, d_v, s.batch, s.seq, s.heads,
+                                          s.kv_heads, s.head_dim, d_out, d_lse, precision));
+      ExpectBitEqual("attention out rerun " + shape, Download(d_out, q_n), out_gpu);
+      ASSERT_OP_OK(cuda::AttentionBackward(context(), d_q, d_k, d_v, d_out, d_lse, d_dout,
+                                           s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, d_dq,
+                                           d_dk, d_dv, precision));
+      ExpectBitEqual("attention dq rerun " + shape, Download(d_dq, q_n), dq_gpu);
+      ExpectBitEqual("attention dk rerun " + shape, Download(d_dk, kv_n), dk_gpu);
+      ExpectBitEqual("attention dv rerun " + shape, Download(d_dv, kv_n), dv_gpu);
+    }
   }
 }
 

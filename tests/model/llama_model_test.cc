@@ -503,12 +503,15 @@ Result<MicroBatchResult> RunMicroBatch(device::Device& dev, const LlamaConfig& c
 // relative. bf16 weights: both devices use the same rounded weights, but the GPU also rounds the
 // GEMM inputs (activations, output gradients) to bf16 for the tensor cores (2^-8 relative each),
 // so the bound is 3e-2 of each tensor's largest gradient and 1e-2 relative on the loss. fp32 with
-// strata.tf32 (inputs rounded to TF32's 10-bit mantissa): 1e-2 and 1e-3.
+// strata.tf32 (inputs rounded to TF32's 10-bit mantissa): 1e-2 and 1e-3. The tiny model's heads
+// (head_dim 8) take the exact attention kernels; `wide_heads` gives head_dim 64, which bf16 runs
+// on the tensor-core attention (q, k, v and the probabilities rounded to bf16 as well).
 struct GpuCase {
   device::DType dtype;
   bool tf32;
   double grad_tol, loss_tol;
   const char* name;
+  bool wide_heads = false;
 };
 
 class LlamaModelGpuTest : public ::testing::TestWithParam<GpuCase> {};
@@ -521,6 +524,12 @@ TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
   const device::DType dtype = GetParam().dtype;
   LlamaConfig cfg = TinyConfig();
   cfg.vocab_size = 320;  // a head GEMM wider than one tile
+  if (GetParam().wide_heads) {
+    cfg.hidden_size = 128;
+    cfg.intermediate_size = 192;
+    cfg.num_attention_heads = 2;
+    cfg.num_key_value_heads = 1;
+  }
   const int64_t batch = 2, seq = 48;
   auto cpu = device::CreateDevice({});
   ASSERT_TRUE(cpu.ok());
@@ -567,7 +576,8 @@ INSTANTIATE_TEST_SUITE_P(
     DTypes, LlamaModelGpuTest,
     ::testing::Values(GpuCase{device::DType::kF32, false, 1e-4, 1e-5, "fp32"},
                       GpuCase{device::DType::kF32, true, 1e-2, 1e-3, "fp32_tf32"},
-                      GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16"}),
+                      GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16"},
+                      GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16_head_dim_64", true}),
     [](const auto& p) { return std::string(p.param.name); });
 
 }  // namespace

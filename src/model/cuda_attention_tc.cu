@@ -1,0 +1,537 @@
+// Causal grouped-query attention on the tensor cores, for 16-bit runs (cuda_ops.h,
+// AttentionForward with a bf16 or fp16 precision).
+//
+// The blocking is FlashAttention-2's: a block owns 64 query rows (forward, dQ) or 64 key rows
+// (dK, dV), four warps of 16 rows each, and streams the other side through shared memory in
+// tiles of 64 rows. Products run on WMMA 16x16x16 fragments with fp32 accumulation; the inputs
+// (q, k, v, dO, and the probabilities P and dS that feed the second product) are rounded to the
+// 16-bit dtype as they enter shared memory. Softmax statistics, the output and every gradient
+// stay fp32. No [seq, seq] matrix exists: each warp holds a [16, 64] score tile at a time.
+//
+// WMMA's fragment layout is opaque, so each score tile goes through the warp's shared memory
+// (store, element-wise work, reload): simpler than register-level mma.sync and independent of
+// the architecture's layout, at some cost in shared-memory traffic.
+//
+// The backward does not use atomics (Strata's runs are bit-reproducible): one kernel per key
+// tile computes dK and dV over every query tile and head of its kv group; another per query
+// tile computes dQ over every key tile. Both recompute P from the forward's log-sum-exp.
+//
+// Padding: rows past `seq` load as zeros and are masked out of every softmax and product, and
+// nothing is written for them.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <type_traits>
+
+#include "model/cuda_ops_internal.cuh"
+
+namespace strata::model::cuda::detail {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+constexpr int kTile = 64;                  // rows per block; rows per streamed tile
+constexpr int kWarps = 4;                  // each owns 16 of the block's rows
+constexpr int kThreads = kWarps * 32;      // per block
+constexpr int kWarpRows = kTile / kWarps;  // 16
+constexpr int kFrag = 16;                  // WMMA m = n = k for 16-bit inputs
+constexpr int kPad = 8;                    // elements added to each shared row (spreads banks;
+                                           // keeps every fragment 32-byte aligned)
+constexpr int kScoreLd = kTile + kPad;     // row stride of a warp's [16, 64] score tiles
+
+static_assert(kWarpRows == kFrag, "a warp owns one fragment's rows");
+
+// Rounding to the storage dtype.
+template <typename T>
+__device__ inline T Round(float x);
+template <>
+__device__ inline __nv_bfloat16 Round<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ inline __half Round<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+template <typename T>
+using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, T, wmma::row_major>;
+template <typename T>
+using FragBRow = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, wmma::row_major>;
+template <typename T>
+using FragBCol = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, wmma::col_major>;
+using FragAcc = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
+
+// Shared memory of the three kernels; every piece is a multiple of 128 bytes, so each starts
+// 128-byte aligned.
+template <typename T, int D>
+struct Smem {
+  static constexpr int kLd = D + kPad;  // row stride of a [64, D] tile
+  static constexpr size_t kTileBytes = size_t{kTile} * kLd * sizeof(T);
+  static constexpr size_t kScoreF32 = size_t{kWarpRows} * kScoreLd * sizeof(float);
+  static constexpr size_t kScore16 = size_t{kWarpRows} * kScoreLd * sizeof(T);
+  static constexpr size_t kRowF32 = size_t{kWarpRows} * kLd * sizeof(float);
+  static constexpr size_t kStats = 2 * kTile * sizeof(float);  // lse, delta of a query tile
+
+  // Forward: Q, K, V tiles; per warp S (fp32), P (16-bit), O (fp32, the running output).
+  static constexpr size_t kForwardWarp = kScoreF32 + kScore16 + kRowF32;
+  static constexpr size_t kForward = 3 * kTileBytes + kWarps * kForwardWarp;
+  // Backward: two row tiles and two streamed tiles; lse and delta; per warp S and dP (fp32),
+  // P and dS (16-bit). S and dP, adjacent, stage the warp's results on the way out.
+  static constexpr size_t kBackwardWarp = 2 * kScoreF32 + 2 * kScore16;
+  static constexpr size_t kBackward = 4 * kTileBytes + kStats + kWarps * kBackwardWarp;
+
+  static_assert(kTileBytes % 128 == 0 && kScoreF32 % 128 == 0 && kScore16 % 128 == 0 &&
+                    kRowF32 % 128 == 0 && kStats % 128 == 0,
+                "shared-memory pieces keep 128-byte alignment");
+  static_assert(2 * kScoreF32 >= kRowF32, "S and dP together stage a warp's [16, D] result");
+};
+
+// dst[r, c] = src[(first + r) * stride + c] rounded, for r < 64 and c < D; zero rows past seq.
+template <typename T, int D>
+__device__ inline void LoadTile(const float* __restrict__ src, size_t stride, size_t first,
+                                size_t seq, T* __restrict__ dst) {
+  constexpr int kLd = Smem<T, D>::kLd;
+  for (int idx = threadIdx.x; idx < kTile * D; idx += kThreads) {
+    const int r = idx / D, c = idx % D;
+    const size_t row = first + static_cast<size_t>(r);
+    dst[r * kLd + c] = Round<T>(row < seq ? src[row * stride + c] : 0.0f);
+  }
+}
+
+// out[16, 64] (fp32, ld kScoreLd) = A[16, D] B[64, D]^T, A and B row-major with ld kLd.
+template <typename T, int D>
+__device__ inline void ScoreTile(const T* a, const T* b, float* out) {
+  constexpr int kLd = Smem<T, D>::kLd;
+#pragma unroll
+  for (int n = 0; n < kTile / kFrag; ++n) {
+    FragAcc acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < D; kk += kFrag) {
+      FragA<T> fa;
+      FragBCol<T> fb;  // B^T's column n*16+j is B's row n*16+j
+      wmma::load_matrix_sync(fa, a + kk, kLd);
+      wmma::load_matrix_sync(fb, b + n * kFrag * kLd + kk, kLd);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + n * kFrag, acc, kScoreLd, wmma::mem_row_major);
+  }
+}
+
+// acc[n] += A[16, 64] B[64, D] (column block n), A with ld kScoreLd, B row-major with ld kLd.
+template <typename T, int D>
+__device__ inline void AccumulateProduct(const T* a, const T* b, FragAcc (&acc)[D / kFrag]) {
+  constexpr int kLd = Smem<T, D>::kLd;
+#pragma unroll
+  for (int n = 0; n < D / kFrag; ++n) {
+#pragma unroll
+    for (int kk = 0; kk < kTile; kk += kFrag) {
+      FragA<T> fa;
+      FragBRow<T> fb;
+      wmma::load_matrix_sync(fa, a + kk, kScoreLd);
+      wmma::load_matrix_sync(fb, b + kk * kLd + n * kFrag, kLd);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+}
+
+// Writes a warp's [16, D] result: dst row `first + r` (stride `stride`) = scale * acc row r, for
+// the rows below seq. `stage` is the warp's fp32 shared scratch of 16 x kLd.
+template <typename T, int D>
+__device__ inline void StoreRows(FragAcc (&acc)[D / kFrag], float* stage, float scale,
+                                 float* __restrict__ dst, size_t stride, size_t first, size_t seq,
+                                 unsigned lane) {
+  constexpr int kLd = Smem<T, D>::kLd;
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < D / kFrag; ++n)
+    wmma::store_matrix_sync(stage + n * kFrag, acc[n], kLd, wmma::mem_row_major);
+  __syncwarp();
+  for (int r = 0; r < kWarpRows; ++r) {
+    const size_t row = first + static_cast<size_t>(r);
+    if (row >= seq) break;
+    for (int c = static_cast<int>(lane); c < D; c += 32)
+      dst[row * stride + c] = scale * stage[r * kLd + c];
+  }
+  __syncwarp();
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+// Block (b * num_heads + h, reversed query tile): O and lse of 64 query rows.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    TcForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
+                    const float* __restrict__ v, AttentionShape s, float* __restrict__ out,
+                    float* __restrict__ lse) {
+  using L = Smem<T, D>;
+  constexpr int kLd = L::kLd;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem);
+  T* ks = reinterpret_cast<T*>(smem + L::kTileBytes);
+  T* vs = reinterpret_cast<T*>(smem + 2 * L::kTileBytes);
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned char* mine = smem + 3 * L::kTileBytes + warp * L::kForwardWarp;
+  float* scores = reinterpret_cast<float*>(mine);
+  T* probs = reinterpret_cast<T*>(mine + L::kScoreF32);
+  float* o = reinterpret_cast<float*>(mine + L::kScoreF32 + L::kScore16);
+
+  const size_t b = blockIdx.x / s.num_heads, h = blockIdx.x % s.num_heads, g = h / s.group;
+  const size_t tiles = (s.seq + kTile - 1) / kTile;
+  const size_t qt = tiles - 1 - blockIdx.y;  // the longest rows start first
+  const size_t q0 = qt * kTile;
+  const size_t w0 = q0 + warp * kWarpRows;  // the warp's first query row
+  const float* kb = k + b * s.seq * s.kv_stride + g * D;
+  const float* vb = v + b * s.seq * s.kv_stride + g * D;
+
+  LoadTile<T, D>(q + b * s.seq * s.q_stride + h * D, s.q_stride, q0, s.seq, qs);
+  for (int i = static_cast<int>(lane); i < kWarpRows * kLd; i += 32)
+    o[i] = 0.0f;
+  // Per row r of the warp: running max and sum, the same in every lane.
+  float m[kWarpRows], l[kWarpRows];
+#pragma unroll
+  for (int r = 0; r < kWarpRows; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+  }
+
+  for (size_t kt = 0; kt <= qt; ++kt) {
+    const size_t k0 = kt * kTile;
+    __syncthreads();  // every warp is done with the previous K and V
+    LoadTile<T, D>(kb, s.kv_stride, k0, s.seq, ks);
+    LoadTile<T, D>(vb, s.kv_stride, k0, s.seq, vs);
+    __syncthreads();
+
+    ScoreTile<T, D>(qs + warp * kWarpRows * kLd, ks, scores);
+    __syncwarp();
+    // Online softmax, one row at a time; lane j holds keys k0 + j and k0 + j + 32.
+#pragma unroll
+    for (int r = 0; r < kWarpRows; ++r) {
+      const size_t row = w0 + static_cast<size_t>(r);
+      const size_t key0 = k0 + lane, key1 = key0 + 32;
+      const bool ok0 = key0 <= row && key0 < s.seq;
+      const bool ok1 = key1 <= row && key1 < s.seq;
+      const float s0 = ok0 ? scores[r * kScoreLd + lane] * s.scale : -INFINITY;
+      const float s1 = ok1 ? scores[r * kScoreLd + lane + 32] * s.scale : -INFINITY;
+      const float m_new = fmaxf(m[r], WarpMax(fmaxf(s0, s1)));
+      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
+      const float p0 = ok0 ? expf(s0 - base) : 0.0f;
+      const float p1 = ok1 ? expf(s1 - base) : 0.0f;
+      probs[r * kScoreLd + lane] = Round<T>(p0);
+      probs[r * kScoreLd + lane + 32] = Round<T>(p1);
+      const float correction = expf(m[r] - base);  // 0 while m[r] is -inf
+      l[r] = l[r] * correction + WarpSum(p0 + p1);
+      m[r] = m_new;
+      for (int c = static_cast<int>(lane); c < D; c += 32)
+        o[r * kLd + c] *= correction;
+    }
+    __syncwarp();
+    // O += P V, through the accumulator fragments.
+#pragma unroll
+    for (int n = 0; n < D / kFrag; ++n) {
+      FragAcc acc;
+      wmma::load_matrix_sync(acc, o + n * kFrag, kLd, wmma::mem_row_major);
+#pragma unroll
+      for (int kk = 0; kk < kTile; kk += kFrag) {
+        FragA<T> fa;
+        FragBRow<T> fb;
+        wmma::load_matrix_sync(fa, probs + kk, kScoreLd);
+        wmma::load_matrix_sync(fb, vs + kk * kLd + n * kFrag, kLd);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(o + n * kFrag, acc, kLd, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+
+  float* ob = out + b * s.seq * s.q_stride + h * D;
+  float* lb = lse + (b * s.num_heads + h) * s.seq;
+#pragma unroll
+  for (int r = 0; r < kWarpRows; ++r) {
+    const size_t row = w0 + static_cast<size_t>(r);
+    if (row >= s.seq) break;  // uniform
+    const float inv = 1.0f / l[r];
+    for (int c = static_cast<int>(lane); c < D; c += 32)
+      ob[row * s.q_stride + c] = o[r * kLd + c] * inv;
+    if (lane == 0) lb[row] = m[r] + logf(l[r]);
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+// Warp per query row (b, h, i): delta = dO_i . O_i in fp32 (FlashAttention-2's D).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    TcDeltaKernel(const float* __restrict__ out, const float* __restrict__ dout,
+                  AttentionShape s, float* __restrict__ delta) {
+  const size_t row = static_cast<size_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= s.batch * s.num_heads * s.seq) return;  // the whole warp
+  const unsigned lane = threadIdx.x % 32;
+  const size_t i = row % s.seq, h = (row / s.seq) % s.num_heads;
+  const size_t b = row / (s.seq * s.num_heads);
+  const size_t off = (b * s.seq + i) * s.q_stride + h * D;
+  float part = 0.0f;
+  for (int c = static_cast<int>(lane); c < D; c += 32)
+    part += out[off + c] * dout[off + c];
+  part = WarpSum(part);
+  if (lane == 0) delta[row] = part;  // row = (b * num_heads + h) * seq + i
+}
+
+// Block (b * num_kv_heads + g, key tile): dK and dV of 64 key rows, over the query heads of
+// group g and the query tiles at or after the key tile. Overwrites dk and dv.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    TcBackwardKeyKernel(const float* __restrict__ q, const float* __restrict__ k,
+                        const float* __restrict__ v, const float* __restrict__ lse,
+                        const float* __restrict__ delta, const float* __restrict__ dout,
+                        AttentionShape s, float* __restrict__ dk, float* __restrict__ dv) {
+  using L = Smem<T, D>;
+  constexpr int kLd = L::kLd;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);
+  T* vs = reinterpret_cast<T*>(smem + L::kTileBytes);
+  T* qs = reinterpret_cast<T*>(smem + 2 * L::kTileBytes);
+  T* dos = reinterpret_cast<T*>(smem + 3 * L::kTileBytes);
+  float* lse_s = reinterpret_cast<float*>(smem + 4 * L::kTileBytes);
+  float* delta_s = lse_s + kTile;
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned char* mine = smem + 4 * L::kTileBytes + L::kStats + warp * L::kBackwardWarp;
+  float* st = reinterpret_cast<float*>(mine);                   // S^T: [key, query]
+  float* dpt = reinterpret_cast<float*>(mine + L::kScoreF32);   // dP^T
+  T* pt = reinterpret_cast<T*>(mine + 2 * L::kScoreF32);        // P^T, rounded
+  T* dst_ = reinterpret_cast<T*>(mine + 2 * L::kScoreF32 + L::kScore16);  // dS^T, rounded
+
+  const size_t b = blockIdx.x / s.num_kv_heads, g = blockIdx.x % s.num_kv_heads;
+  const size_t tiles = (s.seq + kTile - 1) / kTile;
+  const size_t kt = blockIdx.y;  // the longest columns start first
+  const size_t k0 = kt * kTile;
+  const size_t w0 = k0 + warp * kWarpRows;  // the warp's first key row
+  const size_t kv_base = b * s.seq * s.kv_stride + g * D;
+  LoadTile<T, D>(k + kv_base, s.kv_stride, k0, s.seq, ks);
+  LoadTile<T, D>(v + kv_base, s.kv_stride, k0, s.seq, vs);
+
+  FragAcc dk_acc[D / kFrag], dv_acc[D / kFrag];
+#pragma unroll
+  for (int n = 0; n < D / kFrag; ++n) {
+    wmma::fill_fragment(dk_acc[n], 0.0f);
+    wmma::fill_fragment(dv_acc[n], 0.0f);
+  }
+
+  for (size_t h = g * s.group; h < (g + 1) * s.group; ++h) {
+    const size_t q_base = b * s.seq * s.q_stride + h * D;
+    const size_t stat_base = (b * s.num_heads + h) * s.seq;
+    for (size_t qt = kt; qt < tiles; ++qt) {
+      const size_t q0 = qt * kTile;
+      __syncthreads();  // every warp is done with the previous Q, dO and statistics
+      LoadTile<T, D>(q + q_base, s.q_stride, q0, s.seq, qs);
+      LoadTile<T, D>(dout + q_base, s.q_stride, q0, s.seq, dos);
+      for (int i = static_cast<int>(threadIdx.x); i < kTile; i += kThreads) {
+        const size_t row = q0 + static_cast<size_t>(i);
+        lse_s[i] = row < s.seq ? lse[stat_base + row] : 0.0f;
+        delta_s[i] = row < s.seq ? delta[stat_base + row] : 0.0f;
+      }
+      __syncthreads();
+
+      ScoreTile<T, D>(ks + warp * kWarpRows * kLd, qs, st);   // S^T = K_w Q^T
+      ScoreTile<T, D>(vs + warp * kWarpRows * kLd, dos, dpt);  // dP^T = V_w dO^T
+      __syncwarp();
+      // P^T and dS^T; lane j holds queries q0 + j and q0 + j + 32.
+      const float lse0 = lse_s[lane], lse1 = lse_s[lane + 32];
+      const float delta0 = delta_s[lane], delta1 = delta_s[lane + 32];
+      const size_t query0 = q0 + lane, query1 = query0 + 32;
+#pragma unroll 4
+      for (int r = 0; r < kWarpRows; ++r) {
+        const size_t key = w0 + static_cast<size_t>(r);
+        const bool ok0 = query0 < s.seq && key <= query0;
+        const bool ok1 = query1 < s.seq && key <= query1;
+        const int i0 = r * kScoreLd + static_cast<int>(lane), i1 = i0 + 32;
+        const float p0 = ok0 ? expf(st[i0] * s.scale - lse0) : 0.0f;
+        const float p1 = ok1 ? expf(st[i1] * s.scale - lse1) : 0.0f;
+        pt[i0] = Round<T>(p0);
+        pt[i1] = Round<T>(p1);
+        dst_[i0] = Round<T>(ok0 ? p0 * (dpt[i0] - delta0) : 0.0f);
+        dst_[i1] = Round<T>(ok1 ? p1 * (dpt[i1] - delta1) : 0.0f);
+      }
+      __syncwarp();
+      AccumulateProduct<T, D>(pt, dos, dv_acc);   // dV_w += P^T dO
+      AccumulateProduct<T, D>(dst_, qs, dk_acc);  // dK_w += dS^T Q
+    }
+  }
+
+  StoreRows<T, D>(dv_acc, st, 1.0f, dv + kv_base, s.kv_stride, w0, s.seq, lane);
+  StoreRows<T, D>(dk_acc, st, s.scale, dk + kv_base, s.kv_stride, w0, s.seq, lane);
+}
+
+// Block (b * num_heads + h, reversed query tile): dQ of 64 query rows over the key tiles at or
+// before it.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    TcBackwardQueryKernel(const float* __restrict__ q, const float* __restrict__ k,
+                          const float* __restrict__ v, const float* __restrict__ lse,
+                          const float* __restrict__ delta, const float* __restrict__ dout,
+                          AttentionShape s, float* __restrict__ dq) {
+  using L = Smem<T, D>;
+  constexpr int kLd = L::kLd;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem);
+  T* dos = reinterpret_cast<T*>(smem + L::kTileBytes);
+  T* ks = reinterpret_cast<T*>(smem + 2 * L::kTileBytes);
+  T* vs = reinterpret_cast<T*>(smem + 3 * L::kTileBytes);
+  float* lse_s = reinterpret_cast<float*>(smem + 4 * L::kTileBytes);
+  float* delta_s = lse_s + kTile;
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned char* mine = smem + 4 * L::kTileBytes + L::kStats + warp * L::kBackwardWarp;
+  float* sc = reinterpret_cast<float*>(mine);                  // S: [query, key]
+  float* dp = reinterpret_cast<float*>(mine + L::kScoreF32);   // dP
+  T* ds = reinterpret_cast<T*>(mine + 2 * L::kScoreF32 + L::kScore16);  // dS, rounded
+
+  const size_t b = blockIdx.x / s.num_heads, h = blockIdx.x % s.num_heads, g = h / s.group;
+  const size_t tiles = (s.seq + kTile - 1) / kTile;
+  const size_t qt = tiles - 1 - blockIdx.y;
+  const size_t q0 = qt * kTile;
+  const size_t w0 = q0 + warp * kWarpRows;  // the warp's first query row
+  const size_t q_base = b * s.seq * s.q_stride + h * D;
+  const size_t kv_base = b * s.seq * s.kv_stride + g * D;
+  const size_t stat_base = (b * s.num_heads + h) * s.seq;
+  LoadTile<T, D>(q + q_base, s.q_stride, q0, s.seq, qs);
+  LoadTile<T, D>(dout + q_base, s.q_stride, q0, s.seq, dos);
+  for (int i = static_cast<int>(threadIdx.x); i < kTile; i += kThreads) {
+    const size_t row = q0 + static_cast<size_t>(i);
+    lse_s[i] = row < s.seq ? lse[stat_base + row] : 0.0f;
+    delta_s[i] = row < s.seq ? delta[stat_base + row] : 0.0f;
+  }
+
+  FragAcc dq_acc[D / kFrag];
+#pragma unroll
+  for (int n = 0; n < D / kFrag; ++n)
+    wmma::fill_fragment(dq_acc[n], 0.0f);
+
+  for (size_t kt = 0; kt <= qt; ++kt) {
+    const size_t k0 = kt * kTile;
+    __syncthreads();  // the first time: Q, dO and the statistics are in; later: K, V are free
+    LoadTile<T, D>(k + kv_base, s.kv_stride, k0, s.seq, ks);
+    LoadTile<T, D>(v + kv_base, s.kv_stride, k0, s.seq, vs);
+    __syncthreads();
+
+    ScoreTile<T, D>(qs + warp * kWarpRows * kLd, ks, sc);   // S = Q_w K^T
+    ScoreTile<T, D>(dos + warp * kWarpRows * kLd, vs, dp);  // dP = dO_w V^T
+    __syncwarp();
+    const size_t key0 = k0 + lane, key1 = key0 + 32;
+#pragma unroll 4
+    for (int r = 0; r < kWarpRows; ++r) {
+      const size_t row = w0 + static_cast<size_t>(r);
+      const float lse_r = lse_s[warp * kWarpRows + r];
+      const float delta_r = delta_s[warp * kWarpRows + r];
+      const bool ok0 = row < s.seq && key0 <= row;
+      const bool ok1 = row < s.seq && key1 <= row;
+      const int i0 = r * kScoreLd + static_cast<int>(lane), i1 = i0 + 32;
+      const float p0 = ok0 ? expf(sc[i0] * s.scale - lse_r) : 0.0f;
+      const float p1 = ok1 ? expf(sc[i1] * s.scale - lse_r) : 0.0f;
+      ds[i0] = Round<T>(ok0 ? p0 * (dp[i0] - delta_r) : 0.0f);
+      ds[i1] = Round<T>(ok1 ? p1 * (dp[i1] - delta_r) : 0.0f);
+    }
+    __syncwarp();
+    AccumulateProduct<T, D>(ds, ks, dq_acc);  // dQ_w += dS K
+  }
+
+  StoreRows<T, D>(dq_acc, sc, s.scale, dq + q_base, s.q_stride, w0, s.seq, lane);
+}
+
+// ---- launches -----------------------------------------------------------------------------------
+
+size_t Tiles(const AttentionShape& s) {
+  return (s.seq + kTile - 1) / kTile;
+}
+
+// Calls fn(T{}, std::integral_constant<int, D>{}) for the dtype and head_dim (Supports first).
+template <typename Fn>
+void Dispatch(DType dtype, size_t head_dim, Fn&& fn) {
+  auto with_dim = [&](auto tag) {
+    if (head_dim == 64) {
+      fn(tag, std::integral_constant<int, 64>{});
+    } else {
+      fn(tag, std::integral_constant<int, 128>{});
+    }
+  };
+  if (dtype == DType::kBF16) {
+    with_dim(__nv_bfloat16{});
+  } else {
+    with_dim(__half{});
+  }
+}
+
+// Allows `kernel` its dynamic shared memory (above the 48 KiB default).
+template <typename Kernel>
+OpError AllowSharedMemory(Kernel kernel, size_t bytes, const char* op) {
+  return CudaResult(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)),
+                    "cudaFuncSetAttribute", op);
+}
+
+}  // namespace
+
+bool TensorCoreAttentionSupports(DType dtype, const AttentionShape& s) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
+  if (s.head_dim != 64 && s.head_dim != 128) return false;
+  const size_t tiles = Tiles(s);
+  return tiles <= 65535 && s.batch * s.num_heads <= static_cast<size_t>(INT_MAX);
+}
+
+OpError TensorCoreAttentionForward(cudaStream_t stream, DType dtype, const AttentionShape& s,
+                                   const float* q, const float* k, const float* v, float* out,
+                                   float* lse) {
+  constexpr const char* kOp = "AttentionForward";
+  OpError error{};
+  Dispatch(dtype, s.head_dim, [&](auto tag, auto dim) {
+    using T = decltype(tag);
+    constexpr int D = decltype(dim)::value;
+    constexpr size_t bytes = Smem<T, D>::kForward;
+    error = AllowSharedMemory(TcForwardKernel<T, D>, bytes, kOp);
+    if (!error.ok()) return;
+    const dim3 grid(static_cast<unsigned>(s.batch * s.num_heads), static_cast<unsigned>(Tiles(s)));
+    TcForwardKernel<T, D><<<grid, kThreads, bytes, stream>>>(q, k, v, s, out, lse);
+    error = LaunchResult(kOp);
+  });
+  return error;
+}
+
+OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
+                                    const AttentionShape& s, const float* q, const float* k,
+                                    const float* v, const float* out, const float* lse,
+                                    const float* dout, float* delta, float* dq, float* dk,
+                                    float* dv) {
+  constexpr const char* kOp = "AttentionBackward";
+  OpError error{};
+  Dispatch(dtype, s.head_dim, [&](auto tag, auto dim) {
+    using T = decltype(tag);
+    constexpr int D = decltype(dim)::value;
+    const size_t rows = s.batch * s.num_heads * s.seq;
+    TcDeltaKernel<D><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+        out, dout, s, delta);
+    error = LaunchResult(kOp);
+    if (!error.ok()) return;
+    constexpr size_t bytes = Smem<T, D>::kBackward;
+    error = AllowSharedMemory(TcBackwardKeyKernel<T, D>, bytes, kOp);
+    if (!error.ok()) return;
+    error = AllowSharedMemory(TcBackwardQueryKernel<T, D>, bytes, kOp);
+    if (!error.ok()) return;
+    const unsigned tiles = static_cast<unsigned>(Tiles(s));
+    TcBackwardKeyKernel<T, D>
+        <<<dim3(static_cast<unsigned>(s.batch * s.num_kv_heads), tiles), kThreads, bytes,
+           stream>>>(q, k, v, lse, delta, dout, s, dk, dv);
+    error = LaunchResult(kOp);
+    if (!error.ok()) return;
+    TcBackwardQueryKernel<T, D>
+        <<<dim3(static_cast<unsigned>(s.batch * s.num_heads), tiles), kThreads, bytes, stream>>>(
+            q, k, v, lse, delta, dout, s, dq);
+    error = LaunchResult(kOp);
+  });
+  return error;
+}
+
+}  // namespace strata::model::cuda::detail

@@ -1,0 +1,73 @@
+// What the CUDA op files share (cuda_ops.cu, cuda_attention_tc.cu): error helpers, warp
+// reductions, and the tensor-core attention's entry points. Included only by .cu files (nvcc,
+// C++17).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "model/cuda_ops.h"
+
+namespace strata::model::cuda::detail {
+
+// ---- errors -------------------------------------------------------------------------------------
+
+inline OpError CudaResult(cudaError_t err, const char* what, const char* op) {
+  if (err == cudaSuccess) return OpError{};
+  return OpError{ErrorSource::kCuda, static_cast<int>(err), what, op};
+}
+
+inline OpError ArgumentError(const char* why, const char* op) {
+  return OpError{ErrorSource::kArgument, 0, why, op};
+}
+
+// The launch error of the kernel just enqueued.
+inline OpError LaunchResult(const char* op) {
+  return CudaResult(cudaGetLastError(), "kernel launch", op);
+}
+
+// ---- warp reductions ----------------------------------------------------------------------------
+
+// The sum over the warp. A butterfly: every lane ends with the same bits (each step adds the
+// same two values, and fp addition is commutative), so branches on the result stay uniform.
+template <typename T>
+__device__ inline T WarpSum(T v) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ inline float WarpMax(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// ---- tensor-core attention (cuda_attention_tc.cu) -----------------------------------------------
+
+// The shape of one attention call, as AttentionForward takes it.
+struct AttentionShape {
+  size_t batch, seq, num_heads, num_kv_heads, head_dim;
+  size_t group;      // query heads per kv head
+  size_t q_stride;   // num_heads * head_dim
+  size_t kv_stride;  // num_kv_heads * head_dim
+  float scale;       // 1 / sqrt(head_dim)
+};
+
+// Whether the tiled kernels take this shape in `dtype` (kBF16 or kF16): head_dim 64 or 128, and
+// a grid that fits CUDA's limits.
+bool TensorCoreAttentionSupports(DType dtype, const AttentionShape& shape);
+
+// As AttentionForward / AttentionBackward, with q, k, v, dout (and the probabilities and dS) rounded
+// to `dtype` for the tensor cores. `delta` is device scratch of batch * num_heads * seq floats.
+OpError TensorCoreAttentionForward(cudaStream_t stream, DType dtype, const AttentionShape& shape,
+                                   const float* q, const float* k, const float* v, float* out,
+                                   float* lse);
+OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
+                                    const AttentionShape& shape, const float* q, const float* k,
+                                    const float* v, const float* out, const float* lse,
+                                    const float* dout, float* delta, float* dq, float* dk,
+                                    float* dv);
+
+}  // namespace strata::model::cuda::detail
