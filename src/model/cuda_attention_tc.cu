@@ -30,6 +30,10 @@
 
 #include "model/cuda_ops_internal.cuh"
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "the tensor-core attention needs sm_80 or newer (bf16 WMMA): set CMAKE_CUDA_ARCHITECTURES"
+#endif
+
 namespace strata::model::cuda::detail {
 namespace {
 
@@ -264,8 +268,9 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- backward -----------------------------------------------------------------------------------
 
-// Warp per query row (b, h, i): delta = dO_i . O_i in fp32 (FlashAttention-2's D).
-template <int D>
+// Warp per query row (b, h, i): delta = dO_i . O_i in fp32 (FlashAttention-2's D), with dO
+// rounded as the other kernels see it, so that delta matches rowsum(P o dP) as they compute it.
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreads)
     TcDeltaKernel(const float* __restrict__ out, const float* __restrict__ dout,
                   AttentionShape s, float* __restrict__ delta) {
@@ -277,7 +282,7 @@ __global__ void __launch_bounds__(kThreads)
   const size_t off = (b * s.seq + i) * s.q_stride + h * D;
   float part = 0.0f;
   for (int c = static_cast<int>(lane); c < D; c += 32)
-    part += out[off + c] * dout[off + c];
+    part += out[off + c] * static_cast<float>(Round<T>(dout[off + c]));
   part = WarpSum(part);
   if (lane == 0) delta[row] = part;  // row = (b * num_heads + h) * seq + i
 }
@@ -448,9 +453,12 @@ size_t Tiles(const AttentionShape& s) {
   return (s.seq + kTile - 1) / kTile;
 }
 
-// Calls fn(T{}, std::integral_constant<int, D>{}) for the dtype and head_dim (Supports first).
+// Calls fn(T{}, std::integral_constant<int, D>{}) for the dtype and head_dim; false (and no
+// call) for a pair the kernels do not take.
 template <typename Fn>
-void Dispatch(DType dtype, size_t head_dim, Fn&& fn) {
+bool Dispatch(DType dtype, size_t head_dim, Fn&& fn) {
+  if (head_dim != 64 && head_dim != 128) return false;
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   auto with_dim = [&](auto tag) {
     if (head_dim == 64) {
       fn(tag, std::integral_constant<int, 64>{});
@@ -463,6 +471,7 @@ void Dispatch(DType dtype, size_t head_dim, Fn&& fn) {
   } else {
     with_dim(__half{});
   }
+  return true;
 }
 
 // Allows `kernel` its dynamic shared memory (above the 48 KiB default).
@@ -487,7 +496,7 @@ OpError TensorCoreAttentionForward(cudaStream_t stream, DType dtype, const Atten
                                    float* lse) {
   constexpr const char* kOp = "AttentionForward";
   OpError error{};
-  Dispatch(dtype, s.head_dim, [&](auto tag, auto dim) {
+  const bool taken = Dispatch(dtype, s.head_dim, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
     constexpr size_t bytes = Smem<T, D>::kForward;
@@ -497,7 +506,8 @@ OpError TensorCoreAttentionForward(cudaStream_t stream, DType dtype, const Atten
     TcForwardKernel<T, D><<<grid, kThreads, bytes, stream>>>(q, k, v, s, out, lse);
     error = LaunchResult(kOp);
   });
-  return error;
+  return taken ? error : ArgumentError("the tensor-core attention takes head_dim 64 or 128 in bf16 "
+                                       "or fp16", kOp);
 }
 
 OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
@@ -507,11 +517,11 @@ OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
                                     float* dv) {
   constexpr const char* kOp = "AttentionBackward";
   OpError error{};
-  Dispatch(dtype, s.head_dim, [&](auto tag, auto dim) {
+  const bool taken = Dispatch(dtype, s.head_dim, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
     const size_t rows = s.batch * s.num_heads * s.seq;
-    TcDeltaKernel<D><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+    TcDeltaKernel<T, D><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
         out, dout, s, delta);
     error = LaunchResult(kOp);
     if (!error.ok()) return;
@@ -531,7 +541,8 @@ OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
             q, k, v, lse, delta, dout, s, dq);
     error = LaunchResult(kOp);
   });
-  return error;
+  return taken ? error : ArgumentError("the tensor-core attention takes head_dim 64 or 128 in bf16 "
+                                       "or fp16", kOp);
 }
 
 }  // namespace strata::model::cuda::detail

@@ -1003,7 +1003,9 @@ OpError AttentionForward(OpsContext* context, const float* q, const float* k, co
   if (!IsKnown(precision)) return ArgumentError("unknown attention precision", kOp);
   const size_t rows = batch * num_heads * seq;
   if (rows == 0) return OpError{};
-  if (rows / kAttentionWarps >= UINT_MAX) return ArgumentError("too many rows", kOp);
+  if (rows / kAttentionWarps >= static_cast<size_t>(INT_MAX)) {
+    return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
+  }
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
   if (detail::TensorCoreAttentionSupports(precision, shape)) {
     return detail::TensorCoreAttentionForward(context->stream, precision, shape, q, k, v, out,
@@ -1033,7 +1035,9 @@ OpError AttentionBackward(OpsContext* context, const float* q, const float* k, c
     if (!error.ok()) return error;
     return CudaResult(cudaMemsetAsync(dv, 0, kv_bytes, context->stream), "cudaMemsetAsync", kOp);
   }
-  if (rows / kAttentionWarps >= UINT_MAX) return ArgumentError("too many rows", kOp);
+  if (rows / kAttentionWarps >= static_cast<size_t>(INT_MAX)) {
+    return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
+  }
   error = Reserve(context, rows * sizeof(float), kOp);
   if (!error.ok()) return error;
   float* delta = WorkspaceCarver(context).Take<float>(rows);
