@@ -20,6 +20,13 @@
 //          Before timing, one step of each variant from known inputs is compared bit for bit with
 //          CpuAdamStep(Isa::kScalar) on host copies of those inputs (the CUDA kernel's oracle; on
 //          the CPU device the check steps run the scalar path too).
+//   attention  the decoder's causal grouped-query attention (the model's ops: on CUDA, the
+//          tensor-core kernels for bf16/fp16 and head_dim 64 or 128, else the exact ones),
+//          forward alone, then forward + backward, on fp32 activations in the model's
+//          [batch, seq, heads, head_dim] layout with --dtype as the precision. TFLOP/s count
+//          the causal pairs only: 4 b h d s(s+1)/2 for the forward, 3.5 times that for
+//          forward + backward (the backward's five products against two). The output and dq
+//          must be finite.
 //
 // Timing, on both sides: the host clock from before the first enqueue to after Synchronize of
 // every stream involved; the median over --reps measurements after --warmup untimed ones (adam:
@@ -35,6 +42,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +55,7 @@
 #include <vector>
 
 #include "common/host_memory.h"
+#include "model/llama_ops.h"
 #include "common/units.h"
 #include "device/gpu_info.h"
 #include "device/pinned_pool.h"
@@ -113,6 +122,11 @@ struct AdamArgs {
   int cpu_threads = 1;
 };
 
+struct AttentionArgs {
+  int64_t batch = 1, seq = 2048, heads = 16, kv_heads = 8, head_dim = 128;
+  std::string dtype = "bf16";
+};
+
 Status CheckCommon(const CommonArgs& a) {
   if (a.reps < 1)
     return InvalidArgumentError(fmt::format("--reps {}: expected at least 1", a.reps));
@@ -162,6 +176,28 @@ Status CheckAdamArgs(const AdamArgs& a) {
   if (a.cpu_threads < 1) {
     return InvalidArgumentError(
         fmt::format("--cpu-threads {}: expected at least 1", a.cpu_threads));
+  }
+  return Status::Ok();
+}
+
+Status CheckAttentionArgs(const AttentionArgs& a) {
+  const std::pair<const char*, int64_t> positive[] = {{"--batch", a.batch},
+                                                      {"--seq", a.seq},
+                                                      {"--heads", a.heads},
+                                                      {"--kv-heads", a.kv_heads},
+                                                      {"--head-dim", a.head_dim}};
+  for (const auto& [name, value] : positive) {
+    if (value < 1 || value > (int64_t{1} << 20)) {
+      return InvalidArgumentError(fmt::format("{} {}: expected 1 to 2^20", name, value));
+    }
+  }
+  if (a.heads % a.kv_heads != 0) {
+    return InvalidArgumentError(fmt::format(
+        "--heads {} is not a multiple of --kv-heads {}", a.heads, a.kv_heads));
+  }
+  if (a.head_dim % 2 != 0 || a.head_dim > 256) {
+    return InvalidArgumentError(
+        fmt::format("--head-dim {}: expected an even number up to 256", a.head_dim));
   }
   return Status::Ok();
 }
@@ -894,6 +930,131 @@ Status RunAdam(const CommonArgs& common, const AdamArgs& args) {
   return checked;
 }
 
+// ---- attention ---------------------------------------------------------------------------------
+
+Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
+  STRATA_RETURN_IF_ERROR(CheckCommon(common));
+  STRATA_RETURN_IF_ERROR(CheckAttentionArgs(args));
+  const device::DType dtype = args.dtype == "fp32"   ? device::DType::kF32
+                              : args.dtype == "fp16" ? device::DType::kF16
+                                                     : device::DType::kBF16;
+  const auto b = static_cast<size_t>(args.batch), sq = static_cast<size_t>(args.seq);
+  const auto h = static_cast<size_t>(args.heads), kvh = static_cast<size_t>(args.kv_heads);
+  const auto d = static_cast<size_t>(args.head_dim);
+  const size_t q_n = b * sq * h * d, kv_n = b * sq * kvh * d, lse_n = b * h * sq;
+
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> dev, OpenDevice(common));
+  const std::string label = DeviceLabel(*dev, common.ordinal);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, dev->CreateStream("attention"));
+  model::LlamaOpsShape shape;
+  shape.batch = b;
+  shape.seq = sq;
+  shape.hidden = h * d;
+  shape.kv_dim = kvh * d;
+  shape.num_heads = h;
+  shape.head_dim = d;
+  std::unique_ptr<model::LlamaOps> ops;
+  if (dev->type() == device::DeviceType::kCpu) {
+    ops = model::CreateCpuLlamaOps();  // runs on this thread
+  } else {
+    STRATA_ASSIGN_OR_RETURN(ops, model::CreateCudaLlamaOps(*dev, *stream, shape));
+  }
+
+  struct Tensor {
+    const char* name;
+    size_t count;
+  };
+  const Tensor tensors[] = {{"q", q_n},   {"k", kv_n},    {"v", kv_n},   {"dout", q_n},
+                            {"out", q_n}, {"lse", lse_n}, {"dq", q_n},   {"dk", kv_n},
+                            {"dv", kv_n}};
+  std::vector<DeviceBuffer> buffers;
+  for (const Tensor& t : tensors) {
+    STRATA_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(*dev, t.count * 4, t.name));
+    buffers.push_back(std::move(buffer));
+  }
+  auto at = [&](int i) { return reinterpret_cast<float*>(buffers[static_cast<size_t>(i)].data()); };
+  float *q = at(0), *k = at(1), *v = at(2), *dout = at(3), *out = at(4), *lse = at(5), *dq = at(6),
+        *dk = at(7), *dv = at(8);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<PinnedPool> pool, CreatePool(*dev, PoolBytesFor({q_n * 4})));
+  STRATA_ASSIGN_OR_RETURN(PoolBlock stage, PoolBlock::Allocate(*pool, q_n * 4, "staging"));
+  const StreamDrain drain(*dev, {stream.get()});
+
+  // Inputs uniform in [-1, 1), from the element's index.
+  auto* host = reinterpret_cast<float*>(stage.data());
+  for (int i = 0; i < 4; ++i) {
+    const size_t n = tensors[i].count;
+    for (size_t j = 0; j < n; ++j) {
+      const uint64_t bits = Mix((static_cast<uint64_t>(i) << 40) + j) >> 40;  // 24 bits
+      host[j] = static_cast<float>(bits) / static_cast<float>(1u << 23) - 1.0f;
+    }
+    STRATA_RETURN_IF_ERROR(dev->CopyAsync(at(i), host, n * 4, CopyKind::kHostToDevice, *stream));
+    STRATA_RETURN_IF_ERROR(dev->Synchronize(*stream));  // the staging block is reused
+  }
+
+  auto forward = [&]() {
+    return ops->AttentionForward(q, k, v, b, sq, h, kvh, d, out, lse, dtype);
+  };
+  auto forward_backward = [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(forward());
+    return ops->AttentionBackward(q, k, v, out, lse, dout, b, sq, h, kvh, d, dq, dk, dv, dtype);
+  };
+  auto timed = [&](auto&& enqueue) -> Result<std::vector<double>> {
+    std::vector<double> per;
+    for (int r = 0; r < common.warmup + common.reps; ++r) {
+      const double t0 = NowSeconds();
+      STRATA_RETURN_IF_ERROR(enqueue());
+      STRATA_RETURN_IF_ERROR(dev->Synchronize(*stream));
+      if (r >= common.warmup) per.push_back(NowSeconds() - t0);
+    }
+    return per;
+  };
+  STRATA_ASSIGN_OR_RETURN(const std::vector<double> fwd, timed(forward));
+  STRATA_ASSIGN_OR_RETURN(const std::vector<double> fwd_bwd, timed(forward_backward));
+  STRATA_RETURN_IF_ERROR(ops->CheckDataErrors());
+
+  // The output and dq of the last run must be finite.
+  for (const auto& [name, ptr] : {std::pair<const char*, float*>{"out", out}, {"dq", dq}}) {
+    STRATA_RETURN_IF_ERROR(dev->CopyAsync(host, ptr, q_n * 4, CopyKind::kDeviceToHost, *stream));
+    STRATA_RETURN_IF_ERROR(dev->Synchronize(*stream));
+    for (size_t j = 0; j < q_n; ++j) {
+      if (!std::isfinite(host[j])) {
+        return InternalError(fmt::format("attention check: {}[{}] is {}", name, j, host[j]));
+      }
+    }
+  }
+
+  const double flops = 4.0 * static_cast<double>(b * h * d) *
+                       (static_cast<double>(sq) * static_cast<double>(sq + 1) / 2.0);
+  const double f_ms = Median(fwd) * 1e3, fb_ms = Median(fwd_bwd) * 1e3;
+  const double f_tf = flops / (f_ms * 1e-3) / 1e12, fb_tf = 3.5 * flops / (fb_ms * 1e-3) / 1e12;
+  Say(common.json_output,
+      "strata_gpu_bench attention: device {}, {} precision, batch {}, seq {}, heads {}/{}, "
+      "head_dim {}; median of {} after {} warm-up\n",
+      Described(*dev, label), args.dtype, b, sq, h, kvh, d, common.reps, common.warmup);
+  Say(common.json_output, "{:<18}{:>11}{:>11}{:>10}\n", "pass", "median ms", "min ms", "TFLOP/s");
+  Say(common.json_output, "{:<18}{:>11.3f}{:>11.3f}{:>10.1f}\n", "forward", f_ms, Min(fwd) * 1e3,
+      f_tf);
+  Say(common.json_output, "{:<18}{:>11.3f}{:>11.3f}{:>10.1f}\n", "forward+backward", fb_ms,
+      Min(fwd_bwd) * 1e3, fb_tf);
+  if (common.json_output) {
+    const json doc = {
+        {"bench", "attention"},
+        {"impl", "strata"},
+        {"device", label},
+        {"shape", {{"batch", b}, {"seq", sq}, {"heads", h}, {"kv_heads", kvh}, {"head_dim", d}}},
+        {"dtype", args.dtype},
+        {"reps", common.reps},
+        {"warmup", common.warmup},
+        {"forward_flops", flops},
+        {"results",
+         {{"forward", {{"median_ms", f_ms}, {"min_ms", Min(fwd) * 1e3}, {"tflops", f_tf}}},
+          {"forward_backward",
+           {{"median_ms", fb_ms}, {"min_ms", Min(fwd_bwd) * 1e3}, {"tflops", fb_tf}}}}}};
+    fmt::print("{}\n", doc.dump());
+  }
+  return Status::Ok();
+}
+
 // ---- command line ------------------------------------------------------------------------------
 
 void AddCommonOptions(CLI::App& cmd, CommonArgs& a) {
@@ -913,15 +1074,17 @@ void AddCommonOptions(CLI::App& cmd, CommonArgs& a) {
 
 int main(int argc, char** argv) {
   using strata::bench::AdamArgs;
+  using strata::bench::AttentionArgs;
   using strata::bench::CommonArgs;
   using strata::bench::CopyArgs;
   CommonArgs common;
   CopyArgs copy;
   AdamArgs adam;
+  AttentionArgs attention;
   CLI::App app{
       "GPU micro-benchmarks without a training path: host<->device copies through the pinned "
-      "pool, and the fused AdamW step on the device. benchmarks/gpu_peers.py measures the same "
-      "through PyTorch"};
+      "pool, the fused AdamW step on the device, and the decoder's attention. "
+      "benchmarks/gpu_peers.py measures the same through PyTorch"};
   app.require_subcommand(1);
 
   CLI::App* copy_cmd = app.add_subcommand(
@@ -947,17 +1110,33 @@ int main(int argc, char** argv) {
                    "Threads of each step on the CPU device (ignored on cuda)")
       ->capture_default_str();
 
+  CLI::App* attention_cmd = app.add_subcommand(
+      "attention", "The decoder's causal grouped-query attention, forward and backward");
+  strata::bench::AddCommonOptions(*attention_cmd, common);
+  attention_cmd->add_option("--batch", attention.batch, "Sequences")->capture_default_str();
+  attention_cmd->add_option("--seq", attention.seq, "Tokens per sequence")->capture_default_str();
+  attention_cmd->add_option("--heads", attention.heads, "Query heads")->capture_default_str();
+  attention_cmd->add_option("--kv-heads", attention.kv_heads, "Key/value heads")
+      ->capture_default_str();
+  attention_cmd->add_option("--head-dim", attention.head_dim, "head_dim")->capture_default_str();
+  attention_cmd
+      ->add_option("--dtype", attention.dtype,
+                   "Precision: bf16 or fp16 (tensor cores, head_dim 64 or 128), fp32 (exact)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 1;  // --help exits 0; every usage error exits 1
   }
-  const bool is_copy = copy_cmd->parsed();
-  const strata::Status status =
-      is_copy ? strata::bench::RunCopy(common, copy) : strata::bench::RunAdam(common, adam);
+  const char* name = copy_cmd->parsed() ? "copy" : adam_cmd->parsed() ? "adam" : "attention";
+  const strata::Status status = copy_cmd->parsed() ? strata::bench::RunCopy(common, copy)
+                                : adam_cmd->parsed()
+                                    ? strata::bench::RunAdam(common, adam)
+                                    : strata::bench::RunAttention(common, attention);
   if (!status.ok()) {
-    std::fprintf(stderr, "strata_gpu_bench %s: %s\n", is_copy ? "copy" : "adam",
-                 status.ToString().c_str());
+    std::fprintf(stderr, "strata_gpu_bench %s: %s\n", name, status.ToString().c_str());
     return 1;
   }
   return 0;

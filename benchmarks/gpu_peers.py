@@ -19,6 +19,11 @@ same sizes, the same timing method and the same JSON shape ("impl": "pytorch"), 
          "fp32" variant of strata_gpu_bench adam. Bytes per step counted as Strata counts them:
          read p, grad, m, v (16 B/param) + write p, m, v (12 B) = 28 B/param. One untimed step
          creates the optimizer state first.
+  attention  torch.nn.functional.scaled_dot_product_attention(is_causal=True) on --dtype
+         tensors in Strata's [batch, seq, heads, head_dim] layout (seen through a transpose),
+         grouped-query heads through enable_gqa (repeat_interleave before timing on torch < 2.5):
+         the forward alone (no_grad), then forward + backward. TFLOP/s count the causal pairs
+         only: 4 b h d s(s+1)/2 for the forward, 3.5 times that for forward + backward.
 
 Timing, as on the C++ side: the host clock (time.perf_counter) from before the first enqueue to
 after the streams are synchronized; the median over --reps measurements after --warmup untimed
@@ -404,12 +409,106 @@ def run_adam(torch, args):
     }
 
 
+def attention_flops(batch, seq, heads, head_dim):
+    """Causal attention's forward FLOPs (Q K^T and P V over the pairs j <= i), as strata_gpu_bench
+    counts them; the backward counts 2.5 times as many (five products against two)."""
+    return 4.0 * batch * heads * head_dim * (seq * (seq + 1) / 2)
+
+
+def run_attention(torch, args):
+    device = cuda_device(torch, args.ordinal)
+    torch.cuda.set_device(device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    b, s, h, kvh, d = args.batch, args.seq, args.heads, args.kv_heads, args.head_dim
+    if h % kvh != 0:
+        print(f"{PROG} attention: --heads {h} is not a multiple of --kv-heads {kvh}",
+              file=sys.stderr)
+        sys.exit(2)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(1234)
+
+    # Strata's layout, [batch, seq, heads, head_dim], seen as [batch, heads, seq, head_dim].
+    def tensor(heads):
+        x = torch.empty(b, s, heads, d, dtype=torch.float32, device=device)
+        x.uniform_(-1.0, 1.0, generator=generator)
+        return x.to(dtype).transpose(1, 2)
+
+    q, k, v, dout = tensor(h), tensor(kvh), tensor(kvh), tensor(h)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    try:
+        sdpa(q[:, :, :1], k[:, :, :1], v[:, :, :1], is_causal=True, enable_gqa=True)
+        gqa = "enable_gqa"
+    except TypeError:  # torch < 2.5: the kv heads repeated once, before timing
+        k = k.repeat_interleave(h // kvh, dim=1)
+        v = v.repeat_interleave(h // kvh, dim=1)
+        gqa = "repeat_interleave"
+    extra = {"enable_gqa": True} if gqa == "enable_gqa" else {}
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    stream = torch.cuda.current_stream(device)
+    done = torch.cuda.Event(blocking=True)
+
+    def timed(fn):
+        per = []
+        for round_ in range(args.warmup + args.reps):
+            t0 = time.perf_counter()
+            fn()
+            blocking_wait(torch, stream, done)
+            if round_ >= args.warmup:
+                per.append(time.perf_counter() - t0)
+        return per
+
+    def forward():
+        with torch.no_grad():
+            return sdpa(q, k, v, is_causal=True, **extra)
+
+    def forward_backward():
+        out = sdpa(qg, kg, vg, is_causal=True, **extra)
+        out.backward(dout)
+
+    fwd = timed(forward)
+    fwd_bwd = timed(forward_backward)
+    out = forward()
+    if not (bool(torch.isfinite(out).all()) and bool(torch.isfinite(qg.grad).all())):
+        print(f"{PROG} attention: the output or dq holds NaN or Inf", file=sys.stderr)
+        sys.exit(1)
+
+    name = torch.cuda.get_device_name(device)
+    flops = attention_flops(b, s, h, d)
+    f_ms, fb_ms = statistics.median(fwd) * 1e3, statistics.median(fwd_bwd) * 1e3
+    f_tf, fb_tf = flops / (f_ms * 1e-3) / 1e12, 3.5 * flops / (fb_ms * 1e-3) / 1e12
+    say(args, f"gpu_peers.py attention: PyTorch {torch.__version__} on {name}, "
+              f"scaled_dot_product_attention (causal, {gqa}), {args.dtype} inputs, batch {b}, "
+              f"seq {s}, heads {h}/{kvh}, head_dim {d}; median of {args.reps} after "
+              f"{args.warmup} warm-up")
+    say(args, f"{'pass':<18}{'median ms':>11}{'min ms':>11}{'TFLOP/s':>10}")
+    say(args, f"{'forward':<18}{f_ms:>11.3f}{min(fwd) * 1e3:>11.3f}{f_tf:>10.1f}")
+    say(args, f"{'forward+backward':<18}{fb_ms:>11.3f}{min(fwd_bwd) * 1e3:>11.3f}{fb_tf:>10.1f}")
+    return {
+        "bench": "attention",
+        "impl": "pytorch",
+        "device": name,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "gqa": gqa,
+        "shape": {"batch": b, "seq": s, "heads": h, "kv_heads": kvh, "head_dim": d},
+        "dtype": args.dtype,
+        "reps": args.reps,
+        "warmup": args.warmup,
+        "forward_flops": flops,
+        "results": {
+            "forward": {"median_ms": f_ms, "min_ms": min(fwd) * 1e3, "tflops": f_tf},
+            "forward_backward": {"median_ms": fb_ms, "min_ms": min(fwd_bwd) * 1e3,
+                                 "tflops": fb_tf},
+        },
+    }
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="strata_gpu_bench's measurements through PyTorch (copy, adam)",
+        description="strata_gpu_bench's measurements through PyTorch (copy, adam, attention)",
     )
-    sub = parser.add_subparsers(dest="bench", metavar="{copy,adam}")
+    sub = parser.add_subparsers(dest="bench", metavar="{copy,adam,attention}")
     sub.required = True
 
     def common(p):
@@ -436,6 +535,17 @@ def build_parser():
                       help="fp32 elements of the parameter [134217728]")
     adam.add_argument("--batch", type=int_at_least(1), default=10,
                       help="steps per timed measurement [10]")
+
+    att = sub.add_parser("attention",
+                         help="causal scaled_dot_product_attention, forward and backward")
+    common(att)
+    att.add_argument("--batch", type=int_at_least(1), default=1, help="sequences [1]")
+    att.add_argument("--seq", type=int_at_least(1), default=2048, help="tokens per sequence [2048]")
+    att.add_argument("--heads", type=int_at_least(1), default=16, help="query heads [16]")
+    att.add_argument("--kv-heads", type=int_at_least(1), default=8, help="key/value heads [8]")
+    att.add_argument("--head-dim", type=int_at_least(1), default=128, help="head_dim [128]")
+    att.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
+                     help="input dtype [bf16]")
     return parser
 
 
@@ -448,7 +558,8 @@ def main(argv=None):
         )
     torch = load_torch()
     try:
-        doc = run_copy(torch, args) if args.bench == "copy" else run_adam(torch, args)
+        run = {"copy": run_copy, "adam": run_adam, "attention": run_attention}[args.bench]
+        doc = run(torch, args)
     except (RuntimeError, MemoryError) as e:  # CUDA errors, out of memory
         print(f"{PROG} {args.bench}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -432,6 +432,16 @@ run_check() {
     step_json copy_pytorch 90 10 "$WORK/steps/copy_pytorch.json" python3 "$peers" copy "${copy_args[@]}" --json
     step_json adam_strata 90 10 "$WORK/steps/adam_strata.json" "${S[@]}" "$bin/strata_gpu_bench" adam "${adam_args[@]}" --json
     step_json adam_pytorch 90 10 "$WORK/steps/adam_pytorch.json" python3 "$peers" adam "${adam_args[@]}" --json
+    # Attention at llama-1b's shape (32/4 heads, head_dim 64) and an 8B-class one (32/8, 128),
+    # 4 x 2048 tokens, bf16 (the tensor-core kernels).
+    local shape att_args tag heads kv dim
+    for shape in "d64:32:4:64" "d128:32:8:128"; do
+      IFS=: read -r tag heads kv dim <<<"$shape"
+      att_args=(--batch 4 --seq 2048 --heads "$heads" --kv-heads "$kv" --head-dim "$dim" --dtype bf16 --reps 10 --warmup 2)
+      [ "$QUICK" = 1 ] && att_args=(--batch 1 --seq 256 --heads "$heads" --kv-heads "$kv" --head-dim "$dim" --dtype bf16 --reps 2 --warmup 1)
+      step_json "attention_strata_$tag" 60 10 "$WORK/steps/attention_strata_$tag.json" "${S[@]}" "$bin/strata_gpu_bench" attention "${att_args[@]}" --json
+      step_json "attention_pytorch_$tag" 60 10 "$WORK/steps/attention_pytorch_$tag.json" python3 "$peers" attention "${att_args[@]}" --json
+    done
     # One L per step, so that what finished is kept when the disk is slower than planned.
     for units in "${overlap_units[@]}"; do
       step_json "overlap_L$units" 200 45 "$WORK/steps/overlap_L$units.json" "${S[@]}" \
@@ -490,6 +500,9 @@ EOF
     python3 benchmarks/gpu_peers.py copy (same sizes)             (PyTorch, pinned tensors)
     strata_gpu_bench adam --params 134217728 --json               (fused AdamW kernel)
     python3 benchmarks/gpu_peers.py adam (same size)              (torch.optim.AdamW fused=True)
+    strata_gpu_bench attention --batch 4 --seq 2048 --heads 32 --kv-heads 4 --head-dim 64,
+    then --kv-heads 8 --head-dim 128 (bf16, tensor cores)         (forward, forward + backward)
+    python3 benchmarks/gpu_peers.py attention (same shapes)       (scaled_dot_product_attention)
     strata_overlap_bench --device cuda --path $SCRATCH/overlap --units 32 --json, then 128
                                                                   (NVMe -> pinned -> HBM + cuBLAS)
     NCCL all-gather / reduce-scatter on one rank: the NcclGpuTest tests of step 2

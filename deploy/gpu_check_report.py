@@ -278,6 +278,28 @@ def report(args, out):
             "check": (as_ or {}).get("check"),
             "errors": {k: v for k, v in (("strata", as_err), ("pytorch", ap_err)) if v}}
 
+        # Attention, one pair of documents per shape (attention_{strata,pytorch}_<shape>.json);
+        # informational: the end-to-end target is the training benchmark's.
+        att_rows = []
+        for path in sorted(glob.glob(os.path.join(steps_dir, "attention_strata_*.json"))):
+            tag = os.path.basename(path)[len("attention_strata_"):-len(".json")]
+            st, st_err = load_json(path)
+            pt, pt_err = load_json(os.path.join(steps_dir, f"attention_pytorch_{tag}.json"))
+            row = {"shape": tag, "errors": {k: v for k, v in (("strata", st_err),
+                                                                ("pytorch", pt_err)) if v}}
+            for key in ("forward", "forward_backward"):
+                sm = (st or {}).get("results", {}).get(key, {}).get("median_ms")
+                pm = (pt or {}).get("results", {}).get(key, {}).get("median_ms")
+                row[f"strata_{key}_ms"] = sm
+                row[f"pytorch_{key}_ms"] = pm
+                row[f"strata_{key}_tflops"] = (st or {}).get("results", {}).get(key, {}).get("tflops")
+                row[f"{key}_speedup_over_pytorch"] = pm / sm if sm and pm else None
+            sh = (st or pt or {}).get("shape")
+            row["description"] = (f"(b{sh['batch']} s{sh['seq']} h{sh['heads']}/{sh['kv_heads']} "
+                                  f"d{sh['head_dim']})") if sh else None
+            att_rows.append(row)
+        bench["attention"] = att_rows
+
         # One document per L (overlap_L<units>.json), merged.
         ov, ov_err, results = None, None, []
         paths = sorted(glob.glob(os.path.join(steps_dir, "overlap_L*.json")),
@@ -372,6 +394,25 @@ def report(args, out):
                   f"({fmt(a['pytorch_fused_gb_per_s'], '.0f')} GB/s): "
                   f"**{fmt(a['speedup_over_pytorch'])}x** (target >= {ADAM_TARGET}: "
                   f"{'met' if a['met'] else 'NOT met'})")
+        if bench.get("attention"):
+            md.append("")
+            md.append("Attention (causal, GQA; Strata's fp32 activations with bf16 tensor-core "
+                      "arithmetic, PyTorch's scaled_dot_product_attention on bf16 tensors); ms, "
+                      "and PyTorch / Strata (above 1: Strata faster)")
+            md.append("")
+            md.append("| shape | fwd Strata | fwd PyTorch | fwd ratio | fwd+bwd Strata | "
+                      "fwd+bwd PyTorch | fwd+bwd ratio | Strata TFLOP/s fwd+bwd | note |")
+            md.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+            for r in bench["attention"]:
+                md.append(f"| {r['shape']} {r['description'] or ''} | "
+                          f"{fmt(r['strata_forward_ms'], '.3f')} | "
+                          f"{fmt(r['pytorch_forward_ms'], '.3f')} | "
+                          f"{fmt(r['forward_speedup_over_pytorch'])} | "
+                          f"{fmt(r['strata_forward_backward_ms'], '.3f')} | "
+                          f"{fmt(r['pytorch_forward_backward_ms'], '.3f')} | "
+                          f"{fmt(r['forward_backward_speedup_over_pytorch'])} | "
+                          f"{fmt(r['strata_forward_backward_tflops'], '.1f')} | "
+                          f"{'; '.join(f'{k}: {v}' for k, v in r['errors'].items())} |")
         o = bench["overlap"]
         md.append("")
         md.append(f"Overlap, NVMe -> pinned -> HBM with a cuBLAS GEMM per unit (store {o['store']}, "
