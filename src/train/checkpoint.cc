@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/durable_file.h"
 #include "common/errno.h"
 #include "common/log.h"
 #include "common/units.h"
@@ -150,31 +151,6 @@ int64_t FirstNonFinite(const void* data, uint64_t count, device::DType dtype) {
   }
   return -1;
 }
-
-// Writes `text` to `path` and fsyncs it.
-Status WriteDurable(const std::string& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("create {}", path));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return ErrnoToStatus(err, fmt::format("write {}", path));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoToStatus(err, fmt::format("fsync {}", path));
-  }
-  if (::close(fd) != 0) return ErrnoToStatus(errno, fmt::format("close {}", path));
-  return Status::Ok();
-}
-
 
 nlohmann::json SamplerToJson(const SamplerState& s) {
   return {{"step", s.step},       {"epoch", s.epoch},
@@ -383,11 +359,11 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
                                  sets[k]->total_bytes, weight_map);
     }
     if (st.ok()) {
-      st = WriteDurable((fs::path(tmp_dir) / "config.json").string(),
+      st = WriteFileDurable((fs::path(tmp_dir) / "config.json").string(),
                         model::ToHfConfigJson(config, TorchDtypeName(engine.compute_dtype())));
     }
     if (st.ok()) {
-      st = WriteDurable((fs::path(tmp_dir) / kTrainerStateFile).string(),
+      st = WriteFileDurable((fs::path(tmp_dir) / kTrainerStateFile).string(),
                         StateToJson(state).dump(2) + "\n");
     }
     if (st.ok()) {

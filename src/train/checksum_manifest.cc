@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/durable_file.h"
 #include "common/errno.h"
 #include "io/checksum_store.h"
 
@@ -25,22 +26,6 @@ constexpr const char* kFormat = "strata-checkpoint-checksums";
 constexpr int kVersion = 1;
 
 std::string PartName(int rank) { return fmt::format(".checksums.rank{}.json", rank); }
-
-Status WriteSynced(const std::string& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("create {}", path));
-  size_t done = 0;
-  Status st;
-  while (done < text.size() && st.ok()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) st = ErrnoToStatus(errno, fmt::format("write {}", path));
-    else done += static_cast<size_t>(n);
-  }
-  if (st.ok() && ::fsync(fd) != 0) st = ErrnoToStatus(errno, fmt::format("fsync {}", path));
-  if (::close(fd) != 0 && st.ok()) st = ErrnoToStatus(errno, fmt::format("close {}", path));
-  return st;
-}
 
 Result<nlohmann::json> ReadJson(const std::string& path) {
   std::ifstream in(path);
@@ -120,7 +105,7 @@ Status WriteManifestPart(
     const std::map<std::string, std::vector<SafetensorsWriter::WrittenRange>>& written) {
   nlohmann::json files = nlohmann::json::object();
   for (const auto& [name, ranges] : written) files[name] = RangesToJson(ranges);
-  return WriteSynced((fs::path(dir) / PartName(rank)).string(),
+  return WriteFileDurable((fs::path(dir) / PartName(rank)).string(),
                      nlohmann::json{{"rank", rank}, {"files", files}}.dump() + "\n");
 }
 
@@ -173,7 +158,7 @@ Status WriteManifest(const std::string& dir, int world, const std::vector<std::s
     }
     files[name] = {{"size", size}, {"ranges", RangesToJson(f.ranges)}};
   }
-  STRATA_RETURN_IF_ERROR(WriteSynced(
+  STRATA_RETURN_IF_ERROR(WriteFileDurable(
       (fs::path(dir) / kChecksumsFile).string(),
       nlohmann::json{{"format", kFormat}, {"version", kVersion}, {"algorithm", "xxh3-64"},
                      {"files", files}}

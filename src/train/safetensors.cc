@@ -15,6 +15,7 @@
 #include <span>
 #include <utility>
 
+#include "common/durable_file.h"
 #include "common/errno.h"
 #include "io/checksum_store.h"
 #include "common/log.h"
@@ -251,25 +252,6 @@ Result<SafetensorsTensor> ParseTensorEntry(const std::string& name, const Json& 
   }
   tensor.file_offset = data_offset + tensor.data_begin;
   return tensor;
-}
-
-// Writes `text` to a new file at `path` and fsyncs it.
-Status WriteSmallFile(const std::string& path, std::string_view text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("create {}", path));
-  FdCloser closer(fd);
-  STRATA_RETURN_IF_ERROR(PwriteFully(fd, text.data(), text.size(), 0, path));
-  if (::fsync(fd) != 0) return ErrnoToStatus(errno, fmt::format("fsync {}", path));
-  if (::close(closer.release()) != 0) return ErrnoToStatus(errno, fmt::format("close {}", path));
-  return Status::Ok();
-}
-
-Status FsyncPath(const std::string& path, int flags) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open {} to fsync it", path));
-  FdCloser closer(fd);
-  if (::fsync(fd) != 0) return ErrnoToStatus(errno, fmt::format("fsync {}", path));
-  return Status::Ok();
 }
 
 }  // namespace
@@ -766,7 +748,7 @@ Status WriteSafetensorsIndex(const std::string& path, uint64_t total_size,
   for (const auto& [tensor, file] : weight_map)
     map[tensor] = file;
   index["weight_map"] = std::move(map);
-  return WriteSmallFile(path, index.dump(2) + "\n");
+  return WriteFileDurable(path, index.dump(2) + "\n");
 }
 
 Status CommitFile(const std::string& tmp_path, const std::string& final_path) {
