@@ -64,6 +64,7 @@ EngineStack& EngineStack::operator=(EngineStack&& other) noexcept {
     pool = std::move(other.pool);
     engine = std::move(other.engine);
     optimizer_pipeline_depth = other.optimizer_pipeline_depth;
+    cpu_adam_threads = other.cpu_adam_threads;
   }
   return *this;
 }
@@ -187,6 +188,7 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
   eo.cpu_adam_threads = CpuAdamThreads(config, runtime.device->type(), runtime.launch.local_size,
                                        std::thread::hardware_concurrency());
   if (options.cpu_adam_threads) eo.cpu_adam_threads = *options.cpu_adam_threads;
+  s.cpu_adam_threads = eo.cpu_adam_threads;
   if (options.overlap_optimizer) eo.overlap_optimizer = *options.overlap_optimizer;
   if (options.initial) eo.initial = std::move(*options.initial);
   STRATA_ASSIGN_OR_RETURN(s.engine, zero::Engine::Create(model, eo));

@@ -74,6 +74,7 @@ struct EngineStack {
   std::unique_ptr<device::PinnedPool> pool;
   std::unique_ptr<zero::Engine> engine;
   int optimizer_pipeline_depth = 3;
+  int cpu_adam_threads = 1;  // the engine's CPU optimizer threads (strata.cpu_adam_threads)
 
   ~EngineStack() { Reset(); }
   EngineStack() = default;

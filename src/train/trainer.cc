@@ -260,12 +260,6 @@ Status RunTraining(const TrainOptions& o) {
   say(fmt::format("  device: {}; device memory budget {}, activations {}", runtime.choice.reason,
                   FormatBytes(dev->memory_stats().budget),
                   FormatBytes(llama->activation_bytes() + llama->workspace_bytes())));
-  if (config.zero.offload_optimizer.device != OffloadDevice::kNone) {
-    say(fmt::format("  CPU AdamW: {} thread(s) per rank (strata.cpu_adam_threads{})",
-                    CpuAdamThreads(config, dev->type(), runtime.launch.local_size,
-                                   std::thread::hardware_concurrency()),
-                    config.strata.cpu_adam_threads ? "" : " auto"));
-  }
   say(fmt::format("  data {} ({} tokens), sequence {} x global batch {} ({} per rank x {} "
                   "accumulation), {} steps",
                   o.data, data.size(), seq_len, layout.global_batch(), layout.micro_batch,
@@ -304,6 +298,10 @@ Status RunTraining(const TrainOptions& o) {
   STRATA_ASSIGN_OR_RETURN(EngineStack stack,
                           BuildEngine(runtime, *llama, config, std::move(build)));
   zero::Engine* engine = stack.engine.get();
+  if (config.zero.offload_optimizer.device != OffloadDevice::kNone) {
+    say(fmt::format("  CPU AdamW: {} thread(s) per rank (strata.cpu_adam_threads{})",
+                    stack.cpu_adam_threads, config.strata.cpu_adam_threads ? "" : " auto"));
+  }
   int64_t first_step = 0;
   if (files) {
     const double s =
