@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "train/checksum_manifest.h"
+#include "train/rank_gather.h"
 #include "train/safetensors.h"
 
 namespace strata::train {
@@ -95,35 +96,17 @@ Result<FileSet> PlanFiles(const std::string& base, const std::vector<Safetensors
   return set;
 }
 
-// Every rank's `mine`, in rank order (a few bytes through the device, between steps).
-Result<std::vector<float>> GatherFromRanks(comm::Collective& comm, device::Device& dev,
-                                           device::Stream& stream, float mine) {
-  const int world = comm.world_size();
-  std::vector<float> values(static_cast<size_t>(world), 0.0f);
-  if (world == 1) {
-    values[0] = mine;
-    return values;
-  }
-  STRATA_ASSIGN_OR_RETURN(void* buf, dev.Alloc(static_cast<size_t>(world) * sizeof(float)));
-  char* own = static_cast<char*>(buf) + static_cast<size_t>(comm.rank()) * sizeof(float);
-  Status st = dev.CopyAsync(own, &mine, sizeof(float), device::CopyKind::kHostToDevice, stream);
-  if (st.ok()) st = comm.AllGather(own, buf, 1, device::DType::kF32, stream);
-  if (st.ok()) {
-    st = dev.CopyAsync(values.data(), buf, values.size() * sizeof(float),
-                       device::CopyKind::kDeviceToHost, stream);
-  }
-  if (st.ok()) st = dev.Synchronize(stream);
-  dev.Free(buf);
-  STRATA_RETURN_IF_ERROR(st);
-  return values;
-}
-
 // Every rank learns whether every rank succeeded. Returns this rank's own error, or Aborted
 // naming the ranks that failed.
 Status AgreeOk(comm::Collective& comm, device::Device& dev, device::Stream& stream,
                const Status& mine, std::string_view what) {
   if (comm.world_size() == 1) return mine;
-  Result<std::vector<float>> flags = GatherFromRanks(comm, dev, stream, mine.ok() ? 0.0f : 1.0f);
+  Result<std::vector<float>> flags = [&]() -> Result<std::vector<float>> {
+    // The caller's collectives on `stream` finish first: every rank then issues this one next.
+    STRATA_RETURN_IF_ERROR(dev.Synchronize(stream));
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<RankGather> gather, RankGather::Create(dev, comm));
+    return gather->Gather(mine.ok() ? 0.0f : 1.0f);
+  }();
   if (!mine.ok()) return mine;
   STRATA_RETURN_IF_ERROR(flags.status());
   std::string failed;

@@ -33,6 +33,7 @@
 #include "common/host_memory.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/rank_gather.h"
 #include "train/runtime.h"
 #include "train/safetensors.h"
 #include "zero/engine.h"
@@ -96,50 +97,6 @@ Status ProbeOutputs(const TrainOptions& o, const Config& config, const comm::Lau
   return Status::Ok();
 }
 
-// Every rank's stop reason after each step, through memory set up once (a host page registered
-// with the device, a device buffer): no allocation and no pageable copy per step.
-class StopAgreement {
- public:
-  static Result<std::unique_ptr<StopAgreement>> Create(device::Device& dev,
-                                                        comm::Collective& comm) {
-    std::unique_ptr<StopAgreement> a(new StopAgreement(dev, comm));
-    const size_t bytes = static_cast<size_t>(comm.world_size()) * sizeof(float);
-    STRATA_ASSIGN_OR_RETURN(a->host_, HostRegion::Allocate(std::max<size_t>(bytes, 4096),
-                                                           HugePages::kOff));
-    STRATA_RETURN_IF_ERROR(dev.RegisterHost(a->host_.data(), a->host_.size()));
-    a->registered_ = true;
-    STRATA_ASSIGN_OR_RETURN(a->buffer_, dev.Alloc(bytes));
-    STRATA_ASSIGN_OR_RETURN(a->stream_, dev.CreateStream("agree"));
-    return a;
-  }
-  ~StopAgreement() {
-    if (buffer_ != nullptr) dev_.Free(buffer_);
-    if (registered_) (void)dev_.UnregisterHost(host_.data());
-  }
-  // Every rank's `mine`, in rank order.
-  Result<std::vector<float>> Gather(float mine) {
-    const int world = comm_.world_size();
-    auto* host = reinterpret_cast<float*>(host_.data());
-    host[0] = mine;
-    char* own = static_cast<char*>(buffer_) + static_cast<size_t>(comm_.rank()) * sizeof(float);
-    STRATA_RETURN_IF_ERROR(
-        dev_.CopyAsync(own, host, sizeof(float), device::CopyKind::kHostToDevice, *stream_));
-    STRATA_RETURN_IF_ERROR(comm_.AllGather(own, buffer_, 1, device::DType::kF32, *stream_));
-    STRATA_RETURN_IF_ERROR(dev_.CopyAsync(host, buffer_, static_cast<size_t>(world) * sizeof(float),
-                                          device::CopyKind::kDeviceToHost, *stream_));
-    STRATA_RETURN_IF_ERROR(dev_.Synchronize(*stream_));
-    return std::vector<float>(host, host + world);
-  }
-
- private:
-  StopAgreement(device::Device& dev, comm::Collective& comm) : dev_(dev), comm_(comm) {}
-  device::Device& dev_;
-  comm::Collective& comm_;
-  HostRegion host_;
-  bool registered_ = false;
-  void* buffer_ = nullptr;
-  std::unique_ptr<device::Stream> stream_;
-};
 
 }  // namespace
 
@@ -353,9 +310,9 @@ Status RunTraining(const TrainOptions& o) {
   // A signal, or the launcher gone (mpirun died: this rank was re-parented), stops the run
   // between steps; every rank learns what any rank saw, so all stop after the same step.
   const pid_t launcher_pid = ::getppid();
-  std::unique_ptr<StopAgreement> agreement;
+  std::unique_ptr<RankGather> agreement;
   if (world > 1) {
-    STRATA_ASSIGN_OR_RETURN(agreement, StopAgreement::Create(*dev, *comm));
+    STRATA_ASSIGN_OR_RETURN(agreement, RankGather::Create(*dev, *comm));
   }
   auto stop_reason = [&]() -> Result<int> {
     int mine = o.stop_signal ? o.stop_signal() : 0;
