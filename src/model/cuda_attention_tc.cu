@@ -287,6 +287,50 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) delta[row] = part;  // row = (b * num_heads + h) * seq + i
 }
 
+// The backward kernels' shared memory: the block's own rows (K and V, or Q and dO), the streamed
+// tile (Q and dO, or K and V), the streamed or own query rows' lse and delta, and this warp's
+// score tiles.
+template <typename T, int D>
+struct BackwardView {
+  T* own[2];
+  T* streamed[2];
+  float* lse;
+  float* delta;
+  float* s;   // S (or S^T), fp32; with dp after it, the staging of the results
+  float* dp;  // dP (or dP^T), fp32
+  T* p;       // P (or P^T), rounded
+  T* ds;      // dS (or dS^T), rounded
+};
+
+template <typename T, int D>
+__device__ inline BackwardView<T, D> CarveBackward(unsigned char* smem, unsigned warp) {
+  using L = Smem<T, D>;
+  BackwardView<T, D> v;
+  for (int i = 0; i < 2; ++i) {
+    v.own[i] = reinterpret_cast<T*>(smem + i * L::kTileBytes);
+    v.streamed[i] = reinterpret_cast<T*>(smem + (2 + i) * L::kTileBytes);
+  }
+  v.lse = reinterpret_cast<float*>(smem + 4 * L::kTileBytes);
+  v.delta = v.lse + kTile;
+  unsigned char* mine = smem + 4 * L::kTileBytes + L::kStats + warp * L::kBackwardWarp;
+  v.s = reinterpret_cast<float*>(mine);
+  v.dp = reinterpret_cast<float*>(mine + L::kScoreF32);
+  v.p = reinterpret_cast<T*>(mine + 2 * L::kScoreF32);
+  v.ds = reinterpret_cast<T*>(mine + 2 * L::kScoreF32 + L::kScore16);
+  return v;
+}
+
+// lse and delta of the query rows q0 .. q0 + 63 (0 past seq; those rows are masked anyway).
+__device__ inline void LoadStats(const float* __restrict__ lse, const float* __restrict__ delta,
+                                 size_t stat_base, size_t q0, size_t seq, float* lse_s,
+                                 float* delta_s) {
+  for (int i = static_cast<int>(threadIdx.x); i < kTile; i += kThreads) {
+    const size_t row = q0 + static_cast<size_t>(i);
+    lse_s[i] = row < seq ? lse[stat_base + row] : 0.0f;
+    delta_s[i] = row < seq ? delta[stat_base + row] : 0.0f;
+  }
+}
+
 // Block (b * num_kv_heads + g, key tile): dK and dV of 64 key rows, over the query heads of
 // group g and the query tiles at or after the key tile. Overwrites dk and dv.
 template <typename T, int D>
@@ -295,21 +339,20 @@ __global__ void __launch_bounds__(kThreads)
                         const float* __restrict__ v, const float* __restrict__ lse,
                         const float* __restrict__ delta, const float* __restrict__ dout,
                         AttentionShape s, float* __restrict__ dk, float* __restrict__ dv) {
-  using L = Smem<T, D>;
-  constexpr int kLd = L::kLd;
+  constexpr int kLd = Smem<T, D>::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* ks = reinterpret_cast<T*>(smem);
-  T* vs = reinterpret_cast<T*>(smem + L::kTileBytes);
-  T* qs = reinterpret_cast<T*>(smem + 2 * L::kTileBytes);
-  T* dos = reinterpret_cast<T*>(smem + 3 * L::kTileBytes);
-  float* lse_s = reinterpret_cast<float*>(smem + 4 * L::kTileBytes);
-  float* delta_s = lse_s + kTile;
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  unsigned char* mine = smem + 4 * L::kTileBytes + L::kStats + warp * L::kBackwardWarp;
-  float* st = reinterpret_cast<float*>(mine);                   // S^T: [key, query]
-  float* dpt = reinterpret_cast<float*>(mine + L::kScoreF32);   // dP^T
-  T* pt = reinterpret_cast<T*>(mine + 2 * L::kScoreF32);        // P^T, rounded
-  T* dst_ = reinterpret_cast<T*>(mine + 2 * L::kScoreF32 + L::kScore16);  // dS^T, rounded
+  const BackwardView<T, D> view = CarveBackward<T, D>(smem, warp);
+  T* ks = view.own[0];
+  T* vs = view.own[1];
+  T* qs = view.streamed[0];
+  T* dos = view.streamed[1];
+  float* lse_s = view.lse;
+  float* delta_s = view.delta;
+  float* st = view.s;     // S^T: [key, query]
+  float* dpt = view.dp;   // dP^T
+  T* pt = view.p;         // P^T, rounded
+  T* dst_ = view.ds;      // dS^T, rounded
 
   const size_t b = blockIdx.x / s.num_kv_heads, g = blockIdx.x % s.num_kv_heads;
   const size_t tiles = (s.seq + kTile - 1) / kTile;
@@ -335,11 +378,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();  // every warp is done with the previous Q, dO and statistics
       LoadTile<T, D>(q + q_base, s.q_stride, q0, s.seq, qs);
       LoadTile<T, D>(dout + q_base, s.q_stride, q0, s.seq, dos);
-      for (int i = static_cast<int>(threadIdx.x); i < kTile; i += kThreads) {
-        const size_t row = q0 + static_cast<size_t>(i);
-        lse_s[i] = row < s.seq ? lse[stat_base + row] : 0.0f;
-        delta_s[i] = row < s.seq ? delta[stat_base + row] : 0.0f;
-      }
+      LoadStats(lse, delta, stat_base, q0, s.seq, lse_s, delta_s);
       __syncthreads();
 
       ScoreTile<T, D>(ks + warp * kWarpRows * kLd, qs, st);   // S^T = K_w Q^T
@@ -380,20 +419,19 @@ __global__ void __launch_bounds__(kThreads)
                           const float* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ delta, const float* __restrict__ dout,
                           AttentionShape s, float* __restrict__ dq) {
-  using L = Smem<T, D>;
-  constexpr int kLd = L::kLd;
+  constexpr int kLd = Smem<T, D>::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* qs = reinterpret_cast<T*>(smem);
-  T* dos = reinterpret_cast<T*>(smem + L::kTileBytes);
-  T* ks = reinterpret_cast<T*>(smem + 2 * L::kTileBytes);
-  T* vs = reinterpret_cast<T*>(smem + 3 * L::kTileBytes);
-  float* lse_s = reinterpret_cast<float*>(smem + 4 * L::kTileBytes);
-  float* delta_s = lse_s + kTile;
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  unsigned char* mine = smem + 4 * L::kTileBytes + L::kStats + warp * L::kBackwardWarp;
-  float* sc = reinterpret_cast<float*>(mine);                  // S: [query, key]
-  float* dp = reinterpret_cast<float*>(mine + L::kScoreF32);   // dP
-  T* ds = reinterpret_cast<T*>(mine + 2 * L::kScoreF32 + L::kScore16);  // dS, rounded
+  const BackwardView<T, D> view = CarveBackward<T, D>(smem, warp);
+  T* qs = view.own[0];
+  T* dos = view.own[1];
+  T* ks = view.streamed[0];
+  T* vs = view.streamed[1];
+  float* lse_s = view.lse;
+  float* delta_s = view.delta;
+  float* sc = view.s;   // S: [query, key]
+  float* dp = view.dp;  // dP
+  T* ds = view.ds;      // dS, rounded
 
   const size_t b = blockIdx.x / s.num_heads, h = blockIdx.x % s.num_heads, g = h / s.group;
   const size_t tiles = (s.seq + kTile - 1) / kTile;
@@ -405,11 +443,7 @@ __global__ void __launch_bounds__(kThreads)
   const size_t stat_base = (b * s.num_heads + h) * s.seq;
   LoadTile<T, D>(q + q_base, s.q_stride, q0, s.seq, qs);
   LoadTile<T, D>(dout + q_base, s.q_stride, q0, s.seq, dos);
-  for (int i = static_cast<int>(threadIdx.x); i < kTile; i += kThreads) {
-    const size_t row = q0 + static_cast<size_t>(i);
-    lse_s[i] = row < s.seq ? lse[stat_base + row] : 0.0f;
-    delta_s[i] = row < s.seq ? delta[stat_base + row] : 0.0f;
-  }
+  LoadStats(lse, delta, stat_base, q0, s.seq, lse_s, delta_s);
 
   FragAcc dq_acc[D / kFrag];
 #pragma unroll

@@ -105,6 +105,8 @@ std::string Label(const std::string& what, DType dtype) {
   return what + " " + std::string(device::DTypeName(dtype));
 }
 
+struct AttentionCase;  // the attention tests' shapes
+
 // ---- the fixture --------------------------------------------------------------------------------
 
 class CudaOpsGpuTest : public ::testing::Test {
@@ -130,6 +132,10 @@ class CudaOpsGpuTest : public ::testing::Test {
   }
 
   cuda::OpsContext* context() { return context_.get(); }
+
+  // Defined with the attention tests.
+  void CheckAttention(const AttentionCase& c, DType precision, DType cpu_rounding,
+                      double out_tol, double grad_tol, uint32_t seed);
 
   // Device memory for n elements (at least one), freed by TearDown.
   template <typename T>
@@ -361,63 +367,94 @@ TEST_F(CudaOpsGpuTest, RopeMatchesTheCpu) {
 
 // ---- Attention ----------------------------------------------------------------------------------
 
-TEST_F(CudaOpsGpuTest, AttentionMatchesTheCpuAndIsDeterministic) {
-  struct Shape {
-    size_t batch, seq, heads, kv_heads, head_dim;
+struct AttentionCase {
+  size_t batch, seq, heads, kv_heads, head_dim;
+  std::string Name() const {
+    return "b" + std::to_string(batch) + " s" + std::to_string(seq) + " h" +
+           std::to_string(heads) + "/" + std::to_string(kv_heads) + " d" +
+           std::to_string(head_dim);
+  }
+};
+
+// x rounded to `dtype` and back (the identity for fp32).
+std::vector<float> RoundedTo(const std::vector<float>& x, DType dtype) {
+  if (dtype == DType::kF32) return x;
+  std::vector<uint8_t> bytes(x.size() * device::DTypeSize(dtype));
+  std::vector<float> back(x.size());
+  device::ConvertHost(x.data(), DType::kF32, bytes.data(), dtype, x.size());
+  device::ConvertHost(bytes.data(), dtype, back.data(), DType::kF32, x.size());
+  return back;
+}
+
+// Attention forward and backward of `c` on the GPU in `precision` against the CPU, whose q, k, v
+// and dout are first rounded to `cpu_rounding` (what the GPU kernels see): the output and lse
+// within out_tol, the gradients within grad_tol. dq, dk and dv start as garbage (they are
+// overwritten), and a second run gives the same bits.
+void CudaOpsGpuTest::CheckAttention(const AttentionCase& c, DType precision, DType cpu_rounding,
+                                    double out_tol, double grad_tol, uint32_t seed) {
+  const std::string shape = Label(c.Name(), precision);
+  const size_t q_n = c.batch * c.seq * c.heads * c.head_dim;
+  const size_t kv_n = c.batch * c.seq * c.kv_heads * c.head_dim;
+  const size_t lse_n = c.batch * c.heads * c.seq;
+  const auto q = RandomVector(q_n, seed);
+  const auto k = RandomVector(kv_n, seed + 1);
+  const auto v = RandomVector(kv_n, seed + 2);
+  const auto dout = RandomVector(q_n, seed + 3);
+  const auto rq = RoundedTo(q, cpu_rounding), rk = RoundedTo(k, cpu_rounding),
+             rv = RoundedTo(v, cpu_rounding), rdout = RoundedTo(dout, cpu_rounding);
+  std::vector<float> out_cpu(q_n), lse_cpu(lse_n), dq_cpu(q_n), dk_cpu(kv_n), dv_cpu(kv_n);
+  cpu::AttentionForward(rq.data(), rk.data(), rv.data(), c.batch, c.seq, c.heads, c.kv_heads,
+                        c.head_dim, out_cpu.data(), lse_cpu.data());
+  cpu::AttentionBackward(rq.data(), rk.data(), rv.data(), out_cpu.data(), lse_cpu.data(),
+                         rdout.data(), c.batch, c.seq, c.heads, c.kv_heads, c.head_dim,
+                         dq_cpu.data(), dk_cpu.data(), dv_cpu.data());
+
+  const cuda::DType p = cuda::ToCudaDType(precision);
+  const float* d_q = Upload(q);
+  const float* d_k = Upload(k);
+  const float* d_v = Upload(v);
+  const float* d_dout = Upload(dout);
+  float* d_out = Alloc<float>(q_n);
+  float* d_lse = Alloc<float>(lse_n);
+  float* d_dq = Upload(RandomVector(q_n, seed + 4));
+  float* d_dk = Upload(RandomVector(kv_n, seed + 5));
+  float* d_dv = Upload(RandomVector(kv_n, seed + 6));
+  auto forward = [&] {
+    return cuda::AttentionForward(context(), d_q, d_k, d_v, c.batch, c.seq, c.heads, c.kv_heads,
+                                  c.head_dim, d_out, d_lse, p);
   };
+  auto backward = [&] {
+    return cuda::AttentionBackward(context(), d_q, d_k, d_v, d_out, d_lse, d_dout, c.batch, c.seq,
+                                   c.heads, c.kv_heads, c.head_dim, d_dq, d_dk, d_dv, p);
+  };
+  ASSERT_OP_OK(forward());
+  const std::vector<float> out_gpu = Download(d_out, q_n);
+  ExpectClose("attention out " + shape, out_gpu, out_cpu, out_tol);
+  ExpectClose("attention lse " + shape, Download(d_lse, lse_n), lse_cpu, out_tol);
+  ASSERT_OP_OK(backward());
+  const std::vector<float> dq_gpu = Download(d_dq, q_n);
+  const std::vector<float> dk_gpu = Download(d_dk, kv_n);
+  const std::vector<float> dv_gpu = Download(d_dv, kv_n);
+  ExpectClose("attention dq " + shape, dq_gpu, dq_cpu, grad_tol);
+  ExpectClose("attention dk " + shape, dk_gpu, dk_cpu, grad_tol);
+  ExpectClose("attention dv " + shape, dv_gpu, dv_cpu, grad_tol);
+
+  ASSERT_OP_OK(forward());
+  ExpectBitEqual("attention out rerun " + shape, Download(d_out, q_n), out_gpu);
+  ASSERT_OP_OK(backward());
+  ExpectBitEqual("attention dq rerun " + shape, Download(d_dq, q_n), dq_gpu);
+  ExpectBitEqual("attention dk rerun " + shape, Download(d_dk, kv_n), dk_gpu);
+  ExpectBitEqual("attention dv rerun " + shape, Download(d_dv, kv_n), dv_gpu);
+}
+
+TEST_F(CudaOpsGpuTest, AttentionMatchesTheCpuAndIsDeterministic) {
   // Head dims cover each register tile (<= 32, 64, 128, 256 per warp), full and partial; the
   // head counts cover multi-head, grouped-query and multi-query attention. (No seq = 1: its
   // gradients are pure rounding noise, dS = P (dO.V - dO.O) with P = 1 and O = V.)
-  for (const Shape s : {Shape{2, 7, 4, 2, 16}, Shape{1, 33, 4, 1, 64}, Shape{2, 20, 2, 2, 72},
-                        Shape{1, 9, 2, 1, 256}, Shape{1, 2, 1, 1, 2}}) {
-    const std::string shape = "b" + std::to_string(s.batch) + " s" + std::to_string(s.seq) + " h" +
-                              std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " d" +
-                              std::to_string(s.head_dim);
-    const size_t q_n = s.batch * s.seq * s.heads * s.head_dim;
-    const size_t kv_n = s.batch * s.seq * s.kv_heads * s.head_dim;
-    const size_t lse_n = s.batch * s.heads * s.seq;
-    const auto q = RandomVector(q_n, 50);
-    const auto k = RandomVector(kv_n, 51);
-    const auto v = RandomVector(kv_n, 52);
-    const auto dout = RandomVector(q_n, 53);
-    std::vector<float> out_cpu(q_n), lse_cpu(lse_n), dq_cpu(q_n), dk_cpu(kv_n), dv_cpu(kv_n);
-    cpu::AttentionForward(q.data(), k.data(), v.data(), s.batch, s.seq, s.heads, s.kv_heads,
-                          s.head_dim, out_cpu.data(), lse_cpu.data());
-    cpu::AttentionBackward(q.data(), k.data(), v.data(), out_cpu.data(), lse_cpu.data(),
-                           dout.data(), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
-                           dq_cpu.data(), dk_cpu.data(), dv_cpu.data());
-
-    const float* d_q = Upload(q);
-    const float* d_k = Upload(k);
-    const float* d_v = Upload(v);
-    const float* d_dout = Upload(dout);
-    float* d_out = Alloc<float>(q_n);
-    float* d_lse = Alloc<float>(lse_n);
-    ASSERT_OP_OK(cuda::AttentionForward(context(), d_q, d_k, d_v, s.batch, s.seq, s.heads,
-                                        s.kv_heads, s.head_dim, d_out, d_lse));
-    const std::vector<float> out_gpu = Download(d_out, q_n);
-    ExpectClose("attention out " + shape, out_gpu, out_cpu, kF32Tolerance);
-    ExpectClose("attention lse " + shape, Download(d_lse, lse_n), lse_cpu, kF32Tolerance);
-
-    // dk and dv start as garbage: they are overwritten.
-    float* d_dq = Alloc<float>(q_n);
-    float* d_dk = Upload(RandomVector(kv_n, 54));
-    float* d_dv = Upload(RandomVector(kv_n, 55));
-    ASSERT_OP_OK(cuda::AttentionBackward(context(), d_q, d_k, d_v, d_out, d_lse, d_dout, s.batch,
-                                         s.seq, s.heads, s.kv_heads, s.head_dim, d_dq, d_dk, d_dv));
-    const std::vector<float> dq_gpu = Download(d_dq, q_n);
-    const std::vector<float> dk_gpu = Download(d_dk, kv_n);
-    const std::vector<float> dv_gpu = Download(d_dv, kv_n);
-    ExpectClose("attention dq " + shape, dq_gpu, dq_cpu, kF32Tolerance);
-    ExpectClose("attention dk " + shape, dk_gpu, dk_cpu, kF32Tolerance);
-    ExpectClose("attention dv " + shape, dv_gpu, dv_cpu, kF32Tolerance);
-
-    // A second run gives the same bits.
-    ASSERT_OP_OK(cuda::AttentionBackward(context(), d_q, d_k, d_v, d_out, d_lse, d_dout, s.batch,
-                                         s.seq, s.heads, s.kv_heads, s.head_dim, d_dq, d_dk, d_dv));
-    ExpectBitEqual("attention dq rerun " + shape, Download(d_dq, q_n), dq_gpu);
-    ExpectBitEqual("attention dk rerun " + shape, Download(d_dk, kv_n), dk_gpu);
-    ExpectBitEqual("attention dv rerun " + shape, Download(d_dv, kv_n), dv_gpu);
+  for (const AttentionCase& c : {AttentionCase{2, 7, 4, 2, 16}, AttentionCase{1, 33, 4, 1, 64},
+                                 AttentionCase{2, 20, 2, 2, 72}, AttentionCase{1, 9, 2, 1, 256},
+                                 AttentionCase{1, 2, 1, 1, 2}}) {
+    CheckAttention(c, DType::kF32, DType::kF32, kF32Tolerance, kF32Tolerance, 50);
   }
 }
 
@@ -428,83 +465,17 @@ TEST_F(CudaOpsGpuTest, AttentionMatchesTheCpuAndIsDeterministic) {
 // gradients. Shapes cover one exact tile, partial tiles (seq 100, 130, 3), grouped-query and
 // multi-query heads. A head_dim the tiled kernels do not take (72) runs the exact kernels.
 TEST_F(CudaOpsGpuTest, AttentionOnTensorCoresMatchesTheCpuOnRoundedInputs) {
-  struct Shape {
-    size_t batch, seq, heads, kv_heads, head_dim;
-  };
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     const double grad_tol = dtype == DType::kBF16 ? 3e-2 : 1e-2;
-    for (const Shape s : {Shape{1, 64, 2, 2, 64}, Shape{2, 100, 4, 2, 64},
-                          Shape{1, 130, 2, 1, 128}, Shape{1, 3, 2, 1, 128},
-                          Shape{1, 20, 2, 2, 72}}) {
-      const bool tiled = s.head_dim == 64 || s.head_dim == 128;
-      const std::string shape =
-          Label("b" + std::to_string(s.batch) + " s" + std::to_string(s.seq) + " h" +
-                    std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " d" +
-                    std::to_string(s.head_dim),
-                dtype);
-      const size_t q_n = s.batch * s.seq * s.heads * s.head_dim;
-      const size_t kv_n = s.batch * s.seq * s.kv_heads * s.head_dim;
-      const size_t lse_n = s.batch * s.heads * s.seq;
-      const auto q = RandomVector(q_n, 60);
-      const auto k = RandomVector(kv_n, 61);
-      const auto v = RandomVector(kv_n, 62);
-      const auto dout = RandomVector(q_n, 63);
-      // What the tiled kernels see; the exact kernels see the inputs as they are.
-      auto rounded = [&](const std::vector<float>& x) {
-        if (!tiled) return x;
-        std::vector<uint8_t> bytes(x.size() * device::DTypeSize(dtype));
-        std::vector<float> back(x.size());
-        device::ConvertHost(x.data(), DType::kF32, bytes.data(), dtype, x.size());
-        device::ConvertHost(bytes.data(), dtype, back.data(), DType::kF32, x.size());
-        return back;
-      };
-      const auto rq = rounded(q), rk = rounded(k), rv = rounded(v), rdout = rounded(dout);
-      std::vector<float> out_cpu(q_n), lse_cpu(lse_n), dq_cpu(q_n), dk_cpu(kv_n), dv_cpu(kv_n);
-      cpu::AttentionForward(rq.data(), rk.data(), rv.data(), s.batch, s.seq, s.heads, s.kv_heads,
-                            s.head_dim, out_cpu.data(), lse_cpu.data());
-      cpu::AttentionBackward(rq.data(), rk.data(), rv.data(), out_cpu.data(), lse_cpu.data(),
-                             rdout.data(), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
-                             dq_cpu.data(), dk_cpu.data(), dv_cpu.data());
-      const double out_tol = tiled ? 1e-2 : kF32Tolerance;
-      const double dgrad_tol = tiled ? grad_tol : kF32Tolerance;
-
-      const cuda::DType precision = cuda::ToCudaDType(dtype);
-      const float* d_q = Upload(q);
-      const float* d_k = Upload(k);
-      const float* d_v = Upload(v);
-      const float* d_dout = Upload(dout);
-      float* d_out = Alloc<float>(q_n);
-      float* d_lse = Alloc<float>(lse_n);
-      ASSERT_OP_OK(cuda::AttentionForward(context(), d_q, d_k, d_v, s.batch, s.seq, s.heads,
-                                          s.kv_heads, s.head_dim, d_out, d_lse, precision));
-      const std::vector<float> out_gpu = Download(d_out, q_n);
-      ExpectClose("attention out " + shape, out_gpu, out_cpu, out_tol);
-      ExpectClose("attention lse " + shape, Download(d_lse, lse_n), lse_cpu, out_tol);
-
-      // dq, dk and dv start as garbage: they are overwritten.
-      float* d_dq = Upload(RandomVector(q_n, 64));
-      float* d_dk = Upload(RandomVector(kv_n, 65));
-      float* d_dv = Upload(RandomVector(kv_n, 66));
-      ASSERT_OP_OK(cuda::AttentionBackward(context(), d_q, d_k, d_v, d_out, d_lse, d_dout,
-                                           s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, d_dq,
-                                           d_dk, d_dv, precision));
-      const std::vector<float> dq_gpu = Download(d_dq, q_n);
-      const std::vector<float> dk_gpu = Download(d_dk, kv_n);
-      const std::vector<float> dv_gpu = Download(d_dv, kv_n);
-      ExpectClose("attention dq " + shape, dq_gpu, dq_cpu, dgrad_tol);
-      ExpectClose("attention dk " + shape, dk_gpu, dk_cpu, dgrad_tol);
-      ExpectClose("attention dv " + shape, dv_gpu, dv_cpu, dgrad_tol);
-
-      // Deterministic: a second run gives the same bits.
-      ASSERT_OP_OK(cuda::AttentionForward(context(), d_q, d_k, d_v, s.batch, s.seq, s.heads,
-                                          s.kv_heads, s.head_dim, d_out, d_lse, precision));
-      ExpectBitEqual("attention out rerun " + shape, Download(d_out, q_n), out_gpu);
-      ASSERT_OP_OK(cuda::AttentionBackward(context(), d_q, d_k, d_v, d_out, d_lse, d_dout,
-                                           s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, d_dq,
-                                           d_dk, d_dv, precision));
-      ExpectBitEqual("attention dq rerun " + shape, Download(d_dq, q_n), dq_gpu);
-      ExpectBitEqual("attention dk rerun " + shape, Download(d_dk, kv_n), dk_gpu);
-      ExpectBitEqual("attention dv rerun " + shape, Download(d_dv, kv_n), dv_gpu);
+    for (const AttentionCase& c :
+         {AttentionCase{1, 64, 2, 2, 64}, AttentionCase{2, 100, 4, 2, 64},
+          AttentionCase{1, 130, 2, 1, 128}, AttentionCase{1, 3, 2, 1, 128},
+          AttentionCase{1, 20, 2, 2, 72}}) {
+      if (c.head_dim == 64 || c.head_dim == 128) {
+        CheckAttention(c, dtype, dtype, 1e-2, grad_tol, 60);
+      } else {
+        CheckAttention(c, dtype, DType::kF32, kF32Tolerance, kF32Tolerance, 60);
+      }
     }
   }
 }
