@@ -27,10 +27,11 @@
 // cross-entropy over the micro-batch's (non-ignored) targets. A bad token or target is an
 // InvalidArgument error naming it (on CUDA, reported by EndMicroBatch).
 //
-// Memory per micro-batch of T = micro_batch * seq_len tokens (fp32): (L + 10) T H for the block
-// inputs and a block's internals and gradients, 5 T I for the MLP, T V for the logits (their
-// gradient reuses them), plus the attention's log-sum-exp; no [seq, seq] score matrix exists on
-// either device (LlamaActivationBytes gives the exact figure).
+// Device memory per micro-batch of T = micro_batch * seq_len tokens (fp32): (L + 14) T H for the
+// block inputs and a block's internals and gradients, 4 T kv, 5 T I for the MLP, T V for the
+// logits (their gradient reuses them), plus the attention's log-sum-exp (LlamaActivationBytes
+// gives the exact figure; docs/model.md the table). No [seq, seq] score matrix lives in device
+// memory; the CPU ops keep one row's worth per call (host scratch of up to 8 seq^2 bytes).
 #pragma once
 
 #include <cstdint>
