@@ -80,8 +80,8 @@ Result<std::unique_ptr<NvmeLayout>> NvmeLayout::Create(io::BlockStore& store,
     layout->total_bytes_ += bytes;
     Result<io::FileInfo> info = store.Info(*file);
     if (info.ok()) layout->direct_ = info->direct;
-    STRATA_LOG(debug, offload, "NVMe file for '{}' state: {} over {} path(s), {}", cls,
-               spec.paths.front(), spec.paths.size(), FormatBytes(bytes));
+    STRATA_LOG(debug, offload, "NVMe file for '{}' state: {} over {} path(s), {} ({} B)", cls,
+               spec.paths.front(), spec.paths.size(), FormatBytes(bytes), bytes);
   }
   for (const auto& [cls, e] : pending) layout->slots_[e.id].file = file_of_class[cls];
   return layout;

@@ -20,6 +20,9 @@ void RegisterDataCommand(CLI::App& app, int* exit_code);
 // `strata checkpoint`: checkpoint tools (`strata checkpoint verify DIR` checks its checksums).
 void RegisterCheckpointCommand(CLI::App& app, int* exit_code);
 
+// `strata estimate`: what a train run would allocate per rank and tier (train/estimate.h).
+void RegisterEstimateCommand(CLI::App& app, int* exit_code);
+
 // `strata train`: trains a Llama-family model with the ZeRO engine (train/trainer.h).
 void RegisterTrainCommand(CLI::App& app, int* exit_code);
 

@@ -157,6 +157,30 @@ struct EngineStats {
   double prefetch_hit_rate = 0.0;
 };
 
+// One line of a memory plan.
+struct MemoryPlanItem {
+  std::string what;
+  uint64_t bytes = 0;
+};
+
+// Engine::PlanMemory's answer, per rank.
+struct EngineMemoryPlan {
+  // Device memory held from Create to the end of the run (parameters, gradients, optimizer
+  // states, the reduction bucket), each as the device allocator charges it.
+  std::vector<MemoryPlanItem> device;
+  // Device memory a step adds at its peak: gathered units and per-unit gradients (bounded by the
+  // live-buffer limit), persistent stage-3 units, and cached copies of offloaded parameter shards.
+  std::vector<MemoryPlanItem> device_step;
+  uint64_t pinned_pool = 0;      // PlanPinnedPoolBytes: the pool strata.memory.pinned_pool "auto" makes
+  uint64_t nvme_param_file = 0;  // strata.rank<r>.param.swap, when parameters are on NVMe
+  uint64_t nvme_optim_file = 0;  // strata.rank<r>.optim.swap, when the optimizer is on NVMe
+  // Host memory outside every budget while random initialisation builds the largest unit: the
+  // whole unit in fp32 and in the compute dtype, on every rank.
+  uint64_t init_host_bytes = 0;
+
+  uint64_t device_total() const;  // every item of `device` and `device_step`
+};
+
 class Engine {
  public:
   // Validates the options and the model (layouts), creates streams, tier managers, and
@@ -174,6 +198,14 @@ class Engine {
   static Result<uint64_t> PlanPinnedPoolBytes(
       const std::vector<UnitSpec>& units, const Config& config, int world_size,
       int optimizer_pipeline_depth = 4, device::DeviceType device_type = device::DeviceType::kCpu);
+
+  // What the engine allocates per rank for `units` on `world_size` ranks with `config`, by tier,
+  // with the formulas of Create and the step (docs/planning.md), without allocating anything.
+  // `shared[u]`: the earlier units unit u ties to (Model::SharedUnits; empty when none).
+  static Result<EngineMemoryPlan> PlanMemory(
+      const std::vector<UnitSpec>& units, const std::vector<std::vector<int>>& shared,
+      const Config& config, int world_size, int optimizer_pipeline_depth = 4,
+      device::DeviceType device_type = device::DeviceType::kCpu);
 
   // One optimizer step over `micro_batches` (gradient_accumulation_steps of them, this rank's).
   Result<StepResult> TrainStep(std::span<const Batch* const> micro_batches);

@@ -1,0 +1,113 @@
+#include "train/estimate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/units.h"
+#include "model/llama_model.h"
+#include "model/llama_ops.h"
+
+namespace strata::train {
+
+uint64_t MemoryEstimate::device_peak() const {
+  return activations + workspace + rank_agreement + engine.device_total();
+}
+
+Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
+  if (in.world_size < 1) {
+    return InvalidArgumentError(fmt::format("world size {}: expected at least 1", in.world_size));
+  }
+  STRATA_ASSIGN_OR_RETURN(BatchSizes batch, ResolveBatchSizes(in.config.batch, in.world_size));
+  MemoryEstimate e;
+  e.world_size = in.world_size;
+  e.seq_len = in.seq_len > 0 ? in.seq_len
+                             : std::min<int64_t>(256, in.model.max_position_embeddings);
+  e.micro_batch = batch.train_micro_batch_size_per_gpu;
+  e.parameters = static_cast<uint64_t>(in.model.ParameterCount());
+  // The model (llama_model.cc SetUp): one device block for every activation, the CUDA ops'
+  // workspace beside it; both charged rounded up to 256 bytes.
+  auto charged = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  e.activations = charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch));
+  if (in.device == device::DeviceType::kCuda) {
+    model::LlamaOpsShape shape;
+    shape.batch = static_cast<size_t>(e.micro_batch);
+    shape.seq = static_cast<size_t>(e.seq_len);
+    shape.hidden = static_cast<size_t>(in.model.hidden_size);
+    shape.kv_dim = static_cast<size_t>(in.model.kv_dim());
+    shape.intermediate = static_cast<size_t>(in.model.intermediate_size);
+    shape.vocab = static_cast<size_t>(in.model.vocab_size);
+    shape.num_heads = static_cast<size_t>(in.model.num_attention_heads);
+    shape.head_dim = static_cast<size_t>(in.model.head_dim());
+    e.workspace = charged(model::CudaLlamaOpsWorkspaceBytes(shape));
+  }
+  // The trainer's stop agreement (RankGather), on several ranks.
+  if (in.world_size > 1) e.rank_agreement = charged(static_cast<uint64_t>(in.world_size) * 4);
+
+  const int n = model::LlamaNumUnits(in.model);
+  std::vector<zero::UnitSpec> units;
+  std::vector<std::vector<int>> shared(static_cast<size_t>(n));
+  for (int u = 0; u < n; ++u) {
+    units.push_back({fmt::format("unit {}", u), model::LlamaUnitParams(in.model, u)});
+  }
+  if (in.model.tie_word_embeddings && n > 1) shared.back() = {0};  // LlamaModel::SharedUnits
+  const int depth = static_cast<int>(
+      std::clamp<int64_t>(in.config.zero.offload_optimizer.buffer_count, 3, 1024));
+  STRATA_ASSIGN_OR_RETURN(e.engine, zero::Engine::PlanMemory(units, shared, in.config,
+                                                             in.world_size, depth, in.device));
+  return e;
+}
+
+namespace {
+
+std::string Line(std::string_view what, uint64_t bytes) {
+  return fmt::format("  {:<72} {:>12}\n", what, FormatBytes(bytes));
+}
+
+}  // namespace
+
+std::string FormatMemoryEstimate(const MemoryEstimate& e) {
+  std::string out = fmt::format(
+      "memory per rank: {:.1f}M parameters, {} rank(s), micro-batch {} x {} tokens\n",
+      static_cast<double>(e.parameters) / 1e6, e.world_size, e.micro_batch, e.seq_len);
+  out += "device\n";
+  out += Line("activations (one micro-batch, recomputed per block)", e.activations);
+  if (e.workspace > 0) out += Line("CUDA op workspace", e.workspace);
+  if (e.rank_agreement > 0) out += Line("per-step rank agreement", e.rank_agreement);
+  for (const auto& i : e.engine.device) out += Line(i.what, i.bytes);
+  for (const auto& i : e.engine.device_step) out += Line("step: " + i.what, i.bytes);
+  out += Line("device peak", e.device_peak());
+  out += "pinned host\n";
+  out += Line("pinned pool (strata.memory.pinned_pool \"auto\")", e.engine.pinned_pool);
+  out += "NVMe (per rank)\n";
+  out += Line("parameter swap file", e.engine.nvme_param_file);
+  out += Line("optimizer swap file", e.engine.nvme_optim_file);
+  out += "host memory outside the budgets\n";
+  out += Line("random initialisation of the largest unit (set-up only)", e.engine.init_host_bytes);
+  return out;
+}
+
+nlohmann::json MemoryEstimateJson(const MemoryEstimate& e) {
+  auto items = [](const std::vector<zero::MemoryPlanItem>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& i : v) a.push_back({{"what", i.what}, {"bytes", i.bytes}});
+    return a;
+  };
+  return {{"world_size", e.world_size},
+          {"seq_len", e.seq_len},
+          {"micro_batch", e.micro_batch},
+          {"parameters", e.parameters},
+          {"device",
+           {{"peak_bytes", e.device_peak()},
+            {"activations_bytes", e.activations},
+            {"workspace_bytes", e.workspace},
+            {"rank_agreement_bytes", e.rank_agreement},
+            {"engine", items(e.engine.device)},
+            {"step", items(e.engine.device_step)}}},
+          {"pinned_pool_bytes", e.engine.pinned_pool},
+          {"nvme", {{"param_file_bytes", e.engine.nvme_param_file},
+                    {"optim_file_bytes", e.engine.nvme_optim_file}}},
+          {"host_init_bytes", e.engine.init_host_bytes}};
+}
+
+}  // namespace strata::train

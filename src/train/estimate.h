@@ -1,0 +1,48 @@
+// What a `strata train` run allocates per rank, by tier, before it allocates anything: the
+// model's activations and op workspace, the engine's states and step buffers
+// (zero::Engine::PlanMemory), the pinned pool, the NVMe swap files. The memory half of
+// `strata estimate` (issue 20; docs/planning.md gives the formulas and how they were checked).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/llama_config.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/status.h"
+#include "zero/engine.h"
+
+namespace strata::train {
+
+struct EstimateInput {
+  model::LlamaConfig model;
+  Config config;
+  int world_size = 1;
+  int64_t seq_len = 0;  // 0: as strata train, min(256, max_position_embeddings)
+  device::DeviceType device = device::DeviceType::kCpu;
+};
+
+struct MemoryEstimate {
+  int world_size = 1;
+  int64_t seq_len = 0;
+  int64_t micro_batch = 0;
+  uint64_t parameters = 0;      // the model's
+  uint64_t activations = 0;     // LlamaActivationBytes (device)
+  uint64_t workspace = 0;       // the CUDA ops' workspace (device; 0 on the CPU device)
+  uint64_t rank_agreement = 0;  // the trainer's per-step agreement buffer (device, several ranks)
+  zero::EngineMemoryPlan engine;
+
+  // The device allocator's peak per rank: what `device_peak_bytes` in --metrics reports.
+  uint64_t device_peak() const;
+};
+
+Result<MemoryEstimate> EstimateMemory(const EstimateInput& input);
+
+// The table for people (one line per item, per tier, with totals) and the JSON for tools.
+std::string FormatMemoryEstimate(const MemoryEstimate& estimate);
+nlohmann::json MemoryEstimateJson(const MemoryEstimate& estimate);
+
+}  // namespace strata::train

@@ -1,0 +1,135 @@
+// Engine::PlanMemory: the engine's allocations as formulas (docs/planning.md, "the inventory").
+// Each term names the code it mirrors; a change to an allocation in engine.cc or engine_step.cc
+// must change its term here (EstimateTest compares the two on real runs).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "device/pinned_pool.h"
+#include "zero/engine.h"
+#include "zero/engine_internal.h"
+
+namespace strata::zero {
+
+uint64_t EngineMemoryPlan::device_total() const {
+  uint64_t total = 0;
+  for (const MemoryPlanItem& i : device) total += i.bytes;
+  for (const MemoryPlanItem& i : device_step) total += i.bytes;
+  return total;
+}
+
+Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
+                                            const std::vector<std::vector<int>>& shared,
+                                            const Config& config, int world_size,
+                                            int optimizer_pipeline_depth,
+                                            device::DeviceType device_type) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
+  const int stage = config.zero.stage;
+  const uint64_t csz = device::DTypeSize(ComputeDType(config));
+  const Tier param_home = stage == 3 ? HomeOf(config.zero.offload_param.device) : Tier::kDevice;
+  const Tier optim_home =
+      stage == 0 ? Tier::kDevice : HomeOf(config.zero.offload_optimizer.device);
+  const bool cpu_optimizer = optim_home != Tier::kDevice;
+  const bool share = SharesHostMemory(config, device_type);
+  // Device::Alloc charges each block rounded up to 256 bytes.
+  auto charged = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  auto cls = [](uint64_t bytes) {
+    return static_cast<uint64_t>(device::PinnedPool::SizeClass(bytes));
+  };
+
+  uint64_t padded_sum = 0, shard_sum = 0, max_padded = 0, full_params = 0, full_grads = 0,
+           adam = 0, grad_shards = 0, unit_init = 0;
+  uint64_t shard_classes = 0, largest_class = 0;
+  for (const UnitLayout& l : layouts) {
+    const auto padded = static_cast<uint64_t>(l.padded_numel());
+    const auto shard = static_cast<uint64_t>(l.shard_numel);
+    padded_sum += padded;
+    shard_sum += shard;
+    max_padded = std::max(max_padded, padded);
+    unit_init = std::max(unit_init, padded * (4 + csz));
+    shard_classes += cls(shard * csz);
+    largest_class = std::max(largest_class, cls(shard * csz));
+    // engine.cc, "Memory per stage".
+    if (stage <= 2) full_params += charged(padded * csz);
+    if (stage <= 1) full_grads += charged(padded * 4);
+    if (!cpu_optimizer) adam += 3 * charged((stage == 0 ? padded : shard) * 4);
+    if (!cpu_optimizer && stage >= 2) grad_shards += charged(shard * 4);
+  }
+
+  EngineMemoryPlan plan;
+  auto add = [](std::vector<MemoryPlanItem>& to, std::string what, uint64_t bytes) {
+    if (bytes > 0) to.push_back({std::move(what), bytes});
+  };
+  add(plan.device, fmt::format("gathered parameters ({} B per element)", csz), full_params);
+  add(plan.device, "fp32 gradient accumulators", full_grads);
+  add(plan.device, "AdamW master, exp_avg, exp_avg_sq (fp32)", adam);
+  add(plan.device, "fp32 gradient shards", grad_shards);
+  if (stage == 3 && param_home == Tier::kDevice) {
+    add(plan.device, "stage-3 parameter shards (homed on the device)", shard_sum * csz);
+  }
+  // The reduction bucket (engine.cc, "The reduction bucket").
+  if (stage >= 2 && world_size > 1 && layouts.size() > 1) {
+    const int64_t per_rank = std::max<int64_t>(config.zero.reduce_bucket_size / world_size, 1);
+    int64_t small = 0;
+    for (const UnitLayout& l : layouts) {
+      if (l.shard_numel <= per_rank) small += l.shard_numel;
+    }
+    const int64_t cap = std::min(per_rank, small);
+    if (cap > 0) {
+      add(plan.device, "gradient reduction bucket",
+          charged(static_cast<uint64_t>(cap) * static_cast<uint64_t>(world_size) * 4));
+    }
+  }
+  add(plan.device, "step scalars", charged(16));
+
+  // The step's transients (engine_step.cc AllocLive): gathered units (stage 3) and per-unit fp32
+  // gradients, up to the live-buffer limit (engine.cc, "Transient buffers").
+  uint64_t shared_live = 0, tied_extra = 0;
+  for (size_t u = 0; u < shared.size() && u < layouts.size(); ++u) {
+    for (const int s : shared[u]) {
+      if (s < 0 || static_cast<size_t>(s) >= layouts.size()) {
+        return InvalidArgumentError(fmt::format("unit {} shares unit {}, which does not exist", u, s));
+      }
+      const auto p = static_cast<uint64_t>(layouts[static_cast<size_t>(s)].padded_numel());
+      shared_live += p * 12;
+      tied_extra += p * (stage == 3 ? csz + 4 : 4);
+    }
+  }
+  const uint64_t per_element = (stage == 3 ? 2 * csz : 0) + 4;
+  const uint64_t configured =
+      stage == 3 ? static_cast<uint64_t>(config.zero.stage3_max_live_parameters) * csz : 0;
+  const uint64_t max_live =
+      std::max<uint64_t>(configured, 2 * max_padded * ((stage == 3 ? csz : 0) + 4)) + shared_live;
+  const uint64_t wanted = padded_sum * per_element + tied_extra;
+  add(plan.device_step,
+      stage == 3 ? "gathered units and fp32 gradients of a micro-batch (live-buffer limit)"
+                 : "per-unit fp32 gradients in flight (live-buffer limit)",
+      std::min(max_live, wanted));
+  if (stage == 3) {
+    uint64_t persistent = 0;
+    for (const UnitLayout& l : layouts) {
+      if (l.numel < config.zero.stage3_param_persistence_threshold) {
+        persistent += static_cast<uint64_t>(l.padded_numel()) * csz;
+      }
+    }
+    add(plan.device_step, "persistent small units (stage3_param_persistence_threshold)",
+        persistent);
+    if (param_home != Tier::kDevice && !share) {
+      add(plan.device_step, "device copies of offloaded parameter shards (prefetch budget)",
+          OffloadedParamDeviceBudget(
+              shard_classes, largest_class,
+              offload::PrefetchOptions::FromConfig(config, csz).device_lookahead_bytes));
+    }
+  }
+
+  STRATA_ASSIGN_OR_RETURN(plan.pinned_pool,
+                          PlanPinnedPoolBytes(units, config, world_size, optimizer_pipeline_depth,
+                                              device_type));
+  // NVMe swap files (nvme_layout.cc): every slot is a multiple of 4 KiB already.
+  if (stage == 3 && param_home == Tier::kNvme) plan.nvme_param_file = shard_sum * csz;
+  if (cpu_optimizer && optim_home == Tier::kNvme) plan.nvme_optim_file = shard_sum * 12;
+  plan.init_host_bytes = unit_init;
+  return plan;
+}
+
+}  // namespace strata::zero
