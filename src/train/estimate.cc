@@ -58,6 +58,36 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   return e;
 }
 
+Status CheckDevicePlan(const MemoryEstimate& e, uint64_t budget, std::string* warning) {
+  warning->clear();
+  std::vector<zero::MemoryPlanItem> parts = {{"activations", e.activations},
+                                             {"CUDA op workspace", e.workspace}};
+  for (const auto& i : e.engine.device) parts.push_back(i);
+  uint64_t setup = e.rank_agreement;
+  for (const auto& i : parts) setup += i.bytes;
+  if (setup > budget) {
+    std::sort(parts.begin(), parts.end(),
+              [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+    std::string largest;
+    for (size_t i = 0; i < parts.size() && i < 3 && parts[i].bytes > 0; ++i) {
+      largest += fmt::format("{}{} {}", i == 0 ? "" : ", ", parts[i].what, FormatBytes(parts[i].bytes));
+    }
+    return ResourceExhaustedError(fmt::format(
+        "device memory: this run needs {} per rank before its first step ({}), more than the "
+        "device budget of {} (strata.memory.device_budget; `strata estimate` gives every part). "
+        "Offload parameters or optimizer states, raise the ZeRO stage or the rank count, or "
+        "shorten the micro-batch",
+        FormatBytes(setup), largest, FormatBytes(budget)));
+  }
+  if (e.device_peak() > budget) {
+    *warning = fmt::format(
+        "device memory: the step's gathered units and gradients may take the run to {} per rank, "
+        "above the device budget of {}; lower stage3_max_live_parameters if a step runs out",
+        FormatBytes(e.device_peak()), FormatBytes(budget));
+  }
+  return Status::Ok();
+}
+
 namespace {
 
 std::string Line(std::string_view what, uint64_t bytes) {

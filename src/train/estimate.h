@@ -41,6 +41,14 @@ struct MemoryEstimate {
 
 Result<MemoryEstimate> EstimateMemory(const EstimateInput& input);
 
+// The up-front check of `strata train` (before it allocates anything): the estimate's set-up
+// allocations (activations, workspace, the engine's states) against `device_budget`.
+// ResourceExhausted naming the need, its largest parts and the budget when they do not fit.
+// `*warning` is set (else cleared) when only the step's transients would go over (they depend
+// on how far the host runs ahead, so the run is not refused for them).
+Status CheckDevicePlan(const MemoryEstimate& estimate, uint64_t device_budget,
+                       std::string* warning);
+
 // The table for people (one line per item, per tier, with totals) and the JSON for tools.
 std::string FormatMemoryEstimate(const MemoryEstimate& estimate);
 nlohmann::json MemoryEstimateJson(const MemoryEstimate& estimate);

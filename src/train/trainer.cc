@@ -33,6 +33,7 @@
 #include "common/host_memory.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/estimate.h"
 #include "train/rank_gather.h"
 #include "train/runtime.h"
 #include "train/safetensors.h"
@@ -201,6 +202,21 @@ Status RunTraining(const TrainOptions& o) {
   }
   sopt.seed = seed;
   STRATA_ASSIGN_OR_RETURN(SequenceSampler sampler, SequenceSampler::Create(&data, sopt));
+
+  // The run's memory plan per rank (train/estimate.h, what `strata estimate` prints), against
+  // the device budget before anything is allocated.
+  {
+    EstimateInput plan_in;
+    plan_in.model = mcfg;
+    plan_in.config = config;
+    plan_in.world_size = world;
+    plan_in.seq_len = seq_len;
+    plan_in.device = dev->type();
+    STRATA_ASSIGN_OR_RETURN(const MemoryEstimate plan, EstimateMemory(plan_in));
+    std::string warning;
+    STRATA_RETURN_IF_ERROR(CheckDevicePlan(plan, dev->memory_stats().budget, &warning));
+    if (!warning.empty()) STRATA_LOG(warn, train, "{}", warning);
+  }
 
   // Model, store, pool, engine.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> llama,

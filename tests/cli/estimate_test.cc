@@ -150,6 +150,28 @@ TEST(EstimateTest, SwapFilesHaveTheEstimatedSizes) {
       << "the log does not give the optimizer file " << optim << " bytes:\n" << log;
 }
 
+// strata train checks the same plan before it allocates anything: a run whose set-up alone
+// exceeds the device budget is one error naming the need, its largest parts and the budget.
+TEST(EstimateTest, TrainRefusesAPlanOverTheDeviceBudgetUpFront) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "20k", "--vocab", "1024"}).exit_code,
+            0);
+  const std::string config = dir.file("ds.json");
+  {
+    std::ofstream out(config);
+    out << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 0},
+               "strata": {"memory": {"device_budget": "64MiB"}}})";
+  }
+  auto r = RunStrata({"train", "--config", config, "--model", "llama-20m", "--data", data,
+                      "--steps", "1", "--device", "cpu", "--save", dir.file("out")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("device memory: this run needs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("AdamW master, exp_avg, exp_avg_sq"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("device budget of 64.00 MiB"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("step 1"), std::string::npos) << r.out;
+}
+
 TEST(EstimateTest, BadInputIsOneClearError) {
   auto r = RunStrata({"estimate", "--model", "no-such-model"});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
