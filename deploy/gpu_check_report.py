@@ -300,6 +300,17 @@ def report(args, out):
             att_rows.append(row)
         bench["attention"] = att_rows
 
+        # Offload checksums' cost (strata nvme-bench --checksum-cost), issue 19's < 2% target.
+        ck, ck_err = load_json(os.path.join(steps_dir, "checksum_cost.json"))
+        cc = (ck or {}).get("checksum_cost") or {}
+        bench["checksum_cost"] = {
+            "write_cost": (cc.get("write") or {}).get("cost"),
+            "read_cost": (cc.get("read") or {}).get("cost"),
+            "write_plain_gb_per_s": (cc.get("write") or {}).get("plain_gb_per_s"),
+            "read_plain_gb_per_s": (cc.get("read") or {}).get("plain_gb_per_s"),
+            "hash_gb_per_s": cc.get("hash_gb_per_s"), "target": cc.get("target_cost", 0.02),
+            "met": cc.get("meets_target"), "error": ck_err}
+
         # One document per L (overlap_L<units>.json), merged.
         ov, ov_err, results = None, None, []
         paths = sorted(glob.glob(os.path.join(steps_dir, "overlap_L*.json")),
@@ -413,6 +424,15 @@ def report(args, out):
                           f"{fmt(r['forward_backward_speedup_over_pytorch'])} | "
                           f"{fmt(r['strata_forward_backward_tflops'], '.1f')} | "
                           f"{'; '.join(f'{k}: {v}' for k, v in r['errors'].items())} |")
+        k = bench.get("checksum_cost") or {}
+        if k:
+            md.append("")
+            md.append(f"Offload checksums (XXH3, {fmt(k['hash_gb_per_s'], '.1f')} GB/s per thread): "
+                      f"write cost {fmt(k['write_cost'], '.3f')} at {fmt(k['write_plain_gb_per_s'], '.2f')} GB/s, "
+                      f"read cost {fmt(k['read_cost'], '.3f')} at {fmt(k['read_plain_gb_per_s'], '.2f')} GB/s "
+                      f"(target < {k['target']}: "
+                      f"{'-' if k['met'] is None else ('met' if k['met'] else 'NOT met')})"
+                      + (f"; {k['error']}" if k["error"] else ""))
         o = bench["overlap"]
         md.append("")
         md.append(f"Overlap, NVMe -> pinned -> HBM with a cuBLAS GEMM per unit (store {o['store']}, "
