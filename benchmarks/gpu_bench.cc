@@ -191,6 +191,13 @@ Status CheckAttentionArgs(const AttentionArgs& a) {
       return InvalidArgumentError(fmt::format("{} {}: expected 1 to 2^20", name, value));
     }
   }
+  const double q_bytes = 4.0 * static_cast<double>(a.batch) * static_cast<double>(a.seq) *
+                        static_cast<double>(a.heads) * static_cast<double>(a.head_dim);
+  if (q_bytes > static_cast<double>(uint64_t{1} << 40)) {
+    return InvalidArgumentError(fmt::format(
+        "--batch {} --seq {} --heads {} --head-dim {}: q alone would take {:.0f} GB", a.batch,
+        a.seq, a.heads, a.head_dim, q_bytes / 1e9));
+  }
   if (a.heads % a.kv_heads != 0) {
     return InvalidArgumentError(fmt::format(
         "--heads {} is not a multiple of --kv-heads {}", a.heads, a.kv_heads));

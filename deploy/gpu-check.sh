@@ -444,7 +444,7 @@ run_check() {
     done
     # What offload checksums cost on this machine's disk with spare cores (issue 19's < 2% target,
     # which the 2-core development VMs cannot decide): interleaved rounds with and without.
-    local ck_args=(--size 2GiB --block 1MiB --qd 32 --rw both --checksum-cost 5)
+    local ck_args=(--size 1GiB --block 1MiB --qd 32 --rw both --checksum-cost 3)
     [ "$QUICK" = 1 ] && ck_args=(--size 64MiB --block 1MiB --qd 8 --rw both --checksum-cost 2)
     mkdir -p "$SCRATCH/nvme-bench"
     step_json checksum_cost 90 20 "$WORK/steps/checksum_cost.json" "${S[@]}" "$bin/strata" nvme-bench \
@@ -461,7 +461,7 @@ run_check() {
   local rc=0
   refresh || rc=$?
   pack || true
-  rm -rf "$SCRATCH/tests" "$SCRATCH/overlap" "$SCRATCH/carry"
+  rm -rf "$SCRATCH/tests" "$SCRATCH/overlap" "$SCRATCH/carry" "$SCRATCH/nvme-bench"
   FINAL_RC=$rc
   return "$rc"
 }
@@ -510,7 +510,7 @@ EOF
     strata_gpu_bench attention --batch 4 --seq 2048 --heads 32 --kv-heads 4 --head-dim 64,
     then --kv-heads 8 --head-dim 128 (bf16, tensor cores)         (forward, forward + backward)
     python3 benchmarks/gpu_peers.py attention (same shapes)       (scaled_dot_product_attention)
-    strata nvme-bench --size 2GiB --block 1MiB --qd 32 --checksum-cost 5 (offload checksums' cost)
+    strata nvme-bench --size 1GiB --block 1MiB --qd 32 --checksum-cost 3 (offload checksums' cost)
     strata_overlap_bench --device cuda --path $SCRATCH/overlap --units 32 --json, then 128
                                                                   (NVMe -> pinned -> HBM + cuBLAS)
     NCCL all-gather / reduce-scatter on one rank: the NcclGpuTest tests of step 2

@@ -10,19 +10,6 @@ namespace strata::model {
 
 namespace {
 
-cuda::WorkspaceShape ToCuda(const LlamaOpsShape& s) {
-  cuda::WorkspaceShape w;
-  w.batch = s.batch;
-  w.seq = s.seq;
-  w.hidden = s.hidden;
-  w.kv_dim = s.kv_dim;
-  w.intermediate = s.intermediate;
-  w.vocab = s.vocab;
-  w.num_heads = s.num_heads;
-  w.head_dim = s.head_dim;
-  return w;
-}
-
 cuda::Accumulate ToCuda(cpu::Accumulate a) {
   return a == cpu::Accumulate::kAdd ? cuda::Accumulate::kAdd : cuda::Accumulate::kOverwrite;
 }
@@ -127,10 +114,6 @@ class CudaLlamaOps final : public LlamaOps {
 };
 
 }  // namespace
-
-size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape& shape) {
-  return cuda::WorkspaceBytes(ToCuda(shape));
-}
 
 Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device& device,
                                                      device::Stream& stream,

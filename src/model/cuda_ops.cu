@@ -31,9 +31,6 @@ constexpr unsigned kWarpsPerBlock = kBlockThreads / 32;
 constexpr size_t kMaxBlocks = 4096;
 // Attention kernels: one warp per row, four warps per block.
 constexpr unsigned kAttentionWarps = 4;
-// RMSNorm's weight gradient: rows summed per partial.
-constexpr size_t kRmsNormRowsPerPartial = 64;
-constexpr size_t kWorkspaceAlignment = 256;
 
 unsigned GridFor(size_t n) {
   return static_cast<unsigned>(std::min(kMaxBlocks, (n + kBlockThreads - 1) / kBlockThreads));
@@ -265,25 +262,6 @@ OpError SetTf32(OpsContext* context, bool allow) {
   return CublasResult(cublasSetMathMode(context->cublas.get(),
                                         allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                       "cublasSetMathMode", "SetTf32");
-}
-
-size_t WorkspaceBytes(const WorkspaceShape& s) {
-  const size_t t = s.batch * s.seq;
-  // RMSNorm backward's per-chunk partial sums.
-  size_t most = ((t + kRmsNormRowsPerPartial - 1) / kRmsNormRowsPerPartial) * s.hidden *
-                sizeof(float);
-  // Linear layers with 16-bit weights: the activations (and output gradients) rounded to 16 bits.
-  const size_t pairs[][2] = {{s.hidden, s.hidden},       {s.hidden, s.kv_dim},
-                             {s.hidden, s.intermediate}, {s.intermediate, s.hidden},
-                             {s.hidden, s.vocab}};
-  for (const auto& p : pairs) {
-    most = std::max(most, AlignUp(t * p[0] * 2));                         // forward
-    most = std::max(most, AlignUp(t * p[1] * 2) + AlignUp(t * p[0] * 2));  // backward
-  }
-  most = std::max(most, 2 * AlignUp(s.seq * (s.head_dim / 2) * sizeof(float)));  // RoPE tables
-  most = std::max(most, AlignUp(s.batch * s.num_heads * s.seq * sizeof(float)));  // attention
-  most = std::max(most, AlignUp(t * sizeof(float)));                              // the loss
-  return AlignUp(std::max<size_t>(most, 1));
 }
 
 OpError UseWorkspace(OpsContext* context, void* workspace, size_t bytes) {

@@ -107,6 +107,11 @@ OpError CreateOpsContext(void* stream, OpsContextPtr* out);
 // device::Device budget.
 OpError ReserveWorkspace(OpsContext* context, size_t bytes);
 
+// The workspace's layout: every piece 256-byte aligned; RMSNorm's weight gradient sums rows in
+// partials of kRmsNormRowsPerPartial.
+inline constexpr size_t kWorkspaceAlignment = 256;
+inline constexpr size_t kRmsNormRowsPerPartial = 64;
+
 // The sizes of one decoder layer and its LM head, for WorkspaceBytes.
 struct WorkspaceShape {
   size_t batch = 0, seq = 0;  // tokens = batch * seq
@@ -115,6 +120,7 @@ struct WorkspaceShape {
 };
 // The most workspace any op of such a layer (and the head's loss) needs in one call, with any
 // weight dtype: a caller that gives the context this much (UseWorkspace) never sees it grow.
+// Host arithmetic (ops_workspace.cc), in every build: `strata estimate` sizes GPU runs anywhere.
 size_t WorkspaceBytes(const WorkspaceShape& shape);
 // Makes the caller's device memory [workspace, workspace + bytes) the context's workspace (the
 // caller allocates it under its own budget and keeps it until the context is destroyed). From

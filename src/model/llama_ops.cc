@@ -2,6 +2,8 @@
 // build without CUDA.
 #include "model/llama_ops.h"
 
+#include "model/cuda_ops.h"
+
 namespace strata::model {
 
 namespace {
@@ -105,7 +107,19 @@ Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device&, device::St
   return UnimplementedError("this build of Strata has no CUDA support (configure with the CUDA "
                             "toolkit to run the model on a GPU)");
 }
-size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape&) { return 0; }
 #endif
+
+size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape& s) {
+  cuda::WorkspaceShape w;
+  w.batch = s.batch;
+  w.seq = s.seq;
+  w.hidden = s.hidden;
+  w.kv_dim = s.kv_dim;
+  w.intermediate = s.intermediate;
+  w.vocab = s.vocab;
+  w.num_heads = s.num_heads;
+  w.head_dim = s.head_dim;
+  return cuda::WorkspaceBytes(w);
+}
 
 }  // namespace strata::model

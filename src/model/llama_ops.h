@@ -94,7 +94,7 @@ Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device& device,
                                                      device::Stream& stream,
                                                      const LlamaOpsShape& shape,
                                                      bool allow_tf32 = false);
-// The workspace CreateCudaLlamaOps allocates (0 in a build without CUDA).
+// The workspace CreateCudaLlamaOps allocates (the same arithmetic in a build without CUDA).
 size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape& shape);
 
 }  // namespace strata::model

@@ -101,9 +101,10 @@ Result<FileSet> PlanFiles(const std::string& base, const std::vector<Safetensors
 Status AgreeOk(comm::Collective& comm, device::Device& dev, device::Stream& stream,
                const Status& mine, std::string_view what) {
   if (comm.world_size() == 1) return mine;
+  // Collectives run in enqueue order whatever their stream (strata/collective.h), so this one
+  // follows the caller's on every rank; nothing here may fail on one rank before the gather.
+  (void)stream;
   Result<std::vector<float>> flags = [&]() -> Result<std::vector<float>> {
-    // The caller's collectives on `stream` finish first: every rank then issues this one next.
-    STRATA_RETURN_IF_ERROR(dev.Synchronize(stream));
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<RankGather> gather, RankGather::Create(dev, comm));
     return gather->Gather(mine.ok() ? 0.0f : 1.0f);
   }();

@@ -24,6 +24,12 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   e.seq_len = in.seq_len > 0 ? in.seq_len
                              : std::min<int64_t>(256, in.model.max_position_embeddings);
   e.micro_batch = batch.train_micro_batch_size_per_gpu;
+  e.stage = in.config.zero.stage;
+  if (e.seq_len > in.model.max_position_embeddings) {
+    return InvalidArgumentError(fmt::format(
+        "sequence length {} is outside [1, max_position_embeddings = {}] of model '{}'", e.seq_len,
+        in.model.max_position_embeddings, in.model.name));
+  }
   e.parameters = static_cast<uint64_t>(in.model.ParameterCount());
   // The model (llama_model.cc SetUp): one device block for every activation, the CUDA ops'
   // workspace beside it; both charged rounded up to 256 bytes.
@@ -72,18 +78,33 @@ Status CheckDevicePlan(const MemoryEstimate& e, uint64_t budget, std::string* wa
     for (size_t i = 0; i < parts.size() && i < 3 && parts[i].bytes > 0; ++i) {
       largest += fmt::format("{}{} {}", i == 0 ? "" : ", ", parts[i].what, FormatBytes(parts[i].bytes));
     }
+    const int stage = e.stage;
+    const char* advice =
+        stage == 0 ? "ZeRO stages 1-3 partition the states across ranks and can offload the "
+                     "optimizer (offload_optimizer); a shorter micro-batch or sequence shrinks "
+                     "the activations"
+        : stage < 3 ? "offload the optimizer states (offload_optimizer cpu or nvme), use stage 3 "
+                      "to partition or offload the parameters, add ranks, or shorten the "
+                      "micro-batch or sequence"
+                    : "offload the parameters and optimizer states (offload_param, "
+                      "offload_optimizer: cpu or nvme), add ranks, or shorten the micro-batch or "
+                      "sequence";
     return ResourceExhaustedError(fmt::format(
         "device memory: this run needs {} per rank before its first step ({}), more than the "
         "device budget of {} (strata.memory.device_budget; `strata estimate` gives every part). "
-        "Offload parameters or optimizer states, raise the ZeRO stage or the rank count, or "
-        "shorten the micro-batch",
-        FormatBytes(setup), largest, FormatBytes(budget)));
+        "To fit: {}",
+        FormatBytes(setup), largest, FormatBytes(budget), advice));
   }
   if (e.device_peak() > budget) {
     *warning = fmt::format(
-        "device memory: the step's gathered units and gradients may take the run to {} per rank, "
-        "above the device budget of {}; lower stage3_max_live_parameters if a step runs out",
-        FormatBytes(e.device_peak()), FormatBytes(budget));
+        "device memory: the step's transient buffers may take the run to {} per rank, above the "
+        "device budget of {}; {}",
+        FormatBytes(e.device_peak()), FormatBytes(budget),
+        e.stage == 3 ? "lower stage3_max_live_parameters (gathered units and gradients) or "
+                       "stage3_prefetch_bucket_size (cached offloaded shards) if a step runs out"
+                     : "the per-unit gradient buffers (two of the largest unit in fp32) are the "
+                       "least a step needs; a smaller model unit or a larger budget is needed if "
+                       "a step runs out");
   }
   return Status::Ok();
 }

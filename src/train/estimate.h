@@ -29,6 +29,7 @@ struct MemoryEstimate {
   int world_size = 1;
   int64_t seq_len = 0;
   int64_t micro_batch = 0;
+  int stage = 0;                // zero_optimization.stage
   uint64_t parameters = 0;      // the model's
   uint64_t activations = 0;     // LlamaActivationBytes (device)
   uint64_t workspace = 0;       // the CUDA ops' workspace (device; 0 on the CPU device)
