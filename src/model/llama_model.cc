@@ -230,15 +230,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   STRATA_ASSIGN_OR_RETURN(st.stream, device_.CreateStream("llama"));
   STRATA_ASSIGN_OR_RETURN(st.caller_ready, device_.CreateEvent());
   STRATA_ASSIGN_OR_RETURN(st.model_done, device_.CreateEvent());
-  LlamaOpsShape shape;
-  shape.batch = b;
-  shape.seq = s;
-  shape.hidden = static_cast<size_t>(config_.hidden_size);
-  shape.kv_dim = static_cast<size_t>(config_.kv_dim());
-  shape.intermediate = static_cast<size_t>(config_.intermediate_size);
-  shape.vocab = static_cast<size_t>(config_.vocab_size);
-  shape.num_heads = static_cast<size_t>(config_.num_attention_heads);
-  shape.head_dim = static_cast<size_t>(config_.head_dim());
+  const LlamaOpsShape shape = LlamaOpsShapeFor(config_, seq_len_, micro_batch_);
   STRATA_ASSIGN_OR_RETURN(st.cuda_ops,
                           CreateCudaLlamaOps(device_, *st.stream, shape, options.allow_tf32));
   st.workspace_bytes = CudaLlamaOpsWorkspaceBytes(shape);

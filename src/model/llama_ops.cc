@@ -3,6 +3,7 @@
 #include "model/llama_ops.h"
 
 #include "model/cuda_ops.h"
+#include "model/llama_config.h"
 
 namespace strata::model {
 
@@ -108,6 +109,19 @@ Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device&, device::St
                             "toolkit to run the model on a GPU)");
 }
 #endif
+
+LlamaOpsShape LlamaOpsShapeFor(const LlamaConfig& c, int64_t seq_len, int64_t micro_batch) {
+  LlamaOpsShape shape;
+  shape.batch = static_cast<size_t>(micro_batch);
+  shape.seq = static_cast<size_t>(seq_len);
+  shape.hidden = static_cast<size_t>(c.hidden_size);
+  shape.kv_dim = static_cast<size_t>(c.kv_dim());
+  shape.intermediate = static_cast<size_t>(c.intermediate_size);
+  shape.vocab = static_cast<size_t>(c.vocab_size);
+  shape.num_heads = static_cast<size_t>(c.num_attention_heads);
+  shape.head_dim = static_cast<size_t>(c.head_dim());
+  return shape;
+}
 
 size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape& s) {
   cuda::WorkspaceShape w;

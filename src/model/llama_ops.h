@@ -31,6 +31,10 @@ struct LlamaOpsShape {
   size_t num_heads = 0, head_dim = 0;
 };
 
+struct LlamaConfig;
+// The shape of `config` at micro_batch x seq_len tokens.
+LlamaOpsShape LlamaOpsShapeFor(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch);
+
 class LlamaOps {
  public:
   using Weight = cpu::Weight;

@@ -36,16 +36,8 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   auto charged = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
   e.activations = charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch));
   if (in.device == device::DeviceType::kCuda) {
-    model::LlamaOpsShape shape;
-    shape.batch = static_cast<size_t>(e.micro_batch);
-    shape.seq = static_cast<size_t>(e.seq_len);
-    shape.hidden = static_cast<size_t>(in.model.hidden_size);
-    shape.kv_dim = static_cast<size_t>(in.model.kv_dim());
-    shape.intermediate = static_cast<size_t>(in.model.intermediate_size);
-    shape.vocab = static_cast<size_t>(in.model.vocab_size);
-    shape.num_heads = static_cast<size_t>(in.model.num_attention_heads);
-    shape.head_dim = static_cast<size_t>(in.model.head_dim());
-    e.workspace = charged(model::CudaLlamaOpsWorkspaceBytes(shape));
+    e.workspace = charged(model::CudaLlamaOpsWorkspaceBytes(
+        model::LlamaOpsShapeFor(in.model, e.seq_len, e.micro_batch)));
   }
   // The trainer's stop agreement (RankGather), on several ranks.
   if (in.world_size > 1) e.rank_agreement = charged(static_cast<uint64_t>(in.world_size) * 4);

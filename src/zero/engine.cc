@@ -36,13 +36,13 @@ Engine::Impl::~Impl() {
 Status Engine::Impl::Init() {
   rank = comm.rank();
   world = comm.world_size();
-  stage = cfg.zero.stage;
   cdt = ComputeDType(cfg);
-  csz = device::DTypeSize(cdt);
-  param_home = stage == 3 ? HomeOf(cfg.zero.offload_param.device) : Tier::kDevice;
-  optim_home = HomeOf(cfg.zero.offload_optimizer.device);
-  if (stage == 0) optim_home = Tier::kDevice;
-  cpu_optimizer = optim_home != Tier::kDevice;
+  const Placement placement = PlacementOf(cfg);
+  stage = placement.stage;
+  csz = placement.csz;
+  param_home = placement.param_home;
+  optim_home = placement.optim_home;
+  cpu_optimizer = placement.cpu_optimizer;
   // The CPU optimizer overlaps backward only when an update never depends on the global gradient
   // norm: no clipping, no fp16 overflow skipping, no skipping of non-finite steps.
   overlapped_optimizer = cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
@@ -366,11 +366,7 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
                                               int optimizer_pipeline_depth,
                                               device::DeviceType device_type) {
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
-  const int stage = config.zero.stage;
-  const uint64_t csz = device::DTypeSize(ComputeDType(config));
-  const Tier param_home = stage == 3 ? HomeOf(config.zero.offload_param.device) : Tier::kDevice;
-  const Tier optim_home = stage == 0 ? Tier::kDevice : HomeOf(config.zero.offload_optimizer.device);
-  const bool cpu_optimizer = optim_home != Tier::kDevice;
+  const auto [stage, csz, param_home, optim_home, cpu_optimizer] = PlacementOf(config);
   auto cls = [](uint64_t bytes) { return static_cast<uint64_t>(device::PinnedPool::SizeClass(bytes)); };
   uint64_t total = 0, largest_param = 0, largest_group = 0, max_shard = 0, params_all = 0;
   int64_t sg = config.zero.sub_group_size;

@@ -70,6 +70,17 @@ inline uint64_t OffloadedParamDeviceBudget(uint64_t shard_bytes_total, uint64_t 
   return std::min(resident, std::max(lookahead_bytes + 2 * largest, 4 * largest));
 }
 
+// Where a config puts each state: the compute dtype's size, the parameters' and the optimizer's
+// home tiers (stage 0 keeps the optimizer on the device; only stage 3 offloads parameters).
+struct Placement {
+  int stage = 0;
+  uint64_t csz = 4;
+  Tier param_home = Tier::kDevice;
+  Tier optim_home = Tier::kDevice;
+  bool cpu_optimizer = false;  // offload_optimizer cpu / nvme
+};
+Placement PlacementOf(const Config& cfg);
+
 // Whether the parameter tier manager shares host memory (strata.memory.share_host_memory; auto:
 // on for the CPU device).
 inline bool SharesHostMemory(const Config& cfg, device::DeviceType type) {

@@ -11,6 +11,16 @@
 
 namespace strata::zero {
 
+engine_internal::Placement engine_internal::PlacementOf(const Config& cfg) {
+  Placement p;
+  p.stage = cfg.zero.stage;
+  p.csz = device::DTypeSize(ComputeDType(cfg));
+  p.param_home = p.stage == 3 ? HomeOf(cfg.zero.offload_param.device) : Tier::kDevice;
+  p.optim_home = p.stage == 0 ? Tier::kDevice : HomeOf(cfg.zero.offload_optimizer.device);
+  p.cpu_optimizer = p.optim_home != Tier::kDevice;
+  return p;
+}
+
 uint64_t EngineMemoryPlan::device_total() const {
   uint64_t total = 0;
   for (const MemoryPlanItem& i : device) total += i.bytes;
@@ -24,12 +34,7 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
                                             int optimizer_pipeline_depth,
                                             device::DeviceType device_type) {
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
-  const int stage = config.zero.stage;
-  const uint64_t csz = device::DTypeSize(ComputeDType(config));
-  const Tier param_home = stage == 3 ? HomeOf(config.zero.offload_param.device) : Tier::kDevice;
-  const Tier optim_home =
-      stage == 0 ? Tier::kDevice : HomeOf(config.zero.offload_optimizer.device);
-  const bool cpu_optimizer = optim_home != Tier::kDevice;
+  const auto [stage, csz, param_home, optim_home, cpu_optimizer] = PlacementOf(config);
   const bool share = SharesHostMemory(config, device_type);
   // Device::Alloc charges each block rounded up to 256 bytes.
   auto charged = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
