@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -951,6 +952,16 @@ AttentionShape MakeShape(size_t batch, size_t seq, size_t num_heads, size_t num_
                         1.0f / std::sqrt(static_cast<float>(head_dim))};
 }
 
+// STRATA_ATTENTION=exact keeps 16-bit runs on the exact kernels (a diagnostic: it tells a fault
+// of the tensor-core kernels from one elsewhere); read once.
+bool TensorCoresAllowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("STRATA_ATTENTION");
+    return v == nullptr || std::strcmp(v, "exact") != 0;
+  }();
+  return allowed;
+}
+
 unsigned AttentionBlocks(size_t rows) {
   return static_cast<unsigned>((rows + kAttentionWarps - 1) / kAttentionWarps);
 }
@@ -985,7 +996,7 @@ OpError AttentionForward(OpsContext* context, const float* q, const float* k, co
     return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
   }
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
-  if (detail::TensorCoreAttentionSupports(precision, shape)) {
+  if (TensorCoresAllowed() && detail::TensorCoreAttentionSupports(precision, shape)) {
     return detail::TensorCoreAttentionForward(context->stream, precision, shape, q, k, v, out,
                                               lse);
   }
@@ -1020,7 +1031,7 @@ OpError AttentionBackward(OpsContext* context, const float* q, const float* k, c
   if (!error.ok()) return error;
   float* delta = WorkspaceCarver(context).Take<float>(rows);
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
-  if (detail::TensorCoreAttentionSupports(precision, shape)) {
+  if (TensorCoresAllowed() && detail::TensorCoreAttentionSupports(precision, shape)) {
     return detail::TensorCoreAttentionBackward(context->stream, precision, shape, q, k, v, out,
                                                lse, dout, delta, dq, dk, dv);
   }

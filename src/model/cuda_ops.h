@@ -185,6 +185,7 @@ OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, s
 //                v, dout and the probabilities are rounded to the dtype, products accumulate in
 //                fp32, softmax statistics and outputs are fp32. Other head dims take the exact
 //                kernels.
+// STRATA_ATTENTION=exact in the environment keeps every run on the exact kernels (a diagnostic).
 // Both are deterministic (no atomics). The backward uses batch * num_heads * seq floats of the
 // workspace.
 inline constexpr size_t kMaxAttentionHeadDim = 256;
