@@ -123,17 +123,6 @@ LlamaOpsShape LlamaOpsShapeFor(const LlamaConfig& c, int64_t seq_len, int64_t mi
   return shape;
 }
 
-size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape& s) {
-  cuda::WorkspaceShape w;
-  w.batch = s.batch;
-  w.seq = s.seq;
-  w.hidden = s.hidden;
-  w.kv_dim = s.kv_dim;
-  w.intermediate = s.intermediate;
-  w.vocab = s.vocab;
-  w.num_heads = s.num_heads;
-  w.head_dim = s.head_dim;
-  return cuda::WorkspaceBytes(w);
-}
+size_t CudaLlamaOpsWorkspaceBytes(const LlamaOpsShape& s) { return cuda::WorkspaceBytes(s); }
 
 }  // namespace strata::model

@@ -19,17 +19,14 @@
 #include <memory>
 
 #include "model/cpu_ops.h"
+#include "model/cuda_ops.h"
 #include "strata/device.h"
 #include "strata/status.h"
 
 namespace strata::model {
 
-// The sizes the ops are used with, for the CUDA workspace.
-struct LlamaOpsShape {
-  size_t batch = 0, seq = 0;
-  size_t hidden = 0, kv_dim = 0, intermediate = 0, vocab = 0;
-  size_t num_heads = 0, head_dim = 0;
-};
+// The sizes the ops are used with, for the CUDA workspace (the CUDA ops' own shape type).
+using LlamaOpsShape = cuda::WorkspaceShape;
 
 struct LlamaConfig;
 // The shape of `config` at micro_batch x seq_len tokens.
