@@ -42,8 +42,10 @@ namespace strata {
 // ---- zero_optimization -----------------------------------------------------------------------
 
 // Where a state class lives when it is not in use ("device" in offload_param / offload_optimizer).
-enum class OffloadDevice { kNone, kCpu, kNvme };
-std::string_view OffloadDeviceName(OffloadDevice device);  // "none", "cpu", "nvme"
+// kAuto (Strata's extension, "auto"): the placement planner (train/plan.h) chooses none, cpu or
+// nvme; `strata train` resolves it before the engine is built, and the engine refuses it.
+enum class OffloadDevice { kNone, kCpu, kNvme, kAuto };
+std::string_view OffloadDeviceName(OffloadDevice device);  // "none", "cpu", "nvme", "auto"
 
 // zero_optimization.offload_param: the home of the (16-bit) parameters. Only valid with stage 3;
 // the loader rejects a device other than kNone at stages 0-2.
@@ -415,5 +417,15 @@ Result<Config> ParseConfig(std::string_view json_text, std::string_view source_n
 
 // Reads `path` and parses it with source_name = path.
 Result<Config> LoadConfigFile(const std::string& path);
+
+// "auto" offload homes (OffloadDevice::kAuto), which the placement planner resolves.
+bool HasAutoOffload(const Config& config);
+// Whether NVMe has a directory for the parameters (`param`) or the optimizer states: the
+// section's nvme_path, or strata.io.nvme_paths.
+bool CanUseNvme(const Config& config, bool param);
+// Sets the offload homes the planner chose (each must be what the config says, or replace
+// "auto") and derives strata.io.nvme_paths again when the config did not list them.
+// InvalidArgument naming the key for a home the config or the stage does not allow.
+Status ResolveOffloadDevices(Config* config, OffloadDevice param, OffloadDevice optimizer);
 
 }  // namespace strata

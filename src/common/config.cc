@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <limits>
@@ -48,8 +49,72 @@ std::string_view OffloadDeviceName(OffloadDevice device) {
       return "cpu";
     case OffloadDevice::kNvme:
       return "nvme";
+    case OffloadDevice::kAuto:
+      return "auto";
   }
   return "?";
+}
+
+namespace {
+
+// strata.io.nvme_paths when not given: the nvme_path of each section set to "nvme" (param
+// first, deduplicated).
+std::vector<std::string> DefaultNvmePaths(const ZeroConfig& z) {
+  std::vector<std::string> paths;
+  auto add = [&](OffloadDevice device, const std::string& path) {
+    if (device != OffloadDevice::kNvme || path.empty()) return;
+    if (std::find(paths.begin(), paths.end(), path) == paths.end()) paths.push_back(path);
+  };
+  add(z.offload_param.device, z.offload_param.nvme_path);
+  add(z.offload_optimizer.device, z.offload_optimizer.nvme_path);
+  return paths;
+}
+
+}  // namespace
+
+bool HasAutoOffload(const Config& config) {
+  return config.zero.offload_param.device == OffloadDevice::kAuto ||
+         config.zero.offload_optimizer.device == OffloadDevice::kAuto;
+}
+
+bool CanUseNvme(const Config& config, bool param) {
+  const auto& z = config.zero;
+  if (!config.strata.io.nvme_paths_auto && !config.strata.io.nvme_paths.empty()) return true;
+  return !(param ? z.offload_param.nvme_path : z.offload_optimizer.nvme_path).empty();
+}
+
+Status ResolveOffloadDevices(Config* config, OffloadDevice param, OffloadDevice optimizer) {
+  ZeroConfig& z = config->zero;
+  auto check = [&](const char* key, OffloadDevice current, OffloadDevice chosen, bool is_param) {
+    if (chosen == OffloadDevice::kAuto) {
+      return InvalidArgumentError(fmt::format("{}: \"auto\" cannot be the resolved home", key));
+    }
+    if (current != OffloadDevice::kAuto && current != chosen) {
+      return InvalidArgumentError(fmt::format("{}: is \"{}\" in the config; only \"auto\" may "
+                                              "be resolved to \"{}\"",
+                                              key, OffloadDeviceName(current),
+                                              OffloadDeviceName(chosen)));
+    }
+    if (chosen == OffloadDevice::kNvme && !CanUseNvme(*config, is_param)) {
+      return InvalidArgumentError(fmt::format(
+          "{}: \"nvme\" needs a directory (nvme_path or strata.io.nvme_paths)", key));
+    }
+    if (is_param && chosen != OffloadDevice::kNone && z.stage != 3) {
+      return InvalidArgumentError(fmt::format("{}: parameters are offloaded only at stage 3", key));
+    }
+    if (!is_param && chosen != OffloadDevice::kNone && z.stage == 0) {
+      return InvalidArgumentError(fmt::format("{}: the optimizer is offloaded only at stages 1-3", key));
+    }
+    return Status::Ok();
+  };
+  STRATA_RETURN_IF_ERROR(check("zero_optimization.offload_param.device", z.offload_param.device,
+                               param, true));
+  STRATA_RETURN_IF_ERROR(check("zero_optimization.offload_optimizer.device",
+                               z.offload_optimizer.device, optimizer, false));
+  z.offload_param.device = param;
+  z.offload_optimizer.device = optimizer;
+  if (config->strata.io.nvme_paths_auto) config->strata.io.nvme_paths = DefaultNvmePaths(z);
+  return Status::Ok();
 }
 
 std::string_view SchedulerTypeName(SchedulerType type) {
@@ -728,10 +793,16 @@ class ConfigParser {
   }
 
   static Status ReadOffloadDevice(const Field& f, OffloadDevice* out) {
+    // "auto" is a home here (the planner's choice), not "the default" as for other enums.
+    if (f.value.is_string() && (f.value == "auto" || f.value == "Auto" || f.value == "AUTO")) {
+      *out = OffloadDevice::kAuto;
+      return Status::Ok();
+    }
     return ReadEnum<OffloadDevice>(f,
                                    {{"none", OffloadDevice::kNone},
                                     {"cpu", OffloadDevice::kCpu},
-                                    {"nvme", OffloadDevice::kNvme}},
+                                    {"nvme", OffloadDevice::kNvme},
+                                    {"auto", OffloadDevice::kAuto}},
                                    out);
   }
 
@@ -1012,6 +1083,14 @@ class ConfigParser {
     // Offload and stage. DeepSpeed documents offload_param as stage-3 only and ignores it below;
     // many real configs (e.g. generated for several stages) carry it at stage 1 or 2, so Strata
     // accepts it there too, says that it has no effect, and keeps the parameters on the device.
+    // "auto" where only one home is possible is that home (parameters below stage 3, the
+    // optimizer at stage 0 stay on the device): nothing for the planner to choose.
+    if (z.offload_param.device == OffloadDevice::kAuto && z.stage != 3) {
+      z.offload_param.device = OffloadDevice::kNone;
+    }
+    if (z.offload_optimizer.device == OffloadDevice::kAuto && z.stage == 0) {
+      z.offload_optimizer.device = OffloadDevice::kNone;
+    }
     if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
       config_.diagnostics.warnings.push_back(fmt::format(
           "{}: parameter offload to {} needs zero_optimization.stage 3 and has no effect at stage "
@@ -1075,16 +1154,7 @@ class ConfigParser {
     if (explicit_paths) {
       io.nvme_paths = *pending_.nvme_paths;
     } else {
-      io.nvme_paths.clear();
-      auto add = [&](OffloadDevice device, const std::string& path) {
-        if (device != OffloadDevice::kNvme || path.empty()) return;
-        for (const std::string& p : io.nvme_paths) {
-          if (p == path) return;
-        }
-        io.nvme_paths.push_back(path);
-      };
-      add(z.offload_param.device, z.offload_param.nvme_path);
-      add(z.offload_optimizer.device, z.offload_optimizer.nvme_path);
+      io.nvme_paths = DefaultNvmePaths(z);
     }
     return Status::Ok();
   }

@@ -7,6 +7,7 @@
 #include "common/units.h"
 #include "model/llama_model.h"
 #include "model/llama_ops.h"
+#include "zero/partition.h"
 
 namespace strata::train {
 
@@ -49,6 +50,14 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
     units.push_back({fmt::format("unit {}", u), model::LlamaUnitParams(in.model, u)});
   }
   if (in.model.tie_word_embeddings && n > 1) shared.back() = {0};  // LlamaModel::SharedUnits
+  STRATA_ASSIGN_OR_RETURN(const std::vector<zero::UnitLayout> layouts,
+                          zero::LayoutModel(units, in.world_size));
+  e.units = n;
+  for (const auto& l : layouts) {
+    e.padded_elems += static_cast<uint64_t>(l.padded_numel());
+    e.shard_elems += static_cast<uint64_t>(l.shard_numel);
+    e.max_shard_elems = std::max<uint64_t>(e.max_shard_elems, static_cast<uint64_t>(l.shard_numel));
+  }
   const int depth = static_cast<int>(
       std::clamp<int64_t>(in.config.zero.offload_optimizer.buffer_count, 3, 1024));
   STRATA_ASSIGN_OR_RETURN(e.engine, zero::Engine::PlanMemory(units, shared, in.config,

@@ -35,6 +35,12 @@ struct MemoryEstimate {
   uint64_t workspace = 0;       // the CUDA ops' workspace (device; 0 on the CPU device)
   uint64_t rank_agreement = 0;  // the trainer's per-step agreement buffer (device, several ranks)
   zero::EngineMemoryPlan engine;
+  // The partition (zero::LayoutModel): units, and elements over all units padded for
+  // `world_size` ranks, in one rank's shard, in the largest shard.
+  int units = 0;
+  uint64_t padded_elems = 0;
+  uint64_t shard_elems = 0;
+  uint64_t max_shard_elems = 0;
 
   // The device allocator's peak per rank: what `device_peak_bytes` in --metrics reports.
   uint64_t device_peak() const;

@@ -34,6 +34,7 @@
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/estimate.h"
+#include "train/plan.h"
 #include "train/rank_gather.h"
 #include "train/runtime.h"
 #include "train/safetensors.h"
@@ -94,6 +95,15 @@ Status ProbeOutputs(const TrainOptions& o, const Config& config, const comm::Lau
   }
   for (const std::string& dir : config.strata.io.nvme_paths) {
     STRATA_RETURN_IF_ERROR(ProbeDirectory(dir, "nvme_path"));
+  }
+  // An "auto" home may become NVMe: its directory is a candidate, probed alike.
+  if (config.zero.offload_param.device == OffloadDevice::kAuto &&
+      !config.zero.offload_param.nvme_path.empty()) {
+    STRATA_RETURN_IF_ERROR(ProbeDirectory(config.zero.offload_param.nvme_path, "nvme_path"));
+  }
+  if (config.zero.offload_optimizer.device == OffloadDevice::kAuto &&
+      !config.zero.offload_optimizer.nvme_path.empty()) {
+    STRATA_RETURN_IF_ERROR(ProbeDirectory(config.zero.offload_optimizer.nvme_path, "nvme_path"));
   }
   return Status::Ok();
 }
@@ -203,6 +213,50 @@ Status RunTraining(const TrainOptions& o) {
   sopt.seed = seed;
   STRATA_ASSIGN_OR_RETURN(SequenceSampler sampler, SequenceSampler::Create(&data, sopt));
 
+  // The ranks' agreement between steps (and on the placement below).
+  std::unique_ptr<RankGather> agreement;
+  if (world > 1) {
+    STRATA_ASSIGN_OR_RETURN(agreement, RankGather::Create(*dev, *comm));
+  }
+  // "auto" offload homes: the planner (train/plan.h, what `strata estimate --plan` prints)
+  // chooses the fastest placement that fits this machine; every rank must choose the same.
+  std::vector<std::string> placement_lines;  // printed with the run's header
+  if (HasAutoOffload(config)) {
+    EstimateInput plan_in;
+    plan_in.model = mcfg;
+    plan_in.config = config;
+    plan_in.world_size = world;
+    plan_in.seq_len = seq_len;
+    plan_in.device = dev->type();
+    const Hardware hw = MachineHardware(*dev, launch, config);
+    Result<PlacementPlan> planned = PlanPlacement(plan_in, hw);
+    if (!planned.ok()) {
+      return planned.status().WithContext("offload device \"auto\" (the placement planner)");
+    }
+    const PlacementPlan& plan = *planned;
+    const PlanCandidate& best = plan.best();
+    if (world > 1) {
+      const float mine = static_cast<float>(static_cast<int>(best.param) * 4 +
+                                            static_cast<int>(best.optimizer));
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> all, agreement->Gather(mine));
+      for (size_t r = 0; r < all.size(); ++r) {
+        if (all[r] != all[0]) {
+          return FailedPreconditionError(fmt::format(
+              "offload device \"auto\": rank {} chose another placement than rank 0 (the nodes' "
+              "memory or disks differ); set offload_param and offload_optimizer explicitly "
+              "(strata estimate --plan shows the choices)",
+              r));
+        }
+      }
+    }
+    STRATA_RETURN_IF_ERROR(ResolveOffloadDevices(&config, best.param, best.optimizer));
+    placement_lines.push_back(fmt::format(
+        "  placement (\"auto\", for {} rank(s) per node, {} device budget, {} host memory, {} "
+        "NVMe free):",
+        hw.gpus_per_node, FormatBytes(hw.rank_device_budget()), FormatBytes(hw.cpu_mem),
+        FormatBytes(hw.nvme)));
+    for (const std::string& r : plan.reasons) placement_lines.push_back("    " + r);
+  }
   // The run's memory plan per rank (train/estimate.h, what `strata estimate` prints), against
   // the device budget before anything is allocated.
   {
@@ -233,6 +287,7 @@ Status RunTraining(const TrainOptions& o) {
   say(fmt::format("  device: {}; device memory budget {}, activations {}", runtime.choice.reason,
                   FormatBytes(dev->memory_stats().budget),
                   FormatBytes(llama->activation_bytes() + llama->workspace_bytes())));
+  for (const std::string& line : placement_lines) say(line);
   say(fmt::format("  data {} ({} tokens), sequence {} x global batch {} ({} per rank x {} "
                   "accumulation), {} steps",
                   o.data, data.size(), seq_len, layout.global_batch(), layout.micro_batch,
@@ -326,10 +381,6 @@ Status RunTraining(const TrainOptions& o) {
   // A signal, or the launcher gone (mpirun died: this rank was re-parented), stops the run
   // between steps; every rank learns what any rank saw, so all stop after the same step.
   const pid_t launcher_pid = ::getppid();
-  std::unique_ptr<RankGather> agreement;
-  if (world > 1) {
-    STRATA_ASSIGN_OR_RETURN(agreement, RankGather::Create(*dev, *comm));
-  }
   auto stop_reason = [&]() -> Result<int> {
     int mine = o.stop_signal ? o.stop_signal() : 0;
     if (launch.launcher != "none" && ::getppid() != launcher_pid) mine = -1;

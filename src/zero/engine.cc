@@ -356,6 +356,7 @@ Engine::~Engine() = default;
 Result<std::unique_ptr<Engine>> Engine::Create(Model& model, EngineOptions options) {
   if (options.device == nullptr) return InvalidArgumentError("engine: no device");
   if (options.comm == nullptr) return InvalidArgumentError("engine: no collective");
+  STRATA_RETURN_IF_ERROR(engine_internal::CheckResolved(options.config));
   auto impl = std::make_unique<Impl>(model, std::move(options));
   STRATA_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -365,6 +366,7 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
                                               const Config& config, int world_size,
                                               int optimizer_pipeline_depth,
                                               device::DeviceType device_type) {
+  STRATA_RETURN_IF_ERROR(CheckResolved(config));
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
   const auto [stage, csz, param_home, optim_home, cpu_optimizer] = PlacementOf(config);
   auto cls = [](uint64_t bytes) { return static_cast<uint64_t>(device::PinnedPool::SizeClass(bytes)); };

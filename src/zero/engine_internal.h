@@ -87,9 +87,18 @@ inline bool SharesHostMemory(const Config& cfg, device::DeviceType type) {
   return type == device::DeviceType::kCpu && cfg.strata.memory.share_host_memory != Toggle::kOff;
 }
 
+// "auto" homes are the planner's to resolve (train/plan.h) before an engine is planned or built.
+inline Status CheckResolved(const Config& cfg) {
+  if (!HasAutoOffload(cfg)) return Status::Ok();
+  return InvalidArgumentError(
+      "engine: an offload device is \"auto\"; the placement planner must choose it first "
+      "(strata train and strata estimate --plan do)");
+}
+
 inline Tier HomeOf(OffloadDevice device) {
   switch (device) {
     case OffloadDevice::kNone:
+    case OffloadDevice::kAuto:  // refused by CheckResolved before any use
       return Tier::kDevice;
     case OffloadDevice::kCpu:
       return Tier::kHost;

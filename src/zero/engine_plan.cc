@@ -33,6 +33,7 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
                                             const Config& config, int world_size,
                                             int optimizer_pipeline_depth,
                                             device::DeviceType device_type) {
+  STRATA_RETURN_IF_ERROR(CheckResolved(config));
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
   const auto [stage, csz, param_home, optim_home, cpu_optimizer] = PlacementOf(config);
   const bool share = SharesHostMemory(config, device_type);

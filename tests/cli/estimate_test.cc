@@ -172,6 +172,104 @@ TEST(EstimateTest, TrainRefusesAPlanOverTheDeviceBudgetUpFront) {
   EXPECT_EQ(r.out.find("step 1"), std::string::npos) << r.out;
 }
 
+// --plan: the config the planner chooses for "auto" homes on stdout (JSON a run can take), the
+// reasons on stderr; the placement depends on the hardware given.
+TEST(EstimateTest, PlanPrintsTheChosenConfigAndWhy) {
+  TempDir dir;
+  const std::string config = dir.file("ds.json");
+  {
+    std::ofstream out(config);
+    out << R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+               "zero_optimization": {"stage": 3, "offload_param": {"device": "auto"},
+                                     "offload_optimizer": {"device": "auto"}}})";
+  }
+  // Llama-3-8B on one 80 GB GPU with 1 TB of host memory: the optimizer states (96 GB) leave
+  // the GPU for host memory.
+  auto r = RunStrata({"estimate", "--model", "llama3-8b", "--config", config, "--gpus", "1",
+                      "--seq-len", "1024", "--plan", "--nvme-path", dir.file("nvme")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(j["zero_optimization"]["offload_optimizer"]["device"], "cpu") << r.out;
+  EXPECT_EQ(j["bf16"]["enabled"], true);  // the rest of the config as given
+  EXPECT_NE(r.err.find("chosen: parameters on"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("does not fit (device"), std::string::npos) << r.err;
+  // With 128 GB of host memory the states go to NVMe, with the directory given.
+  r = RunStrata({"estimate", "--model", "llama3-8b", "--config", config, "--gpus", "1",
+                 "--seq-len", "1024", "--plan", "--cpu-mem", "128GB", "--nvme-path",
+                 dir.file("nvme")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto k = nlohmann::json::parse(r.out);
+  EXPECT_EQ(k["zero_optimization"]["offload_optimizer"]["device"], "nvme") << r.out;
+  EXPECT_EQ(k["zero_optimization"]["offload_optimizer"]["nvme_path"], dir.file("nvme"));
+  // And with a 64 GB disk nothing fits (docs/planning.md): one error naming each candidate.
+  r = RunStrata({"estimate", "--model", "llama3-8b", "--config", config, "--gpus", "1",
+                 "--seq-len", "1024", "--plan", "--cpu-mem", "128GB", "--nvme", "64GB",
+                 "--nvme-path", dir.file("nvme")});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.err.find("no placement fits"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("parameters on nvme, optimizer on nvme: "), std::string::npos) << r.err;
+}
+
+// The table and the JSON carry the fit and the time model.
+TEST(EstimateTest, JsonHasFitAndTime) {
+  auto r = RunStrata({"estimate", "--model", "llama3-70b", "--gpus", "8", "--nodes", "2",
+                      "--seq-len", "4096", "--json", "--nvme-tbw", "14000T"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["world_size"], 16);
+  EXPECT_EQ(j["hardware"]["nodes"], 2);
+  EXPECT_FALSE(j["fit"]["fits"].get<bool>());  // stage 0, fp32: 70B does not fit a GPU
+  EXPECT_NE(j["fit"]["overflow"].get<std::string>().find("device"), std::string::npos);
+  EXPECT_GT(j["time"]["step_s"].get<double>(), 0.0);
+  EXPECT_GT(j["time"]["collective_bytes"].get<double>(), 0.0);
+  EXPECT_EQ(j["time"]["bound_by"], "compute");
+  r = RunStrata({"estimate", "--model", "llama-tiny"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* line : {"fit\n", "device per rank", "time per step", "critical path",
+                           "tokens/s over all ranks, MFU"}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  }
+}
+
+// strata train with "auto" homes plans for this machine, logs the choice and trains.
+TEST(EstimateTest, TrainResolvesAutoHomes) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "20k", "--vocab", "256"}).exit_code,
+            0);
+  const std::string config = dir.file("ds.json");
+  {
+    std::ofstream out(config);
+    out << R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
+               "zero_optimization": {"stage": 3,
+                 "offload_param": {"device": "auto", "nvme_path": ")"
+        << dir.file("nvme") << R"("},
+                 "offload_optimizer": {"device": "auto", "nvme_path": ")"
+        << dir.file("nvme") << R"("}}})";
+  }
+  auto r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                      "--steps", "2", "--device", "cpu", "--seq-len", "64"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("placement (\"auto\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("chosen: parameters on"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("parameters on auto"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step     2"), std::string::npos) << r.out;
+  // A budget nothing fits: one error from the planner, before anything is allocated.
+  {
+    std::ofstream out(config);
+    out << R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
+               "zero_optimization": {"stage": 3, "offload_param": {"device": "auto"},
+                                     "offload_optimizer": {"device": "auto"}},
+               "strata": {"memory": {"device_budget": "64KiB"}}})";
+  }
+  r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                 "--steps", "1", "--device", "cpu", "--seq-len", "64"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.err.find("placement planner"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no placement fits"), std::string::npos) << r.err;
+}
+
 TEST(EstimateTest, BadInputIsOneClearError) {
   auto r = RunStrata({"estimate", "--model", "no-such-model"});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
@@ -181,6 +279,12 @@ TEST(EstimateTest, BadInputIsOneClearError) {
   r = RunStrata({"estimate", "--model", "llama-tiny", "--config", "/nonexistent/ds.json"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("/nonexistent/ds.json"), std::string::npos) << r.err;
+  r = RunStrata({"estimate", "--model", "llama-tiny", "--nvme-read", "fast"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--nvme-read: 'fast' is not a rate"), std::string::npos) << r.err;
+  r = RunStrata({"estimate", "--model", "llama-tiny", "--ranks", "3", "--nodes", "2"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--ranks 3 does not equal"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -416,8 +416,8 @@ TEST(ConfigValueErrorTest, Messages) {
   EXPECT_EQ(ErrorOf(R"({"gradient_clipping": -1})"),
             "test.json: gradient_clipping: expected a non-negative number, got -1");
   EXPECT_EQ(ErrorOf(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})"),
-            "test.json: zero_optimization.offload_param.device: expected one of \"none\", \"cpu\" "
-            "or \"nvme\", got \"gpu\"");
+            "test.json: zero_optimization.offload_param.device: expected one of \"none\", \"cpu\", "
+            "\"nvme\" or \"auto\", got \"gpu\"");
   EXPECT_EQ(ErrorOf(R"({"aio": 5})"), "test.json: aio: expected an object, got 5");
   EXPECT_EQ(ErrorOf(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})"),
             "test.json: optimizer.params.betas: expected a list of two numbers in [0, 1), such as "

@@ -1,0 +1,477 @@
+#include "train/plan.h"
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <system_error>
+
+#include "common/units.h"
+
+namespace strata::train {
+namespace {
+
+
+double Div(double a, double b) { return b > 0 ? a / b : 0.0; }
+
+uint64_t Mul(uint64_t a, double b) { return static_cast<uint64_t>(static_cast<double>(a) * b); }
+
+// Ring collectives: an all-gather or reduce-scatter of a B-byte buffer puts B (W-1)/W bytes on
+// each rank's link, an all-reduce twice that.
+double Ring(double bytes, int world) {
+  return world <= 1 ? 0.0 : bytes * static_cast<double>(world - 1) / world;
+}
+
+bool IsCuda(const EstimateInput& in) { return in.device == device::DeviceType::kCuda; }
+
+}  // namespace
+
+uint64_t Hardware::rank_device_budget() const {
+  if (device_budget > 0) return device_budget;
+  // The CUDA device's default budget (cuda_device.cc): free memory less max(512 MiB, 5%).
+  const uint64_t margin = std::max<uint64_t>(512ull << 20, gpu_mem / 20);
+  return gpu_mem > margin ? gpu_mem - margin : 0;
+}
+
+uint64_t Hardware::host_budget() const { return Mul(cpu_mem, host_fraction); }
+
+Result<double> ParseRate(std::string_view text) {
+  std::string_view t = text;
+  if (t.size() >= 2 && t.substr(t.size() - 2) == "/s") t.remove_suffix(2);
+  size_t n = 0;
+  while (n < t.size() && (std::isdigit(static_cast<unsigned char>(t[n])) || t[n] == '.' ||
+                          t[n] == 'e' || t[n] == 'E' || t[n] == '+' || t[n] == '-')) {
+    // 'e' only as an exponent: a digit must follow it or its sign.
+    if ((t[n] == 'e' || t[n] == 'E') &&
+        (n + 1 >= t.size() || !(std::isdigit(static_cast<unsigned char>(t[n + 1])) ||
+                                t[n + 1] == '+' || t[n + 1] == '-'))) {
+      break;
+    }
+    ++n;
+  }
+  double value = 0;
+  const auto [end, ec] = std::from_chars(t.data(), t.data() + n, value);
+  std::string_view unit = t.substr(n);
+  double mult = 0;
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.remove_suffix(1);
+  const bool binary = unit.size() == 2 && (unit[1] == 'i' || unit[1] == 'I');
+  if (unit.empty()) {
+    mult = 1;
+  } else if (unit.size() == 1 || binary) {
+    const char c = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
+    const int power = c == 'K' ? 1 : c == 'M' ? 2 : c == 'G' ? 3 : c == 'T' ? 4 : 0;
+    if (power > 0) mult = std::pow(binary ? 1024.0 : 1000.0, power);
+  }
+  if (n == 0 || ec != std::errc() || end != t.data() + n || mult == 0 || !(value > 0) ||
+      !std::isfinite(value)) {
+    return InvalidArgumentError(fmt::format(
+        "'{}' is not a rate; expected a positive number with an optional unit and /s, e.g. "
+        "25G/s, 12GB/s, 1.5e9 (K, M, G, T are powers of 1000; Ki, Mi, Gi, Ti of 1024)",
+        text));
+  }
+  return value * mult;
+}
+
+TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, const Hardware& hw) {
+  TimeEstimate t;
+  const Config& cfg = in.config;
+  const int W = m.world_size;
+  const int stage = m.stage;
+  const double csz = cfg.precision() == Precision::kFp32 ? 4.0 : 2.0;
+  const double gas = static_cast<double>(
+      std::max<int64_t>(1, ResolveBatchSizes(cfg.batch, W).value_or(BatchSizes{}).gradient_accumulation_steps));
+  const double g = std::max(1, hw.gpus_per_node);
+  const double N = static_cast<double>(m.padded_elems);  // a full (gathered) model, padded
+  const double S = static_cast<double>(m.shard_elems);   // one rank's shard
+  const auto param_dev = stage == 3 ? cfg.zero.offload_param.device : OffloadDevice::kNone;
+  const auto optim_dev = stage == 0 ? OffloadDevice::kNone : cfg.zero.offload_optimizer.device;
+  t.cpu_optimizer = optim_dev != OffloadDevice::kNone;
+
+  // Compute: 6N + attention per token, plus the forward of every block again (each block
+  // recomputes its activations in backward): blocks' forward = (per-token FLOPs - 6 V H) / 3.
+  const double tokens = static_cast<double>(m.micro_batch * m.seq_len) * gas;
+  const double per_token = in.model.TrainFlopsPerToken(m.seq_len);
+  const double head = 6.0 * static_cast<double>(in.model.vocab_size * in.model.hidden_size);
+  t.model_flops = per_token * tokens;
+  t.exec_flops = (per_token + (per_token - head) / 3.0) * tokens;
+  const double tflops = hw.gpu_tflops * (cfg.precision() == Precision::kFp32 ? 0.5 : 1.0);
+  t.compute_s = Div(t.exec_flops, tflops * 1e12 * hw.gpu_efficiency);
+
+  // Collectives (engine_grads.cc, engine_step.cc). Gradients are reduced in fp32.
+  double coll_fb = 0, coll_after = 0;
+  switch (stage) {
+    case 0:  // one all-reduce of the accumulated gradients
+      coll_after = 2 * Ring(4 * N, W);
+      break;
+    case 1:  // reduce-scatter at the step's end, all-gather of the updated parameters
+      coll_after = Ring(4 * N, W) + Ring(csz * N, W);
+      break;
+    case 2:  // reduce-scatter per micro-batch, all-gather of the updated parameters
+      coll_fb = gas * Ring(4 * N, W);
+      coll_after = Ring(csz * N, W);
+      break;
+    default:  // gather for forward and for backward, reduce-scatter, per micro-batch
+      coll_fb = gas * (2 * Ring(csz * N, W) + Ring(4 * N, W));
+      break;
+  }
+  const double bus = hw.nodes > 1 ? std::min(hw.nvlink, hw.net) : hw.nvlink;
+  t.collective_bytes = static_cast<uint64_t>(coll_fb + coll_after);
+  const double coll_fb_s = Div(coll_fb, bus), coll_after_s = Div(coll_after, bus);
+  t.collective_s = coll_fb_s + coll_after_s;
+
+  // Offloaded parameter shards (stage 3): fetched once a step when the device cache holds them
+  // all (zero::OffloadedParamDeviceBudget), else for forward and for backward of every
+  // micro-batch.
+  double fetches = 0;
+  if (param_dev != OffloadDevice::kNone) {
+    const double all = csz * S, largest = csz * static_cast<double>(m.max_shard_elems);
+    const double lookahead = csz * static_cast<double>(cfg.zero.stage3_prefetch_bucket_size);
+    const double cache = std::min(std::max(all, 4 * largest), std::max(lookahead + 2 * largest, 4 * largest));
+    fetches = cache >= all ? 1.0 : 2.0 * gas;
+  }
+  const double fetch_bytes = fetches * csz * S;
+  // Host-device copies: only where device memory is not host memory.
+  const bool copies = IsCuda(in) || cfg.strata.memory.share_host_memory == Toggle::kOff;
+  double h2d_fb = 0, d2h_fb = 0, h2d_opt = 0, d2h_after = 0;
+  if (copies) {
+    h2d_fb = fetch_bytes;
+    if (t.cpu_optimizer) {
+      if (stage >= 2) d2h_fb = gas * 4 * S;  // each micro-batch's gradient shard lands on the host
+      else d2h_after = 4 * S;
+      // Updated parameters go back to the device, unless their home is off the device.
+      if (param_dev == OffloadDevice::kNone) h2d_opt = csz * S;
+    }
+  }
+  t.h2d_bytes = static_cast<uint64_t>(h2d_fb + h2d_opt);
+  t.d2h_bytes = static_cast<uint64_t>(d2h_fb + d2h_after);
+  t.h2d_s = Div(h2d_fb + h2d_opt, hw.pcie);
+  t.d2h_s = Div(d2h_fb + d2h_after, hw.pcie);
+
+  // NVMe, shared by the node's ranks.
+  double read_fb = 0, read_opt = 0, write_opt = 0;
+  if (param_dev == OffloadDevice::kNvme) {
+    read_fb = fetch_bytes;
+    write_opt += csz * S;  // the updated shard
+  }
+  if (optim_dev == OffloadDevice::kNvme) {
+    read_opt += 12 * S;  // master, m, v in, and out again
+    write_opt += 12 * S;
+  }
+  t.nvme_read_bytes = static_cast<uint64_t>(read_fb + read_opt);
+  t.nvme_write_bytes = static_cast<uint64_t>(write_opt);
+  t.nvme_read_s = Div(g * (read_fb + read_opt), hw.nvme_read);
+  t.nvme_write_s = Div(g * write_opt, hw.nvme_write);
+  const double nvme_fb_s = Div(g * read_fb, hw.nvme_read);
+  const double nvme_opt_s = t.nvme_read_s + t.nvme_write_s - nvme_fb_s;
+
+  // The optimizer: on the CPU, the node's rate shared by its ranks; on the device, bound by HBM
+  // (gradient and states read, states and parameters written).
+  t.optimizer_params = static_cast<uint64_t>(stage == 0 ? N : S);
+  t.optimizer_s = t.cpu_optimizer ? Div(g * S, hw.cpu_adam)
+                                  : Div(static_cast<double>(t.optimizer_params) * (28 + csz), hw.hbm);
+
+  // The critical path. Forward and backward overlap the gathers, fetches and gradient copies
+  // with compute; the CPU optimizer (with its NVMe traffic and the parameter upload) overlaps
+  // backward unless an update waits for the global norm (clipping, fp16, skipping non-finite
+  // steps: zero.md, "Overlap with backward").
+  struct Part {
+    const char* name;
+    double s;
+  };
+  const Part fb[] = {{"compute", t.compute_s},
+                     {"collectives", coll_fb_s},
+                     {"PCIe", Div(std::max(h2d_fb, d2h_fb), hw.pcie)},
+                     {"NVMe", nvme_fb_s}};
+  const Part* top = std::max_element(std::begin(fb), std::end(fb),
+                                     [](const Part& a, const Part& b) { return a.s < b.s; });
+  t.forward_backward_s = top->s;
+  t.bound_by = top->name;
+  const double opt_work = std::max({t.optimizer_s, nvme_opt_s, Div(h2d_opt, hw.pcie)});
+  t.optimizer_overlapped = t.cpu_optimizer && cfg.gradient_clipping <= 0.0 && !cfg.fp16.enabled &&
+                           cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
+  if (t.optimizer_overlapped) {
+    // It runs beside the last micro-batch's backward (3/4 of its compute with recomputation),
+    // and at least the last unit's update is left.
+    const double backward = t.forward_backward_s / gas * 0.75;
+    t.exposed_optimizer_s = std::max(opt_work - backward, opt_work / std::max(1, m.units));
+  } else {
+    t.exposed_optimizer_s = opt_work;
+  }
+  t.after_step_s = coll_after_s + Div(d2h_after, hw.pcie);
+  t.step_s = t.forward_backward_s + t.exposed_optimizer_s + t.after_step_s;
+
+  const Part all[] = {{"compute", t.compute_s},
+                      {"collectives", t.collective_s},
+                      {"PCIe", std::max(t.h2d_s, t.d2h_s)},
+                      {"NVMe", t.nvme_read_s + t.nvme_write_s},
+                      {t.cpu_optimizer ? "CPU optimizer" : "GPU optimizer", t.optimizer_s}};
+  t.bottleneck = std::max_element(std::begin(all), std::end(all), [](const Part& a, const Part& b) {
+                   return a.s < b.s;
+                 })->name;
+  t.tokens_per_s = Div(tokens * W, t.step_s);
+  t.mfu = Div(t.model_flops, t.step_s * hw.gpu_tflops * 1e12);
+  t.nvme_node_write_per_step = g * write_opt;
+  t.nvme_node_write_per_day = Div(t.nvme_node_write_per_step * 86400.0, t.step_s);
+  if (hw.nvme_tbw > 0 && t.nvme_node_write_per_day > 0) {
+    t.nvme_days = hw.nvme_tbw / t.nvme_node_write_per_day;
+  }
+  return t;
+}
+
+std::string FitCheck::Overflow() const {
+  std::string out;
+  auto add = [&](const char* tier, uint64_t need, uint64_t budget, const char* per) {
+    if (need <= budget) return;
+    out += fmt::format("{}{}: {} > {} {}", out.empty() ? "" : "; ", tier, FormatBytes(need),
+                       FormatBytes(budget), per);
+  };
+  add("device", device_need, device_budget, "per rank");
+  add("host memory", host_need, host_budget, "per node");
+  add("NVMe", nvme_need, nvme_budget, "per node");
+  return out;
+}
+
+FitCheck CheckFit(const EstimateInput& in, const MemoryEstimate& m, const Hardware& hw) {
+  FitCheck f;
+  const uint64_t g = static_cast<uint64_t>(std::max(1, hw.gpus_per_node));
+  f.device_need = m.device_peak();
+  f.device_budget = hw.rank_device_budget();
+  f.host_need = g * (m.engine.pinned_pool + m.engine.init_host_bytes);
+  if (!IsCuda(in)) f.host_need += g * f.device_need;  // the CPU device's memory is host memory
+  f.host_budget = hw.host_budget();
+  f.nvme_need = g * (m.engine.nvme_param_file + m.engine.nvme_optim_file);
+  f.nvme_budget = hw.nvme;
+  return f;
+}
+
+Result<PlacementPlan> PlanPlacement(const EstimateInput& in, const Hardware& hw) {
+  const ZeroConfig& z = in.config.zero;
+  auto options = [&](OffloadDevice given, bool param) {
+    if (given != OffloadDevice::kAuto) return std::vector<OffloadDevice>{given};
+    std::vector<OffloadDevice> v = {OffloadDevice::kNone, OffloadDevice::kCpu};
+    if (CanUseNvme(in.config, param)) v.push_back(OffloadDevice::kNvme);
+    return v;
+  };
+  PlacementPlan plan;
+  for (OffloadDevice p : options(z.offload_param.device, true)) {
+    for (OffloadDevice o : options(z.offload_optimizer.device, false)) {
+      PlanCandidate c;
+      c.param = p;
+      c.optimizer = o;
+      EstimateInput ci = in;
+      STRATA_RETURN_IF_ERROR(ResolveOffloadDevices(&ci.config, p, o));
+      STRATA_ASSIGN_OR_RETURN(c.memory, EstimateMemory(ci));
+      c.time = EstimateTime(ci, c.memory, hw);
+      c.fit = CheckFit(ci, c.memory, hw);
+      plan.candidates.push_back(std::move(c));
+    }
+  }
+  // How much a candidate offloads: the tie-breaker (less is simpler and wears no drive).
+  auto weight = [](const PlanCandidate& c) {
+    return static_cast<int>(c.param) * 3 + static_cast<int>(c.optimizer);
+  };
+  for (size_t i = 0; i < plan.candidates.size(); ++i) {
+    const PlanCandidate& c = plan.candidates[i];
+    if (!c.fit.fits()) continue;
+    if (plan.chosen < 0) {
+      plan.chosen = static_cast<int>(i);
+      continue;
+    }
+    const PlanCandidate& b = plan.best();
+    const bool much_faster = c.time.step_s < b.time.step_s * 0.98;
+    const bool tie = !much_faster && c.time.step_s <= b.time.step_s * 1.02;
+    if (much_faster || (tie && weight(c) < weight(b))) plan.chosen = static_cast<int>(i);
+  }
+  auto name = [](const PlanCandidate& c) {
+    return fmt::format("parameters on {}, optimizer on {}", OffloadDeviceName(c.param),
+                       OffloadDeviceName(c.optimizer));
+  };
+  if (plan.chosen < 0) {
+    std::string all;
+    for (const PlanCandidate& c : plan.candidates) {
+      all += fmt::format("{}{}: {}", all.empty() ? "" : "; ", name(c), c.fit.Overflow());
+    }
+    return ResourceExhaustedError(fmt::format(
+        "no placement fits {} node(s) x {} GPU(s) ({} device budget per rank, {} of host memory "
+        "and {} of NVMe per node): {}",
+        hw.nodes, hw.gpus_per_node, FormatBytes(hw.rank_device_budget()),
+        FormatBytes(hw.host_budget()), FormatBytes(hw.nvme), all));
+  }
+  const PlanCandidate& best = plan.best();
+  for (const PlanCandidate& c : plan.candidates) {
+    if (&c == &best) continue;
+    if (!c.fit.fits()) {
+      plan.reasons.push_back(fmt::format("not {}: does not fit ({})", name(c), c.fit.Overflow()));
+    } else {
+      plan.reasons.push_back(fmt::format(
+          "not {}: fits, step {:.3g} s ({:.2f}x the chosen; bound by {})", name(c), c.time.step_s,
+          Div(c.time.step_s, best.time.step_s), c.time.bound_by));
+    }
+  }
+  plan.reasons.insert(plan.reasons.begin(),
+                      fmt::format("chosen: {}: step {:.3g} s, bound by {}{}", name(best),
+                                  best.time.step_s, best.time.bound_by,
+                                  plan.candidates.size() == 1 ? " (the config fixes both homes)"
+                                                              : ", the fastest that fits"));
+  return plan;
+}
+
+Hardware MachineHardware(const device::Device& dev, const comm::LaunchInfo& launch,
+                         const Config& config) {
+  Hardware hw;
+  hw.gpus_per_node = std::max(1, launch.local_size);
+  hw.nodes = std::max(1, launch.world_size / hw.gpus_per_node);
+  hw.device_budget = dev.memory_stats().budget;
+  hw.gpu_mem = hw.device_budget;
+  if (dev.type() == device::DeviceType::kCpu) {
+    // The CPU device computes on the host's cores (fp32 sgemm, about 50 GFLOPS each at best),
+    // copies at memory speed, and its CPU optimizer has one thread per rank. Rough rates: they
+    // only rank the candidates that fit.
+    const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    hw.gpu_tflops = 0.1 * static_cast<double>(cores);  // counted at half for fp32
+    hw.gpu_efficiency = 1.0;
+    hw.pcie = 10e9;
+    hw.hbm = 10e9;
+    hw.cpu_adam = 0.3e9 * hw.gpus_per_node;
+    hw.nvme_read = 2e9;
+    hw.nvme_write = 1e9;
+  }
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) hw.cpu_mem = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+  // NVMe: the free space of each distinct filesystem the config's directories are on.
+  std::vector<std::string> dirs = config.strata.io.nvme_paths;
+  for (const std::string* p : {&config.zero.offload_param.nvme_path,
+                               &config.zero.offload_optimizer.nvme_path}) {
+    if (!p->empty() && config.strata.io.nvme_paths_auto) dirs.push_back(*p);
+  }
+  std::vector<unsigned long> seen;
+  hw.nvme = 0;
+  for (const std::string& d : dirs) {
+    std::error_code ec;
+    std::filesystem::path p = std::filesystem::absolute(d, ec);
+    while (!p.empty() && !std::filesystem::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
+    struct statvfs st {};
+    if (::statvfs(p.c_str(), &st) != 0) continue;
+    if (std::find(seen.begin(), seen.end(), st.f_fsid) != seen.end()) continue;
+    seen.push_back(st.f_fsid);
+    hw.nvme += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  }
+  return hw;
+}
+
+std::string FormatTimeEstimate(const TimeEstimate& t, const Hardware& hw) {
+  std::string out = fmt::format(
+      "time per step (per rank; {} node(s) x {} GPU(s), {:.0f} TFLOPS at {:.0f}%)\n", hw.nodes,
+      hw.gpus_per_node, hw.gpu_tflops, hw.gpu_efficiency * 100);
+  auto line = [&](std::string_view what, double s, std::string detail) {
+    out += fmt::format("  {:<28} {:>10.4f} s  {}\n", what, s, detail);
+  };
+  line("compute", t.compute_s, fmt::format("{:.3g} TFLOP with recomputation", t.exec_flops / 1e12));
+  line("collectives", t.collective_s,
+       fmt::format("{} on the wire at {:.0f} GB/s", FormatBytes(t.collective_bytes),
+                   (hw.nodes > 1 ? std::min(hw.nvlink, hw.net) : hw.nvlink) / 1e9));
+  line("PCIe host to device", t.h2d_s, FormatBytes(t.h2d_bytes));
+  line("PCIe device to host", t.d2h_s, FormatBytes(t.d2h_bytes));
+  line("NVMe read (node's share)", t.nvme_read_s, FormatBytes(t.nvme_read_bytes) + " per rank");
+  line("NVMe write (node's share)", t.nvme_write_s, FormatBytes(t.nvme_write_bytes) + " per rank");
+  line(t.cpu_optimizer ? "CPU optimizer" : "GPU optimizer", t.optimizer_s,
+       fmt::format("{:.3g}M parameters per rank", static_cast<double>(t.optimizer_params) / 1e6));
+  out += "critical path\n";
+  line("forward + backward", t.forward_backward_s, "bound by " + t.bound_by);
+  line("optimizer left after backward", t.exposed_optimizer_s,
+       t.optimizer_overlapped ? "the CPU optimizer overlaps backward" : "not overlapped");
+  line("after the step", t.after_step_s, "end-of-step reductions and gathers");
+  line("step", t.step_s, "bottleneck: " + t.bottleneck);
+  out += fmt::format("  {:.4g} tokens/s over all ranks, MFU {:.1f}%\n", t.tokens_per_s, t.mfu * 100);
+  if (t.nvme_node_write_per_step > 0) {
+    out += fmt::format("  NVMe writes per node: {} per step, {:.2f} TB per day{}\n",
+                       FormatBytes(static_cast<uint64_t>(t.nvme_node_write_per_step)),
+                       t.nvme_node_write_per_day / 1e12,
+                       t.nvme_days > 0 ? fmt::format(", {:.0f} days to the drives' {:.0f} TBW",
+                                                     t.nvme_days, hw.nvme_tbw / 1e12)
+                                       : std::string());
+  }
+  return out;
+}
+
+std::string FormatFit(const FitCheck& f) {
+  std::string out = "fit\n";
+  auto line = [&](const char* tier, uint64_t need, uint64_t budget) {
+    out += fmt::format("  {:<28} {:>12} of {:>12}  {}\n", tier, FormatBytes(need),
+                       FormatBytes(budget), need <= budget ? "fits" : "DOES NOT FIT");
+  };
+  line("device per rank", f.device_need, f.device_budget);
+  line("host memory per node", f.host_need, f.host_budget);
+  line("NVMe per node", f.nvme_need, f.nvme_budget);
+  return out;
+}
+
+nlohmann::json TimeEstimateJson(const TimeEstimate& t) {
+  return {{"model_flops", t.model_flops},
+          {"exec_flops", t.exec_flops},
+          {"collective_bytes", t.collective_bytes},
+          {"h2d_bytes", t.h2d_bytes},
+          {"d2h_bytes", t.d2h_bytes},
+          {"nvme_read_bytes", t.nvme_read_bytes},
+          {"nvme_write_bytes", t.nvme_write_bytes},
+          {"optimizer_params", t.optimizer_params},
+          {"compute_s", t.compute_s},
+          {"collective_s", t.collective_s},
+          {"h2d_s", t.h2d_s},
+          {"d2h_s", t.d2h_s},
+          {"nvme_read_s", t.nvme_read_s},
+          {"nvme_write_s", t.nvme_write_s},
+          {"optimizer_s", t.optimizer_s},
+          {"cpu_optimizer", t.cpu_optimizer},
+          {"optimizer_overlapped", t.optimizer_overlapped},
+          {"forward_backward_s", t.forward_backward_s},
+          {"exposed_optimizer_s", t.exposed_optimizer_s},
+          {"after_step_s", t.after_step_s},
+          {"step_s", t.step_s},
+          {"bound_by", t.bound_by},
+          {"bottleneck", t.bottleneck},
+          {"tokens_per_s", t.tokens_per_s},
+          {"mfu", t.mfu},
+          {"nvme_node_write_bytes_per_step", t.nvme_node_write_per_step},
+          {"nvme_node_write_bytes_per_day", t.nvme_node_write_per_day},
+          {"nvme_days_to_tbw", t.nvme_days}};
+}
+
+nlohmann::json FitJson(const FitCheck& f) {
+  return {{"fits", f.fits()},
+          {"device_need_bytes", f.device_need},
+          {"device_budget_bytes", f.device_budget},
+          {"host_need_bytes", f.host_need},
+          {"host_budget_bytes", f.host_budget},
+          {"nvme_need_bytes", f.nvme_need},
+          {"nvme_budget_bytes", f.nvme_budget},
+          {"overflow", f.Overflow()}};
+}
+
+nlohmann::json HardwareJson(const Hardware& hw) {
+  return {{"nodes", hw.nodes},
+          {"gpus_per_node", hw.gpus_per_node},
+          {"gpu_mem_bytes", hw.gpu_mem},
+          {"device_budget_bytes", hw.rank_device_budget()},
+          {"cpu_mem_bytes", hw.cpu_mem},
+          {"host_budget_bytes", hw.host_budget()},
+          {"nvme_bytes", hw.nvme},
+          {"nvme_read_bps", hw.nvme_read},
+          {"nvme_write_bps", hw.nvme_write},
+          {"cpu_adam_params_per_s", hw.cpu_adam},
+          {"pcie_bps", hw.pcie},
+          {"nvlink_bps", hw.nvlink},
+          {"net_bps", hw.net},
+          {"hbm_bps", hw.hbm},
+          {"gpu_tflops", hw.gpu_tflops},
+          {"gpu_efficiency", hw.gpu_efficiency},
+          {"nvme_tbw_bytes", hw.nvme_tbw}};
+}
+
+}  // namespace strata::train

@@ -1,0 +1,273 @@
+// The time model and the placement planner (train/plan.h): the bytes and FLOPs a step moves per
+// resource, the overlap the engine does, the fit per tier, the planner's choice and its errors,
+// and the "auto" offload homes in the config.
+#include "train/plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "model/llama_config.h"
+#include "zero/engine.h"
+
+namespace strata::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+model::LlamaConfig SmallModel() {
+  model::LlamaConfig m;
+  m.name = "test";
+  m.vocab_size = 2048;
+  m.hidden_size = 256;
+  m.intermediate_size = 704;
+  m.num_hidden_layers = 4;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.max_position_embeddings = 256;
+  return m;
+}
+
+Config Parse(const std::string& json) {
+  Result<Config> c = ParseConfig(json, "<test>");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : Config{};
+}
+
+EstimateInput Input(const std::string& zero, int world = 1, const std::string& extra = "") {
+  EstimateInput in;
+  in.model = SmallModel();
+  in.config = Parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+                        "bf16": {"enabled": true}, )" +
+                    extra + R"("zero_optimization": )" + zero + "}");
+  in.world_size = world;
+  in.seq_len = 128;
+  in.device = device::DeviceType::kCuda;
+  return in;
+}
+
+Hardware Big(int gpus) {
+  Hardware hw;
+  hw.gpus_per_node = gpus;
+  return hw;
+}
+
+TEST(ParseRateTest, UnitsAndForms) {
+  EXPECT_DOUBLE_EQ(*ParseRate("25G/s"), 25e9);
+  EXPECT_DOUBLE_EQ(*ParseRate("12GB/s"), 12e9);
+  EXPECT_DOUBLE_EQ(*ParseRate("1.5G"), 1.5e9);
+  EXPECT_DOUBLE_EQ(*ParseRate("50e9"), 50e9);
+  EXPECT_DOUBLE_EQ(*ParseRate("3.35T/s"), 3.35e12);
+  EXPECT_DOUBLE_EQ(*ParseRate("1GiB/s"), 1073741824.0);
+  EXPECT_DOUBLE_EQ(*ParseRate("800M"), 800e6);
+  for (const char* bad : {"", "fast", "-1G/s", "0", "5Q/s", "G/s", "1e", "2GG"}) {
+    Result<double> r = ParseRate(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_THAT(std::string(r.status().message()), HasSubstr("is not a rate")) << bad;
+    }
+  }
+}
+
+// Stage 3 on 2 ranks, optimizer on NVMe: every byte of the step counted from the partition.
+TEST(TimeModelTest, CountsTheBytesOfAStage3NvmeStep) {
+  const EstimateInput in = Input(
+      R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x"}})", 2);
+  Result<MemoryEstimate> m = EstimateMemory(in);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const double S = static_cast<double>(m->shard_elems), N = static_cast<double>(m->padded_elems);
+  EXPECT_EQ(m->padded_elems, 2 * m->shard_elems);
+  EXPECT_GE(m->padded_elems, static_cast<uint64_t>(SmallModel().ParameterCount()));
+  Hardware hw = Big(2);
+  const TimeEstimate t = EstimateTime(in, *m, hw);
+  EXPECT_EQ(t.nvme_read_bytes, static_cast<uint64_t>(12 * S));
+  EXPECT_EQ(t.nvme_write_bytes, static_cast<uint64_t>(12 * S));
+  EXPECT_EQ(t.optimizer_params, m->shard_elems);
+  // Per micro-batch (2 of them): two bf16 gathers and one fp32 reduce-scatter, (W-1)/W each.
+  EXPECT_EQ(t.collective_bytes, static_cast<uint64_t>(2 * (2 * 2 * N + 4 * N) / 2));
+  // Gradient shards leave each micro-batch; updated parameters (homed on the device) return.
+  EXPECT_EQ(t.d2h_bytes, static_cast<uint64_t>(2 * 4 * S));
+  EXPECT_EQ(t.h2d_bytes, static_cast<uint64_t>(2 * S));
+  // The node's two ranks share the drives.
+  EXPECT_DOUBLE_EQ(t.nvme_write_s, 2 * 12 * S / hw.nvme_write);
+  EXPECT_DOUBLE_EQ(t.nvme_read_s, 2 * 12 * S / hw.nvme_read);
+  EXPECT_DOUBLE_EQ(t.optimizer_s, 2 * S / hw.cpu_adam);
+  EXPECT_TRUE(t.cpu_optimizer);
+  EXPECT_TRUE(t.optimizer_overlapped);
+  // Compute: 6N + attention per token, plus the blocks' forward again.
+  const double tokens = 2.0 * 128 * 2;
+  EXPECT_DOUBLE_EQ(t.model_flops, SmallModel().TrainFlopsPerToken(128) * tokens);
+  EXPECT_GT(t.exec_flops, t.model_flops);
+  EXPECT_LT(t.exec_flops, t.model_flops * 4.0 / 3.0);
+  EXPECT_DOUBLE_EQ(t.compute_s, t.exec_flops / (hw.gpu_tflops * 1e12 * hw.gpu_efficiency));
+  EXPECT_DOUBLE_EQ(t.step_s, t.forward_backward_s + t.exposed_optimizer_s + t.after_step_s);
+  EXPECT_DOUBLE_EQ(t.tokens_per_s, tokens * 2 / t.step_s);
+  EXPECT_DOUBLE_EQ(t.nvme_node_write_per_step, 2 * 12 * S);
+  EXPECT_EQ(t.nvme_days, 0.0);  // no endurance given
+  hw.nvme_tbw = 1e15;
+  const TimeEstimate w = EstimateTime(in, *m, hw);
+  EXPECT_DOUBLE_EQ(w.nvme_days, 1e15 / (2 * 12 * S * 86400.0 / w.step_s));
+}
+
+TEST(TimeModelTest, SingleRankStage0HasNoCollectivesAndAGpuOptimizer) {
+  const EstimateInput in = Input(R"({"stage": 0})");
+  Result<MemoryEstimate> m = EstimateMemory(in);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const TimeEstimate t = EstimateTime(in, *m, Big(1));
+  EXPECT_EQ(t.collective_bytes, 0u);
+  EXPECT_EQ(t.h2d_bytes + t.d2h_bytes + t.nvme_read_bytes + t.nvme_write_bytes, 0u);
+  EXPECT_FALSE(t.cpu_optimizer);
+  EXPECT_EQ(t.bound_by, "compute");
+  EXPECT_DOUBLE_EQ(t.step_s, t.compute_s + t.optimizer_s);
+}
+
+// The CPU optimizer overlaps backward unless an update waits for the global norm.
+TEST(TimeModelTest, ClippingExposesTheWholeOptimizer) {
+  const std::string zero = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  const EstimateInput overlapped = Input(zero);
+  const EstimateInput clipped = Input(zero, 1, R"("gradient_clipping": 1.0, )");
+  Result<MemoryEstimate> m = EstimateMemory(overlapped);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Hardware hw = Big(1);
+  hw.cpu_adam = 1e6;  // slow enough to matter
+  const TimeEstimate a = EstimateTime(overlapped, *m, hw);
+  const TimeEstimate b = EstimateTime(clipped, *m, hw);
+  EXPECT_TRUE(a.optimizer_overlapped);
+  EXPECT_FALSE(b.optimizer_overlapped);
+  EXPECT_DOUBLE_EQ(b.exposed_optimizer_s, b.optimizer_s);
+  EXPECT_LT(a.exposed_optimizer_s, b.exposed_optimizer_s);
+  EXPECT_EQ(a.bottleneck, "CPU optimizer");
+}
+
+TEST(FitTest, EachTierAgainstItsCapacity) {
+  const EstimateInput in =
+      Input(R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"},
+                "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x"}})", 4);
+  Result<MemoryEstimate> m = EstimateMemory(in);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Hardware hw = Big(4);
+  FitCheck f = CheckFit(in, *m, hw);
+  EXPECT_TRUE(f.fits());
+  EXPECT_EQ(f.Overflow(), "");
+  EXPECT_EQ(f.device_need, m->device_peak());
+  EXPECT_EQ(f.nvme_need, 4 * (m->engine.nvme_param_file + m->engine.nvme_optim_file));
+  EXPECT_EQ(f.host_need, 4 * (m->engine.pinned_pool + m->engine.init_host_bytes));
+  hw.nvme = f.nvme_need - 1;
+  hw.cpu_mem = 1;
+  f = CheckFit(in, *m, hw);
+  EXPECT_FALSE(f.fits());
+  EXPECT_THAT(f.Overflow(), HasSubstr("NVMe"));
+  EXPECT_THAT(f.Overflow(), HasSubstr("host memory"));
+  EXPECT_THAT(f.Overflow(), ::testing::Not(HasSubstr("device")));
+}
+
+TEST(ConfigAutoTest, AutoHomesParseAndResolve) {
+  Config c = Parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "auto"},
+                       "offload_optimizer": {"device": "auto", "nvme_path": "/tmp/n"}}})");
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kAuto);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kAuto);
+  EXPECT_TRUE(HasAutoOffload(c));
+  EXPECT_FALSE(CanUseNvme(c, /*param=*/true));
+  EXPECT_TRUE(CanUseNvme(c, /*param=*/false));
+  EXPECT_TRUE(c.strata.io.nvme_paths.empty());
+  // The engine will not plan or build an unresolved config.
+  const std::vector<zero::UnitSpec> units = {{"u", {{"w", {4096}}}}};
+  Result<zero::EngineMemoryPlan> p = zero::Engine::PlanMemory(units, {{}}, c, 1);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("\"auto\""));
+  // NVMe for the parameters has no directory; for the optimizer it has.
+  Config bad = c;
+  Status s = ResolveOffloadDevices(&bad, OffloadDevice::kNvme, OffloadDevice::kCpu);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("offload_param.device"));
+  ASSERT_TRUE(ResolveOffloadDevices(&c, OffloadDevice::kCpu, OffloadDevice::kNvme).ok());
+  EXPECT_EQ(c.strata.io.nvme_paths, std::vector<std::string>{"/tmp/n"});
+  EXPECT_FALSE(HasAutoOffload(c));
+  // A home the config fixes is not the planner's to change.
+  s = ResolveOffloadDevices(&c, OffloadDevice::kNone, OffloadDevice::kNvme);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("only \"auto\""));
+  // Where only one home is possible, "auto" is it.
+  Config s0 = Parse(R"({"zero_optimization": {"stage": 0, "offload_param": {"device": "auto"},
+                        "offload_optimizer": {"device": "auto"}}})");
+  EXPECT_FALSE(HasAutoOffload(s0));
+  EXPECT_EQ(s0.zero.offload_optimizer.device, OffloadDevice::kNone);
+  // The error for a bad value lists "auto" among the homes.
+  Result<Config> typo =
+      ParseConfig(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "ram"}}})", "t");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_THAT(std::string(typo.status().message()), HasSubstr("auto"));
+}
+
+const char* kAuto = R"({"stage": 3, "offload_param": {"device": "auto", "nvme_path": "/tmp/p"},
+                        "offload_optimizer": {"device": "auto", "nvme_path": "/tmp/p"}})";
+
+TEST(PlannerTest, ChoosesTheFastestPlacementThatFits) {
+  const EstimateInput in = Input(kAuto, 2);
+  // Room everywhere: nothing offloaded (nothing is faster than the device).
+  Result<PlacementPlan> p = PlanPlacement(in, Big(2));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->candidates.size(), 9u);
+  EXPECT_EQ(p->best().param, OffloadDevice::kNone);
+  EXPECT_EQ(p->best().optimizer, OffloadDevice::kNone);
+  EXPECT_THAT(p->reasons.front(), HasSubstr("chosen: parameters on none, optimizer on none"));
+  ASSERT_EQ(p->reasons.size(), 9u);  // the choice and why not each of the 8 others
+
+  // A device budget that holds the offloaded placements but not the optimizer states.
+  uint64_t none_peak = 0, offloaded_peak = 0;
+  for (const auto& c : p->candidates) {
+    if (c.param == OffloadDevice::kNone && c.optimizer == OffloadDevice::kNone) {
+      none_peak = c.memory.device_peak();
+    }
+    if (c.param == OffloadDevice::kNone && c.optimizer == OffloadDevice::kCpu) {
+      offloaded_peak = c.memory.device_peak();
+    }
+  }
+  ASSERT_LT(offloaded_peak, none_peak);
+  Hardware hw = Big(2);
+  hw.device_budget = (none_peak + offloaded_peak) / 2;
+  p = PlanPlacement(in, hw);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->best().optimizer, OffloadDevice::kCpu);  // host memory beats NVMe
+  EXPECT_TRUE(p->best().fit.fits());
+  bool told = false;
+  for (const auto& r : p->reasons) told = told || r.find("does not fit (device") != std::string::npos;
+  EXPECT_TRUE(told);
+
+  // Host memory too small for the states on the CPU, whatever the parameters' home: NVMe.
+  uint64_t cpu_host = ~uint64_t{0};
+  for (const auto& c : p->candidates) {
+    if (c.optimizer == OffloadDevice::kCpu) cpu_host = std::min(cpu_host, c.fit.host_need);
+  }
+  hw.cpu_mem = static_cast<uint64_t>(static_cast<double>(cpu_host) / hw.host_fraction) - 4096;
+  p = PlanPlacement(in, hw);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->best().optimizer, OffloadDevice::kNvme);
+
+  // And no disk either: one error naming every candidate's overflow.
+  hw.nvme = 0;
+  p = PlanPlacement(in, hw);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("no placement fits"));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("parameters on nvme, optimizer on nvme: "));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("NVMe: "));
+}
+
+TEST(PlannerTest, NvmeOnlyWithADirectoryAndFixedHomesStay) {
+  EstimateInput in = Input(R"({"stage": 3, "offload_param": {"device": "cpu"},
+                               "offload_optimizer": {"device": "auto"}})");
+  Result<PlacementPlan> p = PlanPlacement(in, Big(1));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->candidates.size(), 2u);  // none, cpu: no directory for NVMe
+  for (const auto& c : p->candidates) EXPECT_EQ(c.param, OffloadDevice::kCpu);
+  // Without "auto": the config's one placement.
+  in = Input(R"({"stage": 2})");
+  p = PlanPlacement(in, Big(1));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->candidates.size(), 1u);
+  EXPECT_THAT(p->reasons.front(), HasSubstr("the config fixes both homes"));
+}
+
+}  // namespace
+}  // namespace strata::train
