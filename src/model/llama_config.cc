@@ -47,6 +47,9 @@ const std::vector<Preset>& Presets() {
       {"llama3-8b", Make("llama3-8b", 128256, 4096, 14336, 32, 32, 8, 8192, 1e-5, 500000.0, false)},
       {"llama3-70b",
        Make("llama3-70b", 128256, 8192, 28672, 80, 64, 8, 8192, 1e-5, 500000.0, false)},
+      // Planning only (strata estimate): a Llama-3-shaped model of 1.03T parameters, 128 layers
+      // of hidden 25600 (200 heads of 128, 8 KV heads), FFN 86016. docs/planning.md.
+      {"llama-1t", Make("llama-1t", 128256, 25600, 86016, 128, 200, 8, 8192, 1e-5, 500000.0, false)},
   };
   return presets;
 }

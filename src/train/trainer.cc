@@ -269,7 +269,7 @@ Status RunTraining(const TrainOptions& o) {
     STRATA_ASSIGN_OR_RETURN(const MemoryEstimate plan, EstimateMemory(plan_in));
     std::string warning;
     STRATA_RETURN_IF_ERROR(CheckDevicePlan(plan, dev->memory_stats().budget, &warning));
-    if (!warning.empty()) STRATA_LOG(warn, train, "{}", warning);
+    if (!warning.empty() && rank == 0) STRATA_LOG(warn, train, "{}", warning);  // same on every rank
   }
 
   // Model, store, pool, engine.
@@ -326,7 +326,7 @@ Status RunTraining(const TrainOptions& o) {
   STRATA_ASSIGN_OR_RETURN(EngineStack stack,
                           BuildEngine(runtime, *llama, config, std::move(build)));
   zero::Engine* engine = stack.engine.get();
-  if (config.zero.offload_optimizer.device != OffloadDevice::kNone) {
+  if (config.zero.stage > 0 && config.zero.offload_optimizer.device != OffloadDevice::kNone) {
     say(fmt::format("  CPU AdamW: {} thread(s) per rank (strata.cpu_adam_threads{})",
                     stack.cpu_adam_threads, config.strata.cpu_adam_threads ? "" : " auto"));
   }
