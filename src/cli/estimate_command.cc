@@ -16,6 +16,7 @@
 #include "strata/config.h"
 #include "train/estimate.h"
 #include "train/plan.h"
+#include "train/plan_measure.h"
 
 namespace strata::cli {
 namespace {
@@ -28,6 +29,7 @@ struct EstimateArgs {
   std::string device = "cuda";
   bool json = false;
   bool plan = false;
+  bool measure = false;
   std::string nvme_path;
   // Hardware, as text until parsed (rates take units and /s).
   int gpus = 1;
@@ -140,6 +142,19 @@ int RunEstimate(const EstimateArgs& a) {
   }
   in.seq_len = a.seq_len;
   in.device = a.device == "cpu" ? device::DeviceType::kCpu : device::DeviceType::kCuda;
+  hw->shared_cores = in.device == device::DeviceType::kCpu;
+  nlohmann::json measured = nullptr;
+  if (a.measure) {
+    train::MeasureOptions mo;
+    mo.device = in.device;
+    mo.nvme_path = a.nvme_path;
+    mo.ranks_per_node = hw->gpus_per_node;
+    fmt::print(stderr, "strata estimate: measuring this machine's rates (a few seconds)\n");
+    Result<std::vector<std::string>> lines = train::MeasureHardware(mo, &*hw);
+    if (!lines.ok()) return ReportError(kCommand, lines.status().WithContext("--measure"));
+    for (const auto& l : *lines) fmt::print(stderr, "  measured: {}\n", l);
+    measured = *lines;
+  }
 
   Result<train::PlacementPlan> plan = train::PlanPlacement(in, *hw);
   if (!plan.ok()) {
@@ -168,6 +183,7 @@ int RunEstimate(const EstimateArgs& a) {
     j["model"] = in.model.name;
     j["device_type"] = a.device;
     j["hardware"] = train::HardwareJson(*hw);
+    if (a.measure) j["measured"] = measured;
     j["fit"] = train::FitJson(shown.fit);
     j["time"] = train::TimeEstimateJson(shown.time);
     j["placement"] = {{"offload_param", OffloadDeviceName(shown.param)},
@@ -239,7 +255,12 @@ void RegisterEstimateCommand(CLI::App& app, int* exit_code) {
                 "Print the config the planner chooses for \"auto\" homes (stdout) and why "
                 "(stderr); without --config, plans ZeRO-3 bf16 with both homes \"auto\"");
   cmd->add_option("--nvme-path", args->nvme_path,
-                  "A directory for NVMe homes that name none (lets \"auto\" consider NVMe)");
+                  "A directory for NVMe homes that name none (lets \"auto\" consider NVMe); "
+                  "--measure benchmarks it");
+  cmd->add_flag("--measure", args->measure,
+                "Measure this machine's rates instead of the flags' (CPU AdamW with the engine's "
+                "kernel; NVMe in --nvme-path with nvme-bench's engine; on --device cpu OpenBLAS "
+                "sgemm; on cuda the GPUs' count, memory and peak by name)");
   auto* hw = cmd->add_option_group("hardware", "What the run is planned for (per GPU / per node)");
   hw->add_option("--gpus", args->gpus, "GPUs (ranks) per node")
       ->check(CLI::Range(1, 1 << 16))

@@ -100,7 +100,9 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   const double head = 6.0 * static_cast<double>(in.model.vocab_size * in.model.hidden_size);
   t.model_flops = per_token * tokens;
   t.exec_flops = (per_token + (per_token - head) / 3.0) * tokens;
-  const double tflops = hw.gpu_tflops * (cfg.precision() == Precision::kFp32 ? 0.5 : 1.0);
+  // fp32 runs on a GPU use TF32 at half the 16-bit rate; the CPU device computes in fp32 always.
+  const double tflops =
+      hw.gpu_tflops * (cfg.precision() == Precision::kFp32 && IsCuda(in) ? 0.5 : 1.0);
   t.compute_s = Div(t.exec_flops, tflops * 1e12 * hw.gpu_efficiency);
 
   // Collectives (engine_grads.cc, engine_step.cc). Gradients are reduced in fp32.
@@ -192,10 +194,19 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
                                      [](const Part& a, const Part& b) { return a.s < b.s; });
   t.forward_backward_s = top->s;
   t.bound_by = top->name;
-  const double opt_work = std::max({t.optimizer_s, nvme_opt_s, Div(h2d_opt, hw.pcie)});
+  double opt_work = std::max({t.optimizer_s, nvme_opt_s, Div(h2d_opt, hw.pcie)});
   t.optimizer_overlapped = t.cpu_optimizer && cfg.gradient_clipping <= 0.0 && !cfg.fp16.enabled &&
                            cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
-  if (t.optimizer_overlapped) {
+  t.shared_cores = hw.shared_cores;
+  if (hw.shared_cores) {
+    // The CPU device computes on the cores that also run the collectives' copies, the CPU
+    // optimizer, hashing and I/O completions: work overlapped in time takes its time from
+    // compute, so the parts add up (docs/planning.md, "Checked against measured steps").
+    t.forward_backward_s = 0;
+    for (const Part& p : fb) t.forward_backward_s += p.s;
+    opt_work = t.optimizer_s + nvme_opt_s + Div(h2d_opt, hw.pcie);
+    t.exposed_optimizer_s = opt_work;
+  } else if (t.optimizer_overlapped) {
     // It runs beside the last micro-batch's backward (3/4 of its compute with recomputation),
     // and at least the last unit's update is left.
     const double backward = t.forward_backward_s / gas * 0.75;
@@ -210,7 +221,7 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
                       {"collectives", t.collective_s},
                       {"PCIe", std::max(t.h2d_s, t.d2h_s)},
                       {"NVMe", t.nvme_read_s + t.nvme_write_s},
-                      {t.cpu_optimizer ? "CPU optimizer" : "GPU optimizer", t.optimizer_s}};
+                      {t.cpu_optimizer ? "CPU optimizer" : "device optimizer", t.optimizer_s}};
   t.bottleneck = std::max_element(std::begin(all), std::end(all), [](const Part& a, const Part& b) {
                    return a.s < b.s;
                  })->name;
@@ -330,6 +341,7 @@ Hardware MachineHardware(const device::Device& dev, const comm::LaunchInfo& laun
   hw.device_budget = dev.memory_stats().budget;
   hw.gpu_mem = hw.device_budget;
   if (dev.type() == device::DeviceType::kCpu) {
+    hw.shared_cores = true;
     // The CPU device computes on the host's cores (fp32 sgemm, about 50 GFLOPS each at best),
     // copies at memory speed, and its CPU optimizer has one thread per rank. Rough rates: they
     // only rank the candidates that fit.
@@ -367,7 +379,7 @@ Hardware MachineHardware(const device::Device& dev, const comm::LaunchInfo& laun
 
 std::string FormatTimeEstimate(const TimeEstimate& t, const Hardware& hw) {
   std::string out = fmt::format(
-      "time per step (per rank; {} node(s) x {} GPU(s), {:.0f} TFLOPS at {:.0f}%)\n", hw.nodes,
+      "time per step (per rank; {} node(s) x {} GPU(s), {:.3g} TFLOPS at {:.0f}%)\n", hw.nodes,
       hw.gpus_per_node, hw.gpu_tflops, hw.gpu_efficiency * 100);
   auto line = [&](std::string_view what, double s, std::string detail) {
     out += fmt::format("  {:<28} {:>10.4f} s  {}\n", what, s, detail);
@@ -380,12 +392,14 @@ std::string FormatTimeEstimate(const TimeEstimate& t, const Hardware& hw) {
   line("PCIe device to host", t.d2h_s, FormatBytes(t.d2h_bytes));
   line("NVMe read (node's share)", t.nvme_read_s, FormatBytes(t.nvme_read_bytes) + " per rank");
   line("NVMe write (node's share)", t.nvme_write_s, FormatBytes(t.nvme_write_bytes) + " per rank");
-  line(t.cpu_optimizer ? "CPU optimizer" : "GPU optimizer", t.optimizer_s,
+  line(t.cpu_optimizer ? "CPU optimizer" : "device optimizer", t.optimizer_s,
        fmt::format("{:.3g}M parameters per rank", static_cast<double>(t.optimizer_params) / 1e6));
   out += "critical path\n";
   line("forward + backward", t.forward_backward_s, "bound by " + t.bound_by);
   line("optimizer left after backward", t.exposed_optimizer_s,
-       t.optimizer_overlapped ? "the CPU optimizer overlaps backward" : "not overlapped");
+       t.shared_cores              ? "shared cores: nothing overlaps (the CPU device)"
+       : t.optimizer_overlapped ? "the CPU optimizer overlaps backward"
+                                : "not overlapped");
   line("after the step", t.after_step_s, "end-of-step reductions and gathers");
   line("step", t.step_s, "bottleneck: " + t.bottleneck);
   out += fmt::format("  {:.4g} tokens/s over all ranks, MFU {:.1f}%\n", t.tokens_per_s, t.mfu * 100);
@@ -430,6 +444,7 @@ nlohmann::json TimeEstimateJson(const TimeEstimate& t) {
           {"optimizer_s", t.optimizer_s},
           {"cpu_optimizer", t.cpu_optimizer},
           {"optimizer_overlapped", t.optimizer_overlapped},
+          {"shared_cores", t.shared_cores},
           {"forward_backward_s", t.forward_backward_s},
           {"exposed_optimizer_s", t.exposed_optimizer_s},
           {"after_step_s", t.after_step_s},
@@ -471,6 +486,7 @@ nlohmann::json HardwareJson(const Hardware& hw) {
           {"hbm_bps", hw.hbm},
           {"gpu_tflops", hw.gpu_tflops},
           {"gpu_efficiency", hw.gpu_efficiency},
+          {"shared_cores", hw.shared_cores},
           {"nvme_tbw_bytes", hw.nvme_tbw}};
 }
 

@@ -54,6 +54,9 @@ struct Hardware {
   double gpu_efficiency = 0.5;
   // Endurance of a node's NVMe drives together, bytes written (0: not given).
   double nvme_tbw = 0;
+  // Compute shares the cores with the copies, collectives, CPU optimizer and I/O (the CPU
+  // device): nothing overlaps, the step is the sum of its parts.
+  bool shared_cores = false;
 
   int world_size() const { return nodes * gpus_per_node; }
   uint64_t rank_device_budget() const;
@@ -77,6 +80,7 @@ struct TimeEstimate {
   double nvme_read_s = 0, nvme_write_s = 0, optimizer_s = 0;
   bool cpu_optimizer = false;
   bool optimizer_overlapped = false;  // the CPU optimizer runs during backward
+  bool shared_cores = false;          // Hardware::shared_cores: the parts add up
   // The critical path: forward + backward (compute with the transfers it overlaps), what is
   // left of the optimizer when backward ends, and what runs after it (stages 0-2: reductions
   // at the step's end, the all-gather of updated parameters).

@@ -141,6 +141,24 @@ TEST(TimeModelTest, ClippingExposesTheWholeOptimizer) {
   EXPECT_EQ(a.bottleneck, "CPU optimizer");
 }
 
+// On shared cores (the CPU device) nothing overlaps: the step is the sum of its parts.
+TEST(TimeModelTest, SharedCoresAddUp) {
+  EstimateInput in = Input(
+      R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x"}})", 2);
+  in.device = device::DeviceType::kCpu;
+  Result<MemoryEstimate> m = EstimateMemory(in);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Hardware hw = Big(2);
+  const TimeEstimate overlapped = EstimateTime(in, *m, hw);
+  hw.shared_cores = true;
+  const TimeEstimate t = EstimateTime(in, *m, hw);
+  EXPECT_TRUE(t.shared_cores);
+  EXPECT_DOUBLE_EQ(t.forward_backward_s, t.compute_s + t.collective_s);  // no NVMe in forward
+  EXPECT_DOUBLE_EQ(t.exposed_optimizer_s, t.optimizer_s + t.nvme_read_s + t.nvme_write_s);
+  EXPECT_GT(t.step_s, overlapped.step_s);
+  EXPECT_EQ(t.h2d_bytes + t.d2h_bytes, 0u);  // the CPU device's memory is host memory
+}
+
 TEST(FitTest, EachTierAgainstItsCapacity) {
   const EstimateInput in =
       Input(R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"},

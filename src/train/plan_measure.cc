@@ -1,0 +1,144 @@
+#include "train/plan_measure.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "common/host_memory.h"
+#include "common/units.h"
+#include "device/gpu_info.h"
+#include "io/nvme_bench.h"
+#include "optim/adam.h"
+
+namespace strata::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// CPU AdamW elements per second on `threads` threads (the median of 5 steps after a warm-up).
+Result<double> AdamRate(int threads) {
+  // Huge-page backed, as the engine's pinned pool (4 KiB pages cost the kernel up to half its
+  // rate in TLB misses).
+  const size_t n = size_t{1} << 24;
+  STRATA_ASSIGN_OR_RETURN(HostRegion region, HostRegion::Allocate(n * (4 * 4 + 2)));
+  float* master = reinterpret_cast<float*>(region.data());
+  float* grad = master + n;
+  float* m = grad + n;
+  float* v = m + n;
+  std::fill(master, master + n, 0.5f);
+  std::fill(grad, grad + n, 1e-3f);
+  optim::AdamShard shard{master, grad, m, v, n, v + n, device::DType::kBF16};
+  optim::CpuAdamOptions opt{optim::BestIsa(), threads};
+  std::vector<double> s;
+  for (int i = 0; i < 6; ++i) {
+    optim::AdamHyper h;
+    h.step = i + 1;
+    const auto t0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(optim::CpuAdamStep(h, shard, opt));
+    if (i > 0) s.push_back(Seconds(t0));
+  }
+  return static_cast<double>(n) / Median(s);
+}
+
+// fp32 sgemm FLOPS at a square size typical of a layer's products (the median of 3).
+double SgemmFlops() {
+  const int d = 1024;
+  std::vector<float> a(static_cast<size_t>(d) * d, 0.01f), b(a), c(a.size());
+  std::vector<double> s;
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d, d, d, 1.0f, a.data(), d, b.data(), d,
+                0.0f, c.data(), d);
+    if (i > 0) s.push_back(Seconds(t0));
+  }
+  return 2.0 * d * d * d / Median(s);
+}
+
+}  // namespace
+
+double GpuPeakTflops(const std::string& name) {
+  // Dense bf16 tensor-core peaks from the vendors' data sheets (without sparsity).
+  struct Peak {
+    const char* match;
+    double tflops;
+  };
+  static const Peak peaks[] = {{"H200", 989}, {"H100 PCIe", 756}, {"H100 NVL", 835},
+                               {"H100", 989}, {"GH200", 989},     {"A100", 312},
+                               {"L40S", 362}, {"A10G", 70},       {"L4", 121}};
+  for (const Peak& p : peaks) {
+    if (name.find(p.match) != std::string::npos) return p.tflops;
+  }
+  return 0;
+}
+
+Result<std::vector<std::string>> MeasureHardware(const MeasureOptions& o, Hardware* hw) {
+  std::vector<std::string> lines;
+  const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  const int ranks = std::max(1, o.ranks_per_node);
+  if (o.device == device::DeviceType::kCpu) {
+    // The CPU device: each rank's optimizer has one thread; the ranks share the cores' sgemm.
+    STRATA_ASSIGN_OR_RETURN(const double adam, AdamRate(1));
+    hw->cpu_adam = adam * std::min(ranks, cores);
+    const double flops = SgemmFlops();
+    hw->gpu_tflops = flops / 1e12 / ranks;
+    hw->gpu_efficiency = 1.0;
+    lines.push_back(fmt::format(
+        "CPU AdamW {:.2f} G elements/s on 1 thread ({:.2f} G/s for the node's {} rank(s)); "
+        "OpenBLAS sgemm {:.1f} GFLOPS on {} core(s) ({:.1f} per rank; the model's other ops make "
+        "its effective rate lower)",
+        adam / 1e9, hw->cpu_adam / 1e9, ranks, flops / 1e9, cores, flops / 1e9 / ranks));
+  } else {
+    // A GPU run gives the CPU optimizer the node's cores, less two per rank's I/O and own thread.
+    const int threads = std::max(1, cores - 2 * ranks);
+    STRATA_ASSIGN_OR_RETURN(const double adam, AdamRate(threads));
+    hw->cpu_adam = adam;
+    lines.push_back(fmt::format("CPU AdamW {:.2f} G elements/s on {} thread(s)", adam / 1e9, threads));
+    const device::GpuReport gpus = device::QueryGpus();
+    if (gpus.gpus.empty()) {
+      lines.push_back(fmt::format("GPU: none usable here ({}); the GPU rates stay as given",
+                                  gpus.none_reason));
+    } else {
+      const device::GpuInfo& g = gpus.gpus.front();
+      hw->gpu_mem = g.memory_bytes;
+      const double peak = GpuPeakTflops(g.name);
+      if (peak > 0) hw->gpu_tflops = peak;
+      lines.push_back(fmt::format("GPU: {} x {} ({}), {}", gpus.gpus.size(), g.name,
+                                  FormatBytes(g.memory_bytes),
+                                  peak > 0 ? fmt::format("{:.0f} dense 16-bit TFLOPS peak", peak)
+                                           : std::string("peak unknown: --gpu-tflops as given")));
+    }
+  }
+  if (!o.nvme_path.empty()) {
+    io::BenchConfig c;
+    c.paths = {o.nvme_path};
+    c.file_name = fmt::format("strata-estimate-measure-{}.dat", ::getpid());
+    c.size = o.nvme_bytes;
+    STRATA_ASSIGN_OR_RETURN(const io::BenchResult r, io::RunBench(c));
+    for (const auto& p : r.phases) {
+      (p.op == io::IoOp::kWrite ? hw->nvme_write : hw->nvme_read) = p.bytes_per_second();
+    }
+    lines.push_back(fmt::format("NVMe at {}: read {:.2f} GB/s, write {:.2f} GB/s ({}, 1 MiB "
+                                "requests, queue depth 32, {}{})",
+                                o.nvme_path, hw->nvme_read / 1e9, hw->nvme_write / 1e9,
+                                FormatBytes(c.size), r.backend, r.direct ? ", O_DIRECT" : ""));
+  } else {
+    lines.push_back("NVMe: not measured (no --nvme-path); --nvme-read/--nvme-write as given");
+  }
+  return lines;
+}
+
+}  // namespace strata::train
