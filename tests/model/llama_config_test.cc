@@ -23,7 +23,11 @@ TEST(LlamaConfigTest, PresetsAreValidAndHaveTheKnownSizes) {
   const int64_t main_job = LlamaPreset("llama-20m")->ParameterCount();
   EXPECT_GT(main_job, 10'000'000);
   EXPECT_LT(main_job, 50'000'000);
-  auto missing = LlamaPreset("llama-1t");
+  // The planning preset: a Llama-3-shaped model of 1.03T parameters (docs/planning.md).
+  const int64_t one_t = LlamaPreset("llama-1t")->ParameterCount();
+  EXPECT_GT(one_t, 1'000'000'000'000);
+  EXPECT_LT(one_t, 1'050'000'000'000);
+  auto missing = LlamaPreset("llama-2t");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("llama2-7b"), std::string::npos);
 }
