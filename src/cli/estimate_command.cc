@@ -84,6 +84,9 @@ nlohmann::json PlannedConfig(const std::string& path, const train::PlanCandidate
   }
   nlohmann::json& z = j["zero_optimization"];
   if (!z.is_object()) z = nlohmann::json::object();
+  // The deprecated spellings of the sections cannot stand beside them.
+  z.erase("cpu_offload");
+  z.erase("cpu_offload_param");
   z["stage"] = cfg.zero.stage;
   auto set = [&](const char* key, OffloadDevice d, const std::string& nvme_path) {
     nlohmann::json& o = z[key];
@@ -127,6 +130,10 @@ int RunEstimate(const EstimateArgs& a) {
                        &in.config.zero.offload_optimizer.nvme_path}) {
       if (path->empty()) *path = a.nvme_path;
     }
+  }
+  if (static_cast<int64_t>(a.nodes) * a.gpus > (1 << 20)) {
+    return ReportError(kCommand, InvalidArgumentError(fmt::format(
+                                     "--nodes {} x --gpus {}: more than 2^20 ranks", a.nodes, a.gpus)));
   }
   Result<train::Hardware> hw = ParseHardware(a);
   if (!hw.ok()) return ReportError(kCommand, hw.status());
@@ -176,7 +183,9 @@ int RunEstimate(const EstimateArgs& a) {
     shown.fit = train::CheckFit(in, *e, *hw);
   }
   Config chosen_cfg = in.config;
-  (void)ResolveOffloadDevices(&chosen_cfg, shown.param, shown.optimizer);
+  if (Status s = ResolveOffloadDevices(&chosen_cfg, shown.param, shown.optimizer); !s.ok()) {
+    return ReportError(kCommand, s);
+  }
 
   if (a.json) {
     nlohmann::json j = train::MemoryEstimateJson(shown.memory);

@@ -19,7 +19,7 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", o->config_path, "DeepSpeed JSON config")->required();
   cmd->add_option("--model", o->model,
                   "Hugging Face model directory (config.json) or a preset (llama-tiny, llama-20m, "
-                  "llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama-1t); a directory with "
+                  "llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b); a directory with "
                   "model.safetensors (or its index) is fine-tuned from those weights. Optional "
                   "with --resume");
   cmd->add_option("--data", o->data, "Token file: FILE.npy or raw FILE.bin (see --data-dtype)")

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <limits>
@@ -794,7 +795,12 @@ class ConfigParser {
 
   static Status ReadOffloadDevice(const Field& f, OffloadDevice* out) {
     // "auto" is a home here (the planner's choice), not "the default" as for other enums.
-    if (f.value.is_string() && (f.value == "auto" || f.value == "Auto" || f.value == "AUTO")) {
+    auto is_auto = [](const std::string& v) {
+      return v.size() == 4 && std::equal(v.begin(), v.end(), "auto", [](char a, char b) {
+               return std::tolower(static_cast<unsigned char>(a)) == b;
+             });
+    };
+    if (f.value.is_string() && is_auto(f.value.get_ref<const std::string&>())) {
       *out = OffloadDevice::kAuto;
       return Status::Ok();
     }

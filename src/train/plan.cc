@@ -1,5 +1,6 @@
 #include "train/plan.h"
 
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
@@ -59,7 +61,14 @@ Result<double> ParseRate(std::string_view text) {
   const auto [end, ec] = std::from_chars(t.data(), t.data() + n, value);
   std::string_view unit = t.substr(n);
   double mult = 0;
-  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.remove_suffix(1);
+  // "B" bytes, "b" bits ("400Gb/s", as network links are quoted).
+  double bits = 1;
+  if (!unit.empty() && unit.back() == 'B') {
+    unit.remove_suffix(1);
+  } else if (!unit.empty() && unit.back() == 'b') {
+    unit.remove_suffix(1);
+    bits = 8;
+  }
   const bool binary = unit.size() == 2 && (unit[1] == 'i' || unit[1] == 'I');
   if (unit.empty()) {
     mult = 1;
@@ -72,10 +81,11 @@ Result<double> ParseRate(std::string_view text) {
       !std::isfinite(value)) {
     return InvalidArgumentError(fmt::format(
         "'{}' is not a rate; expected a positive number with an optional unit and /s, e.g. "
-        "25G/s, 12GB/s, 1.5e9 (K, M, G, T are powers of 1000; Ki, Mi, Gi, Ti of 1024)",
+        "25G/s, 12GB/s, 400Gb/s, 1.5e9 (K, M, G, T are powers of 1000; Ki, Mi, Gi, Ti of 1024; "
+        "B or nothing bytes, b bits)",
         text));
   }
-  return value * mult;
+  return value * mult / bits;
 }
 
 TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, const Hardware& hw) {
@@ -194,9 +204,12 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
                                      [](const Part& a, const Part& b) { return a.s < b.s; });
   t.forward_backward_s = top->s;
   t.bound_by = top->name;
-  double opt_work = std::max({t.optimizer_s, nvme_opt_s, Div(h2d_opt, hw.pcie)});
-  t.optimizer_overlapped = t.cpu_optimizer && cfg.gradient_clipping <= 0.0 && !cfg.fp16.enabled &&
-                           cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
+  // The updated parameters go back to the device after the last update (engine_step.cc), so
+  // their upload follows the optimizer rather than overlapping it.
+  double opt_work = std::max(t.optimizer_s, nvme_opt_s);
+  // Stage 1 reduces at the step's end, so its "overlapped" updates start after backward.
+  t.optimizer_overlapped = t.cpu_optimizer && stage >= 2 && cfg.gradient_clipping <= 0.0 &&
+                           !cfg.fp16.enabled && cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
   t.shared_cores = hw.shared_cores;
   if (hw.shared_cores) {
     // The CPU device computes on the cores that also run the collectives' copies, the CPU
@@ -204,17 +217,18 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
     // compute, so the parts add up (docs/planning.md, "Checked against measured steps").
     t.forward_backward_s = 0;
     for (const Part& p : fb) t.forward_backward_s += p.s;
-    opt_work = t.optimizer_s + nvme_opt_s + Div(h2d_opt, hw.pcie);
+    opt_work = t.optimizer_s + nvme_opt_s;
     t.exposed_optimizer_s = opt_work;
   } else if (t.optimizer_overlapped) {
-    // It runs beside the last micro-batch's backward (3/4 of its compute with recomputation),
-    // and at least the last unit's update is left.
-    const double backward = t.forward_backward_s / gas * 0.75;
+    // It runs beside the last micro-batch's backward (3/4 of its compute with recomputation;
+    // not beside NVMe reads, which share its drives), and at least the last unit's update is
+    // left.
+    const double backward = t.compute_s / gas * 0.75;
     t.exposed_optimizer_s = std::max(opt_work - backward, opt_work / std::max(1, m.units));
   } else {
     t.exposed_optimizer_s = opt_work;
   }
-  t.after_step_s = coll_after_s + Div(d2h_after, hw.pcie);
+  t.after_step_s = coll_after_s + Div(d2h_after + h2d_opt, hw.pcie);
   t.step_s = t.forward_backward_s + t.exposed_optimizer_s + t.after_step_s;
 
   const Part all[] = {{"compute", t.compute_s},
@@ -283,21 +297,22 @@ Result<PlacementPlan> PlanPlacement(const EstimateInput& in, const Hardware& hw)
       plan.candidates.push_back(std::move(c));
     }
   }
-  // How much a candidate offloads: the tie-breaker (less is simpler and wears no drive).
+  // The fastest that fits, then among those within 2% of it the one that offloads least
+  // (simpler, and no drive wear).
   auto weight = [](const PlanCandidate& c) {
     return static_cast<int>(c.param) * 3 + static_cast<int>(c.optimizer);
   };
+  double fastest = 0;
+  for (const PlanCandidate& c : plan.candidates) {
+    if (c.fit.fits() && (fastest == 0 || c.time.step_s < fastest)) fastest = c.time.step_s;
+  }
   for (size_t i = 0; i < plan.candidates.size(); ++i) {
     const PlanCandidate& c = plan.candidates[i];
-    if (!c.fit.fits()) continue;
-    if (plan.chosen < 0) {
+    if (!c.fit.fits() || c.time.step_s > fastest * 1.02) continue;
+    if (plan.chosen < 0 || weight(c) < weight(plan.best()) ||
+        (weight(c) == weight(plan.best()) && c.time.step_s < plan.best().time.step_s)) {
       plan.chosen = static_cast<int>(i);
-      continue;
     }
-    const PlanCandidate& b = plan.best();
-    const bool much_faster = c.time.step_s < b.time.step_s * 0.98;
-    const bool tie = !much_faster && c.time.step_s <= b.time.step_s * 1.02;
-    if (much_faster || (tie && weight(c) < weight(b))) plan.chosen = static_cast<int>(i);
   }
   auto name = [](const PlanCandidate& c) {
     return fmt::format("parameters on {}, optimizer on {}", OffloadDeviceName(c.param),
@@ -346,7 +361,7 @@ Hardware MachineHardware(const device::Device& dev, const comm::LaunchInfo& laun
     // copies at memory speed, and its CPU optimizer has one thread per rank. Rough rates: they
     // only rank the candidates that fit.
     const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-    hw.gpu_tflops = 0.1 * static_cast<double>(cores);  // counted at half for fp32
+    hw.gpu_tflops = 0.05 * static_cast<double>(cores) / hw.gpus_per_node;  // the ranks share them
     hw.gpu_efficiency = 1.0;
     hw.pcie = 10e9;
     hw.hbm = 10e9;
@@ -356,22 +371,37 @@ Hardware MachineHardware(const device::Device& dev, const comm::LaunchInfo& laun
   }
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages > 0 && page > 0) hw.cpu_mem = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+  // The pools may take 90% of physical memory, and no more than is available now (BuildEngine
+  // refuses a pool larger than MemAvailable).
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    }
+    std::fclose(f);
+    if (kib > 0 && hw.cpu_mem > 0) {
+      hw.host_fraction = std::min(hw.host_fraction, static_cast<double>(kib) * 1024.0 /
+                                                        static_cast<double>(hw.cpu_mem));
+    }
+  }
   // NVMe: the free space of each distinct filesystem the config's directories are on.
   std::vector<std::string> dirs = config.strata.io.nvme_paths;
   for (const std::string* p : {&config.zero.offload_param.nvme_path,
                                &config.zero.offload_optimizer.nvme_path}) {
     if (!p->empty() && config.strata.io.nvme_paths_auto) dirs.push_back(*p);
   }
-  std::vector<unsigned long> seen;
+  std::vector<dev_t> seen;
   hw.nvme = 0;
   for (const std::string& d : dirs) {
     std::error_code ec;
     std::filesystem::path p = std::filesystem::absolute(d, ec);
     while (!p.empty() && !std::filesystem::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
     struct statvfs st {};
-    if (::statvfs(p.c_str(), &st) != 0) continue;
-    if (std::find(seen.begin(), seen.end(), st.f_fsid) != seen.end()) continue;
-    seen.push_back(st.f_fsid);
+    struct stat sb {};
+    if (::statvfs(p.c_str(), &st) != 0 || ::stat(p.c_str(), &sb) != 0) continue;
+    if (std::find(seen.begin(), seen.end(), sb.st_dev) != seen.end()) continue;
+    seen.push_back(sb.st_dev);
     hw.nvme += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
   }
   return hw;

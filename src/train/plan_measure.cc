@@ -78,7 +78,8 @@ double GpuPeakTflops(const std::string& name) {
   };
   static const Peak peaks[] = {{"H200", 989}, {"H100 PCIe", 756}, {"H100 NVL", 835},
                                {"H100", 989}, {"GH200", 989},     {"A100", 312},
-                               {"L40S", 362}, {"A10G", 70},       {"L4", 121}};
+                               {"L40S", 362}, {"L40", 181},       {"A10G", 70},
+                               {"L4", 121}};
   for (const Peak& p : peaks) {
     if (name.find(p.match) != std::string::npos) return p.tflops;
   }
@@ -129,7 +130,10 @@ Result<std::vector<std::string>> MeasureHardware(const MeasureOptions& o, Hardwa
     c.size = o.nvme_bytes;
     STRATA_ASSIGN_OR_RETURN(const io::BenchResult r, io::RunBench(c));
     for (const auto& p : r.phases) {
-      (p.op == io::IoOp::kWrite ? hw->nvme_write : hw->nvme_read) = p.bytes_per_second();
+      // A phase too short to time keeps the rate as given (a zero rate would make NVMe free).
+      if (p.bytes_per_second() > 0) {
+        (p.op == io::IoOp::kWrite ? hw->nvme_write : hw->nvme_read) = p.bytes_per_second();
+      }
     }
     lines.push_back(fmt::format("NVMe at {}: read {:.2f} GB/s, write {:.2f} GB/s ({}, 1 MiB "
                                 "requests, queue depth 32, {}{})",

@@ -230,25 +230,34 @@ Status RunTraining(const TrainOptions& o) {
     plan_in.device = dev->type();
     const Hardware hw = MachineHardware(*dev, launch, config);
     Result<PlacementPlan> planned = PlanPlacement(plan_in, hw);
+    // Every rank learns every rank's choice (-1: its planner failed), so that none waits in a
+    // collective for a rank that stopped.
+    const float mine =
+        planned.ok() ? static_cast<float>(static_cast<int>(planned->best().param) * 4 +
+                                          static_cast<int>(planned->best().optimizer))
+                     : -1.0f;
+    std::vector<float> all = {mine};
+    if (world > 1) {
+      STRATA_ASSIGN_OR_RETURN(all, agreement->Gather(mine));
+    }
     if (!planned.ok()) {
       return planned.status().WithContext("offload device \"auto\" (the placement planner)");
     }
-    const PlacementPlan& plan = *planned;
-    const PlanCandidate& best = plan.best();
-    if (world > 1) {
-      const float mine = static_cast<float>(static_cast<int>(best.param) * 4 +
-                                            static_cast<int>(best.optimizer));
-      STRATA_ASSIGN_OR_RETURN(std::vector<float> all, agreement->Gather(mine));
-      for (size_t r = 0; r < all.size(); ++r) {
-        if (all[r] != all[0]) {
-          return FailedPreconditionError(fmt::format(
-              "offload device \"auto\": rank {} chose another placement than rank 0 (the nodes' "
-              "memory or disks differ); set offload_param and offload_optimizer explicitly "
-              "(strata estimate --plan shows the choices)",
-              r));
-        }
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r] < 0) {
+        return FailedPreconditionError(fmt::format(
+            "offload device \"auto\": the placement planner failed on rank {} (see its error)", r));
+      }
+      if (all[r] != all[0]) {
+        return FailedPreconditionError(fmt::format(
+            "offload device \"auto\": rank {} chose another placement than rank 0 (the nodes' "
+            "memory or disks differ); set offload_param and offload_optimizer explicitly "
+            "(strata estimate --plan shows the choices)",
+            r));
       }
     }
+    const PlacementPlan& plan = *planned;
+    const PlanCandidate& best = plan.best();
     STRATA_RETURN_IF_ERROR(ResolveOffloadDevices(&config, best.param, best.optimizer));
     placement_lines.push_back(fmt::format(
         "  placement (\"auto\", for {} rank(s) per node, {} device budget, {} host memory, {} "

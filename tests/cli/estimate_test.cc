@@ -183,6 +183,22 @@ TEST(EstimateTest, PlanPrintsTheChosenConfigAndWhy) {
                "zero_optimization": {"stage": 3, "offload_param": {"device": "auto"},
                                      "offload_optimizer": {"device": "auto"}}})";
   }
+  // A config with a deprecated spelling beside: the plan drops it, so the printed config loads.
+  const std::string deprecated = dir.file("deprecated.json");
+  {
+    std::ofstream out(deprecated);
+    out << R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+               "zero_optimization": {"stage": 2, "cpu_offload": true}})";
+  }
+  {
+    auto p = RunStrata({"estimate", "--model", "llama-tiny", "--config", deprecated, "--plan"});
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    const std::string planned = dir.file("planned.json");
+    std::ofstream(planned) << p.out;
+    auto again = RunStrata({"estimate", "--model", "llama-tiny", "--config", planned});
+    EXPECT_EQ(again.exit_code, 0) << p.out << again.err;
+    EXPECT_NE(again.out.find("optimizer on cpu"), std::string::npos) << again.out;
+  }
   // Llama-3-8B on one 80 GB GPU with 1 TB of host memory: the optimizer states (96 GB) leave
   // the GPU for host memory.
   auto r = RunStrata({"estimate", "--model", "llama3-8b", "--config", config, "--gpus", "1",

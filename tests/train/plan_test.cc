@@ -62,6 +62,7 @@ TEST(ParseRateTest, UnitsAndForms) {
   EXPECT_DOUBLE_EQ(*ParseRate("3.35T/s"), 3.35e12);
   EXPECT_DOUBLE_EQ(*ParseRate("1GiB/s"), 1073741824.0);
   EXPECT_DOUBLE_EQ(*ParseRate("800M"), 800e6);
+  EXPECT_DOUBLE_EQ(*ParseRate("400Gb/s"), 50e9);  // bits, as network links are quoted
   for (const char* bad : {"", "fast", "-1G/s", "0", "5Q/s", "G/s", "1e", "2GG"}) {
     Result<double> r = ParseRate(bad);
     EXPECT_FALSE(r.ok()) << bad;
@@ -139,6 +140,16 @@ TEST(TimeModelTest, ClippingExposesTheWholeOptimizer) {
   EXPECT_DOUBLE_EQ(b.exposed_optimizer_s, b.optimizer_s);
   EXPECT_LT(a.exposed_optimizer_s, b.exposed_optimizer_s);
   EXPECT_EQ(a.bottleneck, "CPU optimizer");
+  // Stage 1 reduces at the step's end: its updates cannot overlap backward.
+  const EstimateInput s1 = Input(R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})");
+  Result<MemoryEstimate> m1 = EstimateMemory(s1);
+  ASSERT_TRUE(m1.ok()) << m1.status().ToString();
+  const TimeEstimate c = EstimateTime(s1, *m1, hw);
+  EXPECT_FALSE(c.optimizer_overlapped);
+  EXPECT_DOUBLE_EQ(c.exposed_optimizer_s, c.optimizer_s);
+  // The updated parameters' upload follows the last update.
+  EXPECT_GT(c.h2d_bytes, 0u);
+  EXPECT_GE(c.after_step_s, c.h2d_s);
 }
 
 // On shared cores (the CPU device) nothing overlaps: the step is the sum of its parts.
@@ -187,6 +198,9 @@ TEST(ConfigAutoTest, AutoHomesParseAndResolve) {
   EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kAuto);
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kAuto);
   EXPECT_TRUE(HasAutoOffload(c));
+  EXPECT_EQ(Parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "aUto"}}})")
+                .zero.offload_param.device,
+            OffloadDevice::kAuto);
   EXPECT_FALSE(CanUseNvme(c, /*param=*/true));
   EXPECT_TRUE(CanUseNvme(c, /*param=*/false));
   EXPECT_TRUE(c.strata.io.nvme_paths.empty());
