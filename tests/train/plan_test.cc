@@ -112,7 +112,7 @@ TEST(TimeModelTest, CountsTheBytesOfAStage3NvmeStep) {
   EXPECT_DOUBLE_EQ(w.nvme_days, 1e15 / (2 * 12 * S * 86400.0 / w.step_s));
 }
 
-TEST(TimeModelTest, SingleRankStage0HasNoCollectivesAndAGpuOptimizer) {
+TEST(TimeModelTest, SingleRankStage0HasNoCollectivesAndADeviceOptimizer) {
   const EstimateInput in = Input(R"({"stage": 0})");
   Result<MemoryEstimate> m = EstimateMemory(in);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
