@@ -174,13 +174,11 @@ int RunEstimate(const EstimateArgs& a) {
   if (plan.ok()) {
     shown = plan->best();
   } else {
-    Result<train::MemoryEstimate> e = train::EstimateMemory(in);
-    if (!e.ok()) return ReportError(kCommand, e.status());
-    shown.param = in.config.zero.offload_param.device;
-    shown.optimizer = in.config.zero.offload_optimizer.device;
-    shown.memory = *e;
-    shown.time = train::EstimateTime(in, *e, *hw);
-    shown.fit = train::CheckFit(in, *e, *hw);
+    Result<train::PlanCandidate> own =
+        train::EstimatePlacement(in, *hw, in.config.zero.offload_param.device,
+                                 in.config.zero.offload_optimizer.device);
+    if (!own.ok()) return ReportError(kCommand, own.status());
+    shown = *own;
   }
   Config chosen_cfg = in.config;
   if (Status s = ResolveOffloadDevices(&chosen_cfg, shown.param, shown.optimizer); !s.ok()) {

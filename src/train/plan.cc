@@ -10,11 +10,11 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
 #include "common/units.h"
+#include "train/runtime.h"
 
 namespace strata::train {
 namespace {
@@ -275,6 +275,19 @@ FitCheck CheckFit(const EstimateInput& in, const MemoryEstimate& m, const Hardwa
   return f;
 }
 
+Result<PlanCandidate> EstimatePlacement(const EstimateInput& in, const Hardware& hw,
+                                        OffloadDevice param, OffloadDevice optimizer) {
+  PlanCandidate c;
+  c.param = param;
+  c.optimizer = optimizer;
+  EstimateInput ci = in;
+  STRATA_RETURN_IF_ERROR(ResolveOffloadDevices(&ci.config, param, optimizer));
+  STRATA_ASSIGN_OR_RETURN(c.memory, EstimateMemory(ci));
+  c.time = EstimateTime(ci, c.memory, hw);
+  c.fit = CheckFit(ci, c.memory, hw);
+  return c;
+}
+
 Result<PlacementPlan> PlanPlacement(const EstimateInput& in, const Hardware& hw) {
   const ZeroConfig& z = in.config.zero;
   auto options = [&](OffloadDevice given, bool param) {
@@ -286,14 +299,7 @@ Result<PlacementPlan> PlanPlacement(const EstimateInput& in, const Hardware& hw)
   PlacementPlan plan;
   for (OffloadDevice p : options(z.offload_param.device, true)) {
     for (OffloadDevice o : options(z.offload_optimizer.device, false)) {
-      PlanCandidate c;
-      c.param = p;
-      c.optimizer = o;
-      EstimateInput ci = in;
-      STRATA_RETURN_IF_ERROR(ResolveOffloadDevices(&ci.config, p, o));
-      STRATA_ASSIGN_OR_RETURN(c.memory, EstimateMemory(ci));
-      c.time = EstimateTime(ci, c.memory, hw);
-      c.fit = CheckFit(ci, c.memory, hw);
+      STRATA_ASSIGN_OR_RETURN(PlanCandidate c, EstimatePlacement(in, hw, p, o));
       plan.candidates.push_back(std::move(c));
     }
   }
@@ -373,17 +379,9 @@ Hardware MachineHardware(const device::Device& dev, const comm::LaunchInfo& laun
   if (pages > 0 && page > 0) hw.cpu_mem = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
   // The pools may take 90% of physical memory, and no more than is available now (BuildEngine
   // refuses a pool larger than MemAvailable).
-  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
-    char line[256];
-    unsigned long long kib = 0;
-    while (std::fgets(line, sizeof line, f) != nullptr) {
-      if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
-    }
-    std::fclose(f);
-    if (kib > 0 && hw.cpu_mem > 0) {
-      hw.host_fraction = std::min(hw.host_fraction, static_cast<double>(kib) * 1024.0 /
-                                                        static_cast<double>(hw.cpu_mem));
-    }
+  if (const uint64_t available = HostAvailableBytes(); available > 0 && hw.cpu_mem > 0) {
+    hw.host_fraction = std::min(hw.host_fraction, static_cast<double>(available) /
+                                                      static_cast<double>(hw.cpu_mem));
   }
   // NVMe: the free space of each distinct filesystem the config's directories are on.
   std::vector<std::string> dirs = config.strata.io.nvme_paths;

@@ -127,6 +127,10 @@ struct PlacementPlan {
   const PlanCandidate& best() const { return candidates[static_cast<size_t>(chosen)]; }
 };
 
+// One placement (homes resolved from "auto" where the config has it): its memory, time and fit.
+Result<PlanCandidate> EstimatePlacement(const EstimateInput& input, const Hardware& hw,
+                                        OffloadDevice param, OffloadDevice optimizer);
+
 // Tries every home "auto" allows (none, cpu, and nvme where the config names a directory; a
 // home the config fixes stays), estimates each, and chooses the fastest by the time model among
 // those that fit; among nearly equal times (within 2%) the one that offloads less. A config

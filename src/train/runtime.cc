@@ -16,17 +16,12 @@
 
 namespace strata::train {
 
-namespace {
-
-// MemAvailable from /proc/meminfo (0 when unknown).
 uint64_t HostAvailableBytes() {
   if (auto text = procfs::ReadSmallFile("/proc/meminfo")) {
     return procfs::MeminfoField(*text, "MemAvailable").value_or(0) * 1024;
   }
   return 0;
 }
-
-}  // namespace
 
 Runtime::~Runtime() {
   comm.reset();

@@ -67,6 +67,9 @@ struct Runtime {
 
 Result<Runtime> OpenRuntime(const Config& config, const RuntimeOptions& options = {});
 
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown): what a pinned pool may take now.
+uint64_t HostAvailableBytes();
+
 struct EngineStack {
   // STRATA_FAULT_INJECT (a testing aid): the faults injected into the store; Reset logs how many.
   std::optional<io::FaultPlan> faults;

@@ -220,14 +220,14 @@ Status RunTraining(const TrainOptions& o) {
   }
   // "auto" offload homes: the planner (train/plan.h, what `strata estimate --plan` prints)
   // chooses the fastest placement that fits this machine; every rank must choose the same.
+  EstimateInput plan_in;
+  plan_in.model = mcfg;
+  plan_in.config = config;
+  plan_in.world_size = world;
+  plan_in.seq_len = seq_len;
+  plan_in.device = dev->type();
   std::vector<std::string> placement_lines;  // printed with the run's header
   if (HasAutoOffload(config)) {
-    EstimateInput plan_in;
-    plan_in.model = mcfg;
-    plan_in.config = config;
-    plan_in.world_size = world;
-    plan_in.seq_len = seq_len;
-    plan_in.device = dev->type();
     const Hardware hw = MachineHardware(*dev, launch, config);
     Result<PlacementPlan> planned = PlanPlacement(plan_in, hw);
     // Every rank learns every rank's choice (-1: its planner failed), so that none waits in a
@@ -269,12 +269,7 @@ Status RunTraining(const TrainOptions& o) {
   // The run's memory plan per rank (train/estimate.h, what `strata estimate` prints), against
   // the device budget before anything is allocated.
   {
-    EstimateInput plan_in;
-    plan_in.model = mcfg;
-    plan_in.config = config;
-    plan_in.world_size = world;
-    plan_in.seq_len = seq_len;
-    plan_in.device = dev->type();
+    plan_in.config = config;  // with the placement resolved
     STRATA_ASSIGN_OR_RETURN(const MemoryEstimate plan, EstimateMemory(plan_in));
     std::string warning;
     STRATA_RETURN_IF_ERROR(CheckDevicePlan(plan, dev->memory_stats().budget, &warning));
