@@ -77,6 +77,13 @@ struct OffloadOptimizerConfig {
   bool pipeline_read = false;
   bool pipeline_write = false;
   bool fast_init = false;
+  // Partial offload (DeepSpeed's key): the fraction of the rank's optimizer states homed in
+  // `device` and updated by the CPU optimizer, in (0, 1]. The engine offloads whole units, from
+  // the last (whose gradients arrive first in backward, so their CPU updates overlap the most
+  // compute) towards the first, while at least half of the next unit stays within the fraction;
+  // the rest keep their states on the device and take the fused device AdamW
+  // (zero::OffloadedUnits). 1: every unit offloaded. Ignored when device is "none".
+  double ratio = 1.0;
 
   friend bool operator==(const OffloadOptimizerConfig&, const OffloadOptimizerConfig&) = default;
 };

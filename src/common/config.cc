@@ -857,8 +857,16 @@ class ConfigParser {
         {.name = "pipeline_write",
          .parse = [&](const Field& v) { return ReadBool(v, &o.pipeline_write); }},
         {.name = "fast_init", .parse = [&](const Field& v) { return ReadBool(v, &o.fast_init); }},
-        // Partial offload, Superchip offload and CPU-Adam core share.
-        Ignored("ratio"),
+        {.name = "ratio",
+         .parse =
+             [&](const Field& v) {
+               constexpr std::string_view kFraction =
+                   "a fraction in (0, 1]: the share of the optimizer states to offload (for "
+                   "none, \"device\": \"none\")";
+               STRATA_RETURN_IF_ERROR(ReadDouble(v, 0.0, 1.0, kFraction, &o.ratio));
+               return o.ratio > 0.0 ? Status::Ok() : ValueError(v, kFraction);
+             }},
+        // Superchip offload and CPU-Adam core share.
         Ignored("super_offload"),
         Ignored("convert_grad_on_cpu"),
         Ignored("cpuadam_cores_perc"),

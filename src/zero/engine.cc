@@ -42,12 +42,6 @@ Status Engine::Impl::Init() {
   csz = placement.csz;
   param_home = placement.param_home;
   optim_home = placement.optim_home;
-  cpu_optimizer = placement.cpu_optimizer;
-  // The CPU optimizer overlaps backward only when an update never depends on the global gradient
-  // norm: no clipping, no fp16 overflow skipping, no skipping of non-finite steps.
-  overlapped_optimizer = cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
-                         !cfg.fp16.enabled &&
-                         cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
   isa = optim::BestIsa();
   if (opt.cpu_adam_threads < 1) {
     return InvalidArgumentError(
@@ -59,12 +53,21 @@ Status Engine::Impl::Init() {
         "write-behind)",
         opt.optimizer_pipeline_depth));
   }
+  STRATA_ASSIGN_OR_RETURN(layouts, LayoutModel(model.units(), world));
+  cpu_unit = CpuOptimizerUnits(cfg, layouts);
+  cpu_optimizer = std::count(cpu_unit.begin(), cpu_unit.end(), 1) > 0;
+  device_optimizer = std::count(cpu_unit.begin(), cpu_unit.end(), 0) > 0;
+  // The CPU optimizer overlaps backward only when an update never depends on the global gradient
+  // norm: no clipping, no fp16 overflow skipping, no skipping of non-finite steps.
+  overlapped_optimizer = cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
+                         !cfg.fp16.enabled &&
+                         cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
   const bool needs_pool = cpu_optimizer || param_home != Tier::kDevice;
   if (needs_pool && opt.pool == nullptr) {
     return InvalidArgumentError(
         "engine: offload to cpu or nvme needs a pinned pool (EngineOptions::pool)");
   }
-  const bool needs_nvme = param_home == Tier::kNvme || optim_home == Tier::kNvme;
+  const bool needs_nvme = param_home == Tier::kNvme || (cpu_optimizer && optim_home == Tier::kNvme);
   std::vector<std::string> paths = opt.nvme_paths;
   if (paths.empty()) paths = cfg.strata.io.nvme_paths;
   if (needs_nvme && (opt.store == nullptr || paths.empty())) {
@@ -73,7 +76,6 @@ Status Engine::Impl::Init() {
         "(offload_param / offload_optimizer nvme_path, or strata.io.nvme_paths)");
   }
 
-  STRATA_ASSIGN_OR_RETURN(layouts, LayoutModel(model.units(), world));
   for (const auto& l : layouts) {
     max_shard = std::max(max_shard, l.shard_numel);
     max_padded = std::max(max_padded, l.padded_numel());
@@ -208,7 +210,8 @@ Status Engine::Impl::Init() {
     oo.pipeline_depth = opt.optimizer_pipeline_depth;
     oo.sub_group_elems = sg;
     for (const auto& l : layouts) {
-      oo.unit_elems.push_back(l.shard_numel);
+      // A unit on the device optimizer has no sub-groups.
+      oo.unit_elems.push_back(cpu_unit[static_cast<size_t>(l.index)] ? l.shard_numel : 0);
       oo.unit_names.push_back(l.name);
     }
     STRATA_ASSIGN_OR_RETURN(ostates, offload::OptimizerStates::Create(oo));
@@ -237,13 +240,22 @@ Status Engine::Impl::Init() {
     const uint64_t shard = static_cast<uint64_t>(l.shard_numel);
     if (stage <= 2) STRATA_RETURN_IF_ERROR(alloc(full_params, padded * csz));
     if (stage <= 1) STRATA_RETURN_IF_ERROR(alloc(full_grads, padded * 4));
-    if (!cpu_optimizer) {
+    // Per-unit vectors keep one entry per unit: nullptr / empty where the unit's optimizer
+    // lives elsewhere.
+    if (!cpu_unit[u]) {
       const uint64_t n = stage == 0 ? padded : shard;
       STRATA_RETURN_IF_ERROR(alloc(master_dev, n * 4));
       STRATA_RETURN_IF_ERROR(alloc(m_dev, n * 4));
       STRATA_RETURN_IF_ERROR(alloc(v_dev, n * 4));
-      if (stage >= 2) STRATA_RETURN_IF_ERROR(alloc(grad_shard_dev, shard * 4));
+      if (stage >= 2) {
+        STRATA_RETURN_IF_ERROR(alloc(grad_shard_dev, shard * 4));
+      } else {
+        grad_shard_dev.push_back(nullptr);
+      }
+      grad_shard_host.emplace_back();
+      param_stage.emplace_back();
     } else {
+      for (auto* vec : {&master_dev, &m_dev, &v_dev, &grad_shard_dev}) vec->push_back(nullptr);
       STRATA_ASSIGN_OR_RETURN(HostBuffer g,
                               HostBuffer::Make(opt.pool, shard * 4, "gradient shard (host)"));
       grad_shard_host.push_back(std::move(g));
@@ -251,6 +263,8 @@ Status Engine::Impl::Init() {
         STRATA_ASSIGN_OR_RETURN(HostBuffer p, HostBuffer::Make(opt.pool, shard * csz,
                                                                "updated parameter shard (host)"));
         param_stage.push_back(std::move(p));
+      } else {
+        param_stage.emplace_back();
       }
     }
   }
@@ -268,7 +282,11 @@ Status Engine::Impl::Init() {
     }
   }
   if (cpu_optimizer) {
-    STRATA_ASSIGN_OR_RETURN(grad_landing, HostBuffer::Make(opt.pool, max_shard * 4,
+    int64_t largest_offloaded = 0;
+    for (size_t u = 0; u < n_units; ++u) {
+      if (cpu_unit[u]) largest_offloaded = std::max(largest_offloaded, layouts[u].shard_numel);
+    }
+    STRATA_ASSIGN_OR_RETURN(grad_landing, HostBuffer::Make(opt.pool, largest_offloaded * 4,
                                                            "gradient landing buffer (host)"));
   }
   STRATA_ASSIGN_OR_RETURN(scalars_dev, dev.Alloc(16));
@@ -308,7 +326,7 @@ Status Engine::Impl::InitUnitFromModel(int u) {
 
 Status Engine::Impl::InitOptimizerStates(int u, const std::vector<float>& full) {
   const auto& l = layouts[u];
-  if (!cpu_optimizer) {
+  if (!cpu_unit[u]) {
     const size_t n = stage == 0 ? static_cast<size_t>(l.padded_numel())
                                 : static_cast<size_t>(l.shard_numel);
     const float* src = full.data() + (stage == 0 ? 0 : l.shard_offset(rank));
@@ -368,9 +386,13 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
                                               device::DeviceType device_type) {
   STRATA_RETURN_IF_ERROR(CheckResolved(config));
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
-  const auto [stage, csz, param_home, optim_home, cpu_optimizer] = PlacementOf(config);
+  const auto [stage, csz, param_home, optim_home, optim_offloaded] = PlacementOf(config);
+  (void)optim_offloaded;
+  const std::vector<char> cpu_unit = CpuOptimizerUnits(config, layouts);
+  const bool cpu_optimizer = std::count(cpu_unit.begin(), cpu_unit.end(), 1) > 0;
   auto cls = [](uint64_t bytes) { return static_cast<uint64_t>(device::PinnedPool::SizeClass(bytes)); };
-  uint64_t total = 0, largest_param = 0, largest_group = 0, max_shard = 0, params_all = 0;
+  uint64_t total = 0, largest_param = 0, largest_group = 0, max_shard = 0, params_all = 0,
+           max_offloaded = 0;
   int64_t sg = config.zero.sub_group_size;
   for (const auto& l : layouts) max_shard = std::max<uint64_t>(max_shard, l.shard_numel);
   if (sg <= 0) sg = static_cast<int64_t>(max_shard);
@@ -380,7 +402,8 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
     const uint64_t shard = static_cast<uint64_t>(l.shard_numel);
     largest_param = std::max(largest_param, cls(shard * csz));
     params_all += cls(shard * csz);
-    if (cpu_optimizer) {
+    if (cpu_unit[static_cast<size_t>(l.index)]) {
+      max_offloaded = std::max(max_offloaded, shard);
       total += cls(shard * 4);                                     // gradient shard
       if (stage <= 2 || param_home == Tier::kDevice) total += cls(shard * csz);  // staging
       for (int64_t off = 0; off < l.shard_numel; off += sg) {
@@ -391,7 +414,7 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
     }
   }
   if (cpu_optimizer) {
-    total += cls(max_shard * 4);  // landing buffer
+    total += cls(max_offloaded * 4);  // landing buffer
     total += optim_home == Tier::kHost
                  ? groups_all
                  : static_cast<uint64_t>(optimizer_pipeline_depth) * largest_group;
@@ -446,7 +469,7 @@ Result<std::vector<float>> Engine::GatherMaster(int unit) {
   }
   const auto& l = m.layouts[unit];
   std::vector<float> shard(static_cast<size_t>(l.shard_numel));
-  if (!m.cpu_optimizer) {
+  if (!m.cpu_unit[unit]) {
     const size_t n = m.stage == 0 ? static_cast<size_t>(l.padded_numel()) : shard.size();
     std::vector<float> host(n);
     STRATA_RETURN_IF_ERROR(m.dev.CopyAsync(host.data(), m.master_dev[unit], n * 4,
@@ -529,6 +552,8 @@ Status Engine::RestoreCounters(const EngineCounters& c) {
 EngineStats Engine::stats() const {
   const Impl& m = *impl_;
   EngineStats s;
+  s.units = static_cast<int>(m.layouts.size());
+  s.offloaded_optimizer_units = static_cast<int>(std::count(m.cpu_unit.begin(), m.cpu_unit.end(), 1));
   if (m.ptm) {
     const auto nvme = m.ptm->stats(Tier::kNvme);
     const auto host = m.ptm->stats(Tier::kHost);

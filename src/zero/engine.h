@@ -155,6 +155,9 @@ struct EngineStats {
   uint64_t param_device_budget_bytes = 0;
   uint64_t host_peak_bytes = 0;   // pinned pool bytes held by the engine's tier managers
   double prefetch_hit_rate = 0.0;
+  // Units whose optimizer states are offloaded (the CPU optimizer updates them), of all units.
+  int offloaded_optimizer_units = 0;
+  int units = 0;
 };
 
 // One line of a memory plan.
@@ -174,6 +177,10 @@ struct EngineMemoryPlan {
   uint64_t pinned_pool = 0;      // PlanPinnedPoolBytes: the pool strata.memory.pinned_pool "auto" makes
   uint64_t nvme_param_file = 0;  // strata.rank<r>.param.swap, when parameters are on NVMe
   uint64_t nvme_optim_file = 0;  // strata.rank<r>.optim.swap, when the optimizer is on NVMe
+  // The rank's shard elements whose optimizer states are offloaded (all, or a share of them with
+  // offload_optimizer.ratio < 1; 0 without offload), and all of its shard elements.
+  uint64_t offloaded_optim_elems = 0;
+  uint64_t shard_elems = 0;
   // Host memory outside every budget while random initialisation builds the largest unit: the
   // whole unit in fp32 and in the compute dtype, on every rank.
   uint64_t init_host_bytes = 0;

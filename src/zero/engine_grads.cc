@@ -40,7 +40,7 @@ Status Engine::Impl::ReduceGrads(int u, void* grads, int mb, bool last) {
   if (bucket_fill > 0) STRATA_RETURN_IF_ERROR(FlushBucket());  // keep the reductions in order
   char* own = static_cast<char*>(grads) + l.shard_offset(rank) * 4;
   bool direct = false;
-  if (!cpu_optimizer && mb == 0) {
+  if (!cpu_unit[u] && mb == 0) {
     STRATA_RETURN_IF_ERROR(comm.ReduceScatter(grads, grad_shard_dev[u], shard, DType::kF32,
                                               comm::ReduceOp::kSum, *comm_stream));
     direct = true;
@@ -60,7 +60,7 @@ Status Engine::Impl::ReduceGrads(int u, void* grads, int mb, bool last) {
 Status Engine::Impl::FinishReducedShard(int u, void* own, int mb, bool last, bool direct_done) {
   const size_t shard = static_cast<size_t>(layouts[u].shard_numel);
   if (!direct_done) {
-    if (cpu_optimizer) {
+    if (cpu_unit[u]) {
       STRATA_RETURN_IF_ERROR(LandGradShard(u, own, mb));
     } else if (mb == 0) {
       STRATA_RETURN_IF_ERROR(dev.CopyAsync(grad_shard_dev[u], own, shard * 4,
@@ -70,7 +70,7 @@ Status Engine::Impl::FinishReducedShard(int u, void* own, int mb, bool last, boo
           dev.Axpy(1.0f, own, grad_shard_dev[u], DType::kF32, shard, *comm_stream));
     }
   }
-  if (last && overlapped_optimizer) {
+  if (last && overlapped_optimizer && cpu_unit[u]) {
     std::shared_ptr<device::Event> ready;
     STRATA_ASSIGN_OR_RETURN(auto ev, dev.CreateEvent());
     ready = std::move(ev);
@@ -120,40 +120,44 @@ Status Engine::Impl::LandGradShard(int u, const void* dev_shard, int mb) {
 
 // Sum of squares of this rank's part of the (summed, unscaled) gradients, in double.
 Result<double> Engine::Impl::LocalGradSumSquares() {
-  if (cpu_optimizer) {
-    // The gradient shards already sit in host memory, where the optimizer reads them.
-    double sum = 0.0;
+  // Units on the device optimizer: a device reduction over their gradients; one double comes
+  // back.
+  double total = 0.0;
+  if (device_optimizer) {
+    auto* host = reinterpret_cast<double*>(scalars_host.data());
+    auto* sum = static_cast<double*>(scalars_dev);
+    host[0] = 0.0;
+    STRATA_RETURN_IF_ERROR(
+        dev.CopyAsync(sum, host, sizeof(double), device::CopyKind::kHostToDevice, *comm_stream));
     for (size_t u = 0; u < layouts.size(); ++u) {
-      const float* data = reinterpret_cast<const float*>(grad_shard_host[u].data());
-      const size_t n = static_cast<size_t>(layouts[u].shard_numel);
-      for (size_t i = 0; i < n; ++i) sum += static_cast<double>(data[i]) * data[i];
+      if (cpu_unit[u]) continue;
+      const auto& l = layouts[u];
+      const void* src = nullptr;
+      size_t n = static_cast<size_t>(l.shard_numel);
+      if (stage == 0) {
+        src = full_grads[u];
+        n = static_cast<size_t>(l.padded_numel());
+      } else if (stage == 1) {
+        src = static_cast<const float*>(full_grads[u]) + l.shard_offset(rank);
+      } else {
+        src = grad_shard_dev[u];
+      }
+      STRATA_RETURN_IF_ERROR(dev.SumSquares(src, DType::kF32, n, sum, *comm_stream));
     }
-    return sum;
+    STRATA_RETURN_IF_ERROR(
+        dev.CopyAsync(host, sum, sizeof(double), device::CopyKind::kDeviceToHost, *comm_stream));
+    STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+    total = host[0];
   }
-  // A device reduction over this rank's gradients; one double comes back.
-  auto* host = reinterpret_cast<double*>(scalars_host.data());
-  auto* sum = static_cast<double*>(scalars_dev);
-  host[0] = 0.0;
-  STRATA_RETURN_IF_ERROR(
-      dev.CopyAsync(sum, host, sizeof(double), device::CopyKind::kHostToDevice, *comm_stream));
+  // Offloaded units (the last ones): their gradient shards already sit in host memory, where the
+  // optimizer reads them.
   for (size_t u = 0; u < layouts.size(); ++u) {
-    const auto& l = layouts[u];
-    const void* src = nullptr;
-    size_t n = static_cast<size_t>(l.shard_numel);
-    if (stage == 0) {
-      src = full_grads[u];
-      n = static_cast<size_t>(l.padded_numel());
-    } else if (stage == 1) {
-      src = static_cast<const float*>(full_grads[u]) + l.shard_offset(rank);
-    } else {
-      src = grad_shard_dev[u];
-    }
-    STRATA_RETURN_IF_ERROR(dev.SumSquares(src, DType::kF32, n, sum, *comm_stream));
+    if (!cpu_unit[u]) continue;
+    const float* data = reinterpret_cast<const float*>(grad_shard_host[u].data());
+    const size_t n = static_cast<size_t>(layouts[u].shard_numel);
+    for (size_t i = 0; i < n; ++i) total += static_cast<double>(data[i]) * data[i];
   }
-  STRATA_RETURN_IF_ERROR(
-      dev.CopyAsync(host, sum, sizeof(double), device::CopyKind::kDeviceToHost, *comm_stream));
-  STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
-  return host[0];
+  return total;
 }
 
 Result<float> Engine::Impl::AllReduceHostFloat(float value) {

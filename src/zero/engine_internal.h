@@ -8,6 +8,7 @@
 #pragma once
 
 #include "zero/engine.h"
+#include "zero/partition.h"
 
 #include <fmt/format.h>
 
@@ -80,6 +81,13 @@ struct Placement {
   bool cpu_optimizer = false;  // offload_optimizer cpu / nvme
 };
 Placement PlacementOf(const Config& cfg);
+
+// Per unit: whether its optimizer states are offloaded (the CPU optimizer updates them) or stay
+// on the device (offload_optimizer.ratio; partition.h OffloadedUnits). All 0 without offload.
+inline std::vector<char> CpuOptimizerUnits(const Config& cfg, const std::vector<UnitLayout>& layouts) {
+  if (PlacementOf(cfg).optim_home == Tier::kDevice) return std::vector<char>(layouts.size(), 0);
+  return OffloadedUnits(layouts, cfg.zero.offload_optimizer.ratio);
+}
 
 // Whether the parameter tier manager shares host memory (strata.memory.share_host_memory; auto:
 // on for the CPU device).
@@ -181,7 +189,11 @@ struct Engine::Impl {
   int stage = 0;
   DType cdt = DType::kF32;
   size_t csz = 4;
-  bool cpu_optimizer = false;  // offload_optimizer cpu / nvme
+  // offload_optimizer cpu / nvme: cpu_unit[u] says whether unit u's states are offloaded (all
+  // units unless offload_optimizer.ratio < 1); cpu_optimizer whether any is.
+  bool cpu_optimizer = false;
+  std::vector<char> cpu_unit;
+  bool device_optimizer = true;  // some unit's states are on the device
   // The CPU optimizer steps each unit as soon as its gradients land, overlapped with the rest of
   // backward: only when nothing needs every gradient first (no clipping, no fp16 overflow check).
   bool overlapped_optimizer = false;
@@ -215,15 +227,18 @@ struct Engine::Impl {
     bool last;
   };
   std::vector<Pending> bucket_units;
-  // Stages 1-3, device optimizer: grad shard accumulators (device; stage 1 uses full_grads).
+  // Stages 2-3, units on the device optimizer: grad shard accumulators (device; stages 0-1 use
+  // full_grads). Per unit; nullptr for an offloaded unit.
   std::vector<void*> grad_shard_dev;
-  // CPU optimizer: grad shard accumulators (host) and the staging buffer they arrive through.
+  // Offloaded units: grad shard accumulators (host; empty for the others) and the staging buffer
+  // they arrive through.
   std::vector<HostBuffer> grad_shard_host;
   HostBuffer grad_landing;
-  // CPU optimizer at stages 1-2 (and stage 3 with device-homed parameters): the updated shard in
-  // the compute dtype, copied to the device after the step.
+  // Offloaded units at stages 1-2 (and stage 3 with device-homed parameters): the updated shard in
+  // the compute dtype, copied to the device after the step (empty for the others).
   std::vector<HostBuffer> param_stage;
-  // Device optimizer: master, m, v (shard-sized; full at stage 0).
+  // Units on the device optimizer: master, m, v (shard-sized; full at stage 0; nullptr for an
+  // offloaded unit).
   std::vector<void*> master_dev, m_dev, v_dev;
   // The step's scalars: the gradient norm's sum of squares (a double) and the rank sum of it (a
   // float) in device memory, read back through one registered host page; allocated at Init so

@@ -35,7 +35,10 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
                                             device::DeviceType device_type) {
   STRATA_RETURN_IF_ERROR(CheckResolved(config));
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
-  const auto [stage, csz, param_home, optim_home, cpu_optimizer] = PlacementOf(config);
+  const auto [stage, csz, param_home, optim_home, optim_offloaded] = PlacementOf(config);
+  (void)optim_offloaded;
+  // engine.cc Init: which units' states are offloaded (offload_optimizer.ratio).
+  const std::vector<char> cpu_unit = CpuOptimizerUnits(config, layouts);
   const bool share = SharesHostMemory(config, device_type);
   // Device::Alloc charges each block rounded up to 256 bytes.
   auto charged = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
@@ -44,7 +47,7 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   };
 
   uint64_t padded_sum = 0, shard_sum = 0, max_padded = 0, full_params = 0, full_grads = 0,
-           adam = 0, grad_shards = 0, unit_init = 0;
+           adam = 0, grad_shards = 0, unit_init = 0, offloaded_shards = 0;
   uint64_t shard_classes = 0, largest_class = 0;
   for (const UnitLayout& l : layouts) {
     const auto padded = static_cast<uint64_t>(l.padded_numel());
@@ -58,8 +61,10 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     // engine.cc, "Memory per stage".
     if (stage <= 2) full_params += charged(padded * csz);
     if (stage <= 1) full_grads += charged(padded * 4);
-    if (!cpu_optimizer) adam += 3 * charged((stage == 0 ? padded : shard) * 4);
-    if (!cpu_optimizer && stage >= 2) grad_shards += charged(shard * 4);
+    const bool cpu = cpu_unit[static_cast<size_t>(l.index)] != 0;
+    if (!cpu) adam += 3 * charged((stage == 0 ? padded : shard) * 4);
+    if (!cpu && stage >= 2) grad_shards += charged(shard * 4);
+    if (cpu) offloaded_shards += shard;
   }
 
   EngineMemoryPlan plan;
@@ -133,8 +138,10 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
                                               device_type));
   // NVMe swap files (nvme_layout.cc): every slot is a multiple of 4 KiB already.
   if (stage == 3 && param_home == Tier::kNvme) plan.nvme_param_file = shard_sum * csz;
-  if (cpu_optimizer && optim_home == Tier::kNvme) plan.nvme_optim_file = shard_sum * 12;
+  if (optim_home == Tier::kNvme) plan.nvme_optim_file = offloaded_shards * 12;
   plan.init_host_bytes = unit_init;
+  plan.offloaded_optim_elems = optim_home == Tier::kDevice ? 0 : offloaded_shards;
+  plan.shard_elems = shard_sum;
   return plan;
 }
 

@@ -60,7 +60,7 @@ Status Engine::Impl::SaveUnitStates(int u, const StateWriter& write) {
     STRATA_RETURN_IF_ERROR(emit(StateKind::kParams, 0, shard, params.data(), cdt));
   }
   const StateKind kinds[3] = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
-  if (!cpu_optimizer) {
+  if (!cpu_unit[u]) {
     const int64_t first = stage == 0 ? l.shard_offset(rank) : 0;
     void* const bufs[3] = {master_dev[u], m_dev[u], v_dev[u]};
     std::vector<float> host(static_cast<size_t>(shard));
@@ -117,7 +117,7 @@ Status Engine::Impl::LoadUnitStates(int u, const InitialStates& initial) {
     STRATA_RETURN_IF_ERROR(WriteParamShard(u, cast.data()));
   }
   const std::vector<float>* const states[3] = {&master, &m, &v};
-  if (!cpu_optimizer) {
+  if (!cpu_unit[u]) {
     void* const bufs[3] = {master_dev[u], m_dev[u], v_dev[u]};
     for (int k = 0; k < 3; ++k) {
       float* own = static_cast<float*>(bufs[k]) + (stage == 0 ? l.shard_offset(rank) : 0);

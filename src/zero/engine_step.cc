@@ -309,7 +309,7 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
         char* own = static_cast<char*>(full_grads[u]) + l.shard_offset(rank) * 4;
         STRATA_RETURN_IF_ERROR(comm.ReduceScatter(full_grads[u], own, shard, DType::kF32,
                                                   comm::ReduceOp::kSum, *comm_stream));
-        if (cpu_optimizer) STRATA_RETURN_IF_ERROR(LandGradShard(u, own, 0));
+        if (cpu_unit[u]) STRATA_RETURN_IF_ERROR(LandGradShard(u, own, 0));
       }
     }
     if (overlapped_optimizer) {
@@ -318,7 +318,7 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
       ready = std::move(ev);
       STRATA_RETURN_IF_ERROR(dev.Record(*ready, *comm_stream));
       for (int u = n_units - 1; u >= 0; --u) {
-        STRATA_RETURN_IF_ERROR(QueueOptimizer(u, ready, step_hyper));
+        if (cpu_unit[u]) STRATA_RETURN_IF_ERROR(QueueOptimizer(u, ready, step_hyper));
       }
     }
   }
@@ -366,17 +366,22 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
     step_hyper.grad_scale = inv * clip_coef;  // (overlapped jobs already have theirs: no clipping)
   }
   if (!result.skipped) {
-    if (!cpu_optimizer) {
+    // Offloaded units first (the CPU optimizer's thread works on them while the device updates
+    // the others), unless they were already queued during backward.
+    if (cpu_optimizer && !overlapped) {
+      for (int u = n_units - 1; u >= 0; --u) {
+        if (cpu_unit[u]) STRATA_RETURN_IF_ERROR(QueueOptimizer(u, nullptr, step_hyper));
+      }
+    }
+    if (device_optimizer) {
       const int64_t t0 = TraceRecorder::NowNs();
-      for (int u = n_units - 1; u >= 0; --u) STRATA_RETURN_IF_ERROR(DeviceOptimizerStep(u));
+      for (int u = n_units - 1; u >= 0; --u) {
+        if (!cpu_unit[u]) STRATA_RETURN_IF_ERROR(DeviceOptimizerStep(u));
+      }
       STRATA_RETURN_IF_ERROR(dev.Synchronize(*compute));
       opt_wait_ns += TraceRecorder::NowNs() - t0;
       std::lock_guard<std::mutex> lock(opt_mu);
       optimizer_ns += TraceRecorder::NowNs() - t0;
-    } else if (!overlapped) {
-      for (int u = n_units - 1; u >= 0; --u) {
-        STRATA_RETURN_IF_ERROR(QueueOptimizer(u, nullptr, step_hyper));
-      }
     }
   }
   if (cpu_optimizer) {
@@ -396,12 +401,12 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
       const size_t shard = static_cast<size_t>(l.shard_numel);
       if (stage <= 2) {
         char* own = static_cast<char*>(full_params[u]) + l.shard_offset(rank) * csz;
-        if (cpu_optimizer && !result.skipped) {
+        if (cpu_unit[u] && !result.skipped) {
           STRATA_RETURN_IF_ERROR(dev.CopyAsync(own, param_stage[u].data(), shard * csz,
                                                device::CopyKind::kHostToDevice, *comm_stream));
         }
         STRATA_RETURN_IF_ERROR(comm.AllGather(own, full_params[u], shard, cdt, *comm_stream));
-      } else if (cpu_optimizer && param_home == Tier::kDevice && !result.skipped) {
+      } else if (cpu_unit[u] && param_home == Tier::kDevice && !result.skipped) {
         STRATA_RETURN_IF_ERROR(WriteParamShard(u, param_stage[u].data()));
       }
     }

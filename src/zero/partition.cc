@@ -63,4 +63,23 @@ Result<std::vector<UnitLayout>> LayoutModel(const std::vector<UnitSpec>& units, 
   return out;
 }
 
+std::vector<char> OffloadedUnits(const std::vector<UnitLayout>& layouts, double ratio) {
+  std::vector<char> out(layouts.size(), 0);
+  if (ratio >= 1.0) {
+    out.assign(layouts.size(), 1);
+    return out;
+  }
+  int64_t total = 0;
+  for (const UnitLayout& l : layouts) total += l.shard_numel;
+  const double target = ratio * static_cast<double>(total);
+  double taken = 0.0;
+  for (size_t i = layouts.size(); i-- > 0;) {
+    const auto n = static_cast<double>(layouts[i].shard_numel);
+    if (taken + 0.5 * n > target) break;
+    out[i] = 1;
+    taken += n;
+  }
+  return out;
+}
+
 }  // namespace strata::zero

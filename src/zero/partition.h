@@ -43,4 +43,11 @@ struct UnitLayout {
 Result<UnitLayout> LayoutUnit(int index, const UnitSpec& spec, int world_size);
 Result<std::vector<UnitLayout>> LayoutModel(const std::vector<UnitSpec>& units, int world_size);
 
+// Partial optimizer offload (offload_optimizer.ratio): which units' optimizer states are
+// offloaded (1) and which stay on the device (0). Whole units, from the last towards the first
+// (backward lands the last unit's gradients first, so its CPU update overlaps the most compute),
+// taking each while at least half of it falls within `ratio` of the rank's shard elements.
+// ratio >= 1 offloads every unit. Every rank computes the same split (shards are equal).
+std::vector<char> OffloadedUnits(const std::vector<UnitLayout>& layouts, double ratio);
+
 }  // namespace strata::zero

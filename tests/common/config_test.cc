@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -334,7 +336,7 @@ TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
       "zero_hpz_partition_size": 8,
       "mics_shard_size": 8,
       "stage3_module_granularity_threshold": 0,
-      "offload_optimizer": {"device": "cpu", "ratio": 0.5}
+      "offload_optimizer": {"device": "cpu", "super_offload": true}
     },
     "bf16": {"enabled": true, "immediate_grad_update": true},
     "checkpoint": {"parallel_write": {"pipeline_stage": false}},
@@ -346,7 +348,7 @@ TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
                   "optimizer.params.set_grad_none", "zero_optimization.zero_quantized_weights",
                   "zero_optimization.zero_hpz_partition_size", "zero_optimization.mics_shard_size",
                   "zero_optimization.stage3_module_granularity_threshold",
-                  "zero_optimization.offload_optimizer.ratio", "bf16.immediate_grad_update",
+                  "zero_optimization.offload_optimizer.super_offload", "bf16.immediate_grad_update",
                   "checkpoint.parallel_write", "aio.use_gds"));
   std::string warning = c.diagnostics.IgnoredKeysMessage("test.json");
   EXPECT_THAT(warning, StartsWith("test.json: "));
@@ -677,6 +679,22 @@ TEST(ConfigOffloadTest, OffloadSettings) {
   EXPECT_TRUE(c.zero.offload_optimizer.pipeline_write);
   EXPECT_TRUE(c.zero.offload_optimizer.fast_init);
   EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/n");
+  EXPECT_EQ(c.zero.offload_optimizer.ratio, 1.0);
+}
+
+// Partial optimizer offload: a fraction in (0, 1]; anything else names the key and the range.
+TEST(ConfigOffloadTest, OptimizerRatio) {
+  Config c = Ok(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+  EXPECT_EQ(c.zero.offload_optimizer.ratio, 0.3);
+  EXPECT_TRUE(c.diagnostics.ignored_keys.empty());
+  for (const char* bad : {"0", "1.5", "-0.2", "\"half\""}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THAT(ErrorOf(fmt::format(R"({{"zero_optimization": {{"stage": 2,
+        "offload_optimizer": {{"device": "cpu", "ratio": {}}}}}}})", bad)),
+                AllOf(HasSubstr("zero_optimization.offload_optimizer.ratio"),
+                      HasSubstr("a fraction in (0, 1]")));
+  }
 }
 
 // ---- zero_optimization spellings ----

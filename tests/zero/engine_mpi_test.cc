@@ -26,14 +26,20 @@ using testing::ToyRun;
 constexpr double kTolerance = 2e-4;
 constexpr int kSteps = 12;
 
+// `where`: "none", "cpu" or "nvme" for both homes; "cpu@R" / "nvme@R" for the optimizer states
+// only, with offload_optimizer.ratio R (partial offload; parameters stay on the device).
 std::string ConfigJson(int stage, const std::string& where, const std::string& extra = "") {
   std::string zero = fmt::format(R"("stage": {})", stage);
-  if (stage == 3 && where != "none") {
-    zero += fmt::format(R"(, "offload_param": {{"device": "{}", "nvme_path": "@NVME@"}})", where);
+  const size_t at = where.find('@');
+  const std::string home = where.substr(0, at);
+  const std::string ratio =
+      at == std::string::npos ? "" : fmt::format(R"(, "ratio": {})", where.substr(at + 1));
+  if (stage == 3 && home != "none" && ratio.empty()) {
+    zero += fmt::format(R"(, "offload_param": {{"device": "{}", "nvme_path": "@NVME@"}})", home);
   }
-  if (stage >= 1 && where != "none") {
-    zero += fmt::format(R"(, "offload_optimizer": {{"device": "{}", "nvme_path": "@NVME@"}})",
-                        where);
+  if (stage >= 1 && home != "none") {
+    zero += fmt::format(R"(, "offload_optimizer": {{"device": "{}", "nvme_path": "@NVME@"{}}})",
+                        home, ratio);
   }
   zero += R"(, "sub_group_size": 4096, "stage3_param_persistence_threshold": 0)" + extra;
   return fmt::format(
@@ -118,6 +124,11 @@ TEST_F(EngineMpiTest, Stage2NvmeOffload) { Check(2, "nvme"); }
 TEST_F(EngineMpiTest, Stage3NoOffload) { Check(3, "none"); }
 TEST_F(EngineMpiTest, Stage3CpuOffload) { Check(3, "cpu"); }
 TEST_F(EngineMpiTest, Stage3NvmeOffload) { Check(3, "nvme"); }
+// Partial optimizer offload: the first half of the units on the device optimizer, the rest on
+// the CPU one, in the same step.
+TEST_F(EngineMpiTest, Stage1HalfOffloaded) { Check(1, "cpu@0.5"); }
+TEST_F(EngineMpiTest, Stage2HalfOffloaded) { Check(2, "nvme@0.5"); }
+TEST_F(EngineMpiTest, Stage3HalfOffloaded) { Check(3, "cpu@0.5"); }
 // Reduction buckets: the default (5e8 elements) holds every unit of the toy model, so the tests
 // above reduce one bucket per micro-batch. Here: a bucket of one unit per rank (flushed per
 // unit), two units, and none at all (every unit reduced on its own) — the same bits each time.

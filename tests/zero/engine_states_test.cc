@@ -21,10 +21,10 @@ namespace {
 using testing::ToyRun;
 
 std::string Json(int stage, const std::string& param_dev, const std::string& optim_dev,
-                 const std::string& extra = "") {
+                 const std::string& extra = "", const std::string& optim_extra = "") {
   return testing::ToyConfigJson(stage, param_dev, optim_dev,
                                 R"(, "sub_group_size": 2048, "stage3_param_persistence_threshold": 0)",
-                                R"(, "gradient_clipping": 1.0)" + extra);
+                                R"(, "gradient_clipping": 1.0)" + extra, optim_extra);
 }
 
 // A checkpoint in memory: per (unit, slot, kind), the whole tensor in fp32, and how many times
@@ -126,6 +126,9 @@ TEST(EngineStatesTest, ResumeInAnotherConfigurationContinuesBitIdentically) {
        Json(3, "none", "none", R"(, "bf16": {"enabled": true})")},
       {Json(2, "none", "cpu", R"(, "fp16": {"enabled": true, "initial_scale_power": 8})"),
        Json(3, "nvme", "nvme", R"(, "fp16": {"enabled": true, "initial_scale_power": 8})")},
+      // Partial optimizer offload: half the units' states on the device, half offloaded.
+      {Json(3, "nvme", "nvme", "", R"(, "ratio": 0.5)"), Json(2, "none", "cpu")},
+      {Json(1, "none", "cpu"), Json(3, "cpu", "nvme", "", R"(, "ratio": 0.5)")},
   };
   for (const auto& [from, to] : pairs) {
     SCOPED_TRACE(from + "  ->  " + to);

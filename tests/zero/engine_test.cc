@@ -17,10 +17,10 @@ using testing::MaxRelDiff;
 using testing::ToyRun;
 
 std::string ConfigJson(int stage, const std::string& param_dev, const std::string& optim_dev,
-                       const std::string& extra = "") {
+                       const std::string& extra = "", const std::string& optim_extra = "") {
   return testing::ToyConfigJson(
       stage, param_dev, optim_dev,
-      R"(, "sub_group_size": 4096, "stage3_param_persistence_threshold": 0)", extra);
+      R"(, "sub_group_size": 4096, "stage3_param_persistence_threshold": 0)", extra, optim_extra);
 }
 
 double MeanLoss(const ToyRun& run, size_t begin, size_t end) {
@@ -107,6 +107,91 @@ TEST(EngineTest, EveryStageAndOffloadIsIdenticalOnOneRank) {
       EXPECT_EQ(MaxRelDiff(got, reference), 0.0);
     }
   }
+}
+
+TEST(PartitionTest, OffloadedUnitsTakeTheLastUnitsUpToTheRatio) {
+  std::vector<UnitLayout> layouts(4);
+  const int64_t sizes[4] = {4096, 2048, 2048, 8192};  // 16384 in all
+  for (int i = 0; i < 4; ++i) {
+    layouts[i].index = i;
+    layouts[i].shard_numel = sizes[i];
+  }
+  using V = std::vector<char>;
+  EXPECT_EQ(OffloadedUnits(layouts, 1.0), (V{1, 1, 1, 1}));
+  EXPECT_EQ(OffloadedUnits(layouts, 0.5), (V{0, 0, 0, 1}));     // 8192 of 16384
+  EXPECT_EQ(OffloadedUnits(layouts, 0.24), (V{0, 0, 0, 0}));    // over half of the head is over
+  EXPECT_EQ(OffloadedUnits(layouts, 0.25), (V{0, 0, 0, 1}));    // half of it fits
+  EXPECT_EQ(OffloadedUnits(layouts, 0.65), (V{0, 0, 1, 1}));    // 10240 of 10649.6
+  EXPECT_EQ(OffloadedUnits(layouts, 0.70), (V{0, 1, 1, 1}));    // 12288 of 11468.8: half fits
+  EXPECT_EQ(OffloadedUnits(layouts, 0.75), (V{0, 1, 1, 1}));    // 12288 of 12288
+  EXPECT_EQ(OffloadedUnits(layouts, 0.86), (V{0, 1, 1, 1}));    // 14336 of 14090: first half over
+  EXPECT_EQ(OffloadedUnits(layouts, 0.88), (V{1, 1, 1, 1}));
+  EXPECT_EQ(OffloadedUnits(layouts, 0.01), (V{0, 0, 0, 0}));
+}
+
+// offload_optimizer.ratio < 1: some units' states on the device (fused device AdamW), the last
+// units' offloaded (CPU AdamW), in one step. On one rank still the same arithmetic: bit-identical
+// to the reference, at every stage, home, and with the CPU optimizer overlapped or not.
+TEST(EngineTest, PartialOptimizerOffloadIsIdenticalOnOneRank) {
+  ToyRun::Options base;
+  base.config_json = ConfigJson(0, "none", "none");
+  base.accumulation = 2;
+  const auto reference = TrainAndGetMasters(base);
+  ASSERT_FALSE(reference.empty());
+  for (int stage : {1, 2, 3}) {
+    for (const char* where : {"cpu", "nvme"}) {
+      for (bool overlap : {true, false}) {
+        SCOPED_TRACE(fmt::format("stage {} offload {} overlap {}", stage, where, overlap));
+        ToyRun::Options o = base;
+        o.config_json = ConfigJson(stage, stage == 3 ? where : "none", where, "",
+                                   R"(, "ratio": 0.5)");
+        o.overlap_optimizer = overlap;
+        ToyRun run;
+        Status st = run.Setup(o);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        st = run.Train();
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        EXPECT_EQ(run.engine->stats().units, 4);
+        EXPECT_EQ(run.engine->stats().offloaded_optimizer_units, 2);
+        auto got = run.Masters();
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        EXPECT_EQ(MaxRelDiff(*got, reference), 0.0);
+      }
+    }
+  }
+}
+
+// A share of the states offloaded: the planned pool and device memory hold exactly the two
+// halves (the pool is smaller than with everything offloaded, the device holds the rest).
+TEST(EngineTest, PartialOffloadPlansBothHalves) {
+  auto probe_device = device::CreateDevice({});
+  ASSERT_TRUE(probe_device.ok());
+  testing::ToyModel probe(**probe_device, 4, 1024);  // plans only: nothing is allocated
+  auto plan = [&](const std::string& json) {
+    auto config = ParseConfig(json, "<t>");
+    EXPECT_TRUE(config.ok()) << config.status().ToString();
+    auto p = Engine::PlanMemory(probe.units(), {}, *config, 1);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? *p : EngineMemoryPlan{};
+  };
+  auto adam = [](const EngineMemoryPlan& p) {
+    uint64_t b = 0;
+    for (const auto& i : p.device) {
+      if (i.what.find("AdamW") != std::string::npos) b += i.bytes;
+    }
+    return b;
+  };
+  const EngineMemoryPlan all = plan(ConfigJson(2, "none", "nvme"));
+  const EngineMemoryPlan half = plan(ConfigJson(2, "none", "nvme", "", R"(, "ratio": 0.5)"));
+  const EngineMemoryPlan none = plan(ConfigJson(2, "none", "none"));
+  EXPECT_EQ(adam(all), 0u);
+  EXPECT_EQ(adam(half) * 2, adam(none));
+  EXPECT_EQ(half.nvme_optim_file * 2, all.nvme_optim_file);
+  EXPECT_EQ(half.offloaded_optim_elems * 2, half.shard_elems);
+  EXPECT_EQ(all.offloaded_optim_elems, all.shard_elems);
+  EXPECT_EQ(none.offloaded_optim_elems, 0u);
+  EXPECT_LT(half.pinned_pool, all.pinned_pool);
+  EXPECT_GT(half.device_total(), all.device_total());
 }
 
 TEST(EngineTest, OverlappedOptimizerMatchesSequential) {
@@ -267,13 +352,15 @@ TEST(EngineTest, OptimizerWriteErrorIsReportedAndStatesStayConsistent) {
 // The planned pinned-pool size is enough to train (and the pool is then not much larger).
 TEST(EngineTest, PlannedPinnedPoolIsEnough) {
   for (int stage : {1, 2, 3}) {
-    for (const char* where : {"cpu", "nvme"}) {
+    for (const char* where : {"cpu", "nvme", "cpu@0.5"}) {
       SCOPED_TRACE(fmt::format("stage {} offload {}", stage, where));
+      const bool partial = std::string(where) == "cpu@0.5";
       ToyRun::Options o;
       o.layers = 3;
       o.width = 96;
       o.steps = 3;
-      o.config_json = ConfigJson(stage, stage == 3 ? where : "none", where);
+      o.config_json = partial ? ConfigJson(stage, "none", "cpu", "", R"(, "ratio": 0.5)")
+                              : ConfigJson(stage, stage == 3 ? where : "none", where);
       auto config = ParseConfig(o.config_json, "<t>");
       ASSERT_TRUE(config.ok()) << config.status().ToString();
       auto probe_device = device::CreateDevice({});

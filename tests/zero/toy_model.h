@@ -244,13 +244,15 @@ class ToyModel final : public Model {
 // zero_optimization and `extra` at the top level; both start with a comma when not empty.
 inline std::string ToyConfigJson(int stage, const std::string& param_dev,
                                  const std::string& optim_dev, const std::string& zero_extra,
-                                 const std::string& extra = "") {
+                                 const std::string& extra = "",
+                                 const std::string& optim_extra = "") {
   std::string zero = "\"stage\": " + std::to_string(stage);
   if (stage == 3 && param_dev != "none") {
     zero += R"(, "offload_param": {"device": ")" + param_dev + R"(", "nvme_path": "@NVME@"})";
   }
   if (stage >= 1 && optim_dev != "none") {
-    zero += R"(, "offload_optimizer": {"device": ")" + optim_dev + R"(", "nvme_path": "@NVME@"})";
+    zero += R"(, "offload_optimizer": {"device": ")" + optim_dev + R"(", "nvme_path": "@NVME@")" +
+            optim_extra + "}";
   }
   return R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
             "zero_optimization": {)" +
