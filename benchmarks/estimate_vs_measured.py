@@ -170,7 +170,7 @@ def main():
                          "estimated_step_s": t["step_s"], "ratio": t["step_s"] / measured,
                          "calibration": calib, "bound_by": t["bound_by"], "bottleneck": t["bottleneck"],
                          "measured_compute_s": compute, "estimated_compute_s": t["compute_s"],
-                         "estimated_optimizer_s": t["optimizer_s"],
+                         "estimated_optimizer_s": t["optimizer_s"] + t.get("device_optimizer_s", 0.0),
                          "estimated_nvme_s": t["nvme_read_s"] + t["nvme_write_s"],
                          "estimated_optimizer_exposed_s": t["exposed_optimizer_s"],
                          "measured_rates_step_s": raw["step_s"],

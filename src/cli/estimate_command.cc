@@ -93,10 +93,16 @@ nlohmann::json PlannedConfig(const std::string& path, const train::PlanCandidate
     if (!o.is_object()) o = nlohmann::json::object();
     o["device"] = std::string(OffloadDeviceName(d));
     if (d == OffloadDevice::kNvme && !nvme_path.empty()) o["nvme_path"] = nvme_path;
+    return &o;
   };
   if (cfg.zero.stage == 3) set("offload_param", c.param, cfg.zero.offload_param.nvme_path);
   if (cfg.zero.stage >= 1) {
-    set("offload_optimizer", c.optimizer, cfg.zero.offload_optimizer.nvme_path);
+    nlohmann::json* o = set("offload_optimizer", c.optimizer, cfg.zero.offload_optimizer.nvme_path);
+    if (c.optimizer != OffloadDevice::kNone && c.ratio < 1.0) {
+      (*o)["ratio"] = c.ratio;
+    } else {
+      o->erase("ratio");
+    }
   }
   return j;
 }
@@ -176,12 +182,13 @@ int RunEstimate(const EstimateArgs& a) {
   } else {
     Result<train::PlanCandidate> own =
         train::EstimatePlacement(in, *hw, in.config.zero.offload_param.device,
-                                 in.config.zero.offload_optimizer.device);
+                                 in.config.zero.offload_optimizer.device,
+                                 in.config.zero.offload_optimizer.ratio);
     if (!own.ok()) return ReportError(kCommand, own.status());
     shown = *own;
   }
   Config chosen_cfg = in.config;
-  if (Status s = ResolveOffloadDevices(&chosen_cfg, shown.param, shown.optimizer); !s.ok()) {
+  if (Status s = train::ApplyPlacement(&chosen_cfg, shown); !s.ok()) {
     return ReportError(kCommand, s);
   }
 
@@ -194,12 +201,16 @@ int RunEstimate(const EstimateArgs& a) {
     j["fit"] = train::FitJson(shown.fit);
     j["time"] = train::TimeEstimateJson(shown.time);
     j["placement"] = {{"offload_param", OffloadDeviceName(shown.param)},
-                      {"offload_optimizer", OffloadDeviceName(shown.optimizer)}};
+                      {"offload_optimizer", OffloadDeviceName(shown.optimizer)},
+                      {"offload_optimizer_ratio", shown.ratio},
+                      {"offloaded_fraction", shown.time.offloaded_fraction}};
     if (plan.ok()) {
       nlohmann::json c = nlohmann::json::array();
       for (const auto& cand : plan->candidates) {
         c.push_back({{"offload_param", OffloadDeviceName(cand.param)},
                      {"offload_optimizer", OffloadDeviceName(cand.optimizer)},
+                     {"offload_optimizer_ratio", cand.ratio},
+                     {"offloaded_fraction", cand.time.offloaded_fraction},
                      {"fits", cand.fit.fits()},
                      {"overflow", cand.fit.Overflow()},
                      {"step_s", cand.time.step_s},
@@ -218,10 +229,9 @@ int RunEstimate(const EstimateArgs& a) {
     fmt::print(stdout, "{}\n", PlannedConfig(a.config, shown, chosen_cfg).dump(2));
     return kExitOk;
   }
-  fmt::print(stdout, "strata estimate: model {} on {} ({} device), parameters on {}, optimizer on {}\n",
-             in.model.name,
+  fmt::print(stdout, "strata estimate: model {} on {} ({} device), {}\n", in.model.name,
              a.config.empty() ? "no DeepSpeed config (stage 0, fp32, micro-batch 1)" : a.config,
-             a.device, OffloadDeviceName(shown.param), OffloadDeviceName(shown.optimizer));
+             a.device, train::PlacementName(shown));
   fmt::print(stdout, "{}", train::FormatMemoryEstimate(shown.memory));
   fmt::print(stdout, "{}", train::FormatFit(shown.fit));
   fmt::print(stdout, "{}", train::FormatTimeEstimate(shown.time, *hw));

@@ -101,7 +101,13 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   const double S = static_cast<double>(m.shard_elems);   // one rank's shard
   const auto param_dev = stage == 3 ? cfg.zero.offload_param.device : OffloadDevice::kNone;
   const auto optim_dev = stage == 0 ? OffloadDevice::kNone : cfg.zero.offload_optimizer.device;
-  t.cpu_optimizer = optim_dev != OffloadDevice::kNone;
+  // Partial offload (offload_optimizer.ratio): the engine's own split into whole units.
+  t.offloaded_fraction =
+      optim_dev == OffloadDevice::kNone || m.engine.shard_elems == 0
+          ? 0.0
+          : static_cast<double>(m.engine.offloaded_optim_elems) /
+                static_cast<double>(m.engine.shard_elems);
+  t.cpu_optimizer = t.offloaded_fraction > 0;
 
   // Compute: 6N + attention per token, plus the forward of every block again (each block
   // recomputes its activations in backward): blocks' forward = (per-token FLOPs - 6 V H) / 3.
@@ -151,13 +157,15 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   // Host-device copies: only where device memory is not host memory.
   const bool copies = IsCuda(in) || cfg.strata.memory.share_host_memory == Toggle::kOff;
   double h2d_fb = 0, d2h_fb = 0, h2d_opt = 0, d2h_after = 0;
+  const double S_cpu = t.offloaded_fraction * S;  // the offloaded part of the shard
   if (copies) {
     h2d_fb = fetch_bytes;
     if (t.cpu_optimizer) {
-      if (stage >= 2) d2h_fb = gas * 4 * S;  // each micro-batch's gradient shard lands on the host
-      else d2h_after = 4 * S;
+      // Each micro-batch's gradient shard lands on the host.
+      if (stage >= 2) d2h_fb = gas * 4 * S_cpu;
+      else d2h_after = 4 * S_cpu;
       // Updated parameters go back to the device, unless their home is off the device.
-      if (param_dev == OffloadDevice::kNone) h2d_opt = csz * S;
+      if (param_dev == OffloadDevice::kNone) h2d_opt = csz * S_cpu;
     }
   }
   t.h2d_bytes = static_cast<uint64_t>(h2d_fb + h2d_opt);
@@ -172,8 +180,8 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
     write_opt += csz * S;  // the updated shard
   }
   if (optim_dev == OffloadDevice::kNvme) {
-    read_opt += 12 * S;  // master, m, v in, and out again
-    write_opt += 12 * S;
+    read_opt += 12 * S_cpu;  // master, m, v in, and out again
+    write_opt += 12 * S_cpu;
   }
   t.nvme_read_bytes = static_cast<uint64_t>(read_fb + read_opt);
   t.nvme_write_bytes = static_cast<uint64_t>(write_opt);
@@ -185,8 +193,9 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   // The optimizer: on the CPU, the node's rate shared by its ranks; on the device, bound by HBM
   // (gradient and states read, states and parameters written).
   t.optimizer_params = static_cast<uint64_t>(stage == 0 ? N : S);
-  t.optimizer_s = t.cpu_optimizer ? Div(g * S, hw.cpu_adam)
-                                  : Div(static_cast<double>(t.optimizer_params) * (28 + csz), hw.hbm);
+  t.optimizer_s = Div(g * S_cpu, hw.cpu_adam);
+  t.device_optimizer_s =
+      Div((static_cast<double>(t.optimizer_params) - S_cpu) * (28 + csz), hw.hbm);
 
   // The critical path. Forward and backward overlap the gathers, fetches and gradient copies
   // with compute; the CPU optimizer (with its NVMe traffic and the parameter upload) overlaps
@@ -206,7 +215,7 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   t.bound_by = top->name;
   // The updated parameters go back to the device after the last update (engine_step.cc), so
   // their upload follows the optimizer rather than overlapping it.
-  double opt_work = std::max(t.optimizer_s, nvme_opt_s);
+  double opt_work = t.cpu_optimizer ? std::max(t.optimizer_s, nvme_opt_s) : 0.0;
   // Stage 1 reduces at the step's end, so its "overlapped" updates start after backward.
   t.optimizer_overlapped = t.cpu_optimizer && stage >= 2 && cfg.gradient_clipping <= 0.0 &&
                            !cfg.fp16.enabled && cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
@@ -217,16 +226,18 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
     // compute, so the parts add up (docs/planning.md, "Checked against measured steps").
     t.forward_backward_s = 0;
     for (const Part& p : fb) t.forward_backward_s += p.s;
-    opt_work = t.optimizer_s + nvme_opt_s;
-    t.exposed_optimizer_s = opt_work;
+    t.exposed_optimizer_s = t.optimizer_s + nvme_opt_s + t.device_optimizer_s;
   } else if (t.optimizer_overlapped) {
     // It runs beside the last micro-batch's backward (3/4 of its compute with recomputation;
     // not beside NVMe reads, which share its drives), and at least the last unit's update is
-    // left.
+    // left. The device's part (the first units, with split states) runs after backward, beside
+    // what is left of it.
     const double backward = t.compute_s / gas * 0.75;
-    t.exposed_optimizer_s = std::max(opt_work - backward, opt_work / std::max(1, m.units));
+    t.exposed_optimizer_s = std::max(
+        {opt_work - backward, opt_work / std::max(1, m.units), t.device_optimizer_s});
   } else {
-    t.exposed_optimizer_s = opt_work;
+    // The CPU's part is queued first and runs beside the device's.
+    t.exposed_optimizer_s = std::max(opt_work, t.device_optimizer_s);
   }
   t.after_step_s = coll_after_s + Div(d2h_after + h2d_opt, hw.pcie);
   t.step_s = t.forward_backward_s + t.exposed_optimizer_s + t.after_step_s;
@@ -235,7 +246,8 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
                       {"collectives", t.collective_s},
                       {"PCIe", std::max(t.h2d_s, t.d2h_s)},
                       {"NVMe", t.nvme_read_s + t.nvme_write_s},
-                      {t.cpu_optimizer ? "CPU optimizer" : "device optimizer", t.optimizer_s}};
+                      {"CPU optimizer", t.optimizer_s},
+                      {"device optimizer", t.device_optimizer_s}};
   t.bottleneck = std::max_element(std::begin(all), std::end(all), [](const Part& a, const Part& b) {
                    return a.s < b.s;
                  })->name;
@@ -275,13 +287,30 @@ FitCheck CheckFit(const EstimateInput& in, const MemoryEstimate& m, const Hardwa
   return f;
 }
 
+Status ApplyPlacement(Config* config, const PlanCandidate& c) {
+  STRATA_RETURN_IF_ERROR(ResolveOffloadDevices(config, c.param, c.optimizer));
+  if (c.optimizer != OffloadDevice::kNone) config->zero.offload_optimizer.ratio = c.ratio;
+  return Status::Ok();
+}
+
+std::string PlacementName(const PlanCandidate& c) {
+  return fmt::format("parameters on {}, optimizer on {}{}", OffloadDeviceName(c.param),
+                     OffloadDeviceName(c.optimizer),
+                     c.optimizer != OffloadDevice::kNone && c.ratio < 1.0
+                         ? fmt::format(" (ratio {:g}: {:.0f}% of its states offloaded)", c.ratio,
+                                       c.time.offloaded_fraction * 100)
+                         : std::string());
+}
+
 Result<PlanCandidate> EstimatePlacement(const EstimateInput& in, const Hardware& hw,
-                                        OffloadDevice param, OffloadDevice optimizer) {
+                                        OffloadDevice param, OffloadDevice optimizer,
+                                        double ratio) {
   PlanCandidate c;
   c.param = param;
   c.optimizer = optimizer;
+  c.ratio = optimizer == OffloadDevice::kNone ? 1.0 : ratio;
   EstimateInput ci = in;
-  STRATA_RETURN_IF_ERROR(ResolveOffloadDevices(&ci.config, param, optimizer));
+  STRATA_RETURN_IF_ERROR(ApplyPlacement(&ci.config, c));
   STRATA_ASSIGN_OR_RETURN(c.memory, EstimateMemory(ci));
   c.time = EstimateTime(ci, c.memory, hw);
   c.fit = CheckFit(ci, c.memory, hw);
@@ -296,17 +325,37 @@ Result<PlacementPlan> PlanPlacement(const EstimateInput& in, const Hardware& hw)
     if (CanUseNvme(in.config, param)) v.push_back(OffloadDevice::kNvme);
     return v;
   };
+  // An "auto" optimizer also tries partial offload (1/16 .. 15/16 of its states); a fixed one keeps
+  // the config's ratio.
+  const bool auto_optimizer = z.offload_optimizer.device == OffloadDevice::kAuto;
+  std::vector<double> ratios = {z.offload_optimizer.ratio};
+  if (auto_optimizer) {
+    ratios.clear();
+    // Whole first, then less and less offloaded: a share that rounds to the same units as the
+    // one before it is the same placement.
+    for (int k = 16; k >= 1; --k) ratios.push_back(k / 16.0);
+  }
   PlacementPlan plan;
   for (OffloadDevice p : options(z.offload_param.device, true)) {
     for (OffloadDevice o : options(z.offload_optimizer.device, false)) {
-      STRATA_ASSIGN_OR_RETURN(PlanCandidate c, EstimatePlacement(in, hw, p, o));
-      plan.candidates.push_back(std::move(c));
+      double last_fraction = -1;
+      for (double r : o == OffloadDevice::kNone ? std::vector<double>{1.0} : ratios) {
+        STRATA_ASSIGN_OR_RETURN(PlanCandidate c, EstimatePlacement(in, hw, p, o, r));
+        // Ratios that round to the same whole units are one candidate.
+        if (o != OffloadDevice::kNone && c.time.offloaded_fraction == last_fraction) continue;
+        if (o != OffloadDevice::kNone && c.time.offloaded_fraction == 0) continue;  // = none
+        last_fraction = c.time.offloaded_fraction;
+        plan.candidates.push_back(std::move(c));
+      }
     }
   }
   // The fastest that fits, then among those within 2% of it the one that offloads least
-  // (simpler, and no drive wear).
+  // (simpler, and no drive wear): parameters first, then the optimizer's home, then its share.
   auto weight = [](const PlanCandidate& c) {
-    return static_cast<int>(c.param) * 3 + static_cast<int>(c.optimizer);
+    return static_cast<int>(c.param) * 3.0 +
+           (c.optimizer == OffloadDevice::kNone
+                ? 0.0
+                : static_cast<int>(c.optimizer) - 1.0 + c.time.offloaded_fraction);
   };
   double fastest = 0;
   for (const PlanCandidate& c : plan.candidates) {
@@ -320,14 +369,43 @@ Result<PlacementPlan> PlanPlacement(const EstimateInput& in, const Hardware& hw)
       plan.chosen = static_cast<int>(i);
     }
   }
-  auto name = [](const PlanCandidate& c) {
-    return fmt::format("parameters on {}, optimizer on {}", OffloadDeviceName(c.param),
-                       OffloadDeviceName(c.optimizer));
+  auto name = [](const PlanCandidate& c) { return PlacementName(c); };
+  // The candidates the reasons and errors speak of: every whole home, and of each home's partial
+  // offloads (a row per ratio) the fastest that fits, or when none fits the least and the most
+  // offloaded (the device overflows at one end, host memory or NVMe at the other).
+  auto listed = [&](bool fitting_only_if_any) {
+    std::vector<const PlanCandidate*> out;
+    for (size_t i = 0; i < plan.candidates.size();) {
+      const PlanCandidate& c = plan.candidates[i];
+      if (c.optimizer == OffloadDevice::kNone || c.ratio >= 1.0) {
+        out.push_back(&c);
+        ++i;
+        continue;
+      }
+      size_t j = i;
+      const PlanCandidate* fastest_fit = nullptr;
+      while (j < plan.candidates.size() && plan.candidates[j].param == c.param &&
+             plan.candidates[j].optimizer == c.optimizer && plan.candidates[j].ratio < 1.0) {
+        const PlanCandidate& d = plan.candidates[j];
+        if (d.fit.fits() && (fastest_fit == nullptr || d.time.step_s < fastest_fit->time.step_s)) {
+          fastest_fit = &d;
+        }
+        ++j;
+      }
+      if (fastest_fit != nullptr && fitting_only_if_any) {
+        out.push_back(fastest_fit);
+      } else {
+        out.push_back(&plan.candidates[i]);
+        if (j - 1 > i) out.push_back(&plan.candidates[j - 1]);
+      }
+      i = j;
+    }
+    return out;
   };
   if (plan.chosen < 0) {
     std::string all;
-    for (const PlanCandidate& c : plan.candidates) {
-      all += fmt::format("{}{}: {}", all.empty() ? "" : "; ", name(c), c.fit.Overflow());
+    for (const PlanCandidate* c : listed(false)) {
+      all += fmt::format("{}{}: {}", all.empty() ? "" : "; ", name(*c), c->fit.Overflow());
     }
     return ResourceExhaustedError(fmt::format(
         "no placement fits {} node(s) x {} GPU(s) ({} device budget per rank, {} of host memory "
@@ -336,7 +414,8 @@ Result<PlacementPlan> PlanPlacement(const EstimateInput& in, const Hardware& hw)
         FormatBytes(hw.host_budget()), FormatBytes(hw.nvme), all));
   }
   const PlanCandidate& best = plan.best();
-  for (const PlanCandidate& c : plan.candidates) {
+  for (const PlanCandidate* cp : listed(true)) {
+    const PlanCandidate& c = *cp;
     if (&c == &best) continue;
     if (!c.fit.fits()) {
       plan.reasons.push_back(fmt::format("not {}: does not fit ({})", name(c), c.fit.Overflow()));
@@ -420,8 +499,15 @@ std::string FormatTimeEstimate(const TimeEstimate& t, const Hardware& hw) {
   line("PCIe device to host", t.d2h_s, FormatBytes(t.d2h_bytes));
   line("NVMe read (node's share)", t.nvme_read_s, FormatBytes(t.nvme_read_bytes) + " per rank");
   line("NVMe write (node's share)", t.nvme_write_s, FormatBytes(t.nvme_write_bytes) + " per rank");
-  line(t.cpu_optimizer ? "CPU optimizer" : "device optimizer", t.optimizer_s,
-       fmt::format("{:.3g}M parameters per rank", static_cast<double>(t.optimizer_params) / 1e6));
+  const double params_m = static_cast<double>(t.optimizer_params) / 1e6;
+  if (t.cpu_optimizer) {
+    line("CPU optimizer", t.optimizer_s,
+         fmt::format("{:.3g}M parameters per rank", params_m * t.offloaded_fraction));
+  }
+  if (t.offloaded_fraction < 1) {
+    line("device optimizer", t.device_optimizer_s,
+         fmt::format("{:.3g}M parameters per rank", params_m * (1 - t.offloaded_fraction)));
+  }
   out += "critical path\n";
   line("forward + backward", t.forward_backward_s, "bound by " + t.bound_by);
   line("optimizer left after backward", t.exposed_optimizer_s,
@@ -470,6 +556,8 @@ nlohmann::json TimeEstimateJson(const TimeEstimate& t) {
           {"nvme_read_s", t.nvme_read_s},
           {"nvme_write_s", t.nvme_write_s},
           {"optimizer_s", t.optimizer_s},
+          {"device_optimizer_s", t.device_optimizer_s},
+          {"offloaded_fraction", t.offloaded_fraction},
           {"cpu_optimizer", t.cpu_optimizer},
           {"optimizer_overlapped", t.optimizer_overlapped},
           {"shared_cores", t.shared_cores},

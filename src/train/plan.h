@@ -75,10 +75,16 @@ struct TimeEstimate {
   uint64_t h2d_bytes = 0, d2h_bytes = 0;
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
   uint64_t optimizer_params = 0;  // elements one rank's optimizer updates
+  // The share of them whose states are offloaded (offload_optimizer.ratio rounded to whole
+  // units; 0 without offload): the CPU optimizer updates those, the device the rest.
+  double offloaded_fraction = 0;
   // Seconds per resource (shared resources: the node's load, e.g. NVMe of every rank).
   double compute_s = 0, collective_s = 0, h2d_s = 0, d2h_s = 0;
-  double nvme_read_s = 0, nvme_write_s = 0, optimizer_s = 0;
-  bool cpu_optimizer = false;
+  double nvme_read_s = 0, nvme_write_s = 0;
+  // The optimizer: the CPU's part (offloaded states) and the device's part (the rest); both run
+  // at once when the states are split.
+  double optimizer_s = 0, device_optimizer_s = 0;
+  bool cpu_optimizer = false;  // some states are offloaded
   bool optimizer_overlapped = false;  // the CPU optimizer runs during backward
   bool shared_cores = false;          // Hardware::shared_cores: the parts add up
   // The critical path: forward + backward (compute with the transfers it overlaps), what is
@@ -115,6 +121,7 @@ FitCheck CheckFit(const EstimateInput& input, const MemoryEstimate& memory, cons
 struct PlanCandidate {
   OffloadDevice param = OffloadDevice::kNone;
   OffloadDevice optimizer = OffloadDevice::kNone;
+  double ratio = 1.0;  // offload_optimizer.ratio (partial offload) when optimizer is cpu / nvme
   MemoryEstimate memory;
   TimeEstimate time;
   FitCheck fit;
@@ -129,10 +136,18 @@ struct PlacementPlan {
 
 // One placement (homes resolved from "auto" where the config has it): its memory, time and fit.
 Result<PlanCandidate> EstimatePlacement(const EstimateInput& input, const Hardware& hw,
-                                        OffloadDevice param, OffloadDevice optimizer);
+                                        OffloadDevice param, OffloadDevice optimizer,
+                                        double ratio = 1.0);
+
+// Writes a candidate's homes (and its offload_optimizer.ratio) into `config`'s "auto" keys
+// (ResolveOffloadDevices' rules: a home the config fixes must match).
+Status ApplyPlacement(Config* config, const PlanCandidate& candidate);
+// "parameters on cpu, optimizer on nvme (ratio 0.5)".
+std::string PlacementName(const PlanCandidate& candidate);
 
 // Tries every home "auto" allows (none, cpu, and nvme where the config names a directory; a
-// home the config fixes stays), estimates each, and chooses the fastest by the time model among
+// home the config fixes stays) and, for an "auto" optimizer, partial offload of 1/16 to 15/16 of
+// its states to cpu or nvme; estimates each, and chooses the fastest by the time model among
 // those that fit; among nearly equal times (within 2%) the one that offloads less. A config
 // without "auto" gives its one candidate. ResourceExhausted naming each candidate's overflow
 // when none fits.

@@ -231,10 +231,13 @@ Status RunTraining(const TrainOptions& o) {
     const Hardware hw = MachineHardware(*dev, launch, config);
     Result<PlacementPlan> planned = PlanPlacement(plan_in, hw);
     // Every rank learns every rank's choice (-1: its planner failed), so that none waits in a
-    // collective for a rank that stopped.
+    // collective for a rank that stopped. The ratio is k/8 (PlanPlacement's grid) or the
+    // config's own, the same on every rank.
     const float mine =
-        planned.ok() ? static_cast<float>(static_cast<int>(planned->best().param) * 4 +
-                                          static_cast<int>(planned->best().optimizer))
+        planned.ok() ? static_cast<float>((static_cast<int>(planned->best().param) * 4 +
+                                           static_cast<int>(planned->best().optimizer)) *
+                                              1024 +
+                                          std::lround(planned->best().ratio * 1000))
                      : -1.0f;
     std::vector<float> all = {mine};
     if (world > 1) {
@@ -258,7 +261,7 @@ Status RunTraining(const TrainOptions& o) {
     }
     const PlacementPlan& plan = *planned;
     const PlanCandidate& best = plan.best();
-    STRATA_RETURN_IF_ERROR(ResolveOffloadDevices(&config, best.param, best.optimizer));
+    STRATA_RETURN_IF_ERROR(ApplyPlacement(&config, best));
     placement_lines.push_back(fmt::format(
         "  placement (\"auto\", for {} rank(s) per node, {} device budget, {} host memory, {} "
         "NVMe free):",
@@ -284,10 +287,16 @@ Status RunTraining(const TrainOptions& o) {
                                                     {.allow_tf32 = config.strata.tf32}));
   say(fmt::format(
       "strata train: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
-      "parameters on {}, optimizer on {}, {}",
+      "parameters on {}, optimizer on {}{}, {}",
       mcfg.name, static_cast<double>(mcfg.ParameterCount()) / 1e6, mcfg.num_hidden_layers, world,
       config.zero.stage, OffloadDeviceName(config.zero.offload_param.device),
-      OffloadDeviceName(config.zero.offload_optimizer.device), PrecisionName(config.precision())));
+      OffloadDeviceName(config.zero.offload_optimizer.device),
+      config.zero.offload_optimizer.device != OffloadDevice::kNone &&
+              config.zero.offload_optimizer.ratio < 1.0
+          ? fmt::format(" (ratio {:g}; the other units' states on the device)",
+                        config.zero.offload_optimizer.ratio)
+          : std::string(),
+      PrecisionName(config.precision())));
   say(fmt::format("  device: {}; device memory budget {}, activations {}", runtime.choice.reason,
                   FormatBytes(dev->memory_stats().budget),
                   FormatBytes(llama->activation_bytes() + llama->workspace_bytes())));

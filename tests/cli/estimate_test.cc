@@ -4,6 +4,8 @@
 // NVMe swap files must have exactly the estimated sizes. Also: bad input is one clear error.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -59,6 +61,13 @@ TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {
        R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", R"("bf16": {"enabled": true},)",
        false},
       {"stage 2 fp32, optimizer on the device", R"({"stage": 2})", "", false},
+      {"stage 2 fp32, half the optimizer on NVMe",
+       R"({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@", "ratio": 0.5}})",
+       "", false},
+      {"stage 3 bf16, parameters on the CPU, 3/4 of the optimizer",
+       R"({"stage": 3, "offload_param": {"device": "cpu"},
+           "offload_optimizer": {"device": "cpu", "ratio": 0.75}})",
+       R"("bf16": {"enabled": true},)", true},
       {"stage 3 bf16, everything on the device", R"({"stage": 3})",
        R"("bf16": {"enabled": true},)", false},
       {"stage 3 bf16, parameters and optimizer on the CPU",
@@ -210,21 +219,37 @@ TEST(EstimateTest, PlanPrintsTheChosenConfigAndWhy) {
   EXPECT_EQ(j["bf16"]["enabled"], true);  // the rest of the config as given
   EXPECT_NE(r.err.find("chosen: parameters on"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("does not fit (device"), std::string::npos) << r.err;
-  // With 128 GB of host memory the states go to NVMe, with the directory given.
-  r = RunStrata({"estimate", "--model", "llama3-8b", "--config", config, "--gpus", "1",
-                 "--seq-len", "1024", "--plan", "--cpu-mem", "128GB", "--nvme-path",
-                 dir.file("nvme")});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto k = nlohmann::json::parse(r.out);
-  EXPECT_EQ(k["zero_optimization"]["offload_optimizer"]["device"], "nvme") << r.out;
-  EXPECT_EQ(k["zero_optimization"]["offload_optimizer"]["nvme_path"], dir.file("nvme"));
-  // And with a 64 GB disk nothing fits (docs/planning.md): one error naming each candidate.
+  // The lent GPU machine (80 GB HBM, 128 GB of RAM, a 64 GB disk): the states fit no single
+  // home (docs/planning.md), so they are split, a share in host memory and the rest on the GPU.
   r = RunStrata({"estimate", "--model", "llama3-8b", "--config", config, "--gpus", "1",
                  "--seq-len", "1024", "--plan", "--cpu-mem", "128GB", "--nvme", "64GB",
                  "--nvme-path", dir.file("nvme")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto k = nlohmann::json::parse(r.out);
+  EXPECT_EQ(k["zero_optimization"]["offload_optimizer"]["device"], "cpu") << r.out;
+  const double ratio = k["zero_optimization"]["offload_optimizer"]["ratio"].get<double>();
+  EXPECT_GT(ratio, 0.0);
+  EXPECT_LT(ratio, 1.0);
+  EXPECT_NE(r.err.find("optimizer on cpu: does not fit (host memory"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("optimizer on nvme: does not fit (NVMe"), std::string::npos) << r.err;
+  // The printed config trains as planned: estimated again, it fits with that ratio.
+  const std::string planned = dir.file("planned-8b.json");
+  std::ofstream(planned) << r.out;
+  auto again = RunStrata({"estimate", "--model", "llama3-8b", "--config", planned, "--gpus", "1",
+                          "--seq-len", "1024", "--cpu-mem", "128GB", "--nvme", "64GB"});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find(fmt::format("optimizer on cpu (ratio {:g}", ratio)), std::string::npos)
+      << again.out;
+  EXPECT_EQ(again.out.find("DOES NOT FIT"), std::string::npos) << again.out;
+  // With half of that machine's memory nothing fits: one error naming each candidate.
+  r = RunStrata({"estimate", "--model", "llama3-8b", "--config", config, "--gpus", "1",
+                 "--seq-len", "1024", "--plan", "--gpu-mem", "40GB", "--cpu-mem", "64GB",
+                 "--nvme", "32GB", "--nvme-path", dir.file("nvme")});
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.err.find("no placement fits"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("parameters on nvme, optimizer on nvme: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("parameters on nvme, optimizer on cpu (ratio 0.0625"), std::string::npos)
+      << r.err;
 }
 
 // The table and the JSON carry the fit and the time model.

@@ -163,6 +163,39 @@ TEST(TrainCommandTest, ResumeContinuesTheLossCurveExactly) {
 
 // A Hugging Face directory with weights is fine-tuned from them (in another dtype: saved bf16,
 // trained fp32): the first loss is the trained model's, not a random one's.
+// offload_optimizer.ratio 0.5: the run says how the states are split, and on one rank the losses
+// are those of the run with every state offloaded, bit for bit.
+TEST(TrainCommandTest, PartialOptimizerOffloadTrainsLikeFullOffload) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  auto synth = RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"});
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  std::vector<double> losses[2];
+  for (int half = 0; half < 2; ++half) {
+    const std::string config = dir.file("ds" + std::to_string(half) + ".json");
+    {
+      std::ofstream out(config);
+      out << R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
+                 "optimizer": {"type": "AdamW", "params": {"lr": 0.005}},
+                 "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+                   "nvme_path": ")"
+          << dir.path().string() << R"(", "ratio": )" << (half ? "0.5" : "1") << "}}}";
+    }
+    const std::string metrics = dir.file("m" + std::to_string(half) + ".jsonl");
+    auto r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                        "--seq-len", "32", "--steps", "4", "--metrics", metrics},
+                       std::chrono::seconds(120));
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    if (half) {
+      EXPECT_THAT(r.out, HasSubstr("optimizer on nvme (ratio 0.5; the other units' states on the "
+                                   "device)"));
+    }
+    losses[half] = Losses(metrics);
+    ASSERT_EQ(losses[half].size(), 4u);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
 TEST(TrainCommandTest, FineTunesAModelDirectory) {
   TempDir dir;
   const std::string data = dir.file("tokens.bin");
@@ -512,9 +545,9 @@ TEST(TrainCommandTest, StepsMakeNoPageableCopies) {
 
 // `strata train --device cuda` for 20 steps against the same run on the CPU device (same data,
 // seed, initial weights): ZeRO-3 in fp32 with everything in HBM, with the optimizer offloaded to
-// the CPU, and with parameters and optimizer on NVMe. fp32 GEMMs on both (no TF32): every step's
-// loss within 1e-4 relative; with bf16 (tensor cores, activations rounded to bf16 on the GPU
-// only) within 2e-2.
+// the CPU (all of it, and half of it), and with parameters and optimizer on NVMe. fp32 GEMMs on
+// both (no TF32): every step's loss within 1e-4 relative; with bf16 (tensor cores, activations
+// rounded to bf16 on the GPU only) within 2e-2.
 struct GpuRun {
   const char* name;
   const char* precision;  // "" (fp32) or a DeepSpeed section
@@ -575,6 +608,10 @@ INSTANTIATE_TEST_SUITE_P(
         GpuRun{"Hbm", "", R"({"stage": 3})", 1e-4},
         GpuRun{"CpuOptimizer", "", R"({"stage": 3, "offload_optimizer": {"device": "cpu"}})",
                1e-4},
+        // Split optimizer homes: the first units' states in HBM (fused device AdamW), the
+        // rest on the CPU.
+        GpuRun{"HalfOffloadedOptimizer", "",
+               R"({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}})", 1e-4},
         GpuRun{"Nvme", "",
                R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "@DIR@"},
                    "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}})",

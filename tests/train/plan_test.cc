@@ -121,7 +121,39 @@ TEST(TimeModelTest, SingleRankStage0HasNoCollectivesAndADeviceOptimizer) {
   EXPECT_EQ(t.h2d_bytes + t.d2h_bytes + t.nvme_read_bytes + t.nvme_write_bytes, 0u);
   EXPECT_FALSE(t.cpu_optimizer);
   EXPECT_EQ(t.bound_by, "compute");
-  EXPECT_DOUBLE_EQ(t.step_s, t.compute_s + t.optimizer_s);
+  EXPECT_EQ(t.optimizer_s, 0.0);
+  EXPECT_GT(t.device_optimizer_s, 0.0);
+  EXPECT_DOUBLE_EQ(t.step_s, t.compute_s + t.device_optimizer_s);
+}
+
+// offload_optimizer.ratio: the offloaded share's bytes cross PCIe and NVMe and its update runs on
+// the CPU, beside the device's update of the rest.
+TEST(TimeModelTest, PartialOffloadSplitsTheOptimizer) {
+  const EstimateInput all = Input(
+      R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x"}})", 2);
+  const EstimateInput half = Input(
+      R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x", "ratio": 0.5}})",
+      2);
+  Result<MemoryEstimate> ma = EstimateMemory(all);
+  Result<MemoryEstimate> mh = EstimateMemory(half);
+  ASSERT_TRUE(ma.ok() && mh.ok());
+  const Hardware hw = Big(2);
+  const TimeEstimate ta = EstimateTime(all, *ma, hw);
+  const TimeEstimate th = EstimateTime(half, *mh, hw);
+  EXPECT_EQ(ta.offloaded_fraction, 1.0);
+  EXPECT_EQ(ta.device_optimizer_s, 0.0);
+  // Whole units: about half, exactly what the engine's plan offloads.
+  const double f = th.offloaded_fraction;
+  EXPECT_GT(f, 0.3);
+  EXPECT_LT(f, 0.7);
+  EXPECT_DOUBLE_EQ(f, static_cast<double>(mh->engine.offloaded_optim_elems) /
+                          static_cast<double>(mh->engine.shard_elems));
+  EXPECT_NEAR(static_cast<double>(th.nvme_write_bytes), f * static_cast<double>(ta.nvme_write_bytes), 2);
+  EXPECT_NEAR(static_cast<double>(th.d2h_bytes), f * static_cast<double>(ta.d2h_bytes), 2);
+  EXPECT_DOUBLE_EQ(th.optimizer_s, f * ta.optimizer_s);
+  EXPECT_GT(th.device_optimizer_s, 0.0);
+  EXPECT_LT(th.step_s, ta.step_s);  // on an H100 node the device's update is far cheaper
+  EXPECT_EQ(mh->engine.nvme_optim_file, mh->engine.offloaded_optim_elems * 12);
 }
 
 // The CPU optimizer overlaps backward unless an update waits for the global norm.
@@ -239,11 +271,19 @@ TEST(PlannerTest, ChoosesTheFastestPlacementThatFits) {
   // Room everywhere: nothing offloaded (nothing is faster than the device).
   Result<PlacementPlan> p = PlanPlacement(in, Big(2));
   ASSERT_TRUE(p.ok()) << p.status().ToString();
-  EXPECT_EQ(p->candidates.size(), 9u);
+  // 3 x 3 whole homes, and partial offloads of the optimizer (ratios that give distinct units).
+  auto whole = [](const PlacementPlan& plan) {
+    return std::count_if(plan.candidates.begin(), plan.candidates.end(),
+                         [](const PlanCandidate& c) { return c.ratio == 1.0; });
+  };
+  EXPECT_EQ(whole(*p), 9);
+  EXPECT_GT(p->candidates.size(), 9u);
   EXPECT_EQ(p->best().param, OffloadDevice::kNone);
   EXPECT_EQ(p->best().optimizer, OffloadDevice::kNone);
   EXPECT_THAT(p->reasons.front(), HasSubstr("chosen: parameters on none, optimizer on none"));
-  ASSERT_EQ(p->reasons.size(), 9u);  // the choice and why not each of the 8 others
+  // The choice, why not each of the 8 other whole homes, and one line for the fastest partial
+  // offload of each (parameters, optimizer) pair: 6 of them.
+  ASSERT_EQ(p->reasons.size(), 15u);
 
   // A device budget that holds the offloaded placements but not the optimizer states.
   uint64_t none_peak = 0, offloaded_peak = 0;
@@ -266,17 +306,26 @@ TEST(PlannerTest, ChoosesTheFastestPlacementThatFits) {
   for (const auto& r : p->reasons) told = told || r.find("does not fit (device") != std::string::npos;
   EXPECT_TRUE(told);
 
-  // Host memory too small for the states on the CPU, whatever the parameters' home: NVMe.
+  // Host memory too small for all the states on the CPU, whatever the parameters' home: NVMe,
+  // or a share of them on the CPU with the rest on the device.
   uint64_t cpu_host = ~uint64_t{0};
   for (const auto& c : p->candidates) {
-    if (c.optimizer == OffloadDevice::kCpu) cpu_host = std::min(cpu_host, c.fit.host_need);
+    if (c.optimizer == OffloadDevice::kCpu && c.ratio == 1.0) {
+      cpu_host = std::min(cpu_host, c.fit.host_need);
+    }
   }
   hw.cpu_mem = static_cast<uint64_t>(static_cast<double>(cpu_host) / hw.host_fraction) - 4096;
   p = PlanPlacement(in, hw);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
-  EXPECT_EQ(p->best().optimizer, OffloadDevice::kNvme);
+  EXPECT_TRUE(p->best().optimizer == OffloadDevice::kNvme || p->best().ratio < 1.0)
+      << p->reasons.front();
+  EXPECT_TRUE(p->best().fit.fits());
 
-  // And no disk either: one error naming every candidate's overflow.
+  // Without a disk, the host memory of the smallest partial offload minus a page: one error
+  // naming every candidate's overflow.
+  uint64_t least_host = ~uint64_t{0};
+  for (const auto& c : p->candidates) least_host = std::min(least_host, c.fit.host_need);
+  hw.cpu_mem = static_cast<uint64_t>(static_cast<double>(least_host) / hw.host_fraction) - 4096;
   hw.nvme = 0;
   p = PlanPlacement(in, hw);
   ASSERT_FALSE(p.ok());
@@ -291,8 +340,13 @@ TEST(PlannerTest, NvmeOnlyWithADirectoryAndFixedHomesStay) {
                                "offload_optimizer": {"device": "auto"}})");
   Result<PlacementPlan> p = PlanPlacement(in, Big(1));
   ASSERT_TRUE(p.ok()) << p.status().ToString();
-  ASSERT_EQ(p->candidates.size(), 2u);  // none, cpu: no directory for NVMe
-  for (const auto& c : p->candidates) EXPECT_EQ(c.param, OffloadDevice::kCpu);
+  // none, cpu and cpu with partial offload: no directory for NVMe.
+  for (const auto& c : p->candidates) {
+    EXPECT_EQ(c.param, OffloadDevice::kCpu);
+    EXPECT_NE(c.optimizer, OffloadDevice::kNvme);
+    EXPECT_TRUE(c.ratio == 1.0 || c.optimizer == OffloadDevice::kCpu);
+  }
+  EXPECT_GT(p->candidates.size(), 2u);
   // Without "auto": the config's one placement.
   in = Input(R"({"stage": 2})");
   p = PlanPlacement(in, Big(1));
