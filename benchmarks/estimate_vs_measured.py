@@ -75,6 +75,8 @@ CASES = [
     ("stage 3, optimizer on NVMe", 1, {"stage": 3, "offload_optimizer": {"device": "nvme"}}, False),
     ("stage 3, parameters and optimizer on NVMe", 1,
      {"stage": 3, "offload_param": {"device": "nvme"}, "offload_optimizer": {"device": "nvme"}}, False),
+    ("stage 3, half the optimizer on NVMe", 1,
+     {"stage": 3, "offload_optimizer": {"device": "nvme", "ratio": 0.5}}, False),
     ("stage 0, 2 ranks (collective calibration)", 2, {"stage": 0}, False),
     ("stage 2, 2 ranks, optimizer on the CPU", 2, {"stage": 2, "offload_optimizer": {"device": "cpu"}}, False),
     ("stage 3, 2 ranks, optimizer on NVMe", 2, {"stage": 3, "offload_optimizer": {"device": "nvme"}}, False),

@@ -315,6 +315,12 @@ train_phase() {
     "$WORK/steps/train_hbm.json" 2>/dev/null || echo 0)"
   step train_nvme 240 60 "${T[@]}" "${sizes[@]}" --scenarios nvme --pcie-gbs "$pcie" \
     --compute-s "$compute" --nvme-dir "$SCRATCH/train" --json "$WORK/steps/train_nvme.json"
+  # The largest model with full AdamW (issue 18's >= 8B): Llama-3-8B's shape, both homes "auto"
+  # (docs/planning.md: the planner splits the optimizer states between HBM and host memory).
+  local largest=(--model llama3-8b --seq-len 2048 --micro-batch 1 --steps 3 --warmup 1)
+  [ "$QUICK" = 0 ] || largest=(--model llama-tiny --seq-len 128 --micro-batch 1 --steps 3 --warmup 1)
+  step train_largest 300 150 "${T[@]}" "${largest[@]}" --scenarios largest --timeout 290 \
+    --nvme-dir "$SCRATCH/train" --json "$WORK/steps/train_largest.json"
 }
 
 run_check() {
@@ -487,9 +493,12 @@ run --train (the training phase; its own budget, for a second call on the same m
     against PyTorch eager (train_peers.py eager)
  3. benchmarks/gpu_train_bench.py --scenarios cpu-optim against FSDP2 + CPUOffloadPolicy
  4. benchmarks/gpu_train_bench.py --scenarios nvme      against max(compute, PCIe, CPU Adam)
- 5. the report, with a training table
+ 5. benchmarks/gpu_train_bench.py --scenarios largest   llama3-8b (8.03B), full AdamW, both homes
+    "auto": the planner's placement on this machine, 3 steps of 2048 tokens
+ 6. the report, with a training table
 
-Targets: hbm >= 1.0x PyTorch eager tokens/s; cpu-optim >= 2x FSDP2 offload; nvme <= 1.15 x floor.
+Targets: hbm >= 1.0x PyTorch eager tokens/s; cpu-optim >= 2x FSDP2 offload; nvme <= 1.15 x floor;
+largest >= 8e9 parameters trained.
 EOF
     return 0
   fi

@@ -353,7 +353,8 @@ def report(args, out):
                 "peer": pt.get("mode"), "peer_tokens_per_s": pt.get("tokens_per_s"),
                 "peer_error": pt.get("error") or pt.get("skipped"),
                 "ratio": r.get("ratio"), "target": r.get("target"), "met": r.get("met"),
-                "floor_terms_s": r.get("floor_terms_s"), "floor_missing": r.get("floor_missing")})
+                "floor_terms_s": r.get("floor_terms_s"), "floor_missing": r.get("floor_missing"),
+                "placement": [l for l in st.get("placement", []) if l.startswith("chosen:")]})
     if args.phase == "train" and not training:
         problems.append("no training benchmark wrote its results")
 
@@ -465,7 +466,8 @@ def report(args, out):
                 f"strata: {t['strata_error']}" if t["strata_error"] else "",
                 f"peer: {t['peer_error']}" if t["peer_error"] else "",
                 f"floor terms {t['floor_terms_s']}" if t["floor_terms_s"] else "",
-                f"missing {t['floor_missing']}" if t["floor_missing"] else "") if x)
+                f"missing {t['floor_missing']}" if t["floor_missing"] else "",
+                "; ".join(t.get("placement") or [])) if x)
             target = "-" if t["target"] is None else (
                 f"<= {t['target']}" if t["scenario"] == "nvme" else f">= {t['target']}")
             md.append(f"| {t['scenario']} | {t['model']} {'bf16' if t['bf16'] else 'fp32'} | "
