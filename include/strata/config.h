@@ -365,6 +365,14 @@ struct StrataSettings {
   std::optional<int> cpu_adam_threads;
   NonFinitePolicy on_nonfinite = NonFinitePolicy::kError;
   uint64_t seed = 1234;
+  // Frozen parameters (fine-tuning): glob patterns (fnmatch: *, ?, [...]) on the model's
+  // parameter names (Hugging Face names for a Llama: "model.layers.3.mlp.up_proj.weight").
+  // `freeze`: the parameters that match are frozen; `trainable`: only those that match train.
+  // At most one of the two. A frozen parameter gets no gradient reduction, no optimizer state and
+  // no update (zero::FrozenUnits; the engine freezes whole units, so a pattern that splits a unit
+  // is an error naming it).
+  std::vector<std::string> freeze;
+  std::vector<std::string> trainable;
 
   friend bool operator==(const StrataSettings&, const StrataSettings&) = default;
 };

@@ -959,6 +959,16 @@ class ConfigParser {
                  return ReadInt(v, 1, 1024, "an integer from 1 to 1024 or \"auto\"", n);
                });
              }},
+        {.name = "freeze",
+         .parse =
+             [&](const Field& v) {
+               return ReadStringList(v, "a list of parameter-name patterns", &s.freeze);
+             }},
+        {.name = "trainable",
+         .parse =
+             [&](const Field& v) {
+               return ReadStringList(v, "a list of parameter-name patterns", &s.trainable);
+             }},
         {.name = "seed",
          .parse =
              [&](const Field& v) {
@@ -1155,6 +1165,12 @@ class ConfigParser {
     }
 
     STRATA_RETURN_IF_ERROR(CheckBatchTriple(config_.batch));
+
+    if (!config_.strata.freeze.empty() && !config_.strata.trainable.empty()) {
+      return InvalidArgumentError(
+          "strata.freeze and strata.trainable are both given; give one of them (freeze: the "
+          "parameters that match are frozen; trainable: only those that match train)");
+    }
 
     IoSettings& io = config_.strata.io;
     const AioConfig& aio = config_.aio;

@@ -181,11 +181,16 @@ std::vector<SafetensorsTensorSpec> ParamSpecs(const std::vector<zero::UnitLayout
   return specs;
 }
 
-std::vector<SafetensorsTensorSpec> OptimizerSpecs(const std::vector<zero::UnitLayout>& layouts) {
+// Frozen units have no optimizer state (strata.freeze): none is written for them.
+std::vector<SafetensorsTensorSpec> OptimizerSpecs(const std::vector<zero::UnitLayout>& layouts,
+                                                  const std::vector<char>& frozen) {
   std::vector<SafetensorsTensorSpec> specs;
   for (zero::StateKind kind :
        {zero::StateKind::kMaster, zero::StateKind::kExpAvg, zero::StateKind::kExpAvgSq}) {
     for (const auto& l : layouts) {
+      if (static_cast<size_t>(l.index) < frozen.size() && frozen[static_cast<size_t>(l.index)]) {
+        continue;
+      }
       for (const auto& s : l.slots) {
         specs.push_back({OptimizerName(kind, s.name), SafetensorsDType::kF32,
                          std::vector<uint64_t>(s.shape.begin(), s.shape.end())});
@@ -247,7 +252,8 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
       PlanFiles("model", ParamSpecs(layouts, ToSafetensorsDType(engine.compute_dtype())),
                 options.max_shard_bytes));
   STRATA_ASSIGN_OR_RETURN(FileSet optim,
-                          PlanFiles("optimizer", OptimizerSpecs(layouts), options.max_shard_bytes));
+                          PlanFiles("optimizer", OptimizerSpecs(layouts, engine.frozen_units()),
+                                    options.max_shard_bytes));
   FileSet* sets[2] = {&params, &optim};
 
   // 1. Rank 0 makes the temporary directory and creates every file (header, size).
@@ -629,7 +635,8 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& p
 }
 
 Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
-    const std::string& step_dir, const std::vector<zero::UnitSpec>& units) {
+    const std::string& step_dir, const std::vector<zero::UnitSpec>& units,
+    const std::vector<char>& frozen) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StateFiles> files, OpenWeights(step_dir, units));
   Impl& impl = *files->impl_;
   const fs::path dir(step_dir);
@@ -645,11 +652,23 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
   STRATA_ASSIGN_OR_RETURN(impl.optimizer,
                           SafetensorsModel::Open((fs::exists(single, ec) ? single : index).string()));
   impl.total_bytes = 0;  // a resume reads the master weights, not the parameter file
+  std::vector<zero::UnitSpec> trained;  // frozen units have no optimizer state
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (u >= frozen.size() || !frozen[u]) trained.push_back(units[u]);
+  }
   for (zero::StateKind kind :
        {zero::StateKind::kMaster, zero::StateKind::kExpAvg, zero::StateKind::kExpAvgSq}) {
-    STRATA_RETURN_IF_ERROR(CheckTensors(
-        *impl.optimizer, units, [&](const std::string& n) { return OptimizerName(kind, n); },
-        &impl.total_bytes));
+    Status st = CheckTensors(
+        *impl.optimizer, trained, [&](const std::string& n) { return OptimizerName(kind, n); },
+        &impl.total_bytes);
+    if (st.code() == StatusCode::kNotFound) {
+      return st.WithContext(fmt::format(
+          "resuming from {} (a checkpoint saved with these parameters frozen, strata.freeze or "
+          "strata.trainable, has no optimizer state for them: to train them, start from its "
+          "weights with --model instead of --resume)",
+          step_dir));
+    }
+    STRATA_RETURN_IF_ERROR(st);
   }
   return files;
 }

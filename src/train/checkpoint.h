@@ -101,9 +101,11 @@ class StateFiles {
   // of `units` must be there with its shape (errors name the file, the tensor and both shapes).
   static Result<std::unique_ptr<StateFiles>> OpenWeights(const std::string& path,
                                                          const std::vector<zero::UnitSpec>& units);
-  // A checkpoint step directory: weights and optimizer states.
+  // A checkpoint step directory: weights and optimizer states (those of the units not `frozen`,
+  // per unit; none given: every unit's).
   static Result<std::unique_ptr<StateFiles>> OpenCheckpoint(const std::string& step_dir,
-                                                            const std::vector<zero::UnitSpec>& units);
+                                                            const std::vector<zero::UnitSpec>& units,
+                                                            const std::vector<char>& frozen = {});
   ~StateFiles();
 
   // EngineOptions::initial / Engine::LoadStates for these files (with the optimizer states when

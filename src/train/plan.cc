@@ -108,6 +108,12 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
           : static_cast<double>(m.engine.offloaded_optim_elems) /
                 static_cast<double>(m.engine.shard_elems);
   t.cpu_optimizer = t.offloaded_fraction > 0;
+  // Frozen units (strata.freeze): no gradient reduction, no update, nothing written back.
+  t.trainable_fraction = m.engine.shard_elems == 0
+                             ? 1.0
+                             : static_cast<double>(m.engine.trainable_elems) /
+                                   static_cast<double>(m.engine.shard_elems);
+  const double T = t.trainable_fraction;
 
   // Compute: 6N + attention per token, plus the forward of every block again (each block
   // recomputes its activations in backward): blocks' forward = (per-token FLOPs - 6 V H) / 3.
@@ -123,19 +129,20 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
 
   // Collectives (engine_grads.cc, engine_step.cc). Gradients are reduced in fp32.
   double coll_fb = 0, coll_after = 0;
+  // Only trainable units' gradients are reduced and their parameters gathered after the step.
   switch (stage) {
     case 0:  // one all-reduce of the accumulated gradients
-      coll_after = 2 * Ring(4 * N, W);
+      coll_after = 2 * Ring(4 * N * T, W);
       break;
     case 1:  // reduce-scatter at the step's end, all-gather of the updated parameters
-      coll_after = Ring(4 * N, W) + Ring(csz * N, W);
+      coll_after = Ring(4 * N * T, W) + Ring(csz * N * T, W);
       break;
     case 2:  // reduce-scatter per micro-batch, all-gather of the updated parameters
-      coll_fb = gas * Ring(4 * N, W);
-      coll_after = Ring(csz * N, W);
+      coll_fb = gas * Ring(4 * N * T, W);
+      coll_after = Ring(csz * N * T, W);
       break;
     default:  // gather for forward and for backward, reduce-scatter, per micro-batch
-      coll_fb = gas * (2 * Ring(csz * N, W) + Ring(4 * N, W));
+      coll_fb = gas * (2 * Ring(csz * N, W) + Ring(4 * N * T, W));
       break;
   }
   const double bus = hw.nodes > 1 ? std::min(hw.nvlink, hw.net) : hw.nvlink;
@@ -177,7 +184,7 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   double read_fb = 0, read_opt = 0, write_opt = 0;
   if (param_dev == OffloadDevice::kNvme) {
     read_fb = fetch_bytes;
-    write_opt += csz * S;  // the updated shard
+    write_opt += csz * S * T;  // the updated shard (frozen ones stay as they are)
   }
   if (optim_dev == OffloadDevice::kNvme) {
     read_opt += 12 * S_cpu;  // master, m, v in, and out again
@@ -192,7 +199,7 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
 
   // The optimizer: on the CPU, the node's rate shared by its ranks; on the device, bound by HBM
   // (gradient and states read, states and parameters written).
-  t.optimizer_params = static_cast<uint64_t>(stage == 0 ? N : S);
+  t.optimizer_params = static_cast<uint64_t>((stage == 0 ? N : S) * T);
   t.optimizer_s = Div(g * S_cpu, hw.cpu_adam);
   t.device_optimizer_s =
       Div((static_cast<double>(t.optimizer_params) - S_cpu) * (28 + csz), hw.hbm);
@@ -298,7 +305,8 @@ std::string PlacementName(const PlanCandidate& c) {
                      OffloadDeviceName(c.optimizer),
                      c.optimizer != OffloadDevice::kNone && c.ratio < 1.0
                          ? fmt::format(" (ratio {:g}: {:.0f}% of its states offloaded)", c.ratio,
-                                       c.time.offloaded_fraction * 100)
+                                       c.time.offloaded_fraction /
+                                           std::max(c.time.trainable_fraction, 1e-12) * 100)
                          : std::string());
 }
 
@@ -500,13 +508,19 @@ std::string FormatTimeEstimate(const TimeEstimate& t, const Hardware& hw) {
   line("NVMe read (node's share)", t.nvme_read_s, FormatBytes(t.nvme_read_bytes) + " per rank");
   line("NVMe write (node's share)", t.nvme_write_s, FormatBytes(t.nvme_write_bytes) + " per rank");
   const double params_m = static_cast<double>(t.optimizer_params) / 1e6;
+  // The offloaded share of what the optimizer updates (frozen units have no states).
+  const double cpu_share =
+      t.trainable_fraction > 0 ? std::min(1.0, t.offloaded_fraction / t.trainable_fraction) : 0.0;
   if (t.cpu_optimizer) {
     line("CPU optimizer", t.optimizer_s,
-         fmt::format("{:.3g}M parameters per rank", params_m * t.offloaded_fraction));
+         fmt::format("{:.3g}M parameters per rank", params_m * cpu_share));
   }
-  if (t.offloaded_fraction < 1) {
+  if (cpu_share < 1) {
     line("device optimizer", t.device_optimizer_s,
-         fmt::format("{:.3g}M parameters per rank", params_m * (1 - t.offloaded_fraction)));
+         fmt::format("{:.3g}M parameters per rank{}", params_m * (1 - cpu_share),
+                     t.trainable_fraction < 1
+                         ? fmt::format(" ({:.1f}% of the model trains)", t.trainable_fraction * 100)
+                         : std::string()));
   }
   out += "critical path\n";
   line("forward + backward", t.forward_backward_s, "bound by " + t.bound_by);
@@ -558,6 +572,7 @@ nlohmann::json TimeEstimateJson(const TimeEstimate& t) {
           {"optimizer_s", t.optimizer_s},
           {"device_optimizer_s", t.device_optimizer_s},
           {"offloaded_fraction", t.offloaded_fraction},
+          {"trainable_fraction", t.trainable_fraction},
           {"cpu_optimizer", t.cpu_optimizer},
           {"optimizer_overlapped", t.optimizer_overlapped},
           {"shared_cores", t.shared_cores},

@@ -78,6 +78,8 @@ struct TimeEstimate {
   // The share of them whose states are offloaded (offload_optimizer.ratio rounded to whole
   // units; 0 without offload): the CPU optimizer updates those, the device the rest.
   double offloaded_fraction = 0;
+  // The share of the rank's shard that trains (1 unless strata.freeze / trainable freeze units).
+  double trainable_fraction = 1;
   // Seconds per resource (shared resources: the node's load, e.g. NVMe of every rank).
   double compute_s = 0, collective_s = 0, h2d_s = 0, d2h_s = 0;
   double nvme_read_s = 0, nvme_write_s = 0;

@@ -39,6 +39,7 @@
 #include "train/runtime.h"
 #include "train/safetensors.h"
 #include "zero/engine.h"
+#include "zero/partition.h"
 
 namespace strata::train {
 
@@ -301,6 +302,29 @@ Status RunTraining(const TrainOptions& o) {
                   FormatBytes(dev->memory_stats().budget),
                   FormatBytes(llama->activation_bytes() + llama->workspace_bytes())));
   for (const std::string& line : placement_lines) say(line);
+  // Frozen parameters (strata.freeze / strata.trainable), whole units.
+  STRATA_ASSIGN_OR_RETURN(
+      const std::vector<char> frozen,
+      zero::FrozenUnits(llama->units(), config.strata.freeze, config.strata.trainable));
+  if (std::count(frozen.begin(), frozen.end(), 1) > 0) {
+    const std::vector<zero::UnitSpec> units = llama->units();
+    int64_t all = 0, trained = 0;
+    std::string names;
+    for (size_t u = 0; u < units.size(); ++u) {
+      int64_t n = 0;
+      for (const auto& p : units[u].params) n += p.numel();
+      all += n;
+      if (frozen[u]) {
+        names += (names.empty() ? "" : ", ") + units[u].name;
+      } else {
+        trained += n;
+      }
+    }
+    say(fmt::format("  frozen ({}): {} of {} units ({}); {:.2f}M of {:.2f}M parameters train",
+                    config.strata.freeze.empty() ? "strata.trainable" : "strata.freeze",
+                    std::count(frozen.begin(), frozen.end(), 1), units.size(), names,
+                    static_cast<double>(trained) / 1e6, static_cast<double>(all) / 1e6));
+  }
   say(fmt::format("  data {} ({} tokens), sequence {} x global batch {} ({} per rank x {} "
                   "accumulation), {} steps",
                   o.data, data.size(), seq_len, layout.global_batch(), layout.micro_batch,
@@ -311,7 +335,8 @@ Status RunTraining(const TrainOptions& o) {
     // Every byte read back is checked first (the ranks share the work): a damaged checkpoint is
     // an error naming the file and tensor, never weights that train on silently.
     STRATA_RETURN_IF_ERROR(VerifyCheckpoint(resume_dir, *comm, *dev, say));
-    STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenCheckpoint(resume_dir, llama->units()));
+    STRATA_ASSIGN_OR_RETURN(files,
+                            StateFiles::OpenCheckpoint(resume_dir, llama->units(), frozen));
   } else {
     // A model directory, or its config.json: the weights sit beside it.
     std::filesystem::path model_dir(model_arg);

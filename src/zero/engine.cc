@@ -54,9 +54,11 @@ Status Engine::Impl::Init() {
         opt.optimizer_pipeline_depth));
   }
   STRATA_ASSIGN_OR_RETURN(layouts, LayoutModel(model.units(), world));
-  cpu_unit = CpuOptimizerUnits(cfg, layouts);
+  STRATA_ASSIGN_OR_RETURN(frozen, FrozenUnitsOf(cfg, model.units()));
+  cpu_unit = CpuOptimizerUnits(cfg, layouts, frozen);
   cpu_optimizer = std::count(cpu_unit.begin(), cpu_unit.end(), 1) > 0;
-  device_optimizer = std::count(cpu_unit.begin(), cpu_unit.end(), 0) > 0;
+  device_optimizer = false;
+  for (size_t u = 0; u < layouts.size(); ++u) device_optimizer |= !cpu_unit[u] && !frozen[u];
   // The CPU optimizer overlaps backward only when an update never depends on the global gradient
   // norm: no clipping, no fp16 overflow skipping, no skipping of non-finite steps.
   overlapped_optimizer = cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
@@ -239,9 +241,17 @@ Status Engine::Impl::Init() {
     const uint64_t padded = static_cast<uint64_t>(l.padded_numel());
     const uint64_t shard = static_cast<uint64_t>(l.shard_numel);
     if (stage <= 2) STRATA_RETURN_IF_ERROR(alloc(full_params, padded * csz));
-    if (stage <= 1) STRATA_RETURN_IF_ERROR(alloc(full_grads, padded * 4));
     // Per-unit vectors keep one entry per unit: nullptr / empty where the unit's optimizer
-    // lives elsewhere.
+    // lives elsewhere, or where it has none (frozen).
+    if (frozen[u]) {
+      for (auto* vec : {&full_grads, &master_dev, &m_dev, &v_dev, &grad_shard_dev}) {
+        vec->push_back(nullptr);
+      }
+      grad_shard_host.emplace_back();
+      param_stage.emplace_back();
+      continue;
+    }
+    if (stage <= 1) STRATA_RETURN_IF_ERROR(alloc(full_grads, padded * 4));
     if (!cpu_unit[u]) {
       const uint64_t n = stage == 0 ? padded : shard;
       STRATA_RETURN_IF_ERROR(alloc(master_dev, n * 4));
@@ -274,7 +284,7 @@ Status Engine::Impl::Init() {
     const int64_t per_rank = std::max<int64_t>(cfg.zero.reduce_bucket_size / world, 1);
     int64_t small = 0;
     for (const auto& l : layouts) {
-      if (l.shard_numel <= per_rank) small += l.shard_numel;
+      if (!frozen[static_cast<size_t>(l.index)] && l.shard_numel <= per_rank) small += l.shard_numel;
     }
     bucket_cap = std::min(per_rank, small);
     if (bucket_cap > 0 && layouts.size() > 1) {
@@ -325,6 +335,7 @@ Status Engine::Impl::InitUnitFromModel(int u) {
 }
 
 Status Engine::Impl::InitOptimizerStates(int u, const std::vector<float>& full) {
+  if (frozen[u]) return Status::Ok();  // no optimizer state
   const auto& l = layouts[u];
   if (!cpu_unit[u]) {
     const size_t n = stage == 0 ? static_cast<size_t>(l.padded_numel())
@@ -388,7 +399,8 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
   const auto [stage, csz, param_home, optim_home, optim_offloaded] = PlacementOf(config);
   (void)optim_offloaded;
-  const std::vector<char> cpu_unit = CpuOptimizerUnits(config, layouts);
+  STRATA_ASSIGN_OR_RETURN(const std::vector<char> frozen, FrozenUnitsOf(config, units));
+  const std::vector<char> cpu_unit = CpuOptimizerUnits(config, layouts, frozen);
   const bool cpu_optimizer = std::count(cpu_unit.begin(), cpu_unit.end(), 1) > 0;
   auto cls = [](uint64_t bytes) { return static_cast<uint64_t>(device::PinnedPool::SizeClass(bytes)); };
   uint64_t total = 0, largest_param = 0, largest_group = 0, max_shard = 0, params_all = 0,
@@ -440,6 +452,7 @@ Result<StepResult> Engine::TrainStep(std::span<const Batch* const> micro_batches
 }
 
 const std::vector<UnitLayout>& Engine::layouts() const { return impl_->layouts; }
+const std::vector<char>& Engine::frozen_units() const { return impl_->frozen; }
 device::DType Engine::compute_dtype() const { return impl_->cdt; }
 
 Result<std::vector<float>> Engine::GatherParams(int unit) {
@@ -468,6 +481,7 @@ Result<std::vector<float>> Engine::GatherMaster(int unit) {
     return InvalidArgumentError(fmt::format("GatherMaster: no unit {}", unit));
   }
   const auto& l = m.layouts[unit];
+  if (m.frozen[unit]) return GatherParams(unit);  // no master weights: the parameters are it
   std::vector<float> shard(static_cast<size_t>(l.shard_numel));
   if (!m.cpu_unit[unit]) {
     const size_t n = m.stage == 0 ? static_cast<size_t>(l.padded_numel()) : shard.size();
@@ -553,6 +567,7 @@ EngineStats Engine::stats() const {
   const Impl& m = *impl_;
   EngineStats s;
   s.units = static_cast<int>(m.layouts.size());
+  s.frozen_units = static_cast<int>(std::count(m.frozen.begin(), m.frozen.end(), 1));
   s.offloaded_optimizer_units = static_cast<int>(std::count(m.cpu_unit.begin(), m.cpu_unit.end(), 1));
   if (m.ptm) {
     const auto nvme = m.ptm->stats(Tier::kNvme);

@@ -157,6 +157,7 @@ struct EngineStats {
   double prefetch_hit_rate = 0.0;
   // Units whose optimizer states are offloaded (the CPU optimizer updates them), of all units.
   int offloaded_optimizer_units = 0;
+  int frozen_units = 0;  // strata.freeze / strata.trainable
   int units = 0;
 };
 
@@ -181,6 +182,9 @@ struct EngineMemoryPlan {
   // offload_optimizer.ratio < 1; 0 without offload), and all of its shard elements.
   uint64_t offloaded_optim_elems = 0;
   uint64_t shard_elems = 0;
+  // Of those, the elements of trainable units (all, unless strata.freeze / trainable freezes
+  // some): the ones whose gradients are reduced and that the optimizer updates.
+  uint64_t trainable_elems = 0;
   // Host memory outside every budget while random initialisation builds the largest unit: the
   // whole unit in fp32 and in the compute dtype, on every rank.
   uint64_t init_host_bytes = 0;
@@ -237,6 +241,9 @@ class Engine {
   Status RestoreCounters(const EngineCounters& counters);
 
   const std::vector<UnitLayout>& layouts() const;
+  // Per unit, 1 where it is frozen (strata.freeze / strata.trainable): it has no optimizer
+  // state, and SaveStates writes only its parameters.
+  const std::vector<char>& frozen_units() const;
   EngineStats stats() const;
   device::DType compute_dtype() const;
 

@@ -130,7 +130,7 @@ Result<double> Engine::Impl::LocalGradSumSquares() {
     STRATA_RETURN_IF_ERROR(
         dev.CopyAsync(sum, host, sizeof(double), device::CopyKind::kHostToDevice, *comm_stream));
     for (size_t u = 0; u < layouts.size(); ++u) {
-      if (cpu_unit[u]) continue;
+      if (cpu_unit[u] || frozen[u]) continue;
       const auto& l = layouts[u];
       const void* src = nullptr;
       size_t n = static_cast<size_t>(l.shard_numel);

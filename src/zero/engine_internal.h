@@ -82,11 +82,19 @@ struct Placement {
 };
 Placement PlacementOf(const Config& cfg);
 
+// Per unit: whether it is frozen (strata.freeze / strata.trainable; partition.h FrozenUnits).
+inline Result<std::vector<char>> FrozenUnitsOf(const Config& cfg,
+                                               const std::vector<UnitSpec>& units) {
+  return FrozenUnits(units, cfg.strata.freeze, cfg.strata.trainable);
+}
+
 // Per unit: whether its optimizer states are offloaded (the CPU optimizer updates them) or stay
-// on the device (offload_optimizer.ratio; partition.h OffloadedUnits). All 0 without offload.
-inline std::vector<char> CpuOptimizerUnits(const Config& cfg, const std::vector<UnitLayout>& layouts) {
+// on the device (offload_optimizer.ratio; partition.h OffloadedUnits). All 0 without offload;
+// 0 for a frozen unit, which has none.
+inline std::vector<char> CpuOptimizerUnits(const Config& cfg, const std::vector<UnitLayout>& layouts,
+                                           const std::vector<char>& frozen) {
   if (PlacementOf(cfg).optim_home == Tier::kDevice) return std::vector<char>(layouts.size(), 0);
-  return OffloadedUnits(layouts, cfg.zero.offload_optimizer.ratio);
+  return OffloadedUnits(layouts, cfg.zero.offload_optimizer.ratio, frozen);
 }
 
 // Whether the parameter tier manager shares host memory (strata.memory.share_host_memory; auto:
@@ -193,7 +201,11 @@ struct Engine::Impl {
   // units unless offload_optimizer.ratio < 1); cpu_optimizer whether any is.
   bool cpu_optimizer = false;
   std::vector<char> cpu_unit;
-  bool device_optimizer = true;  // some unit's states are on the device
+  bool device_optimizer = true;  // some trainable unit's states are on the device
+  // Frozen units (strata.freeze / strata.trainable): backward still runs through them (the
+  // earlier units need its input gradient), but their parameter gradient is dropped: no
+  // reduction, no optimizer state, no update.
+  std::vector<char> frozen;
   // The CPU optimizer steps each unit as soon as its gradients land, overlapped with the rest of
   // backward: only when nothing needs every gradient first (no clipping, no fp16 overflow check).
   bool overlapped_optimizer = false;

@@ -37,8 +37,10 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
   const auto [stage, csz, param_home, optim_home, optim_offloaded] = PlacementOf(config);
   (void)optim_offloaded;
-  // engine.cc Init: which units' states are offloaded (offload_optimizer.ratio).
-  const std::vector<char> cpu_unit = CpuOptimizerUnits(config, layouts);
+  // engine.cc Init: which units are frozen, and whose states are offloaded
+  // (offload_optimizer.ratio).
+  STRATA_ASSIGN_OR_RETURN(const std::vector<char> frozen, FrozenUnitsOf(config, units));
+  const std::vector<char> cpu_unit = CpuOptimizerUnits(config, layouts, frozen);
   const bool share = SharesHostMemory(config, device_type);
   // Device::Alloc charges each block rounded up to 256 bytes.
   auto charged = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
@@ -47,7 +49,7 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   };
 
   uint64_t padded_sum = 0, shard_sum = 0, max_padded = 0, full_params = 0, full_grads = 0,
-           adam = 0, grad_shards = 0, unit_init = 0, offloaded_shards = 0;
+           adam = 0, grad_shards = 0, unit_init = 0, offloaded_shards = 0, trainable = 0;
   uint64_t shard_classes = 0, largest_class = 0;
   for (const UnitLayout& l : layouts) {
     const auto padded = static_cast<uint64_t>(l.padded_numel());
@@ -60,6 +62,8 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     largest_class = std::max(largest_class, cls(shard * csz));
     // engine.cc, "Memory per stage".
     if (stage <= 2) full_params += charged(padded * csz);
+    if (frozen[static_cast<size_t>(l.index)]) continue;  // no gradient accumulator, no states
+    trainable += shard;
     if (stage <= 1) full_grads += charged(padded * 4);
     const bool cpu = cpu_unit[static_cast<size_t>(l.index)] != 0;
     if (!cpu) adam += 3 * charged((stage == 0 ? padded : shard) * 4);
@@ -83,7 +87,7 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     const int64_t per_rank = std::max<int64_t>(config.zero.reduce_bucket_size / world_size, 1);
     int64_t small = 0;
     for (const UnitLayout& l : layouts) {
-      if (l.shard_numel <= per_rank) small += l.shard_numel;
+      if (!frozen[static_cast<size_t>(l.index)] && l.shard_numel <= per_rank) small += l.shard_numel;
     }
     const int64_t cap = std::min(per_rank, small);
     if (cap > 0) {
@@ -142,6 +146,7 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   plan.init_host_bytes = unit_init;
   plan.offloaded_optim_elems = optim_home == Tier::kDevice ? 0 : offloaded_shards;
   plan.shard_elems = shard_sum;
+  plan.trainable_elems = trainable;
   return plan;
 }
 

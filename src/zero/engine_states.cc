@@ -59,6 +59,7 @@ Status Engine::Impl::SaveUnitStates(int u, const StateWriter& write) {
     STRATA_RETURN_IF_ERROR(ReadParamShard(u, params.data()));
     STRATA_RETURN_IF_ERROR(emit(StateKind::kParams, 0, shard, params.data(), cdt));
   }
+  if (frozen[u]) return Status::Ok();  // no optimizer state
   const StateKind kinds[3] = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
   if (!cpu_unit[u]) {
     const int64_t first = stage == 0 ? l.shard_offset(rank) : 0;
@@ -97,10 +98,13 @@ Status Engine::Impl::LoadUnitStates(int u, const InitialStates& initial) {
       return initial.read(StatePiece{u, slot, kind, off, count}, out.data() + rel, DType::kF32);
     });
   };
-  STRATA_RETURN_IF_ERROR(fill(initial.with_optimizer ? StateKind::kMaster : StateKind::kParams, master));
+  // A frozen unit has no master weights: its parameters are read as they were saved.
+  STRATA_RETURN_IF_ERROR(fill(initial.with_optimizer && !frozen[u] ? StateKind::kMaster
+                                                                   : StateKind::kParams,
+                              master));
   m.assign(shard, 0.0f);
   v.assign(shard, 0.0f);
-  if (initial.with_optimizer) {
+  if (initial.with_optimizer && !frozen[u]) {
     STRATA_RETURN_IF_ERROR(fill(StateKind::kExpAvg, m));
     STRATA_RETURN_IF_ERROR(fill(StateKind::kExpAvgSq, v));
   }
@@ -116,6 +120,7 @@ Status Engine::Impl::LoadUnitStates(int u, const InitialStates& initial) {
   } else {
     STRATA_RETURN_IF_ERROR(WriteParamShard(u, cast.data()));
   }
+  if (frozen[u]) return Status::Ok();  // no optimizer state
   const std::vector<float>* const states[3] = {&master, &m, &v};
   if (!cpu_unit[u]) {
     void* const bufs[3] = {master_dev[u], m_dev[u], v_dev[u]};

@@ -216,7 +216,7 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
   in_step = true;
   for (int u = 0; u < n_units; ++u) {
     const size_t padded = static_cast<size_t>(layouts[u].padded_numel());
-    if (stage <= 1) {
+    if (stage <= 1 && !frozen[u]) {
       STRATA_RETURN_IF_ERROR(dev.Fill(full_grads[u], DType::kF32, 0.0f, padded, *compute));
     }
   }
@@ -288,7 +288,14 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
           STRATA_RETURN_IF_ERROR(ReleaseParams(shared[u][i], views[i + 1]));
         }
       }
-      STRATA_RETURN_IF_ERROR(ReduceGrads(u, g, mb, last));
+      if (frozen[u]) {
+        // The gradient of frozen parameters is dropped; a bucket still waiting for the end of
+        // this micro-batch's backward is reduced now.
+        STRATA_RETURN_IF_ERROR(FreeLiveAfter(*compute, g));
+        if (u == 0 && bucket_fill > 0) STRATA_RETURN_IF_ERROR(FlushBucket());
+      } else {
+        STRATA_RETURN_IF_ERROR(ReduceGrads(u, g, mb, last));
+      }
     }
     STRATA_ASSIGN_OR_RETURN(double loss, model.EndMicroBatch(*compute));
     loss_sum += loss;
@@ -299,6 +306,7 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
     STRATA_RETURN_IF_ERROR(dev.Record(*ev_compute, *compute));
     STRATA_RETURN_IF_ERROR(dev.Wait(*comm_stream, *ev_compute));
     for (int u = n_units - 1; u >= 0; --u) {
+      if (frozen[u]) continue;
       const auto& l = layouts[u];
       const size_t shard = static_cast<size_t>(l.shard_numel);
       if (stage == 0) {
@@ -376,7 +384,7 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
     if (device_optimizer) {
       const int64_t t0 = TraceRecorder::NowNs();
       for (int u = n_units - 1; u >= 0; --u) {
-        if (!cpu_unit[u]) STRATA_RETURN_IF_ERROR(DeviceOptimizerStep(u));
+        if (!cpu_unit[u] && !frozen[u]) STRATA_RETURN_IF_ERROR(DeviceOptimizerStep(u));
       }
       STRATA_RETURN_IF_ERROR(dev.Synchronize(*compute));
       opt_wait_ns += TraceRecorder::NowNs() - t0;
@@ -397,6 +405,7 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
   {
     const int64_t t0 = TraceRecorder::NowNs();
     for (int u = 0; u < n_units && stage >= 1; ++u) {
+      if (frozen[u]) continue;  // unchanged
       const auto& l = layouts[u];
       const size_t shard = static_cast<size_t>(l.shard_numel);
       if (stage <= 2) {

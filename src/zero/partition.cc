@@ -1,7 +1,9 @@
 #include "zero/partition.h"
 
 #include <fmt/format.h>
+#include <fnmatch.h>
 
+#include <algorithm>
 #include <set>
 
 namespace strata::zero {
@@ -63,21 +65,83 @@ Result<std::vector<UnitLayout>> LayoutModel(const std::vector<UnitSpec>& units, 
   return out;
 }
 
-std::vector<char> OffloadedUnits(const std::vector<UnitLayout>& layouts, double ratio) {
+std::vector<char> OffloadedUnits(const std::vector<UnitLayout>& layouts, double ratio,
+                                 const std::vector<char>& frozen) {
+  auto is_frozen = [&](size_t i) { return i < frozen.size() && frozen[i] != 0; };
   std::vector<char> out(layouts.size(), 0);
   if (ratio >= 1.0) {
-    out.assign(layouts.size(), 1);
+    for (size_t i = 0; i < layouts.size(); ++i) out[i] = is_frozen(i) ? 0 : 1;
     return out;
   }
   int64_t total = 0;
-  for (const UnitLayout& l : layouts) total += l.shard_numel;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (!is_frozen(i)) total += layouts[i].shard_numel;
+  }
   const double target = ratio * static_cast<double>(total);
   double taken = 0.0;
   for (size_t i = layouts.size(); i-- > 0;) {
+    if (is_frozen(i)) continue;
     const auto n = static_cast<double>(layouts[i].shard_numel);
     if (taken + 0.5 * n > target) break;
     out[i] = 1;
     taken += n;
+  }
+  return out;
+}
+
+Result<std::vector<char>> FrozenUnits(const std::vector<UnitSpec>& units,
+                                      const std::vector<std::string>& freeze,
+                                      const std::vector<std::string>& trainable) {
+  std::vector<char> out(units.size(), 0);
+  if (freeze.empty() && trainable.empty()) return out;
+  const bool by_freeze = !freeze.empty();
+  const std::vector<std::string>& patterns = by_freeze ? freeze : trainable;
+  const char* key = by_freeze ? "strata.freeze" : "strata.trainable";
+  std::vector<bool> used(patterns.size(), false);
+  auto matches = [&](const std::string& name) {
+    bool any = false;
+    for (size_t k = 0; k < patterns.size(); ++k) {
+      if (::fnmatch(patterns[k].c_str(), name.c_str(), 0) == 0) {
+        used[k] = true;
+        any = true;
+      }
+    }
+    return any;
+  };
+  std::string example;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const UnitSpec& l = units[u];
+    const ParamSpec* first_frozen = nullptr;
+    const ParamSpec* first_trained = nullptr;
+    for (const ParamSpec& s : l.params) {
+      if (example.empty() || s.name.size() > example.size()) example = s.name;
+      const bool frozen = matches(s.name) == by_freeze;
+      const ParamSpec*& first = frozen ? first_frozen : first_trained;
+      if (first == nullptr) first = &s;
+    }
+    if (first_frozen != nullptr && first_trained != nullptr) {
+      return InvalidArgumentError(fmt::format(
+          "{}: unit '{}' would be split: {} is frozen but {} is not; the engine freezes whole "
+          "units (its parameters: {}), so the patterns must cover all of them or none",
+          key, l.name, first_frozen->name, first_trained->name,
+          [&] {
+            std::string names;
+            for (const ParamSpec& s : l.params) names += (names.empty() ? "" : ", ") + s.name;
+            return names;
+          }()));
+    }
+    out[u] = first_frozen != nullptr ? 1 : 0;
+  }
+  for (size_t k = 0; k < patterns.size(); ++k) {
+    if (!used[k]) {
+      return InvalidArgumentError(fmt::format(
+          "{}: the pattern '{}' matches no parameter (parameter names look like '{}')", key,
+          patterns[k], example));
+    }
+  }
+  if (std::count(out.begin(), out.end(), 1) == static_cast<std::ptrdiff_t>(out.size())) {
+    return InvalidArgumentError(
+        fmt::format("{}: every parameter is frozen; there is nothing to train", key));
   }
   return out;
 }

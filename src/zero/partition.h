@@ -48,6 +48,17 @@ Result<std::vector<UnitLayout>> LayoutModel(const std::vector<UnitSpec>& units, 
 // (backward lands the last unit's gradients first, so its CPU update overlaps the most compute),
 // taking each while at least half of it falls within `ratio` of the rank's shard elements.
 // ratio >= 1 offloads every unit. Every rank computes the same split (shards are equal).
-std::vector<char> OffloadedUnits(const std::vector<UnitLayout>& layouts, double ratio);
+// Frozen units (`frozen`, when given) have no optimizer states: never offloaded, and not counted.
+std::vector<char> OffloadedUnits(const std::vector<UnitLayout>& layouts, double ratio,
+                                 const std::vector<char>& frozen = {});
+
+// Frozen parameters (strata.freeze / strata.trainable, glob patterns on parameter names): per
+// unit, 1 where every parameter is frozen. With `freeze` the parameters that match are frozen,
+// with `trainable` those that do not (at most one of the two is non-empty). InvalidArgument for a
+// unit whose parameters are partly frozen (the engine freezes whole units), a pattern that matches
+// no parameter, and when every unit is frozen.
+Result<std::vector<char>> FrozenUnits(const std::vector<UnitSpec>& units,
+                                      const std::vector<std::string>& freeze,
+                                      const std::vector<std::string>& trainable);
 
 }  // namespace strata::zero

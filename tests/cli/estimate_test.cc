@@ -28,6 +28,7 @@ struct Placement {
   const char* zero;  // the zero_optimization object; @DIR@ is the NVMe path
   const char* precision;
   bool both_sharings;  // also with share_host_memory off (it matters for offloaded stage-3 shards)
+  const char* strata = "";  // more keys of the strata section
 };
 
 // A model small enough for quick runs, with units of several sizes: 5.6M parameters, the
@@ -64,6 +65,11 @@ TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {
       {"stage 2 fp32, half the optimizer on NVMe",
        R"({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@", "ratio": 0.5}})",
        "", false},
+      {"stage 2 bf16, embedding and 2 layers frozen, optimizer on the CPU",
+       R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", R"("bf16": {"enabled": true},)",
+       false, R"("freeze": ["model.embed_tokens.*", "model.layers.[01].*"], )"},
+      {"stage 3 bf16, layers 0-1 frozen, everything on the device", R"({"stage": 3})",
+       R"("bf16": {"enabled": true},)", false, R"("freeze": ["model.layers.[01].*"], )"},
       {"stage 3 bf16, parameters on the CPU, 3/4 of the optimizer",
        R"({"stage": 3, "offload_param": {"device": "cpu"},
            "offload_optimizer": {"device": "cpu", "ratio": 0.75}})",
@@ -93,8 +99,9 @@ TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {
         out << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, )"
             << p.precision
             << R"( "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-                   "strata": {"memory": {"share_host_memory": ")"
-            << share << R"("}}, "zero_optimization": )" << zero << "}";
+                   "strata": {)"
+            << p.strata << R"("memory": {"share_host_memory": ")" << share
+            << R"("}}, "zero_optimization": )" << zero << "}";
       }
       auto est = RunStrata({"estimate", "--model", model, "--config", config, "--seq-len", "128",
                             "--device", "cpu", "--json"});

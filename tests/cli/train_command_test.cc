@@ -196,6 +196,70 @@ TEST(TrainCommandTest, PartialOptimizerOffloadTrainsLikeFullOffload) {
   EXPECT_EQ(losses[0], losses[1]);
 }
 
+// strata.freeze: the run says what is frozen; the frozen tensors of the saved checkpoint are the
+// initial ones bit for bit, its optimizer file holds no state for them; a resume with the same
+// freeze continues, and one that would train them is a clear error.
+TEST(TrainCommandTest, FrozenLayersStayAsTheyWereAndResume) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  auto synth = RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"});
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  auto config = [&](const std::string& name, const std::string& strata) {
+    const std::string path = dir.file(name);
+    std::ofstream out(path);
+    out << R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW",
+               "params": {"lr": 0.005}}, "zero_optimization": {"stage": 2}, "strata": )"
+        << strata << "}";
+    return path;
+  };
+  const std::string frozen =
+      config("frozen.json", R"({"freeze": ["model.embed_tokens.*", "model.layers.0.*"]})");
+  auto r = RunStrata({"train", "--config", frozen, "--model", "llama-tiny", "--data", data,
+                      "--seq-len", "32", "--steps", "3", "--save", dir.file("ckpt"),
+                      "--save-every", "1"},
+                     std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("frozen (strata.freeze): 2 of 4 units (embed, layers.0)"));
+  // Step 1's and step 3's embedding and first layer are the same bytes; the rest moved. (The
+  // files are read by hand: safetensors is an 8-byte header length, a JSON header, the data.)
+  auto tensor = [&](const std::string& file, const std::string& name) -> std::string {
+    std::ifstream in(dir.file("ckpt/" + file), std::ios::binary);
+    uint64_t n = 0;
+    in.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, '\0');
+    in.read(header.data(), static_cast<std::streamsize>(n));
+    const auto j = nlohmann::json::parse(header);
+    if (!j.contains(name)) return "";
+    const uint64_t begin = j[name]["data_offsets"][0], end = j[name]["data_offsets"][1];
+    std::string bytes(end - begin, '\0');
+    in.seekg(static_cast<std::streamoff>(8 + n + begin));
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return bytes;
+  };
+  const std::string first = "step-00000001/model.safetensors", last = "step-00000003/model.safetensors";
+  for (const char* name : {"model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"}) {
+    EXPECT_FALSE(tensor(first, name).empty()) << name;
+    EXPECT_EQ(tensor(first, name), tensor(last, name)) << name;
+  }
+  EXPECT_NE(tensor(first, "model.layers.1.mlp.up_proj.weight"),
+            tensor(last, "model.layers.1.mlp.up_proj.weight"));
+  const std::string optim = "step-00000003/optimizer.safetensors";
+  EXPECT_EQ(tensor(optim, "exp_avg.model.embed_tokens.weight"), "");
+  EXPECT_NE(tensor(optim, "exp_avg.model.layers.1.mlp.up_proj.weight"), "");
+
+  r = RunStrata({"train", "--config", frozen, "--model", "llama-tiny", "--data", data,
+                 "--seq-len", "32", "--steps", "4", "--resume", dir.file("ckpt")},
+                std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string all = config("all.json", R"({})");
+  r = RunStrata({"train", "--config", all, "--model", "llama-tiny", "--data", data, "--seq-len",
+                 "32", "--steps", "4", "--resume", dir.file("ckpt")},
+                std::chrono::seconds(120));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("has no optimizer state for them"));
+  EXPECT_THAT(r.err, HasSubstr("master.model.embed_tokens.weight' is missing"));
+}
+
 TEST(TrainCommandTest, FineTunesAModelDirectory) {
   TempDir dir;
   const std::string data = dir.file("tokens.bin");

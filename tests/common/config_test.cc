@@ -697,6 +697,19 @@ TEST(ConfigOffloadTest, OptimizerRatio) {
   }
 }
 
+// strata.freeze / strata.trainable: lists of patterns, at most one of the two.
+TEST(ConfigStrataTest, FreezeAndTrainable) {
+  Config c = Ok(R"({"strata": {"freeze": ["model.embed_tokens.*", "model.layers.[0-3].*"]}})");
+  EXPECT_THAT(c.strata.freeze, ElementsAre("model.embed_tokens.*", "model.layers.[0-3].*"));
+  EXPECT_TRUE(c.strata.trainable.empty());
+  EXPECT_THAT(Ok(R"({"strata": {"trainable": "lm_head.*"}})").strata.trainable,
+              ElementsAre("lm_head.*"));
+  EXPECT_THAT(ErrorOf(R"({"strata": {"freeze": ["a*"], "trainable": ["b*"]}})"),
+              HasSubstr("strata.freeze and strata.trainable are both given"));
+  EXPECT_THAT(ErrorOf(R"({"strata": {"freeze": [3]}})"),
+              HasSubstr("strata.freeze"));
+}
+
 // ---- zero_optimization spellings ----
 
 TEST(ConfigZeroTest, Stage3KeysWithoutPrefixAndDeprecatedFp16Name) {

@@ -37,6 +37,7 @@ prepared weights and the first global batch.
 Written for Strata; needs only torch and numpy (Debian's python3-torch).
 """
 import argparse
+import fnmatch
 import json
 import math
 import os
@@ -303,8 +304,18 @@ def reference(work, out, dtype_name):
     torch.set_num_threads(1)  # deterministic reductions; the model is tiny
     params = {name: torch.nn.Parameter(torch.from_numpy(weights[name].copy()).to(dtype))
               for name, _ in param_shapes(cfg)}
+    # Frozen parameters (Strata's strata.freeze / strata.trainable, glob patterns on these
+    # names): no gradient, not in the optimizer, not in the gradient norm.
+    freeze = ds.get("strata", {}).get("freeze", [])
+    trainable = ds.get("strata", {}).get("trainable", [])
+    for name, p in params.items():
+        if freeze:
+            p.requires_grad_(not any(fnmatch.fnmatchcase(name, pat) for pat in freeze))
+        elif trainable:
+            p.requires_grad_(any(fnmatch.fnmatchcase(name, pat) for pat in trainable))
+    trained = [p for p in params.values() if p.requires_grad]
     op = ds["optimizer"]["params"]
-    opt = torch.optim.AdamW(list(params.values()), lr=op["lr"], betas=tuple(op["betas"]),
+    opt = torch.optim.AdamW(trained, lr=op["lr"], betas=tuple(op["betas"]),
                             eps=op["eps"], weight_decay=op["weight_decay"])
     clip = float(ds.get("gradient_clipping", 0.0))
     g = setup["world_size"] * setup["micro_batch"] * setup["grad_accum"]
@@ -314,7 +325,7 @@ def reference(work, out, dtype_name):
         opt.zero_grad(set_to_none=True)
         loss = forward_loss(params, cfg, batch)
         loss.backward()
-        grads = [p.grad for p in params.values()]
+        grads = [p.grad for p in trained]
         norm = torch.sqrt(sum((gr.double() ** 2).sum() for gr in grads)).item()
         if clip > 0:
             coef = clip / (norm + 1e-6)

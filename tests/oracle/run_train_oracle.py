@@ -146,6 +146,26 @@ def main():
     if sorted(saved) != sorted(final):
         print(f"FAIL: the checkpoint holds {sorted(saved)}, PyTorch's model {sorted(final)}")
         return 1
+    # Frozen parameters (strata.freeze / strata.trainable in the config): bit for bit as they
+    # started, in the checkpoint.
+    with open(setup["config"]) as f:
+        strata_cfg = json.load(f).get("strata", {})
+    if strata_cfg.get("freeze") or strata_cfg.get("trainable"):
+        import fnmatch  # noqa: E402
+        initial = read_safetensors(os.path.join(setup["model"], "model.safetensors"))
+        frozen = [n for n in initial
+                  if (any(fnmatch.fnmatchcase(n, p) for p in strata_cfg.get("freeze", []))
+                      if strata_cfg.get("freeze")
+                      else not any(fnmatch.fnmatchcase(n, p) for p in strata_cfg["trainable"]))]
+        if not frozen:
+            print("FAIL: the config freezes nothing")
+            return 1
+        for n in frozen:
+            if saved[n].tobytes() != initial[n].astype(saved[n].dtype).tobytes():
+                print(f"FAIL: frozen {n} changed in the checkpoint")
+                return 1
+        print(f"frozen parameters: {len(frozen)} tensors bit-identical to the initial weights "
+              f"({', '.join(frozen)})")
     worst = 0.0
     for name, ref_w in final.items():
         got = saved[name]

@@ -156,6 +156,32 @@ TEST(TimeModelTest, PartialOffloadSplitsTheOptimizer) {
   EXPECT_EQ(mh->engine.nvme_optim_file, mh->engine.offloaded_optim_elems * 12);
 }
 
+// strata.freeze: frozen units' gradients are neither reduced nor applied.
+TEST(TimeModelTest, FrozenUnitsNeedNoReductionNorUpdate) {
+  const std::string zero = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  const EstimateInput all = Input(zero, 2);
+  const EstimateInput frozen = Input(
+      zero, 2, R"("strata": {"freeze": ["model.embed_tokens.*", "model.layers.*"]}, )");
+  Result<MemoryEstimate> ma = EstimateMemory(all);
+  Result<MemoryEstimate> mf = EstimateMemory(frozen);
+  ASSERT_TRUE(ma.ok() && mf.ok()) << mf.status().ToString();
+  const Hardware hw = Big(2);
+  const TimeEstimate ta = EstimateTime(all, *ma, hw);
+  const TimeEstimate tf = EstimateTime(frozen, *mf, hw);
+  const double T = tf.trainable_fraction;
+  EXPECT_EQ(ta.trainable_fraction, 1.0);
+  EXPECT_GT(T, 0.0);
+  EXPECT_LT(T, 0.5);  // the head (norm + LM head) of a small model
+  EXPECT_DOUBLE_EQ(T, static_cast<double>(mf->engine.trainable_elems) /
+                          static_cast<double>(mf->engine.shard_elems));
+  EXPECT_NEAR(static_cast<double>(tf.optimizer_params), T * static_cast<double>(ta.optimizer_params), 1);
+  EXPECT_NEAR(static_cast<double>(tf.collective_bytes), T * static_cast<double>(ta.collective_bytes),
+              static_cast<double>(ta.collective_bytes) * 1e-9 + 2);
+  EXPECT_NEAR(static_cast<double>(tf.d2h_bytes), T * static_cast<double>(ta.d2h_bytes), 2);
+  EXPECT_LT(tf.optimizer_s, ta.optimizer_s);
+  EXPECT_LT(mf->engine.pinned_pool, ma->engine.pinned_pool);
+}
+
 // The CPU optimizer overlaps backward unless an update waits for the global norm.
 TEST(TimeModelTest, ClippingExposesTheWholeOptimizer) {
   const std::string zero = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";

@@ -129,6 +129,9 @@ TEST(EngineStatesTest, ResumeInAnotherConfigurationContinuesBitIdentically) {
       // Partial optimizer offload: half the units' states on the device, half offloaded.
       {Json(3, "nvme", "nvme", "", R"(, "ratio": 0.5)"), Json(2, "none", "cpu")},
       {Json(1, "none", "cpu"), Json(3, "cpu", "nvme", "", R"(, "ratio": 0.5)")},
+      // Frozen units: only their parameters are saved, and they come back as they were.
+      {Json(3, "nvme", "nvme", R"(, "strata": {"freeze": ["layer.0.*"]})"),
+       Json(1, "none", "none", R"(, "strata": {"freeze": ["layer.0.*"]})")},
   };
   for (const auto& [from, to] : pairs) {
     SCOPED_TRACE(from + "  ->  " + to);

@@ -194,6 +194,141 @@ TEST(EngineTest, PartialOffloadPlansBothHalves) {
   EXPECT_GT(half.device_total(), all.device_total());
 }
 
+TEST(PartitionTest, FrozenUnitsFollowThePatterns) {
+  const std::vector<UnitSpec> units = {
+      {"embed", {{"model.embed_tokens.weight", {8, 4}}}},
+      {"layers.0", {{"model.layers.0.norm.weight", {4}}, {"model.layers.0.proj.weight", {4, 4}}}},
+      {"layers.1", {{"model.layers.1.norm.weight", {4}}, {"model.layers.1.proj.weight", {4, 4}}}},
+      {"head", {{"model.norm.weight", {4}}, {"lm_head.weight", {8, 4}}}}};
+  using V = std::vector<char>;
+  auto frozen = [&](std::vector<std::string> freeze, std::vector<std::string> trainable) {
+    auto r = FrozenUnits(units, freeze, trainable);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : V{};
+  };
+  EXPECT_EQ(frozen({}, {}), (V{0, 0, 0, 0}));
+  EXPECT_EQ(frozen({"model.embed_tokens.*", "model.layers.0.*"}, {}), (V{1, 1, 0, 0}));
+  EXPECT_EQ(frozen({}, {"model.layers.1.*", "lm_head.*", "model.norm.*"}), (V{1, 1, 0, 0}));
+  EXPECT_EQ(frozen({"model.layers.[01].*"}, {}), (V{0, 1, 1, 0}));
+  // A unit split by the patterns, a pattern that matches nothing, everything frozen.
+  auto error = [&](std::vector<std::string> freeze, std::vector<std::string> trainable) {
+    auto r = FrozenUnits(units, freeze, trainable);
+    EXPECT_FALSE(r.ok());
+    return r.ok() ? std::string() : std::string(r.status().message());
+  };
+  const std::string split = error({"lm_head.weight"}, {});
+  EXPECT_NE(split.find("strata.freeze: unit 'head' would be split: lm_head.weight is frozen but "
+                       "model.norm.weight is not"),
+            std::string::npos)
+      << split;
+  const std::string none = error({}, {"model.layers.7.*"});
+  EXPECT_NE(none.find("strata.trainable: the pattern 'model.layers.7.*' matches no parameter"),
+            std::string::npos)
+      << none;
+  EXPECT_NE(error({"*"}, {}).find("every parameter is frozen"), std::string::npos);
+  // Frozen units have no optimizer states to offload: the ratio counts the others.
+  std::vector<UnitLayout> layouts(4);
+  for (int i = 0; i < 4; ++i) {
+    layouts[i].index = i;
+    layouts[i].shard_numel = 2048;
+  }
+  EXPECT_EQ(OffloadedUnits(layouts, 1.0, V{0, 0, 0, 1}), (V{1, 1, 1, 0}));
+  EXPECT_EQ(OffloadedUnits(layouts, 0.5, V{0, 1, 0, 1}), (V{0, 0, 1, 0}));
+}
+
+// strata.freeze: frozen units keep their weights bit for bit, the others train, and every
+// stage and home (with partial optimizer offload too) gives the same bits on one rank.
+TEST(EngineTest, FrozenUnitsKeepTheirWeightsAtEveryStageAndHome) {
+  const std::string freeze = R"(, "strata": {"freeze": ["layer.1.*", "head.*"]})";
+  ToyRun::Options base;
+  base.config_json = ConfigJson(0, "none", "none", freeze);
+  base.accumulation = 2;
+  std::vector<std::vector<float>> initial;
+  {
+    ToyRun fresh;
+    ASSERT_TRUE(fresh.Setup(base).ok());
+    auto p = fresh.Params();
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    initial = *p;
+  }
+  ToyRun ref;
+  {
+    Status st = ref.Setup(base);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = ref.Train();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  auto ref_params = ref.Params();
+  ASSERT_TRUE(ref_params.ok());
+  ASSERT_EQ(ref_params->size(), 4u);
+  EXPECT_NE((*ref_params)[0], initial[0]);  // layer.0 trains
+  EXPECT_EQ((*ref_params)[1], initial[1]);  // layer.1: frozen
+  EXPECT_NE((*ref_params)[2], initial[2]);  // layer.2 trains
+  EXPECT_EQ((*ref_params)[3], initial[3]);  // head: frozen
+  EXPECT_LT(ref.results.back().loss, ref.results.front().loss);
+  EXPECT_EQ(ref.engine->stats().frozen_units, 2);
+  for (int stage : {1, 2, 3}) {
+    for (const char* where : {"none", "cpu", "nvme", "cpu@0.5"}) {
+      SCOPED_TRACE(fmt::format("stage {} offload {}", stage, where));
+      const bool partial = std::string(where) == "cpu@0.5";
+      ToyRun::Options o = base;
+      o.config_json = partial ? ConfigJson(stage, "none", "cpu", freeze, R"(, "ratio": 0.5)")
+                              : ConfigJson(stage, stage == 3 ? where : "none", where, freeze);
+      ToyRun run;
+      Status st = run.Setup(o);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      st = run.Train();
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      auto got = run.Params();
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(*got, *ref_params);
+      auto masters = run.Masters();  // a frozen unit's "master" is its parameters
+      ASSERT_TRUE(masters.ok()) << masters.status().ToString();
+      EXPECT_EQ((*masters)[1], initial[1]);
+    }
+  }
+}
+
+// A frozen unit costs no optimizer state and no gradient accumulator in the plan.
+TEST(EngineTest, FrozenUnitsArePlannedWithoutStates) {
+  auto probe_device = device::CreateDevice({});
+  ASSERT_TRUE(probe_device.ok());
+  testing::ToyModel probe(**probe_device, 4, 1024);
+  auto plan = [&](const std::string& json) {
+    auto config = ParseConfig(json, "<t>");
+    EXPECT_TRUE(config.ok()) << config.status().ToString();
+    auto p = Engine::PlanMemory(probe.units(), {}, *config, 1);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? *p : EngineMemoryPlan{};
+  };
+  auto item = [](const EngineMemoryPlan& p, const char* what) {
+    uint64_t b = 0;
+    for (const auto& i : p.device) {
+      if (i.what.find(what) != std::string::npos) b += i.bytes;
+    }
+    return b;
+  };
+  const std::string freeze = R"(, "strata": {"trainable": ["head.*"]})";  // 3 of 4 frozen
+  const EngineMemoryPlan all = plan(ConfigJson(1, "none", "none"));
+  const EngineMemoryPlan one = plan(ConfigJson(1, "none", "none", freeze));
+  EXPECT_EQ(item(one, "AdamW") * 4, item(all, "AdamW"));
+  EXPECT_EQ(item(one, "fp32 gradient accumulators") * 4, item(all, "fp32 gradient accumulators"));
+  EXPECT_EQ(one.trainable_elems * 4, one.shard_elems);
+  const EngineMemoryPlan nvme = plan(ConfigJson(2, "none", "nvme", freeze));
+  const EngineMemoryPlan nvme_all = plan(ConfigJson(2, "none", "nvme"));
+  EXPECT_EQ(nvme.nvme_optim_file * 4, nvme_all.nvme_optim_file);
+  EXPECT_LT(nvme.pinned_pool, nvme_all.pinned_pool);
+  // Bad patterns are the config's error, from the plan as from Create.
+  auto bad = ParseConfig(ConfigJson(1, "none", "none", R"(, "strata": {"freeze": ["layer.9.*"]})"),
+                         "<t>");
+  ASSERT_TRUE(bad.ok());
+  auto p = Engine::PlanMemory(probe.units(), {}, *bad, 1);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(std::string(p.status().message()).find("'layer.9.*' matches no parameter"),
+            std::string::npos)
+      << p.status().ToString();
+}
+
 TEST(EngineTest, OverlappedOptimizerMatchesSequential) {
   ToyRun::Options o;
   o.config_json = ConfigJson(3, "nvme", "nvme");

@@ -89,8 +89,8 @@ class ToyModel final : public Model {
     for (int i = 0; i < layers_; ++i) {
       UnitSpec u;
       u.name = i + 1 == layers_ ? "head" : "layer." + std::to_string(i);
-      u.params.push_back({"weight", {width_, width_}});
-      u.params.push_back({"bias", {width_}});
+      u.params.push_back({u.name + ".weight", {width_, width_}});
+      u.params.push_back({u.name + ".bias", {width_}});
       out.push_back(std::move(u));
     }
     return out;
