@@ -27,6 +27,7 @@ packages=(
   fio                   # benchmarks/nvme_vs_fio.py compares against it
   python3               # benchmark scripts
   python3-torch         # the PyTorch reference (oracle) the model tests compare against
+  python3-venv          # deploy/hf-venv.sh: transformers, safetensors and peft for the hf tests
 )
 
 missing=()

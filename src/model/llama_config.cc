@@ -158,12 +158,14 @@ Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_vie
   if (!j.is_object()) {
     return InvalidArgumentError(fmt::format("{}: expected a JSON object", source));
   }
+  std::string model_type = "llama";
   if (auto it = j.find("model_type"); it != j.end() && it->is_string()) {
-    const std::string type = it->get<std::string>();
-    if (type != "llama" && type != "mistral") {
+    model_type = it->get<std::string>();
+    if (model_type != "llama" && model_type != "mistral") {
       return InvalidArgumentError(fmt::format(
-          "{}: model_type is '{}'; Strata trains Llama-family decoders (\"llama\")", source,
-          type));
+          "{}: model_type is '{}'; Strata trains Llama-family decoders (\"llama\", and "
+          "\"mistral\" within its sliding window)",
+          source, model_type));
     }
   }
   if (auto it = j.find("hidden_act"); it != j.end() && it->is_string() && *it != "silu") {
@@ -185,6 +187,14 @@ Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_vie
   }
   LlamaConfig c;
   c.name = std::string(source);
+  c.model_type = model_type;
+  if (auto it = j.find("sliding_window"); model_type == "mistral" && it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() <= 0) {
+      return InvalidArgumentError(fmt::format(
+          "{}: sliding_window is {}; expected a positive integer or null", source, it->dump()));
+    }
+    c.sliding_window = it->get<int64_t>();
+  }
   // Token ids are carried through to the configs Strata writes (a number or a list).
   for (auto [key, out] : {std::pair{"bos_token_id", &c.bos_token_id_json},
                           std::pair{"eos_token_id", &c.eos_token_id_json}}) {
@@ -260,9 +270,10 @@ Result<LlamaConfig> ResolveModel(const std::string& model) {
 }
 
 std::string ToHfConfigJson(const LlamaConfig& c, std::string_view torch_dtype) {
+  const bool mistral = c.model_type == "mistral";
   Json j = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", mistral ? "mistral" : "llama"},
       {"hidden_act", "silu"},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
@@ -278,6 +289,10 @@ std::string ToHfConfigJson(const LlamaConfig& c, std::string_view torch_dtype) {
       {"initializer_range", 0.02},
       {"torch_dtype", std::string(torch_dtype)},
   };
+  if (mistral) {
+    j["sliding_window"] = c.sliding_window > 0 ? Json(c.sliding_window) : Json(nullptr);
+    j.erase("attention_bias");
+  }
   j["bos_token_id"] = Json::parse(c.bos_token_id_json, nullptr, false);
   j["eos_token_id"] = Json::parse(c.eos_token_id_json, nullptr, false);
   return j.dump(2) + "\n";

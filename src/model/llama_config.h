@@ -37,6 +37,11 @@ struct LlamaConfig {
   // bos_token_id / eos_token_id as JSON text (a number, a list or null), kept from config.json.
   std::string bos_token_id_json = "1";
   std::string eos_token_id_json = "2";
+  // "llama", or "mistral": the same decoder with sliding-window attention. Strata computes full
+  // causal attention, which is Mistral's for sequences of at most `sliding_window` tokens (0: no
+  // window); `strata train` refuses longer ones. Written back as it was read (ToHfConfigJson).
+  std::string model_type = "llama";
+  int64_t sliding_window = 0;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t kv_dim() const { return head_dim() * num_key_value_heads; }

@@ -143,6 +143,13 @@ Status RunTraining(const TrainOptions& o) {
       o.seq_len > 0 ? o.seq_len
                     : (resumed ? static_cast<int64_t>(resumed->seq_len)
                                : std::min<int64_t>(256, mcfg.max_position_embeddings));
+  if (mcfg.sliding_window > 0 && seq_len > mcfg.sliding_window) {
+    return UnimplementedError(fmt::format(
+        "{}: sliding_window is {} (Mistral's sliding-window attention); Strata computes full "
+        "causal attention, which is the same only for sequences of at most {} tokens, and "
+        "--seq-len is {}",
+        mcfg.name, mcfg.sliding_window, mcfg.sliding_window, seq_len));
+  }
   if (resumed && o.seed.has_value() && *o.seed != resumed->seed) {
     return InvalidArgumentError(fmt::format(
         "--seed {}: the checkpoint {} was trained with data seed {}; resuming keeps the data order",

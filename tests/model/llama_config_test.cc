@@ -109,6 +109,37 @@ TEST(LlamaConfigTest, BadConfigsNameTheFileAndTheKey) {
   }
 }
 
+// Mistral: the Llama decoder with sliding-window attention; accepted, kept as Mistral when
+// written back (its window with it), and a bad window is an error naming the key.
+TEST(LlamaConfigTest, MistralKeepsItsTypeAndWindow) {
+  const std::string text = R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 64,
+      "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "sliding_window": 4096})";
+  auto c = ParseLlamaConfig(text, "m.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model_type, "mistral");
+  EXPECT_EQ(c->sliding_window, 4096);
+  const std::string written = ToHfConfigJson(*c, "float32");
+  EXPECT_NE(written.find("\"MistralForCausalLM\""), std::string::npos) << written;
+  EXPECT_NE(written.find("\"sliding_window\": 4096"), std::string::npos) << written;
+  auto again = ParseLlamaConfig(written, "again.json");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->sliding_window, 4096);
+  // A Llama config has no window, and writes none.
+  auto llama = ParseLlamaConfig(R"({"vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "sliding_window": 8})", "l.json");
+  ASSERT_TRUE(llama.ok());
+  EXPECT_EQ(llama->sliding_window, 0);
+  EXPECT_EQ(ToHfConfigJson(*llama, "float32").find("sliding_window"), std::string::npos);
+  auto bad = ParseLlamaConfig(R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 64,
+      "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "sliding_window": -3})", "b.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("b.json: sliding_window is -3"),
+            std::string::npos)
+      << bad.status().ToString();
+}
+
 TEST(LlamaConfigTest, ResolvesDirectoriesAndPresets) {
   strata::testing::TempDir dir;
   auto missing = LoadLlamaConfig(dir.path().string());
