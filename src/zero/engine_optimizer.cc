@@ -30,8 +30,13 @@ Status Engine::Impl::DeviceOptimizerStep(int u) {
     s.out16 = static_cast<char*>(full_params[u]) + l.shard_offset(rank) * csz;
   } else {
     s.grad = static_cast<const float*>(grad_shard_dev[u]);
-    STRATA_ASSIGN_OR_RETURN(Lease lease,
-                            ptm->Acquire(u, Tier::kDevice, Access::kOverwrite, "optimizer"));
+    // An offloaded shard's device copy would be a second buffer where device memory is host
+    // memory (the CPU device sharing it): the update then writes the host copy in place, as
+    // the CPU optimizer does. On a GPU it writes a device copy, which the tier manager sends home.
+    const Tier where = param_home != Tier::kDevice && SharesHostMemory(cfg, dev.type())
+                           ? Tier::kHost
+                           : Tier::kDevice;
+    STRATA_ASSIGN_OR_RETURN(Lease lease, ptm->Acquire(u, where, Access::kOverwrite, "optimizer"));
     s.out16 = lease.data();
     STRATA_RETURN_IF_ERROR(optim::DeviceAdamStep(dev, *compute, step_hyper, s, co));
     lease.Release(true, compute.get());
