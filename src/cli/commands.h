@@ -26,4 +26,7 @@ void RegisterEstimateCommand(CLI::App& app, int* exit_code);
 // `strata train`: trains a Llama-family model with the ZeRO engine (train/trainer.h).
 void RegisterTrainCommand(CLI::App& app, int* exit_code);
 
+// `strata eval`: the loss and perplexity of a model on a token file (forward only).
+void RegisterEvalCommand(CLI::App& app, int* exit_code);
+
 }  // namespace strata::cli

@@ -64,6 +64,7 @@ int Run(int argc, char** argv) {
   RegisterNvmeBenchCommand(app, &exit_code);
   RegisterDataCommand(app, &exit_code);
   RegisterTrainCommand(app, &exit_code);
+  RegisterEvalCommand(app, &exit_code);
   RegisterCheckpointCommand(app, &exit_code);
   RegisterEstimateCommand(app, &exit_code);
   // Set after the subcommands are added, so that they do not inherit it.

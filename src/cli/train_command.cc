@@ -58,6 +58,14 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
                   "cpu, cuda (GPU <local rank>) or auto (cuda when a GPU is usable); default: "
                   "the config's strata.device, else auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("--eval-data", o->eval_data,
+                  "Token file for validation loss (same format and --data-dtype as --data)");
+  cmd->add_option("--eval-every", o->eval_every,
+                  "Report the validation loss on --eval-data every N steps and after the last")
+      ->check(CLI::Range(int64_t{1}, int64_t{1'000'000'000'000}));
+  cmd->add_option("--eval-sequences", o->eval_sequences,
+                  "Validate on the first N sequences of --eval-data (default: all)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1'000'000'000'000}));
   cmd->add_flag("--save-on-signal", o->save_on_signal,
                "On SIGINT or SIGTERM, save a checkpoint of the last finished step before stopping "
                "(with --save)");

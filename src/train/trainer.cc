@@ -118,7 +118,33 @@ Status RunTraining(const TrainOptions& o) {
     std::fflush(stdout);
   };
   if (o.steps < 1) return InvalidArgumentError(fmt::format("--steps {}: expected >= 1", o.steps));
-  STRATA_ASSIGN_OR_RETURN(Config config, LoadConfigFile(o.config_path));
+  if (o.eval_every < 0 || o.eval_sequences < 0) {
+    return InvalidArgumentError("--eval-every and --eval-sequences: expected >= 0");
+  }
+  if (o.eval_every > 0 && o.eval_data.empty()) {
+    return InvalidArgumentError(
+        fmt::format("--eval-every {}: needs --eval-data (the token file to evaluate on)",
+                    o.eval_every));
+  }
+  Config config;
+  if (o.eval_only && o.config_path.empty()) {
+    if (o.eval_micro_batch < 1) {
+      return InvalidArgumentError(
+          fmt::format("--micro-batch {}: expected >= 1", o.eval_micro_batch));
+    }
+    STRATA_ASSIGN_OR_RETURN(
+        config, ParseConfig(fmt::format(R"({{"train_micro_batch_size_per_gpu": {}}})",
+                                        o.eval_micro_batch),
+                            "<strata eval>"));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(config, LoadConfigFile(o.config_path));
+  }
+  if (o.eval_only) {
+    // Forward only: every unit frozen, so no gradient buffer and no optimizer state is built.
+    config.strata.freeze = {"*"};
+    config.strata.trainable.clear();
+    config.zero.offload_optimizer.device = OffloadDevice::kNone;
+  }
 
   // A checkpoint to resume: its trainer state fixes the data order, the schedule and the model.
   std::string resume_dir;
@@ -219,7 +245,12 @@ Status RunTraining(const TrainOptions& o) {
     }
   }
   sopt.seed = seed;
-  STRATA_ASSIGN_OR_RETURN(SequenceSampler sampler, SequenceSampler::Create(&data, sopt));
+  // The training order (none for an evaluation, which reads its windows in order).
+  std::optional<SequenceSampler> sampler;
+  if (!o.eval_only) {
+    STRATA_ASSIGN_OR_RETURN(SequenceSampler s, SequenceSampler::Create(&data, sopt));
+    sampler.emplace(std::move(s));
+  }
 
   // The ranks' agreement between steps (and on the placement below).
   std::unique_ptr<RankGather> agreement;
@@ -294,11 +325,14 @@ Status RunTraining(const TrainOptions& o) {
                                                     config.strata.seed,
                                                     {.allow_tf32 = config.strata.tf32}));
   say(fmt::format(
-      "strata train: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
-      "parameters on {}, optimizer on {}{}, {}",
-      mcfg.name, static_cast<double>(mcfg.ParameterCount()) / 1e6, mcfg.num_hidden_layers, world,
+      "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
+      "parameters on {}, {}{}, {}",
+      o.eval_only ? "eval" : "train", mcfg.name,
+      static_cast<double>(mcfg.ParameterCount()) / 1e6, mcfg.num_hidden_layers, world,
       config.zero.stage, OffloadDeviceName(config.zero.offload_param.device),
-      OffloadDeviceName(config.zero.offload_optimizer.device),
+      o.eval_only ? "forward only (no optimizer state)"
+                  : fmt::format("optimizer on {}",
+                                OffloadDeviceName(config.zero.offload_optimizer.device)),
       config.zero.offload_optimizer.device != OffloadDevice::kNone &&
               config.zero.offload_optimizer.ratio < 1.0
           ? fmt::format(" (ratio {:g}; the other units' states on the device)",
@@ -313,7 +347,14 @@ Status RunTraining(const TrainOptions& o) {
   STRATA_ASSIGN_OR_RETURN(
       const std::vector<char> frozen,
       zero::FrozenUnits(llama->units(), config.strata.freeze, config.strata.trainable));
-  if (std::count(frozen.begin(), frozen.end(), 1) > 0) {
+  if (!o.eval_only &&
+      std::count(frozen.begin(), frozen.end(), 1) == static_cast<std::ptrdiff_t>(frozen.size())) {
+    return InvalidArgumentError(fmt::format(
+        "{}: every parameter is frozen; there is nothing to train (strata eval evaluates a "
+        "model)",
+        config.strata.freeze.empty() ? "strata.trainable" : "strata.freeze"));
+  }
+  if (!o.eval_only && std::count(frozen.begin(), frozen.end(), 1) > 0) {
     const std::vector<zero::UnitSpec> units = llama->units();
     int64_t all = 0, trained = 0;
     std::string names;
@@ -332,10 +373,18 @@ Status RunTraining(const TrainOptions& o) {
                     std::count(frozen.begin(), frozen.end(), 1), units.size(), names,
                     static_cast<double>(trained) / 1e6, static_cast<double>(all) / 1e6));
   }
-  say(fmt::format("  data {} ({} tokens), sequence {} x global batch {} ({} per rank x {} "
-                  "accumulation), {} steps",
-                  o.data, data.size(), seq_len, layout.global_batch(), layout.micro_batch,
-                  layout.grad_accum, o.steps));
+  if (o.eval_only) {
+    say(fmt::format("  data {} ({} tokens), sequences of {} tokens, {} per rank per pass",
+                    o.data, data.size(), seq_len, layout.micro_batch));
+  } else {
+    say(fmt::format("  data {} ({} tokens), sequence {} x global batch {} ({} per rank x {} "
+                    "accumulation), {} steps{}",
+                    o.data, data.size(), seq_len, layout.global_batch(), layout.micro_batch,
+                    layout.grad_accum, o.steps,
+                    o.eval_every > 0 ? fmt::format("; validation on {} every {} steps",
+                                                   o.eval_data, o.eval_every)
+                                     : std::string()));
+  }
   // Initial states: a checkpoint, a model directory's weights, or the model's own init.
   std::unique_ptr<StateFiles> files;
   if (resumed) {
@@ -382,11 +431,101 @@ Status RunTraining(const TrainOptions& o) {
     say(fmt::format("  loaded in {:.1f} s ({:.0f} MB/s over all ranks)", s,
                     static_cast<double>(files->total_bytes()) / std::max(s, 1e-6) / 1e6));
   }
+  // Evaluation (forward only) on the eval data's sequential windows: each rank reads its
+  // micro-batch of every global batch.
+  struct EvalResult {
+    double loss = 0;
+    uint64_t sequences = 0, dropped = 0;
+    double seconds = 0;
+  };
+  std::optional<TokenDataset> eval_data;
+  if (!o.eval_data.empty()) {
+    STRATA_ASSIGN_OR_RETURN(TokenDtype eval_dtype, ParseTokenDtype(o.data_dtype));
+    STRATA_ASSIGN_OR_RETURN(TokenDataset d,
+                            TokenDataset::Open(o.eval_data, static_cast<uint64_t>(mcfg.vocab_size),
+                                               eval_dtype));
+    eval_data.emplace(std::move(d));
+  }
+  auto evaluate = [&]() -> Result<EvalResult> {
+    const uint64_t seq = static_cast<uint64_t>(seq_len);
+    const uint64_t windows = eval_data->size() > seq ? (eval_data->size() - 1) / seq : 0;
+    const uint64_t wanted =
+        o.eval_sequences > 0 ? std::min<uint64_t>(windows, static_cast<uint64_t>(o.eval_sequences))
+                             : windows;
+    const uint64_t per_rank = static_cast<uint64_t>(layout.micro_batch);
+    const uint64_t global = per_rank * static_cast<uint64_t>(world);
+    const uint64_t batches = wanted / global;
+    if (batches == 0) {
+      return InvalidArgumentError(fmt::format(
+          "{} {}: {} tokens hold {} sequence(s) of {} + 1 tokens{}; one evaluation batch needs "
+          "{} ({} rank(s) x {} per rank)",
+          o.eval_only ? "--data" : "--eval-data", o.eval_data, eval_data->size(), windows, seq,
+          wanted < windows
+              ? fmt::format(" ({} {})", o.eval_only ? "--sequences" : "--eval-sequences", wanted)
+              : "",
+          global, world, per_rank));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    model::LlamaBatch mb;
+    mb.tokens.resize(static_cast<size_t>(per_rank * (seq + 1)));
+    double sum = 0;
+    for (uint64_t b = 0; b < batches; ++b) {
+      for (uint64_t s = 0; s < per_rank; ++s) {
+        const uint64_t w = b * global + static_cast<uint64_t>(rank) * per_rank + s;
+        STRATA_RETURN_IF_ERROR(eval_data->Read(
+            w * seq, std::span<int32_t>(mb.tokens.data() + s * (seq + 1), seq + 1)));
+      }
+      const zero::Batch* one[1] = {&mb};
+      STRATA_ASSIGN_OR_RETURN(double loss, engine->EvalLoss(one));
+      sum += loss;
+    }
+    EvalResult r;
+    r.loss = sum / static_cast<double>(batches);
+    r.sequences = batches * global;
+    r.dropped = wanted - r.sequences;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  };
+  auto eval_line = [&](const EvalResult& r) {
+    return fmt::format(
+        "loss {:.4f}, perplexity {:.4g} over {} sequence(s) x {} tokens of {}{} in {:.2f} s "
+        "({:.0f} tok/s)",
+        r.loss, std::exp(r.loss), r.sequences, seq_len, o.eval_data,
+        r.dropped > 0 ? fmt::format(" ({} left out: not a whole batch of {} rank(s) x {})",
+                                    r.dropped, world, layout.micro_batch)
+                      : std::string(),
+        r.seconds, static_cast<double>(r.sequences * static_cast<uint64_t>(seq_len)) / r.seconds);
+  };
+  if (o.eval_only) {
+    STRATA_ASSIGN_OR_RETURN(const EvalResult r, evaluate());
+    say("eval: " + eval_line(r));
+    if (!o.eval_json.empty() && rank == 0) {
+      nlohmann::json j = {{"model", model_arg},
+                          {"data", o.eval_data},
+                          {"seq_len", seq_len},
+                          {"sequences", r.sequences},
+                          {"tokens", r.sequences * static_cast<uint64_t>(seq_len)},
+                          {"left_out", r.dropped},
+                          {"ranks", world},
+                          {"micro_batch", layout.micro_batch},
+                          {"loss", r.loss},
+                          {"perplexity", std::exp(r.loss)},
+                          {"seconds", r.seconds}};
+      std::ofstream out(o.eval_json, std::ios::trunc);
+      out << j.dump(1) << "\n";
+      if (!out) {
+        return Status(StatusCode::kPermissionDenied,
+                      fmt::format("--json {}: cannot write", o.eval_json));
+      }
+    }
+    return Status::Ok();
+  }
+
   if (resumed) {
     STRATA_RETURN_IF_ERROR(engine->RestoreCounters(resumed->counters)
                                .WithContext(fmt::format("resuming {}", resume_dir)));
     STRATA_RETURN_IF_ERROR(
-        sampler.Restore(resumed->sampler).WithContext(fmt::format("resuming {}", resume_dir)));
+        sampler->Restore(resumed->sampler).WithContext(fmt::format("resuming {}", resume_dir)));
     if (resumed->global_batch != layout.global_batch()) {
       say(fmt::format("  note: the checkpoint was trained with a global batch of {} sequences, "
                       "this run uses {}: the loss curve continues, but not as the old run would "
@@ -442,7 +581,7 @@ Status RunTraining(const TrainOptions& o) {
     TrainerState ts;
     ts.step = done_steps;
     ts.counters = engine->counters();
-    ts.sampler = sampler.state();
+    ts.sampler = sampler->state();
     ts.world_size = world;
     ts.global_batch = layout.global_batch();
     ts.seq_len = static_cast<uint64_t>(seq_len);
@@ -461,12 +600,12 @@ Status RunTraining(const TrainOptions& o) {
     std::vector<const zero::Batch*> ptrs;
     for (int a = 0; a < layout.grad_accum; ++a) {
       mbs[a].tokens.resize(row * static_cast<size_t>(layout.micro_batch));
-      STRATA_RETURN_IF_ERROR(sampler.ReadRankBatch(static_cast<uint64_t>(step), layout, rank, a,
+      STRATA_RETURN_IF_ERROR(sampler->ReadRankBatch(static_cast<uint64_t>(step), layout, rank, a,
                                                    mbs[a].tokens));
       ptrs.push_back(&mbs[a]);
     }
     STRATA_ASSIGN_OR_RETURN(zero::StepResult r, engine->TrainStep(ptrs));
-    sampler.Advance();
+    sampler->Advance();
     const uint64_t pageable_now = dev->memory_stats().pageable_copies;
     const uint64_t pageable = pageable_now - pageable_seen;
     pageable_seen = pageable_now;
@@ -490,6 +629,12 @@ Status RunTraining(const TrainOptions& o) {
         : config.fp16.enabled     ? " | skipped (fp16 overflow)"
                                   : " | skipped (non-finite gradients, strata.on_nonfinite skip)",
         pageable > 0 ? fmt::format(" | {} pageable copies", pageable) : ""));
+    std::optional<EvalResult> evaluated;
+    if (o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
+      STRATA_ASSIGN_OR_RETURN(EvalResult e, evaluate());
+      say(fmt::format("eval at step {}: {}", step + 1, eval_line(e)));
+      evaluated = e;
+    }
     if (metrics) {
       nlohmann::json j = {{"step", step + 1},
                           {"loss", r.loss},
@@ -514,6 +659,10 @@ Status RunTraining(const TrainOptions& o) {
                           {"pageable_copies", pageable},
                           {"model_device_bytes",
                            llama->activation_bytes() + llama->workspace_bytes()}};
+      if (evaluated) {
+        j["eval_loss"] = evaluated->loss;
+        j["eval_perplexity"] = std::exp(evaluated->loss);
+      }
       *metrics << j.dump() << "\n";
       metrics->flush();
     }

@@ -57,6 +57,19 @@ struct TrainOptions {
   // On a stop by signal, save a checkpoint of the last finished step first (needs save_dir).
   // A run stopped by a signal returns Cancelled ("stopped by SIGTERM after step N ...").
   bool save_on_signal = false;
+
+  // Evaluation: the mean loss (and perplexity) of the model on eval_data's sequential windows of
+  // seq_len + 1 tokens (the first eval_sequences of them; 0: all), forward only, as many whole
+  // global batches (ranks x micro-batch) as they fill. During training every eval_every steps
+  // (0: never); with eval_only (`strata eval`) once, without training: no optimizer state is
+  // built (every unit frozen), config_path may be empty (stage 0, eval_micro_batch sequences
+  // per rank), and the result goes to eval_json too when given.
+  std::string eval_data;
+  int64_t eval_every = 0;
+  int64_t eval_sequences = 0;
+  bool eval_only = false;
+  int64_t eval_micro_batch = 1;
+  std::string eval_json;
 };
 
 

@@ -451,6 +451,10 @@ Result<StepResult> Engine::TrainStep(std::span<const Batch* const> micro_batches
   return impl_->Step(micro_batches);
 }
 
+Result<double> Engine::EvalLoss(std::span<const Batch* const> micro_batches) {
+  return impl_->Eval(micro_batches);
+}
+
 const std::vector<UnitLayout>& Engine::layouts() const { return impl_->layouts; }
 const std::vector<char>& Engine::frozen_units() const { return impl_->frozen; }
 device::DType Engine::compute_dtype() const { return impl_->cdt; }

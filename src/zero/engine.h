@@ -221,6 +221,11 @@ class Engine {
   // One optimizer step over `micro_batches` (gradient_accumulation_steps of them, this rank's).
   Result<StepResult> TrainStep(std::span<const Batch* const> micro_batches);
 
+  // Evaluation: the forward pass alone over `micro_batches` (this rank's), and their mean loss
+  // over every rank. Collective. Parameters are gathered (stage 3) as for a step, outside the
+  // prefetch scheduler's trace; no gradient, no update, and the step counters do not move.
+  Result<double> EvalLoss(std::span<const Batch* const> micro_batches);
+
   // Collective (every rank must call it): unit `unit`'s parameters, in fp32, unpadded
   // (used_numel elements), as the model sees them.
   Result<std::vector<float>> GatherParams(int unit);

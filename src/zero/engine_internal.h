@@ -313,15 +313,19 @@ struct Engine::Impl {
   Status Init();
   Status InitOptimizerStates(int u, const std::vector<float>& full);
   Result<StepResult> Step(std::span<const Batch* const> micro_batches);
+  Result<double> Eval(std::span<const Batch* const> micro_batches);
+  Result<double> EvalImpl(std::span<const Batch* const> micro_batches);
 
   // Compute-stream bookkeeping.
   Status StampCompute();
   Status ComputeWaitComm();
   double ExposedSince(int64_t t0_ns) const;
 
-  // Parameters for use by compute.
-  Result<UnitView> AcquireParams(int u, std::string_view owner, int64_t* io_wait_ns);
-  Status ReleaseParams(int u, const UnitView& view);
+  // Parameters for use by compute. `eval`: for EvalLoss, outside the prefetch scheduler's trace
+  // and without keeping persistent units.
+  Result<UnitView> AcquireParams(int u, std::string_view owner, int64_t* io_wait_ns,
+                                 bool eval = false);
+  Status ReleaseParams(int u, const UnitView& view, bool eval = false);
   Result<void*> AllocLive(uint64_t bytes);
   Status FreeLiveAfter(device::Stream& stream, void* ptr);
   void CleanUpFailedStep();

@@ -131,7 +131,7 @@ void Engine::Impl::CleanUpFailedStep() {
 // ---- parameters for compute -------------------------------------------------------------------
 
 Result<UnitView> Engine::Impl::AcquireParams(int u, std::string_view owner,
-                                             int64_t* io_wait_ns) {
+                                             int64_t* io_wait_ns, bool eval) {
   const auto& l = layouts[u];
   UnitView view;
   view.dtype = cdt;
@@ -140,11 +140,26 @@ Result<UnitView> Engine::Impl::AcquireParams(int u, std::string_view owner,
     view.data = full_params[u];
     return view;
   }
-  if (persistent[u] && persistent_full[u] != nullptr) {
+  if (!eval && persistent[u] && persistent_full[u] != nullptr) {
     view.data = persistent_full[u];
     return view;
   }
   const uint64_t bytes = static_cast<uint64_t>(l.padded_numel()) * csz;
+  if (eval) {
+    // Straight from the tier manager: an evaluation's accesses are not the training step's
+    // trace, which the scheduler would otherwise relearn twice per evaluation.
+    STRATA_ASSIGN_OR_RETURN(void* full, AllocLive(bytes));
+    const int64_t t0 = TraceRecorder::NowNs();
+    Result<Lease> lease = ptm->Acquire(u, Tier::kDevice, Access::kRead, owner);
+    *io_wait_ns += TraceRecorder::NowNs() - t0;
+    if (!lease.ok()) return lease.status();
+    Status st = comm.AllGather(lease->data(), full, l.shard_numel, cdt, *comm_stream);
+    lease->Release(false, comm_stream.get());
+    STRATA_RETURN_IF_ERROR(st);
+    STRATA_RETURN_IF_ERROR(ComputeWaitComm());
+    view.data = full;
+    return view;
+  }
   // Back-pressure: at most max_live_bytes of gathered units and gradients in flight. A failure
   // below leaves the buffer in `owned`, where the failed step's clean-up frees it.
   STRATA_ASSIGN_OR_RETURN(void* full, AllocLive(bytes));
@@ -169,9 +184,57 @@ Result<UnitView> Engine::Impl::AcquireParams(int u, std::string_view owner,
   return view;
 }
 
-Status Engine::Impl::ReleaseParams(int u, const UnitView& view) {
-  if (stage <= 2 || persistent[u]) return Status::Ok();
+Status Engine::Impl::ReleaseParams(int u, const UnitView& view, bool eval) {
+  if (stage <= 2 || (!eval && persistent[u])) return Status::Ok();
   return FreeLiveAfter(*compute, view.data);
+}
+
+// ---- evaluation -----------------------------------------------------------------------------------
+
+Result<double> Engine::Impl::Eval(std::span<const Batch* const> micro_batches) {
+  if (micro_batches.empty()) return InvalidArgumentError("EvalLoss: no micro-batches");
+  Result<double> r = EvalImpl(micro_batches);
+  if (!r.ok()) CleanUpFailedStep();
+  return r;
+}
+
+Result<double> Engine::Impl::EvalImpl(std::span<const Batch* const> micro_batches) {
+  const int n_units = static_cast<int>(layouts.size());
+  int64_t io_wait_ns = 0;
+  double loss_sum = 0.0;
+  for (const Batch* batch : micro_batches) {
+    STRATA_RETURN_IF_ERROR(model.BeginMicroBatch(*batch, 1.0f, *compute));
+    for (int u = 0; u < n_units; ++u) {
+      STRATA_ASSIGN_OR_RETURN(UnitView p, AcquireParams(u, "eval", &io_wait_ns, true));
+      if (shared[u].empty()) {
+        STRATA_RETURN_IF_ERROR(model.Forward(u, p, *compute));
+        STRATA_RETURN_IF_ERROR(StampCompute());
+        STRATA_RETURN_IF_ERROR(ReleaseParams(u, p, true));
+        continue;
+      }
+      std::vector<UnitView> views{p};
+      for (int s : shared[u]) {
+        STRATA_ASSIGN_OR_RETURN(UnitView ps, AcquireParams(s, "eval (tied)", &io_wait_ns, true));
+        views.push_back(ps);
+      }
+      STRATA_RETURN_IF_ERROR(model.ForwardShared(u, views, *compute));
+      STRATA_RETURN_IF_ERROR(StampCompute());
+      STRATA_RETURN_IF_ERROR(ReleaseParams(u, p, true));
+      for (size_t i = 0; i < shared[u].size(); ++i) {
+        STRATA_RETURN_IF_ERROR(ReleaseParams(shared[u][i], views[i + 1], true));
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(double loss, model.EndMicroBatch(*compute));
+    loss_sum += loss;
+  }
+  STRATA_RETURN_IF_ERROR(dev.Synchronize(*compute));
+  STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+  double mean = loss_sum / static_cast<double>(micro_batches.size());
+  if (world > 1) {
+    STRATA_ASSIGN_OR_RETURN(float total, AllReduceHostFloat(static_cast<float>(mean)));
+    mean = static_cast<double>(total) / world;
+  }
+  return mean;
 }
 
 // ---- the step -----------------------------------------------------------------------------------

@@ -139,10 +139,6 @@ Result<std::vector<char>> FrozenUnits(const std::vector<UnitSpec>& units,
           patterns[k], example));
     }
   }
-  if (std::count(out.begin(), out.end(), 1) == static_cast<std::ptrdiff_t>(out.size())) {
-    return InvalidArgumentError(
-        fmt::format("{}: every parameter is frozen; there is nothing to train", key));
-  }
   return out;
 }
 

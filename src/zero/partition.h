@@ -55,8 +55,9 @@ std::vector<char> OffloadedUnits(const std::vector<UnitLayout>& layouts, double 
 // Frozen parameters (strata.freeze / strata.trainable, glob patterns on parameter names): per
 // unit, 1 where every parameter is frozen. With `freeze` the parameters that match are frozen,
 // with `trainable` those that do not (at most one of the two is non-empty). InvalidArgument for a
-// unit whose parameters are partly frozen (the engine freezes whole units), a pattern that matches
-// no parameter, and when every unit is frozen.
+// unit whose parameters are partly frozen (the engine freezes whole units) and a pattern that
+// matches no parameter. Everything frozen is valid here (evaluation: strata eval); `strata train`
+// refuses it.
 Result<std::vector<char>> FrozenUnits(const std::vector<UnitSpec>& units,
                                       const std::vector<std::string>& freeze,
                                       const std::vector<std::string>& trainable);

@@ -260,6 +260,53 @@ TEST(TrainCommandTest, FrozenLayersStayAsTheyWereAndResume) {
   EXPECT_THAT(r.err, HasSubstr("master.model.embed_tokens.weight' is missing"));
 }
 
+// `strata eval`: the loss of the weights on the first sequences equals the loss of step 1 of a
+// training run on them (before its update); bad input is one clear error.
+TEST(EvalCommandTest, MatchesTheFirstTrainingStepAndSaysWhatIsWrong) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  auto synth = RunStrata({"data", "synth", "--out", data, "--tokens", "20k", "--vocab", "256"});
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const std::string config = dir.file("ds.json");
+  std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 0}})";
+  const std::string metrics = dir.file("m.jsonl");
+  auto train = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                          "--seq-len", "32", "--steps", "1", "--sampling", "sequential",
+                          "--metrics", metrics});
+  ASSERT_EQ(train.exit_code, 0) << train.out << train.err;
+  const std::vector<double> step = Losses(metrics);
+  ASSERT_EQ(step.size(), 1u);
+  const std::string result = dir.file("eval.json");
+  auto eval = RunStrata({"eval", "--config", config, "--model", "llama-tiny", "--data", data,
+                         "--seq-len", "32", "--sequences", "4", "--json", result});
+  ASSERT_EQ(eval.exit_code, 0) << eval.out << eval.err;
+  EXPECT_THAT(eval.out, HasSubstr("forward only (no optimizer state)"));
+  EXPECT_THAT(eval.out, HasSubstr("eval: loss "));
+  std::ifstream in(result);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["sequences"].get<int>(), 4);
+  EXPECT_EQ(j["tokens"].get<int>(), 128);
+  EXPECT_DOUBLE_EQ(j["loss"].get<double>(), step[0]);
+  EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(step[0]), 1e-9 * std::exp(step[0]));
+  // The whole file, by default, in whole batches of 4.
+  auto all = RunStrata({"eval", "--model", "llama-tiny", "--data", data, "--seq-len", "32",
+                        "--micro-batch", "4"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_THAT(all.out, HasSubstr("over 624 sequence(s) x 32 tokens"));
+  // Too few sequences for one batch, validation without its data, an unknown model.
+  auto few = RunStrata({"eval", "--model", "llama-tiny", "--data", data, "--seq-len", "32",
+                        "--micro-batch", "8", "--sequences", "5"});
+  EXPECT_NE(few.exit_code, 0);
+  EXPECT_THAT(few.err, HasSubstr("(--sequences 5); one evaluation batch needs 8"));
+  auto no_data = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                            "--seq-len", "32", "--steps", "2", "--eval-every", "1"});
+  EXPECT_NE(no_data.exit_code, 0);
+  EXPECT_THAT(no_data.err, HasSubstr("--eval-every 1: needs --eval-data"));
+  auto bad_model = RunStrata({"eval", "--model", dir.file("nothing"), "--data", data});
+  EXPECT_NE(bad_model.exit_code, 0);
+  EXPECT_THAT(bad_model.err, HasSubstr("neither a model directory"));
+}
+
 TEST(TrainCommandTest, FineTunesAModelDirectory) {
   TempDir dir;
   const std::string data = dir.file("tokens.bin");

@@ -13,6 +13,7 @@ PyPI at pinned versions, Debian's torch). A small Llama with grouped-query atten
      sharded; fp32 and bf16 training) loads with `LlamaForCausalLM.from_pretrained` with no
      missing or unexpected tensor, and transformers' loss on a batch matches Strata's own loss
      of those weights on that batch.
+     `strata eval` of the model on 16 sequences matches transformers' mean loss on them.
   3. Mistral (the same decoder with sliding-window attention) both ways, within its window.
   4. Configs transformers writes that Strata does not implement (rope scaling, attention biases,
      another architecture, a Mistral window shorter than the sequence) are refused by
@@ -181,6 +182,22 @@ def main():
                 ours = strata_train(args, latest, data, work, name + "-eval", steps=1)[0]
                 check(name, ours, theirs, RTOL_FP32,
                       "bf16 weights, fp32 compute on both sides" if bf16 else "")
+
+    # strata eval on 16 sequences against transformers' mean loss over the same windows.
+    d = os.path.join(work, "hf-untied-float32-single")
+    tokens = np.fromfile(data, dtype="<u2")
+    windows = torch.from_numpy(np.stack([tokens[w * SEQ:w * SEQ + SEQ + 1]
+                                         for w in range(16)]).astype(np.int64))
+    theirs, _ = hf_loss(d, windows)
+    result = os.path.join(work, "eval.json")
+    rc, out_, err = run([args.strata, "eval", "--model", d, "--data", data, "--data-dtype",
+                         "uint16", "--seq-len", str(SEQ), "--sequences", "16", "--micro-batch", "4",
+                         "--device", "cpu", "--json", result])
+    if rc != 0:
+        failures.append(f"strata eval exited {rc}: {err[-500:]}")
+    else:
+        with open(result) as f:
+            check("strata eval, 16 sequences", json.load(f)["loss"], theirs, RTOL_FP32)
 
     # 3. Mistral within its sliding window: the same math as Llama's full causal attention.
     print("3. Mistral (sliding_window >= the sequence) both ways")

@@ -1,0 +1,53 @@
+// `strata eval`: the loss and perplexity of a model on a token file (train/trainer.h, eval_only).
+#include <memory>
+#include <string>
+
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "train/trainer.h"
+
+namespace strata::cli {
+
+void RegisterEvalCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<train::TrainOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "eval",
+      "Mean loss and perplexity of a model (a Hugging Face directory, a checkpoint step "
+      "directory or a preset) on a token file: forward only, with the engine and offload of "
+      "training, on 1..N ranks");
+  cmd->add_option("--model", o->model,
+                  "Hugging Face model directory (config.json + model.safetensors), a checkpoint "
+                  "step directory (DIR/latest), or a preset (random weights)")
+      ->required();
+  cmd->add_option("--data", o->eval_data, "Token file: FILE.npy or raw FILE.bin")->required();
+  cmd->add_option("--data-dtype", o->data_dtype, "Token type of a raw .bin file")
+      ->check(CLI::IsMember({"uint16", "uint32", "int32"}))
+      ->capture_default_str();
+  cmd->add_option("--seq-len", o->seq_len,
+                  "Tokens per sequence (default: min(256, max_position_embeddings))")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--sequences", o->eval_sequences,
+                  "Evaluate the first N sequences (default: all of the file, in whole batches)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1'000'000'000'000}));
+  cmd->add_option("--config", o->config_path,
+                  "DeepSpeed JSON config: ZeRO stage, offload, precision, micro-batch (default: "
+                  "stage 0, fp32, --micro-batch sequences per rank)");
+  cmd->add_option("--micro-batch", o->eval_micro_batch,
+                  "Sequences per rank per forward pass without --config")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--device", o->device,
+                  "cpu, cuda (GPU <local rank>) or auto; default: the config's strata.device, "
+                  "else auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("--json", o->eval_json, "Also write the result as a JSON object to this file");
+  cmd->callback([o, exit_code] {
+    o->eval_only = true;
+    o->data = o->eval_data;
+    o->steps = 1;
+    const Status st = train::RunTraining(*o);
+    *exit_code = st.ok() ? kExitOk : ReportError("eval", st);
+  });
+}
+
+}  // namespace strata::cli
