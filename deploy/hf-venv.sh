@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The Hugging Face environment of the `hf` tests (tests/hf): a virtual environment over Debian's
-# python3 with its python3-torch (--system-site-packages: PyPI's torch wheels carry CUDA and are
-# gigabytes), and transformers, safetensors and peft from PyPI at pinned versions.
+# The Python peers of the tests and benchmarks: a virtual environment over Debian's python3 with
+# its python3-torch (--system-site-packages: PyPI's torch wheels carry CUDA and are gigabytes),
+# and from PyPI at pinned versions transformers, safetensors and peft (the `hf` tests, tests/hf)
+# and DeepSpeed (benchmarks/adam_vs_deepspeed.py: its CPU Adam, built by its op builder against
+# Debian's libtorch-dev and pybind11-dev, which deploy/install-deps.sh installs).
 #
 #   deploy/hf-venv.sh [DIR]     # default: build/hf-venv in the repository; prints DIR/bin/python
 #
@@ -17,8 +19,11 @@ python=/usr/bin/python3
 # without its dependencies: it asks for torch >= 1.13.0, which Debian's 1.13.0a0 does not satisfy
 # by pip's rules, and pip would fetch a CUDA build of torch (gigabytes) into the environment; its
 # other dependencies are listed here (accelerate among them).
-pins=(transformers==4.40.2 safetensors==0.4.3 accelerate==0.29.3 psutil==5.9.8)
-nodeps=(peft==0.10.0)
+pins=(transformers==4.40.2 safetensors==0.4.3 accelerate==0.29.3 psutil==5.9.8
+  hjson==3.1.0 py-cpuinfo==9.0.0 pydantic==1.10.17 ninja==1.11.1.1)
+# DeepSpeed 0.12: the newest whose CPU Adam compiles as C++14, what torch 1.13's extension
+# builder uses; without its dependencies for the same reason as peft (and it would add pynvml).
+nodeps=(peft==0.10.0 deepspeed==0.12.6)
 stamp="$dir/.strata-hf-venv"
 want="${pins[*]} ${nodeps[*]}"
 
@@ -29,7 +34,7 @@ die() { echo "hf-venv: $*" >&2; exit 1; }
   die "$python cannot import torch: deploy/install-deps.sh installs python3-torch"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$dir/bin/python" ]; then
-  "$dir/bin/python" -c 'import torch, transformers, safetensors, peft' ||
+  "$dir/bin/python" -c 'import torch, transformers, safetensors, peft, deepspeed' 2>/dev/null ||
     die "$dir: the installed packages do not import; remove $dir and run again"
   echo "$dir/bin/python"
   exit 0
@@ -48,8 +53,10 @@ rm -rf "$dir"
   die "$dir has a torch of its own, not Debian's: a pinned package pulled one in"
 "$dir/bin/python" - <<'EOF' >&2
 import peft, safetensors, torch, transformers
+import deepspeed
 print(f"hf-venv: torch {torch.__version__}, transformers {transformers.__version__}, "
-      f"safetensors {safetensors.__version__}, peft {peft.__version__}")
+      f"safetensors {safetensors.__version__}, peft {peft.__version__}, "
+      f"deepspeed {deepspeed.__version__}")
 EOF
 echo "$want" >"$stamp"
 echo "$dir/bin/python"

@@ -652,10 +652,13 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
   STRATA_ASSIGN_OR_RETURN(impl.optimizer,
                           SafetensorsModel::Open((fs::exists(single, ec) ? single : index).string()));
   impl.total_bytes = 0;  // a resume reads the master weights, not the parameter file
-  std::vector<zero::UnitSpec> trained;  // frozen units have no optimizer state
+  std::vector<zero::UnitSpec> trained, kept;  // frozen units have no optimizer state
   for (size_t u = 0; u < units.size(); ++u) {
-    if (u >= frozen.size() || !frozen[u]) trained.push_back(units[u]);
+    (u >= frozen.size() || !frozen[u] ? trained : kept).push_back(units[u]);
   }
+  // Frozen units load their parameters from the weights (counted for the progress lines).
+  STRATA_RETURN_IF_ERROR(CheckTensors(*impl.weights, kept, [](const std::string& n) { return n; },
+                                      &impl.total_bytes));
   for (zero::StateKind kind :
        {zero::StateKind::kMaster, zero::StateKind::kExpAvg, zero::StateKind::kExpAvgSq}) {
     Status st = CheckTensors(

@@ -174,6 +174,8 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
       // Updated parameters go back to the device, unless their home is off the device.
       if (param_dev == OffloadDevice::kNone) h2d_opt = csz * S_cpu;
     }
+    // Stage 3 with offloaded parameters: the device optimizer's updated shards go home.
+    if (param_dev != OffloadDevice::kNone) d2h_after += csz * (S * T - S_cpu);
   }
   t.h2d_bytes = static_cast<uint64_t>(h2d_fb + h2d_opt);
   t.d2h_bytes = static_cast<uint64_t>(d2h_fb + d2h_after);
@@ -222,7 +224,9 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   t.bound_by = top->name;
   // The updated parameters go back to the device after the last update (engine_step.cc), so
   // their upload follows the optimizer rather than overlapping it.
-  double opt_work = t.cpu_optimizer ? std::max(t.optimizer_s, nvme_opt_s) : 0.0;
+  // The NVMe traffic after backward (the optimizer states' and the updated parameters' writes
+  // home) runs beside the CPU's update, and happens with the device optimizer too.
+  double opt_work = std::max(t.cpu_optimizer ? t.optimizer_s : 0.0, nvme_opt_s);
   // Stage 1 reduces at the step's end, so its "overlapped" updates start after backward.
   t.optimizer_overlapped = t.cpu_optimizer && stage >= 2 && cfg.gradient_clipping <= 0.0 &&
                            !cfg.fp16.enabled && cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
@@ -349,9 +353,11 @@ Result<PlacementPlan> PlanPlacement(const EstimateInput& in, const Hardware& hw)
       double last_fraction = -1;
       for (double r : o == OffloadDevice::kNone ? std::vector<double>{1.0} : ratios) {
         STRATA_ASSIGN_OR_RETURN(PlanCandidate c, EstimatePlacement(in, hw, p, o, r));
-        // Ratios that round to the same whole units are one candidate.
-        if (o != OffloadDevice::kNone && c.time.offloaded_fraction == last_fraction) continue;
-        if (o != OffloadDevice::kNone && c.time.offloaded_fraction == 0) continue;  // = none
+        // Ratios that round to the same whole units are one candidate, and one that offloads no
+        // unit is "none" (a ratio the config fixes stays, whatever it selects).
+        if (auto_optimizer && o != OffloadDevice::kNone) {
+          if (c.time.offloaded_fraction == last_fraction || c.time.offloaded_fraction == 0) continue;
+        }
         last_fraction = c.time.offloaded_fraction;
         plan.candidates.push_back(std::move(c));
       }

@@ -270,7 +270,7 @@ Status RunTraining(const TrainOptions& o) {
     const Hardware hw = MachineHardware(*dev, launch, config);
     Result<PlacementPlan> planned = PlanPlacement(plan_in, hw);
     // Every rank learns every rank's choice (-1: its planner failed), so that none waits in a
-    // collective for a rank that stopped. The ratio is k/8 (PlanPlacement's grid) or the
+    // collective for a rank that stopped. The ratio is k/16 (PlanPlacement's grid) or the
     // config's own, the same on every rank.
     const float mine =
         planned.ok() ? static_cast<float>((static_cast<int>(planned->best().param) * 4 +

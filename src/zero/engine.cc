@@ -59,6 +59,21 @@ Status Engine::Impl::Init() {
   cpu_optimizer = std::count(cpu_unit.begin(), cpu_unit.end(), 1) > 0;
   device_optimizer = false;
   for (size_t u = 0; u < layouts.size(); ++u) device_optimizer |= !cpu_unit[u] && !frozen[u];
+  if (optim_home != Tier::kDevice && !cpu_optimizer && device_optimizer && rank == 0) {
+    // offload_optimizer.ratio below half of the last trainable unit's share selects no unit.
+    int64_t total = 0, last = 0;
+    for (size_t u = 0; u < layouts.size(); ++u) {
+      if (frozen[u]) continue;
+      total += layouts[u].shard_numel;
+      last = layouts[u].shard_numel;
+    }
+    STRATA_LOG(warn, zero,
+               "offload_optimizer.ratio {:g} offloads no unit (the engine offloads whole units; "
+               "the smallest ratio that takes the last one is {:.3g}): every optimizer state "
+               "stays on the device",
+               cfg.zero.offload_optimizer.ratio,
+               0.5 * static_cast<double>(last) / static_cast<double>(std::max<int64_t>(total, 1)));
+  }
   // The CPU optimizer overlaps backward only when an update never depends on the global gradient
   // norm: no clipping, no fp16 overflow skipping, no skipping of non-finite steps.
   overlapped_optimizer = cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&

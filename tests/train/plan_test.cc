@@ -156,6 +156,23 @@ TEST(TimeModelTest, PartialOffloadSplitsTheOptimizer) {
   EXPECT_EQ(mh->engine.nvme_optim_file, mh->engine.offloaded_optim_elems * 12);
 }
 
+// Parameters on NVMe with the optimizer on the device: the updated shards' writes home are on the
+// step's critical path (they follow the update), and the device's updated shards cross PCIe.
+TEST(TimeModelTest, NvmeParameterWritesCountWithTheDeviceOptimizer) {
+  const EstimateInput in = Input(
+      R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"}})", 2);
+  Result<MemoryEstimate> m = EstimateMemory(in);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Hardware hw = Big(2);
+  hw.nvme_write = 1e6;  // slow enough to dominate
+  const TimeEstimate t = EstimateTime(in, *m, hw);
+  EXPECT_FALSE(t.cpu_optimizer);
+  EXPECT_GT(t.nvme_write_s, 0.0);
+  EXPECT_GE(t.step_s, t.nvme_write_s);
+  EXPECT_EQ(t.bottleneck, "NVMe");
+  EXPECT_GE(t.d2h_bytes, static_cast<uint64_t>(2 * m->shard_elems));  // bf16 shards home
+}
+
 // strata.freeze: frozen units' gradients are neither reduced nor applied.
 TEST(TimeModelTest, FrozenUnitsNeedNoReductionNorUpdate) {
   const std::string zero = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
