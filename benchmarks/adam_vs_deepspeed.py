@@ -11,9 +11,13 @@ the same machine state:
   strata     `strata_adam_bench --elements N --threads T --json`: the median s/step of its
              "strata" variant (CpuAdamStep, AdamW, fp32 states, no 16-bit copy) over its --reps;
   deepspeed  DeepSpeedCPUAdam (adamw_mode, fp32 parameters and states), built by DeepSpeed's
-             own op builder (CPUAdamBuilder, the JIT build its users get), on one fp32 tensor of
-             N elements with a gradient, OMP_NUM_THREADS=T: the median s/step over --reps steps
-             after 2 warm-up steps, in a process of its own.
+             own op builder (CPUAdamBuilder's JIT build, with its -march=native, OpenMP and AVX
+             width flags), on one fp32 tensor of N elements with a gradient, OMP_NUM_THREADS=T:
+             the median s/step over --reps steps after 2 warm-up steps, in a process of its own.
+             --deepspeed-build o3 (the default) adds -O3: DeepSpeed 0.12's builder passes its
+             -O3 only when torch has CUDA, so with a CPU-only torch (Debian's) its users get an
+             unoptimised op; --deepspeed-build builder measures exactly that. Each build has its
+             own TORCH_EXTENSIONS_DIR under ~/.cache/strata-deepspeed/.
 The ratio is DeepSpeed's s/step / Strata's (the medians of the rounds). Target: >= 1.3 at 1 and 2
 threads (--target).
 
@@ -33,6 +37,10 @@ import json, os, statistics, sys, time
 import torch
 import torch.utils.cpp_extension as ce
 ce.CUDA_HOME = None  # Debian's torch has no CUDA: the op builder must build the CPU op only
+from deepspeed.ops.op_builder import CPUAdamBuilder
+if sys.argv[4] == "o3":
+    plain = CPUAdamBuilder.cxx_args
+    CPUAdamBuilder.cxx_args = lambda self: ["-O3"] + plain(self)
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 n, reps, threads = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)
@@ -70,9 +78,16 @@ def run_strata(args, threads):
     return strata["seconds_per_step"], doc.get("isa")
 
 
+def ds_env(args, threads):
+    return dict(os.environ, OMP_NUM_THREADS=str(threads),
+                TORCH_EXTENSIONS_DIR=os.path.expanduser(
+                    f"~/.cache/strata-deepspeed/{args.deepspeed_build}"))
+
+
 def run_deepspeed(args, threads):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    cmd = [sys.executable, "-c", DS_WORKER, str(args.elements), str(args.reps), str(threads)]
+    env = ds_env(args, threads)
+    cmd = [sys.executable, "-c", DS_WORKER, str(args.elements), str(args.reps), str(threads),
+           args.deepspeed_build]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"DeepSpeedCPUAdam exited {r.returncode}: {r.stderr[-1500:]}")
@@ -90,6 +105,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=7, help="timed steps per round and side")
     ap.add_argument("--target", type=float, default=1.3)
+    ap.add_argument("--deepspeed-build", choices=["o3", "builder"], default="o3",
+                    help="o3: DeepSpeed's op builder flags plus -O3 (default); builder: its flags "
+                         "alone (no -O3 with a CPU-only torch)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.elements < 1024 or args.rounds < 1 or args.reps < 1:
@@ -105,8 +123,8 @@ def main():
 
     # DeepSpeed builds its op once (cached under ~/.cache/torch_extensions): not timed.
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", DS_WORKER, "1024", "1", "1"], capture_output=True,
-                       text=True, timeout=1800)
+    r = subprocess.run([sys.executable, "-c", DS_WORKER, "1024", "1", "1", args.deepspeed_build],
+                       capture_output=True, text=True, timeout=1800, env=ds_env(args, 1))
     if r.returncode != 0:
         log(f"building DeepSpeed's CPU Adam failed:\n{r.stderr[-3000:]}")
         return 1
@@ -136,7 +154,8 @@ def main():
                      "deepspeed_rounds": ds_s})
 
     print(f"CPU AdamW, {args.elements} fp32 parameters ({args.elements * 16 / 2**30:.1f} GiB of "
-          f"parameters, gradients and states), Strata ISA {isa}, DeepSpeed 0.12.6 CPU Adam")
+          f"parameters, gradients and states), Strata ISA {isa}, DeepSpeed 0.12.6 CPU Adam "
+          f"({'op builder flags + -O3' if args.deepspeed_build == 'o3' else 'op builder flags only'})")
     print(f"{'threads':>7} {'strata s/step':>14} {'deepspeed s/step':>17} {'ratio':>7} {'target':>8}")
     for row in rows:
         if "error" in row:
@@ -146,7 +165,8 @@ def main():
               f"{row['deepspeed_seconds_per_step']:>17.4f} {row['ratio']:>7.2f} "
               f">= {args.target:<4g}{' met' if row['met'] else ' NOT met'}")
     out = {"benchmark": "adam_vs_deepspeed", "elements": args.elements, "rounds": args.rounds,
-           "reps": args.reps, "strata_isa": isa, "deepspeed": "0.12.6", "results": rows}
+           "reps": args.reps, "strata_isa": isa, "deepspeed": "0.12.6",
+           "deepspeed_build": args.deepspeed_build, "results": rows}
     text = json.dumps(out)
     print(text)
     if args.json:
