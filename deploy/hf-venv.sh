@@ -2,8 +2,9 @@
 # The Python peers of the tests and benchmarks: a virtual environment over Debian's python3 with
 # its python3-torch (--system-site-packages: PyPI's torch wheels carry CUDA and are gigabytes),
 # and from PyPI at pinned versions transformers, safetensors and peft (the `hf` tests, tests/hf)
-# and DeepSpeed (benchmarks/adam_vs_deepspeed.py: its CPU Adam, built by its op builder against
-# Debian's libtorch-dev and pybind11-dev, which deploy/install-deps.sh installs).
+# and DeepSpeed (benchmarks/adam_vs_deepspeed.py and aio_vs_deepspeed.py: its CPU Adam and async
+# I/O ops, built by its op builder against Debian's libtorch-dev, pybind11-dev and libaio-dev,
+# which deploy/install-deps.sh installs).
 #
 #   deploy/hf-venv.sh [DIR]     # default: build/hf-venv in the repository; prints DIR/bin/python
 #
