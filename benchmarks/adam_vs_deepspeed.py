@@ -32,15 +32,11 @@ import subprocess
 import sys
 import time
 
+from deepspeed_peer import DEEPSPEED_VERSION, emit, has_deepspeed, worker_prelude
+
 DS_WORKER = r'''
 import json, os, statistics, sys, time
 import torch
-import torch.utils.cpp_extension as ce
-ce.CUDA_HOME = None  # Debian's torch has no CUDA: the op builder must build the CPU op only
-from deepspeed.ops.op_builder import CPUAdamBuilder
-if sys.argv[4] == "o3":
-    plain = CPUAdamBuilder.cxx_args
-    CPUAdamBuilder.cxx_args = lambda self: ["-O3"] + plain(self)
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 n, reps, threads = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)
@@ -78,6 +74,10 @@ def run_strata(args, threads):
     return strata["seconds_per_step"], doc.get("isa")
 
 
+def ds_worker(args):
+    return worker_prelude("CPUAdamBuilder", args.deepspeed_build == "o3") + DS_WORKER
+
+
 def ds_env(args, threads):
     return dict(os.environ, OMP_NUM_THREADS=str(threads),
                 TORCH_EXTENSIONS_DIR=os.path.expanduser(
@@ -86,8 +86,8 @@ def ds_env(args, threads):
 
 def run_deepspeed(args, threads):
     env = ds_env(args, threads)
-    cmd = [sys.executable, "-c", DS_WORKER, str(args.elements), str(args.reps), str(threads),
-           args.deepspeed_build]
+    cmd = [sys.executable, "-c", ds_worker(args), str(args.elements), str(args.reps),
+           str(threads)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"DeepSpeedCPUAdam exited {r.returncode}: {r.stderr[-1500:]}")
@@ -114,16 +114,12 @@ def main():
         ap.error("--elements >= 1024, --rounds >= 1 and --reps >= 1")
     if not os.access(args.adam_bench, os.X_OK):
         ap.error(f"--adam-bench {args.adam_bench}: not an executable")
-    try:
-        import deepspeed  # noqa: F401
-    except ImportError as e:
-        print(f"adam_vs_deepspeed: this python ({sys.executable}) cannot import deepspeed ({e}); "
-              "run it with the python of deploy/hf-venv.sh", file=sys.stderr)
+    if not has_deepspeed("adam_vs_deepspeed"):
         return 2
 
     # DeepSpeed builds its op once (cached under ~/.cache/torch_extensions): not timed.
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", DS_WORKER, "1024", "1", "1", args.deepspeed_build],
+    r = subprocess.run([sys.executable, "-c", ds_worker(args), "1024", "1", "1"],
                        capture_output=True, text=True, timeout=1800, env=ds_env(args, 1))
     if r.returncode != 0:
         log(f"building DeepSpeed's CPU Adam failed:\n{r.stderr[-3000:]}")
@@ -154,7 +150,7 @@ def main():
                      "deepspeed_rounds": ds_s})
 
     print(f"CPU AdamW, {args.elements} fp32 parameters ({args.elements * 16 / 2**30:.1f} GiB of "
-          f"parameters, gradients and states), Strata ISA {isa}, DeepSpeed 0.12.6 CPU Adam "
+          f"parameters, gradients and states), Strata ISA {isa}, DeepSpeed {DEEPSPEED_VERSION} CPU Adam "
           f"({'op builder flags + -O3' if args.deepspeed_build == 'o3' else 'op builder flags only'})")
     print(f"{'threads':>7} {'strata s/step':>14} {'deepspeed s/step':>17} {'ratio':>7} {'target':>8}")
     for row in rows:
@@ -165,13 +161,9 @@ def main():
               f"{row['deepspeed_seconds_per_step']:>17.4f} {row['ratio']:>7.2f} "
               f">= {args.target:<4g}{' met' if row['met'] else ' NOT met'}")
     out = {"benchmark": "adam_vs_deepspeed", "elements": args.elements, "rounds": args.rounds,
-           "reps": args.reps, "strata_isa": isa, "deepspeed": "0.12.6",
+           "reps": args.reps, "strata_isa": isa, "deepspeed": DEEPSPEED_VERSION,
            "deepspeed_build": args.deepspeed_build, "results": rows}
-    text = json.dumps(out)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    emit(out, args.json)
     return 1 if failed else 0
 
 

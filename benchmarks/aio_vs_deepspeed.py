@@ -27,16 +27,12 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
-DS_WORKER = r'''
+from deepspeed_peer import DEEPSPEED_VERSION, emit, has_deepspeed, worker_prelude
+
+DS_WORKER = worker_prelude("AsyncIOBuilder", add_o3=True) + r'''
 import json, os, sys, time
 import torch
-import torch.utils.cpp_extension as ce
-ce.CUDA_HOME = None  # Debian's torch has no CUDA: build the CPU op only
-from deepspeed.ops.op_builder import AsyncIOBuilder
-plain = AsyncIOBuilder.cxx_args
-AsyncIOBuilder.cxx_args = lambda self: ["-O3"] + plain(self)
 aio = AsyncIOBuilder().load(verbose=False)
 path, size, qd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 h = aio.aio_handle(1 << 20, qd, False, True, 1)
@@ -103,11 +99,7 @@ def main():
         ap.error("--size: a multiple of 1 MiB; --rounds >= 1")
     if not os.path.isdir(args.dir):
         ap.error(f"--dir {args.dir}: not a directory")
-    try:
-        import deepspeed  # noqa: F401
-    except ImportError as e:
-        log(f"this python ({sys.executable}) cannot import deepspeed ({e}); run it with the "
-            "python of deploy/hf-venv.sh")
+    if not has_deepspeed("aio_vs_deepspeed"):
         return 2
 
     rows, failed = [], False
@@ -136,7 +128,7 @@ def main():
                          "deepspeed_rounds": got["deepspeed"][op]})
 
     print(f"1 MiB requests, O_DIRECT, one I/O thread, {args.size / 2**30:.2f} GiB in {args.dir}; "
-          f"DeepSpeed 0.12.6 aio_handle")
+          f"DeepSpeed {DEEPSPEED_VERSION} aio_handle")
     print(f"{'qd':>4} {'op':>6} {'strata GB/s':>12} {'deepspeed GB/s':>15} {'ratio':>7} {'target':>8}")
     for row in rows:
         if "error" in row:
@@ -146,12 +138,8 @@ def main():
               f"{row['deepspeed_gb_per_s']:>15.2f} {row['ratio']:>7.2f} >= {args.target:<4g}"
               f"{' met' if row['met'] else ' NOT met'}")
     out = {"benchmark": "aio_vs_deepspeed", "size": args.size, "dir": args.dir,
-           "rounds": args.rounds, "deepspeed": "0.12.6", "results": rows}
-    text = json.dumps(out)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+           "rounds": args.rounds, "deepspeed": DEEPSPEED_VERSION, "results": rows}
+    emit(out, args.json)
     return 1 if failed else 0
 
 

@@ -4,6 +4,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/run_options.h"
 #include "train/trainer.h"
 
 namespace strata::cli {
@@ -20,12 +21,7 @@ void RegisterEvalCommand(CLI::App& app, int* exit_code) {
                   "step directory (DIR/latest), or a preset (random weights)")
       ->required();
   cmd->add_option("--data", o->eval_data, "Token file: FILE.npy or raw FILE.bin")->required();
-  cmd->add_option("--data-dtype", o->data_dtype, "Token type of a raw .bin file")
-      ->check(CLI::IsMember({"uint16", "uint32", "int32"}))
-      ->capture_default_str();
-  cmd->add_option("--seq-len", o->seq_len,
-                  "Tokens per sequence (default: min(256, max_position_embeddings))")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  AddDataShapeAndDeviceOptions(cmd, o.get());
   cmd->add_option("--sequences", o->eval_sequences,
                   "Evaluate the first N sequences (default: all of the file, in whole batches)")
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000'000'000}));
@@ -36,10 +32,6 @@ void RegisterEvalCommand(CLI::App& app, int* exit_code) {
                   "Sequences per rank per forward pass without --config")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
-  cmd->add_option("--device", o->device,
-                  "cpu, cuda (GPU <local rank>) or auto; default: the config's strata.device, "
-                  "else auto")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->add_option("--json", o->eval_json, "Also write the result as a JSON object to this file");
   cmd->callback([o, exit_code] {
     o->eval_only = true;

@@ -5,10 +5,24 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/run_options.h"
 #include "common/signals.h"
 #include "train/trainer.h"
 
 namespace strata::cli {
+
+void AddDataShapeAndDeviceOptions(CLI::App* cmd, train::TrainOptions* o) {
+  cmd->add_option("--data-dtype", o->data_dtype, "Token type of a raw .bin file")
+      ->check(CLI::IsMember({"uint16", "uint32", "int32"}))
+      ->capture_default_str();
+  cmd->add_option("--seq-len", o->seq_len,
+                  "Tokens per sequence (default: min(256, max_position_embeddings))")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--device", o->device,
+                  "cpu, cuda (GPU <local rank>) or auto (cuda when a GPU is usable); default: "
+                  "the config's strata.device, else auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+}
 
 void RegisterTrainCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<train::TrainOptions>();
@@ -24,12 +38,7 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
                   "with --resume");
   cmd->add_option("--data", o->data, "Token file: FILE.npy or raw FILE.bin (see --data-dtype)")
       ->required();
-  cmd->add_option("--data-dtype", o->data_dtype, "Token type of a raw .bin file")
-      ->check(CLI::IsMember({"uint16", "uint32", "int32"}))
-      ->capture_default_str();
-  cmd->add_option("--seq-len", o->seq_len,
-                  "Tokens per sequence (default: min(256, max_position_embeddings))")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  AddDataShapeAndDeviceOptions(cmd, o.get());
   cmd->add_option("--steps", o->steps,
                   "Training steps to reach (a resumed run continues up to this total)")
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000'000'000}))
@@ -54,10 +63,6 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"random", "sequential"}));
   cmd->add_option("--seed", o->seed,
                   "Seed of the data order (default 1234; a resumed run keeps its checkpoint's)");
-  cmd->add_option("--device", o->device,
-                  "cpu, cuda (GPU <local rank>) or auto (cuda when a GPU is usable); default: "
-                  "the config's strata.device, else auto")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->add_option("--eval-data", o->eval_data,
                   "Token file for validation loss (same format and --data-dtype as --data)");
   cmd->add_option("--eval-every", o->eval_every,

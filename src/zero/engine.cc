@@ -412,8 +412,7 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
                                               device::DeviceType device_type) {
   STRATA_RETURN_IF_ERROR(CheckResolved(config));
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
-  const auto [stage, csz, param_home, optim_home, optim_offloaded] = PlacementOf(config);
-  (void)optim_offloaded;
+  const auto [stage, csz, param_home, optim_home] = PlacementOf(config);
   STRATA_ASSIGN_OR_RETURN(const std::vector<char> frozen, FrozenUnitsOf(config, units));
   const std::vector<char> cpu_unit = CpuOptimizerUnits(config, layouts, frozen);
   const bool cpu_optimizer = std::count(cpu_unit.begin(), cpu_unit.end(), 1) > 0;

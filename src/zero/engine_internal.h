@@ -77,8 +77,7 @@ struct Placement {
   int stage = 0;
   uint64_t csz = 4;
   Tier param_home = Tier::kDevice;
-  Tier optim_home = Tier::kDevice;
-  bool cpu_optimizer = false;  // offload_optimizer cpu / nvme
+  Tier optim_home = Tier::kDevice;  // per unit: CpuOptimizerUnits (offload_optimizer.ratio)
 };
 Placement PlacementOf(const Config& cfg);
 

@@ -17,7 +17,6 @@ engine_internal::Placement engine_internal::PlacementOf(const Config& cfg) {
   p.csz = device::DTypeSize(ComputeDType(cfg));
   p.param_home = p.stage == 3 ? HomeOf(cfg.zero.offload_param.device) : Tier::kDevice;
   p.optim_home = p.stage == 0 ? Tier::kDevice : HomeOf(cfg.zero.offload_optimizer.device);
-  p.cpu_optimizer = p.optim_home != Tier::kDevice;
   return p;
 }
 
@@ -35,8 +34,7 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
                                             device::DeviceType device_type) {
   STRATA_RETURN_IF_ERROR(CheckResolved(config));
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
-  const auto [stage, csz, param_home, optim_home, optim_offloaded] = PlacementOf(config);
-  (void)optim_offloaded;
+  const auto [stage, csz, param_home, optim_home] = PlacementOf(config);
   // engine.cc Init: which units are frozen, and whose states are offloaded
   // (offload_optimizer.ratio).
   STRATA_ASSIGN_OR_RETURN(const std::vector<char> frozen, FrozenUnitsOf(config, units));

@@ -41,6 +41,30 @@ std::vector<std::vector<float>> TrainAndGetMasters(ToyRun::Options o) {
   return m.ok() ? *m : std::vector<std::vector<float>>{};
 }
 
+// The engine's memory plan for the toy model (4 units of 1024 x 1024; plans only, nothing is
+// allocated) under `json`, on one rank.
+EngineMemoryPlan PlanToy(const std::string& json) {
+  auto probe_device = device::CreateDevice({});
+  EXPECT_TRUE(probe_device.ok());
+  if (!probe_device.ok()) return {};
+  testing::ToyModel probe(**probe_device, 4, 1024);
+  auto config = ParseConfig(json, "<t>");
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  if (!config.ok()) return {};
+  auto p = Engine::PlanMemory(probe.units(), {}, *config, 1);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? *p : EngineMemoryPlan{};
+}
+
+// Device bytes of the plan's held items whose description contains `what`.
+uint64_t DeviceItemBytes(const EngineMemoryPlan& p, const char* what) {
+  uint64_t b = 0;
+  for (const auto& i : p.device) {
+    if (i.what.find(what) != std::string::npos) b += i.bytes;
+  }
+  return b;
+}
+
 TEST(PartitionTest, ShardsAreAlignedAndCoverTheUnit) {
   UnitSpec spec{"block", {{"w", {100, 37}}, {"b", {37}}, {"g", {5}}}};
   for (int world : {1, 2, 3, 4, 8}) {
@@ -164,26 +188,10 @@ TEST(EngineTest, PartialOptimizerOffloadIsIdenticalOnOneRank) {
 // A share of the states offloaded: the planned pool and device memory hold exactly the two
 // halves (the pool is smaller than with everything offloaded, the device holds the rest).
 TEST(EngineTest, PartialOffloadPlansBothHalves) {
-  auto probe_device = device::CreateDevice({});
-  ASSERT_TRUE(probe_device.ok());
-  testing::ToyModel probe(**probe_device, 4, 1024);  // plans only: nothing is allocated
-  auto plan = [&](const std::string& json) {
-    auto config = ParseConfig(json, "<t>");
-    EXPECT_TRUE(config.ok()) << config.status().ToString();
-    auto p = Engine::PlanMemory(probe.units(), {}, *config, 1);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    return p.ok() ? *p : EngineMemoryPlan{};
-  };
-  auto adam = [](const EngineMemoryPlan& p) {
-    uint64_t b = 0;
-    for (const auto& i : p.device) {
-      if (i.what.find("AdamW") != std::string::npos) b += i.bytes;
-    }
-    return b;
-  };
-  const EngineMemoryPlan all = plan(ConfigJson(2, "none", "nvme"));
-  const EngineMemoryPlan half = plan(ConfigJson(2, "none", "nvme", "", R"(, "ratio": 0.5)"));
-  const EngineMemoryPlan none = plan(ConfigJson(2, "none", "none"));
+  auto adam = [](const EngineMemoryPlan& p) { return DeviceItemBytes(p, "AdamW"); };
+  const EngineMemoryPlan all = PlanToy(ConfigJson(2, "none", "nvme"));
+  const EngineMemoryPlan half = PlanToy(ConfigJson(2, "none", "nvme", "", R"(, "ratio": 0.5)"));
+  const EngineMemoryPlan none = PlanToy(ConfigJson(2, "none", "none"));
   EXPECT_EQ(adam(all), 0u);
   EXPECT_EQ(adam(half) * 2, adam(none));
   EXPECT_EQ(half.nvme_optim_file * 2, all.nvme_optim_file);
@@ -291,37 +299,24 @@ TEST(EngineTest, FrozenUnitsKeepTheirWeightsAtEveryStageAndHome) {
 
 // A frozen unit costs no optimizer state and no gradient accumulator in the plan.
 TEST(EngineTest, FrozenUnitsArePlannedWithoutStates) {
-  auto probe_device = device::CreateDevice({});
-  ASSERT_TRUE(probe_device.ok());
-  testing::ToyModel probe(**probe_device, 4, 1024);
-  auto plan = [&](const std::string& json) {
-    auto config = ParseConfig(json, "<t>");
-    EXPECT_TRUE(config.ok()) << config.status().ToString();
-    auto p = Engine::PlanMemory(probe.units(), {}, *config, 1);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    return p.ok() ? *p : EngineMemoryPlan{};
-  };
-  auto item = [](const EngineMemoryPlan& p, const char* what) {
-    uint64_t b = 0;
-    for (const auto& i : p.device) {
-      if (i.what.find(what) != std::string::npos) b += i.bytes;
-    }
-    return b;
-  };
+  auto item = DeviceItemBytes;
   const std::string freeze = R"(, "strata": {"trainable": ["head.*"]})";  // 3 of 4 frozen
-  const EngineMemoryPlan all = plan(ConfigJson(1, "none", "none"));
-  const EngineMemoryPlan one = plan(ConfigJson(1, "none", "none", freeze));
+  const EngineMemoryPlan all = PlanToy(ConfigJson(1, "none", "none"));
+  const EngineMemoryPlan one = PlanToy(ConfigJson(1, "none", "none", freeze));
   EXPECT_EQ(item(one, "AdamW") * 4, item(all, "AdamW"));
   EXPECT_EQ(item(one, "fp32 gradient accumulators") * 4, item(all, "fp32 gradient accumulators"));
   EXPECT_EQ(one.trainable_elems * 4, one.shard_elems);
-  const EngineMemoryPlan nvme = plan(ConfigJson(2, "none", "nvme", freeze));
-  const EngineMemoryPlan nvme_all = plan(ConfigJson(2, "none", "nvme"));
+  const EngineMemoryPlan nvme = PlanToy(ConfigJson(2, "none", "nvme", freeze));
+  const EngineMemoryPlan nvme_all = PlanToy(ConfigJson(2, "none", "nvme"));
   EXPECT_EQ(nvme.nvme_optim_file * 4, nvme_all.nvme_optim_file);
   EXPECT_LT(nvme.pinned_pool, nvme_all.pinned_pool);
   // Bad patterns are the config's error, from the plan as from Create.
   auto bad = ParseConfig(ConfigJson(1, "none", "none", R"(, "strata": {"freeze": ["layer.9.*"]})"),
                          "<t>");
   ASSERT_TRUE(bad.ok());
+  auto probe_device = device::CreateDevice({});
+  ASSERT_TRUE(probe_device.ok());
+  testing::ToyModel probe(**probe_device, 4, 1024);
   auto p = Engine::PlanMemory(probe.units(), {}, *bad, 1);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(std::string(p.status().message()).find("'layer.9.*' matches no parameter"),
