@@ -16,8 +16,9 @@ Scenarios (--scenarios, comma-separated):
   nvme       Strata ZeRO stage 3 with parameters and optimizer on NVMe (--nvme-dir). Reported
              against its floor: max(compute only = the hbm scenario's step time (or
              --compute-s), PCIe = the bytes stage 3 moves per parameter (two gathers in the
-             compute dtype, one fp32 gradient) / --pcie-gbs, NVMe = bytes read and written per
-             step / --nvme-gbs, CPU Adam = the cpu-optim scenario's exposed optimizer time).
+             compute dtype, one fp32 gradient) / --pcie-gbs, NVMe = bytes read per step /
+             --nvme-read-gbs + bytes written / --nvme-write-gbs (one drive serves both),
+             CPU Adam = the cpu-optim scenario's exposed optimizer time).
              Terms whose input was not measured in this run are left out and named. Target:
              step time / floor <= 1.15.
   largest    Strata ZeRO stage 3 with both homes "auto": the placement planner chooses where
@@ -43,6 +44,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,6 +122,41 @@ def ds_config(scenario, args):
     return cfg
 
 
+class Streamed:
+    def __init__(self, returncode, stdout, stderr, timed_out):
+        self.returncode, self.stdout, self.stderr, self.timed_out = (
+            returncode, stdout, stderr, timed_out)
+
+
+def run_streaming(cmd, timeout, env):
+    """Runs cmd, echoing its output to stderr line by line as it comes (so that a run cut off by
+    an outer timeout still shows how far it got), and keeps it; kills it after `timeout` s."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, bufsize=1)
+    out, err = [], []
+
+    def pump(stream, keep):
+        for line in stream:
+            keep.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    threads = [threading.Thread(target=pump, args=(proc.stdout, out), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, err), daemon=True)]
+    for t in threads:
+        t.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        proc.kill()
+        proc.wait()
+    for t in threads:
+        t.join(timeout=5)
+    return Streamed(proc.returncode, "".join(out), "".join(err), timed_out)
+
+
 def run_strata(scenario, args, model_dir, data, work):
     path = os.path.join(work, f"ds-{scenario}.json")
     with open(path, "w") as f:
@@ -136,13 +173,11 @@ def run_strata(scenario, args, model_dir, data, work):
            "--sampling", "sequential", "--metrics", metrics]
     log("+ " + " ".join(cmd))
     t0 = time.monotonic()
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                           env=strata_env())
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout} s"}
+    r = run_streaming(cmd, args.timeout, strata_env())
     wall = time.monotonic() - t0
-    sys.stderr.write(r.stdout[-3000:])
+    if r.timed_out:
+        return {"error": f"timed out after {args.timeout} s; last output: "
+                         f"{(r.stdout + r.stderr).strip()[-300:]}"}
     if r.returncode != 0:
         return {"error": f"exit status {r.returncode}: {r.stderr.strip()[-500:]}"}
     steps = [json.loads(line) for line in open(metrics) if line.strip()]
@@ -154,6 +189,8 @@ def run_strata(scenario, args, model_dir, data, work):
            "compute_s": med("compute_s"), "exposed_io_s": med("exposed_io_s"),
            "exposed_optimizer_s": med("exposed_optimizer_s"),
            "nvme_bytes_per_step": med("nvme_read_bytes") + med("nvme_write_bytes"),
+           "nvme_read_bytes_per_step": med("nvme_read_bytes"),
+           "nvme_write_bytes_per_step": med("nvme_write_bytes"),
            "device_peak_bytes": max(s["device_peak_bytes"] for s in steps),
            "host_peak_bytes": max(s["host_peak_bytes"] for s in steps),
            "model_device_bytes": steps[-1].get("model_device_bytes", 0),
@@ -206,8 +243,10 @@ def main():
     ap.add_argument("--nvme-dir", default=None, help="NVMe scratch (default: --work)")
     ap.add_argument("--pcie-gbs", type=float, default=0.0,
                     help="host<->device GB/s measured in this run (strata_gpu_bench copy)")
-    ap.add_argument("--nvme-gbs", type=float, default=0.0,
-                    help="NVMe read+write GB/s measured in this run")
+    ap.add_argument("--nvme-read-gbs", type=float, default=0.0,
+                    help="NVMe read GB/s measured in this run (strata nvme-bench)")
+    ap.add_argument("--nvme-write-gbs", type=float, default=0.0,
+                    help="NVMe write GB/s measured in this run (strata nvme-bench)")
     ap.add_argument("--compute-s", type=float, default=0.0,
                     help="the nvme floor's compute term when hbm is not among --scenarios: the "
                          "hbm scenario's step_s from an earlier run on this machine")
@@ -282,10 +321,11 @@ def main():
             terms["compute"] = args.compute_s
         else:
             missing.append("compute (no hbm run)")
-        if args.nvme_gbs > 0:
-            terms["nvme"] = st["nvme_bytes_per_step"] / (args.nvme_gbs * 1e9)
+        if args.nvme_read_gbs > 0 and args.nvme_write_gbs > 0:
+            terms["nvme"] = (st["nvme_read_bytes_per_step"] / (args.nvme_read_gbs * 1e9) +
+                             st["nvme_write_bytes_per_step"] / (args.nvme_write_gbs * 1e9))
         else:
-            missing.append("nvme (no --nvme-gbs)")
+            missing.append("nvme (no --nvme-read-gbs / --nvme-write-gbs)")
         if args.pcie_gbs > 0:
             # Per parameter and step: gathered to the device for forward and again for backward
             # (2 x 2 B in bf16, 2 x 4 B in fp32) and its fp32 gradient back to the host (4 B).

@@ -313,13 +313,31 @@ train_phase() {
     --json "$WORK/steps/train_cpu_optim.json"
   compute="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"]["hbm"]["strata"]["step_s"])' \
     "$WORK/steps/train_hbm.json" 2>/dev/null || echo 0)"
+  # The drive's rates for the NVMe floor: strata nvme-bench on the same directory, just before.
+  mkdir -p "$SCRATCH/train/nvme-rate"
+  step_json nvme_rate 60 10 "$WORK/steps/nvme_rate.json" env "LD_LIBRARY_PATH=$libpath" \
+    "$bin/strata" nvme-bench --path "$SCRATCH/train/nvme-rate" --size "$([ "$QUICK" = 0 ] && echo 2GiB || echo 64MiB)" \
+    --block 1MiB --qd 32 --rw both --json
+  rm -rf "$SCRATCH/train/nvme-rate"
+  local nvme_r nvme_w
+  read -r nvme_r nvme_w < <(python3 -c '
+import json, sys
+rates = {"read": 0, "write": 0}
+for r in json.load(open(sys.argv[1]))["results"]:
+    for p in r["phases"]:
+        rates[p["op"]] = max(rates.get(p["op"], 0), p["gb_per_s"])
+print(rates["read"], rates["write"])' "$WORK/steps/nvme_rate.json" 2>/dev/null || echo "0 0")
   step train_nvme 240 60 "${T[@]}" "${sizes[@]}" --scenarios nvme --pcie-gbs "$pcie" \
-    --compute-s "$compute" --nvme-dir "$SCRATCH/train" --json "$WORK/steps/train_nvme.json"
+    --compute-s "$compute" --nvme-read-gbs "${nvme_r:-0}" --nvme-write-gbs "${nvme_w:-0}" \
+    --nvme-dir "$SCRATCH/train" --json "$WORK/steps/train_nvme.json"
   # The largest model with full AdamW (issue 18's >= 8B): Llama-3-8B's shape, both homes "auto"
   # (docs/planning.md: the planner splits the optimizer states between HBM and host memory).
   local largest=(--model llama3-8b --seq-len 2048 --micro-batch 1 --steps 3 --warmup 1)
   [ "$QUICK" = 0 ] || largest=(--model llama-tiny --seq-len 128 --micro-batch 1 --steps 3 --warmup 1)
-  step train_largest 300 150 "${T[@]}" "${largest[@]}" --scenarios largest --timeout 290 \
+  # Its own timeout inside the step's, so that a cut-off run still reports how far it got.
+  local inner=$(($(remaining) - 30))
+  [ "$inner" -le 290 ] || inner=290
+  step train_largest 300 150 "${T[@]}" "${largest[@]}" --scenarios largest --timeout "$inner" \
     --nvme-dir "$SCRATCH/train" --json "$WORK/steps/train_largest.json"
 }
 
@@ -492,7 +510,9 @@ run --train (the training phase; its own budget, for a second call on the same m
  2. benchmarks/gpu_train_bench.py --scenarios hbm       llama-1b, bf16, 4 x 2048 tokens per step,
     against PyTorch eager (train_peers.py eager)
  3. benchmarks/gpu_train_bench.py --scenarios cpu-optim against FSDP2 + CPUOffloadPolicy
- 4. benchmarks/gpu_train_bench.py --scenarios nvme      against max(compute, PCIe, CPU Adam)
+ 4. strata nvme-bench --size 2GiB --qd 32 --rw both              (the drive's rates for the floor)
+    benchmarks/gpu_train_bench.py --scenarios nvme      against max(compute, PCIe, NVMe read +
+    write, CPU Adam)
  5. benchmarks/gpu_train_bench.py --scenarios largest   llama3-8b (8.03B), full AdamW, both homes
     "auto": the planner's placement on this machine, 3 steps of 2048 tokens
  6. the report, with a training table

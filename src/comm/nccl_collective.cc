@@ -450,8 +450,10 @@ Result<std::unique_ptr<Collective>> CreateNcclCollective(device::Device& device,
   ncclComm_t comm = nullptr;
   const std::string context = fmt::format("nccl start (rank {} of {})", rank, world);
   // Non-blocking: it returns ncclInProgress at once and joins the other ranks in the background.
-  Status created = Settle(ncclCommInitRankConfig(&comm, world, id, rank, &config),
-                          "ncclCommInitRankConfig", context, comm, deadline);
+  // The call must complete before `comm` is read: as one argument list of Settle, the order of
+  // evaluation is unspecified, and GCC passed the still-null handle (seen on an H100).
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, world, id, rank, &config);
+  Status created = Settle(started, "ncclCommInitRankConfig", context, comm, deadline);
   if (!created.ok()) {
     if (comm != nullptr) (void)ncclCommAbort(comm);
     if (created.code() == StatusCode::kDeadlineExceeded) {

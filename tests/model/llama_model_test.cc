@@ -97,6 +97,50 @@ TEST(LlamaModelTest, UnitsCarryHuggingFaceNames) {
   EXPECT_NE(long_seq.status().message().find("max_position_embeddings"), std::string::npos);
 }
 
+// Random weights: N(0, 0.02) for matrices, 1 for norms; the same for the same seed (whatever the
+// number of threads that fill them), different for another seed or another matrix.
+TEST(LlamaModelTest, RandomInitialisationIsNormalAndReproducible) {
+  auto dev = device::CreateDevice({});
+  ASSERT_TRUE(dev.ok());
+  LlamaConfig cfg = TinyConfig();
+  cfg.vocab_size = 40000;  // an embedding of 40000 x 32: 1.28M values, filled by several threads
+  auto fill = [&](uint64_t seed) {
+    auto m = LlamaModel::Create(**dev, cfg, 8, 2, seed);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    auto layouts = zero::LayoutModel((*m)->units(), 1);
+    EXPECT_TRUE(layouts.ok());
+    std::vector<std::vector<float>> out;
+    for (const auto& l : *layouts) {
+      out.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
+      EXPECT_TRUE((*m)->InitUnit(l.index, l.slots, out.back()).ok());
+    }
+    return std::make_pair(out, *layouts);
+  };
+  const auto [a, layouts] = fill(5);
+  const auto b = fill(5).first;
+  const auto c = fill(6).first;
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a[0], c[0]);
+  const std::vector<float>& embed = a[0];
+  const int64_t n = cfg.vocab_size * cfg.hidden_size;
+  double sum = 0, sq = 0, big = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    sum += embed[static_cast<size_t>(i)];
+    sq += static_cast<double>(embed[static_cast<size_t>(i)]) * embed[static_cast<size_t>(i)];
+    if (std::abs(embed[static_cast<size_t>(i)]) > 3 * 0.02) ++big;
+  }
+  const double mean = sum / static_cast<double>(n);
+  const double sd = std::sqrt(sq / static_cast<double>(n) - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 1e-4);
+  EXPECT_NEAR(sd, 0.02, 0.0002);
+  EXPECT_NEAR(big / static_cast<double>(n), 0.0027, 0.0005);  // beyond 3 sigma: 0.27%
+  // A layer: norms are 1, and its q and k matrices differ.
+  const auto& layer = layouts[1];
+  const auto& slots = layer.slots;
+  EXPECT_EQ(a[1][static_cast<size_t>(slots[0].offset)], 1.0f);
+  EXPECT_NE(a[1][static_cast<size_t>(slots[1].offset)], a[1][static_cast<size_t>(slots[2].offset)]);
+}
+
 class LlamaOracleTest : public ::testing::TestWithParam<bool> {};
 
 // Untied and tied (tie_word_embeddings: the head and the embedding share one matrix, whose
