@@ -26,6 +26,7 @@
 #include <climits>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "model/cuda_ops_internal.cuh"
@@ -47,6 +48,9 @@ constexpr int kFrag = 16;                  // WMMA m = n = k for 16-bit inputs
 constexpr int kPad = 8;                    // elements added to each shared row (spreads banks;
                                            // keeps every fragment 32-byte aligned)
 constexpr int kScoreLd = kTile + kPad;     // row stride of a warp's [16, 64] score tiles
+// The forward's fp32 score tile is read a row per lane pair (below): with a stride of 68 floats
+// the 32 lanes touch 16 banks, two ways each, where 72 would put 8 lanes on one bank.
+constexpr int kForwardScoreLd = kTile + 4;
 
 static_assert(kWarpRows == kFrag, "a warp owns one fragment's rows");
 
@@ -96,19 +100,56 @@ struct Smem {
 };
 
 // dst[r, c] = src[(first + r) * stride + c] rounded, for r < 64 and c < D; zero rows past seq.
+// Each thread takes kTile * D / 4 / kThreads groups of four consecutive floats (coalesced across
+// the block) and loads 8 groups before it stores any (one memory latency per 8 groups, where a
+// load-convert-store loop waits once per load), as 16-byte loads where the source rows allow
+// (every Llama shape: rows of whole heads).
 template <typename T, int D>
 __device__ inline void LoadTile(const float* __restrict__ src, size_t stride, size_t first,
                                 size_t seq, T* __restrict__ dst) {
   constexpr int kLd = Smem<T, D>::kLd;
-  for (int idx = threadIdx.x; idx < kTile * D; idx += kThreads) {
-    const int r = idx / D, c = idx % D;
-    const size_t row = first + static_cast<size_t>(r);
-    dst[r * kLd + c] = Round<T>(row < seq ? src[row * stride + c] : 0.0f);
+  constexpr int kQuads = D / 4;  // groups of four floats per row
+  constexpr int kPerThread = kTile * kQuads / kThreads;
+  static_assert(kTile * kQuads % kThreads == 0, "the tile divides among the threads");
+  const bool vector =
+      ((reinterpret_cast<uintptr_t>(src) | (stride * sizeof(float))) % sizeof(float4)) == 0;
+  // In batches of at most 8 groups (32 registers): the backward kernels load while holding two
+  // [16, D] accumulators, and D = 128 would spill with all 16 in flight.
+  constexpr int kBatch = kPerThread < 8 ? kPerThread : 8;
+  static_assert(kPerThread % kBatch == 0, "whole batches");
+#pragma unroll 1
+  for (int first_i = 0; first_i < kPerThread; first_i += kBatch) {
+    float4 vals[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int idx = static_cast<int>(threadIdx.x) + (first_i + i) * kThreads;
+      const int r = idx / kQuads, c = (idx % kQuads) * 4;
+      const size_t row = first + static_cast<size_t>(r);
+      vals[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (row < seq) {
+        const float* p = src + row * stride + c;
+        if (vector) {
+          vals[i] = *reinterpret_cast<const float4*>(p);
+        } else {
+          vals[i] = make_float4(p[0], p[1], p[2], p[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int idx = static_cast<int>(threadIdx.x) + (first_i + i) * kThreads;
+      const int r = idx / kQuads, c = (idx % kQuads) * 4;
+      T* d = dst + r * kLd + c;
+      d[0] = Round<T>(vals[i].x);
+      d[1] = Round<T>(vals[i].y);
+      d[2] = Round<T>(vals[i].z);
+      d[3] = Round<T>(vals[i].w);
+    }
   }
 }
 
-// out[16, 64] (fp32, ld kScoreLd) = A[16, D] B[64, D]^T, A and B row-major with ld kLd.
-template <typename T, int D>
+// out[16, 64] (fp32, ld OutLd) = A[16, D] B[64, D]^T, A and B row-major with ld kLd.
+template <typename T, int D, int OutLd = kScoreLd>
 __device__ inline void ScoreTile(const T* a, const T* b, float* out) {
   constexpr int kLd = Smem<T, D>::kLd;
 #pragma unroll
@@ -123,7 +164,7 @@ __device__ inline void ScoreTile(const T* a, const T* b, float* out) {
       wmma::load_matrix_sync(fb, b + n * kFrag * kLd + kk, kLd);
       wmma::mma_sync(acc, fa, fb, acc);
     }
-    wmma::store_matrix_sync(out + n * kFrag, acc, kScoreLd, wmma::mem_row_major);
+    wmma::store_matrix_sync(out + n * kFrag, acc, OutLd, wmma::mem_row_major);
   }
 }
 
@@ -196,13 +237,13 @@ __global__ void __launch_bounds__(kThreads)
   LoadTile<T, D>(q + b * s.seq * s.q_stride + h * D, s.q_stride, q0, s.seq, qs);
   for (int i = static_cast<int>(lane); i < kWarpRows * kLd; i += 32)
     o[i] = 0.0f;
-  // Per row r of the warp: running max and sum, the same in every lane.
-  float m[kWarpRows], l[kWarpRows];
-#pragma unroll
-  for (int r = 0; r < kWarpRows; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-  }
+  // The online softmax works a row per lane pair: lanes 2r and 2r + 1 own row r of the warp's
+  // 16 (keys of even and odd index in each tile), so a row's max and sum take one shuffle, not a
+  // warp-wide reduction per row. Both lanes of a pair hold the row's running max and sum.
+  const int my_row = static_cast<int>(lane) / 2;
+  const int parity = static_cast<int>(lane) % 2;
+  const size_t row = w0 + static_cast<size_t>(my_row);
+  float m = -INFINITY, l = 0.0f;
 
   for (size_t kt = 0; kt <= qt; ++kt) {
     const size_t k0 = kt * kTile;
@@ -211,28 +252,41 @@ __global__ void __launch_bounds__(kThreads)
     LoadTile<T, D>(vb, s.kv_stride, k0, s.seq, vs);
     __syncthreads();
 
-    ScoreTile<T, D>(qs + warp * kWarpRows * kLd, ks, scores);
+    ScoreTile<T, D, kForwardScoreLd>(qs + warp * kWarpRows * kLd, ks, scores);
     __syncwarp();
-    // Online softmax, one row at a time; lane j holds keys k0 + j and k0 + j + 32.
+    // This lane's 32 keys of the tile: k0 + 2j + parity. Masked keys (after the row, or past
+    // seq) score -inf, so that they weigh 0.
+    float x[kTile / 2];
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTile / 2; ++j) {
+      const int col = 2 * j + parity;
+      const size_t key = k0 + static_cast<size_t>(col);
+      x[j] = key <= row && key < s.seq ? scores[my_row * kForwardScoreLd + col] * s.scale
+                                       : -INFINITY;
+      tile_max = fmaxf(tile_max, x[j]);
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    const float m_new = fmaxf(m, tile_max);
+    const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTile / 2; ++j) {
+      const float p = expf(x[j] - base);  // 0 for a masked key
+      probs[my_row * kScoreLd + 2 * j + parity] = Round<T>(p);
+      sum += p;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    const float correction = expf(m - base);  // 0 while m is -inf
+    l = l * correction + sum;
+    m = m_new;
+    __syncwarp();
+    // Rescale the running output: lanes across the columns, each row's correction from its pair.
 #pragma unroll
     for (int r = 0; r < kWarpRows; ++r) {
-      const size_t row = w0 + static_cast<size_t>(r);
-      const size_t key0 = k0 + lane, key1 = key0 + 32;
-      const bool ok0 = key0 <= row && key0 < s.seq;
-      const bool ok1 = key1 <= row && key1 < s.seq;
-      const float s0 = ok0 ? scores[r * kScoreLd + lane] * s.scale : -INFINITY;
-      const float s1 = ok1 ? scores[r * kScoreLd + lane + 32] * s.scale : -INFINITY;
-      const float m_new = fmaxf(m[r], WarpMax(fmaxf(s0, s1)));
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
-      const float p0 = ok0 ? expf(s0 - base) : 0.0f;
-      const float p1 = ok1 ? expf(s1 - base) : 0.0f;
-      probs[r * kScoreLd + lane] = Round<T>(p0);
-      probs[r * kScoreLd + lane + 32] = Round<T>(p1);
-      const float correction = expf(m[r] - base);  // 0 while m[r] is -inf
-      l[r] = l[r] * correction + WarpSum(p0 + p1);
-      m[r] = m_new;
+      const float c_r = __shfl_sync(0xffffffffu, correction, 2 * r);
       for (int c = static_cast<int>(lane); c < D; c += 32)
-        o[r * kLd + c] *= correction;
+        o[r * kLd + c] *= c_r;
     }
     __syncwarp();
     // O += P V, through the accumulator fragments.
@@ -255,14 +309,15 @@ __global__ void __launch_bounds__(kThreads)
 
   float* ob = out + b * s.seq * s.q_stride + h * D;
   float* lb = lse + (b * s.num_heads + h) * s.seq;
+  const float inv = 1.0f / l;
+  if (parity == 0 && row < s.seq) lb[row] = m + logf(l);
 #pragma unroll
   for (int r = 0; r < kWarpRows; ++r) {
-    const size_t row = w0 + static_cast<size_t>(r);
-    if (row >= s.seq) break;  // uniform
-    const float inv = 1.0f / l[r];
+    const float inv_r = __shfl_sync(0xffffffffu, inv, 2 * r);
+    const size_t out_row = w0 + static_cast<size_t>(r);
+    if (out_row >= s.seq) break;  // uniform
     for (int c = static_cast<int>(lane); c < D; c += 32)
-      ob[row * s.q_stride + c] = o[r * kLd + c] * inv;
-    if (lane == 0) lb[row] = m[r] + logf(l[r]);
+      ob[out_row * s.q_stride + c] = o[r * kLd + c] * inv_r;
   }
 }
 
