@@ -238,5 +238,11 @@ float F16ToFloat(uint16_t h);
 // (exact from the 16-bit formats; one round to nearest even into them; a plain copy when the
 // dtypes match). src and dst are host memory, need not be aligned, and must not overlap.
 void ConvertHost(const void* src, DType from, void* dst, DType to, size_t n);
+// Host-side sum of squares: sum_i float(x[i])^2 in double, in an order fixed by n alone (blocks
+// of 64 Ki elements, each summed by 8 interleaved accumulators combined pairwise, the blocks'
+// sums added in index order), so that the result's bits never depend on `threads` (the threads
+// that share the blocks when n is large). The CPU device's SumSquares and the engine's
+// host-homed gradient shards both use it: the same data gives the same bits in either home.
+double SumSquaresHost(const void* x, DType dtype, size_t n, int threads = 1);
 
 }  // namespace strata::device

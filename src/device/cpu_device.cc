@@ -692,26 +692,8 @@ Status CpuDevice::SumSquares(const void* x, DType dtype, size_t n, double* sum,
   if (n > 0) STRATA_RETURN_IF_ERROR(CheckDeviceRange("sum_squares", "x", x, n * DTypeSize(dtype)));
   CpuWorkItem item("compute", fmt::format("sum_squares {}", DTypeName(dtype)));
   item.fn = [=] {
-    // In index order, continuing the running sum (the fp32 case is the engine's old host loop).
-    auto accumulate = [&](const auto* v, auto to_float) {
-      double acc = *sum;
-      for (size_t i = 0; i < n; ++i) {
-        const double f = to_float(v[i]);
-        acc += f * f;
-      }
-      *sum = acc;
-    };
-    switch (dtype) {
-      case DType::kF32:
-        accumulate(static_cast<const float*>(x), [](float f) { return f; });
-        break;
-      case DType::kBF16:
-        accumulate(static_cast<const uint16_t*>(x), Bf16ToFloat);
-        break;
-      case DType::kF16:
-        accumulate(static_cast<const uint16_t*>(x), F16ToFloat);
-        break;
-    }
+    // The engine's host-homed gradient shards sum with the same function: the same bits.
+    *sum += SumSquaresHost(x, dtype, n);
     return Status::Ok();
   };
   if (tracing()) {

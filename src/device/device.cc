@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "common/log.h"
 #include "common/units.h"
@@ -117,6 +119,64 @@ void ConvertHost(const void* src, DType from, void* dst, DType to, size_t n) {
       std::memcpy(out + i * 2, &h, 2);
     }
   }
+}
+
+namespace {
+
+template <typename T, typename ToFloat>
+double SumSquaresBlock(const T* v, size_t n, ToFloat to_float) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (size_t j = 0; j < 8; ++j) {
+      const double f = to_float(v[i + j]);
+      acc[j] += f * f;
+    }
+  }
+  for (size_t j = 0; i < n; ++i, ++j) {
+    const double f = to_float(v[i]);
+    acc[j] += f * f;
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+}  // namespace
+
+double SumSquaresHost(const void* x, DType dtype, size_t n, int threads) {
+  constexpr size_t kBlock = size_t{1} << 16;
+  const size_t blocks = (n + kBlock - 1) / kBlock;
+  auto block_sum = [&](size_t b) -> double {
+    const size_t first = b * kBlock, count = std::min(kBlock, n - first);
+    switch (dtype) {
+      case DType::kF32:
+        return SumSquaresBlock(static_cast<const float*>(x) + first, count,
+                               [](float f) { return f; });
+      case DType::kBF16:
+        return SumSquaresBlock(static_cast<const uint16_t*>(x) + first, count,
+                               [](uint16_t h) { return convert::Bf16ToFloat(h); });
+      case DType::kF16:
+        return SumSquaresBlock(static_cast<const uint16_t*>(x) + first, count,
+                               [](uint16_t h) { return convert::F16ToFloat(h); });
+    }
+    return 0.0;
+  };
+  std::vector<double> sums(blocks, 0.0);
+  const size_t workers = std::min<size_t>(static_cast<size_t>(std::max(1, threads)), blocks / 8);
+  if (workers <= 1) {
+    for (size_t b = 0; b < blocks; ++b) sums[b] = block_sum(b);
+  } else {
+    std::vector<std::thread> pool;
+    pool.reserve(workers);
+    for (size_t t = 0; t < workers; ++t) {
+      pool.emplace_back([&, t] {
+        for (size_t b = t; b < blocks; b += workers) sums[b] = block_sum(b);
+      });
+    }
+    for (std::thread& th : pool) th.join();
+  }
+  double total = 0.0;
+  for (double s : sums) total += s;
+  return total;
 }
 
 namespace internal {

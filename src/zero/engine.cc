@@ -329,6 +329,8 @@ Status Engine::Impl::Init() {
       STRATA_RETURN_IF_ERROR(InitUnitFromModel(static_cast<int>(u)));
     }
   }
+  host_sumsq.assign(n_units, 0.0);
+  host_sumsq_ready.assign(n_units, 0);
   if (cpu_optimizer) opt_thread = std::thread([this] { OptimizerThread(); });
   return Status::Ok();
 }

@@ -153,11 +153,26 @@ Result<double> Engine::Impl::LocalGradSumSquares() {
   // optimizer reads them.
   for (size_t u = 0; u < layouts.size(); ++u) {
     if (!cpu_unit[u]) continue;
-    const float* data = reinterpret_cast<const float*>(grad_shard_host[u].data());
-    const size_t n = static_cast<size_t>(layouts[u].shard_numel);
-    for (size_t i = 0; i < n; ++i) total += static_cast<double>(data[i]) * data[i];
+    total += HostGradSumSquares(static_cast<int>(u));
   }
   return total;
+}
+
+// A host-homed unit's sum of squares of its gradient shard: taken by the overlapped optimizer's
+// job when it updated the unit (during backward), else computed now on the CPU AdamW's threads.
+double Engine::Impl::HostGradSumSquares(int u) {
+  {
+    std::unique_lock<std::mutex> lock(opt_mu);
+    // Overlapped: the unit's job takes it (the step waits for every job right after the norm
+    // anyway); a job that failed or was skipped leaves it to be computed here.
+    if (overlapped_optimizer) {
+      opt_cv.wait(lock, [&] { return host_sumsq_ready[static_cast<size_t>(u)] || opt_pending == 0; });
+    }
+    if (host_sumsq_ready[static_cast<size_t>(u)]) return host_sumsq[static_cast<size_t>(u)];
+  }
+  return device::SumSquaresHost(grad_shard_host[static_cast<size_t>(u)].data(), DType::kF32,
+                                static_cast<size_t>(layouts[static_cast<size_t>(u)].shard_numel),
+                                opt.cpu_adam_threads);
 }
 
 Result<float> Engine::Impl::AllReduceHostFloat(float value) {

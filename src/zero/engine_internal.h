@@ -298,6 +298,10 @@ struct Engine::Impl {
   Status opt_error;
   optim::AdamHyper step_hyper;  // the driving thread's; jobs get copies
   int64_t optimizer_ns = 0;     // total optimizer work this step (guarded by opt_mu)
+  // Per unit: the sum of squares of its host gradient shard, taken by the overlapped optimizer's
+  // job (guarded by opt_mu; LocalGradSumSquares takes it, or computes it when not ready).
+  std::vector<double> host_sumsq;
+  std::vector<char> host_sumsq_ready;
 
   std::optional<optim::LrSchedule> lr;
   std::optional<optim::LossScaler> scaler;
@@ -345,6 +349,7 @@ struct Engine::Impl {
                         const optim::AdamHyper& hyper);
   Status WaitOptimizer(int64_t* waited_ns);
   Result<double> LocalGradSumSquares();
+  double HostGradSumSquares(int u);
   Result<float> AllReduceHostFloat(float value);
   Status WriteParamShard(int u, const void* host_src);
   Status ReadParamShard(int u, void* host_dst);

@@ -114,10 +114,25 @@ void Engine::Impl::OptimizerThread() {
       std::lock_guard<std::mutex> lock(opt_mu);
       skip = !opt_error.ok();
     }
+    // Overlapped with backward: the unit's gradient is final, so its share of the gradient norm
+    // is taken here too, off the step's critical path (on one H100 machine the norm of a 1.1B
+    // model's host gradients, summed after backward, was most of a 1.65 s step).
+    double sumsq = 0.0;
+    const bool take_norm = st.ok() && !skip && overlapped_optimizer;
+    if (take_norm) {
+      sumsq = device::SumSquaresHost(grad_shard_host[static_cast<size_t>(job.unit)].data(),
+                                     DType::kF32,
+                                     static_cast<size_t>(layouts[job.unit].shard_numel),
+                                     opt.cpu_adam_threads);
+    }
     if (st.ok() && !skip) st = CpuOptimizerUnit(job.unit, job.hyper);
     const int64_t t1 = TraceRecorder::NowNs();
     {
       std::lock_guard<std::mutex> lock(opt_mu);
+      if (take_norm) {
+        host_sumsq[static_cast<size_t>(job.unit)] = sumsq;
+        host_sumsq_ready[static_cast<size_t>(job.unit)] = true;
+      }
       optimizer_ns += t1 - t0;
       if (!st.ok() && opt_error.ok()) opt_error = st;
       --opt_pending;

@@ -253,8 +253,9 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
   double exposed_io = 0.0;
   comm_wait_ns.store(0);
   {
-    std::lock_guard<std::mutex> lock(opt_mu);
+    std::lock_guard<std::mutex> lock(opt_mu);  // the previous step's jobs are all done
     optimizer_ns = 0;
+    std::fill(host_sumsq_ready.begin(), host_sumsq_ready.end(), 0);
   }
   const int n_mb = static_cast<int>(micro_batches.size());
   const int n_units = static_cast<int>(layouts.size());

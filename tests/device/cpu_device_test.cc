@@ -392,19 +392,43 @@ TEST(CpuDeviceTest, CudaDeviceFailsCleanlyWhenUnavailable) {
 namespace strata::device::testing {
 namespace {
 
-TEST(CpuDeviceTest, SumSquaresIsOneRunningSumInIndexOrder) {
+// Each call adds SumSquaresHost of its range to the running sum (the engine's host-homed shards
+// use the same function, so a unit's share of the norm has the same bits in either home).
+TEST(CpuDeviceTest, SumSquaresAddsTheHostSumOfEachCall) {
   auto device = MakeCpuDevice();
-  std::vector<float> x(10007);
+  std::vector<float> x(200007);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<float>(i)) * 3.0f;
-  double want = 0.5;
-  for (float v : x) want += static_cast<double>(v) * v;
+  double sequential = 0.5;
+  for (float v : x) sequential += static_cast<double>(v) * v;
+  const double want_whole = 0.5 + SumSquaresHost(x.data(), DType::kF32, x.size());
+  double want_pieces = 0.5;
+  for (size_t first = 0; first < x.size(); first += 99999) {
+    want_pieces += SumSquaresHost(x.data() + first, DType::kF32, std::min<size_t>(99999, x.size() - first));
+  }
   ASSERT_OK_AND_ASSIGN(double whole, SumSquaresInPieces(*device, x, x.size(), 0.5));
-  ASSERT_OK_AND_ASSIGN(double pieces, SumSquaresInPieces(*device, x, 999, 0.5));
-  EXPECT_EQ(whole, want);
-  EXPECT_EQ(pieces, want) << "consecutive calls continue one running sum";
+  ASSERT_OK_AND_ASSIGN(double pieces, SumSquaresInPieces(*device, x, 99999, 0.5));
+  EXPECT_EQ(whole, want_whole);
+  EXPECT_EQ(pieces, want_pieces) << "consecutive calls add to one running sum";
+  EXPECT_NEAR(whole, sequential, 1e-12 * sequential);
   x[5000] = std::numeric_limits<float>::infinity();
   ASSERT_OK_AND_ASSIGN(double inf, SumSquaresInPieces(*device, x, 999, 0.0));
   EXPECT_TRUE(std::isinf(inf));
+}
+
+// The blocked sum's bits depend on the data alone, not on the threads that share the blocks.
+TEST(CpuDeviceTest, SumSquaresHostIsTheSameForAnyThreadCount) {
+  std::vector<float> x((size_t{3} << 20) + 5);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(static_cast<float>(i) * 0.37f) * 1e-3f;
+  const double one = SumSquaresHost(x.data(), DType::kF32, x.size(), 1);
+  EXPECT_EQ(SumSquaresHost(x.data(), DType::kF32, x.size(), 2), one);
+  EXPECT_EQ(SumSquaresHost(x.data(), DType::kF32, x.size(), 7), one);
+  double sequential = 0.0;
+  for (float v : x) sequential += static_cast<double>(v) * v;
+  EXPECT_NEAR(one, sequential, 1e-12 * sequential);
+  std::vector<uint16_t> half(x.size());
+  ConvertHost(x.data(), DType::kF32, half.data(), DType::kBF16, x.size());
+  EXPECT_NEAR(SumSquaresHost(half.data(), DType::kBF16, x.size(), 3), one, 1e-2 * one);
+  EXPECT_EQ(SumSquaresHost(x.data(), DType::kF32, 0, 4), 0.0);
 }
 
 TEST(CpuDeviceTest, SumSquaresTakesOnlyDeviceMemory) {
