@@ -171,6 +171,9 @@ def run_strata(scenario, args, model_dir, data, work):
     cmd = [args.strata, "train", "--config", path, "--model", model_dir, "--data", data,
            "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--device", args.device,
            "--sampling", "sequential", "--metrics", metrics]
+    if scenario == "hbm":
+        # Where the compute goes, per op (two stream-ordered timestamps per op: ~1% of a step).
+        cmd.append("--profile-ops")
     log("+ " + " ".join(cmd))
     t0 = time.monotonic()
     r = run_streaming(cmd, args.timeout, strata_env())
@@ -203,6 +206,10 @@ def run_strata(scenario, args, model_dir, data, work):
             placement.append(line.strip())
     if placement:
         out["placement"] = placement
+    lines = r.stdout.splitlines()
+    first = next((i for i, l in enumerate(lines) if l.startswith("op profile:")), None)
+    if first is not None:
+        out["op_profile"] = [l for l in lines[first:] if l.startswith(("op profile:", "  "))]
     return out
 
 

@@ -354,7 +354,8 @@ def report(args, out):
                 "peer_error": pt.get("error") or pt.get("skipped"),
                 "ratio": r.get("ratio"), "target": r.get("target"), "met": r.get("met"),
                 "floor_terms_s": r.get("floor_terms_s"), "floor_missing": r.get("floor_missing"),
-                "placement": [l for l in st.get("placement", []) if l.startswith("chosen:")]})
+                "placement": [l for l in st.get("placement", []) if l.startswith("chosen:")],
+                "op_profile": st.get("op_profile") or []})
     if args.phase == "train" and not training:
         problems.append("no training benchmark wrote its results")
 
@@ -475,6 +476,14 @@ def report(args, out):
                       f"{fmt(t['strata_tflops'], '.1f')} | {t['peer'] or '-'} | "
                       f"{fmt(t['peer_tokens_per_s'], '.0f')} | {fmt(t['ratio'])} | {target} "
                       f"{'' if t['met'] is None else ('met' if t['met'] else 'NOT met')} | {note} |")
+        for t in training:
+            if t.get("op_profile"):
+                md.append("")
+                md.append(f"Strata's {t['scenario']} step by op (`strata train --profile-ops`):")
+                md.append("")
+                md.append("```")
+                md.extend(t["op_profile"])
+                md.append("```")
     md.append("")
     md.append("| step | exit | seconds | note |")
     md.append("| --- | --- | ---: | --- |")

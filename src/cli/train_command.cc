@@ -57,6 +57,9 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(int64_t{0}, int64_t{1'000'000'000'000}));
   cmd->add_option("--trace", o->trace_path, "Write a Chrome / Perfetto timeline (per rank)");
   cmd->add_option("--metrics", o->metrics_path, "Write one JSON object per step (rank 0)");
+  cmd->add_flag("--profile-ops", o->profile_ops,
+                "Time every model op on the device (two timestamps per op) and print at the end "
+                "where the steps after the first spent their time");
   cmd->add_option("--sampling", o->sampling,
                   "Order of the training sequences (default random; a resumed run keeps its "
                   "checkpoint's)")

@@ -104,6 +104,12 @@ class CudaLlamaOps final : public LlamaOps {
                                                      vocab, ignore_index, dloss, dlogits));
   }
   Status CheckDataErrors() override { return cuda::CheckDataErrors(ctx()); }
+  Status Mark() override { return cuda::ToStatus(cuda::RecordMark(ctx())); }
+  Result<std::vector<double>> TakeMarks() override {
+    std::vector<double> seconds;
+    STRATA_RETURN_IF_ERROR(cuda::ToStatus(cuda::TakeMarks(ctx(), &seconds)));
+    return seconds;
+  }
 
  private:
   cuda::OpsContext* ctx() { return context_.get(); }

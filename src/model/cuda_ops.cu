@@ -15,6 +15,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "device/dtype_convert.h"
 #include "device/cuda_dtype_tags.h"
@@ -184,11 +185,14 @@ struct OpsContext {
   size_t workspace_bytes = 0;
   bool external_workspace = false;  // the caller's (UseWorkspace): never freed or grown here
   DeviceDataError* data_error = nullptr;
+  std::vector<cudaEvent_t> marks;  // the profile's events (timing on); the first used_marks recorded
+  size_t used_marks = 0;
 };
 
 void OpsContextDeleter::operator()(OpsContext* context) const {
   if (context == nullptr) return;
   (void)cudaStreamSynchronize(context->stream);
+  for (cudaEvent_t e : context->marks) (void)cudaEventDestroy(e);
   if (!context->external_workspace) (void)cudaFree(context->workspace);
   (void)cudaFree(context->data_error);
   delete context;
@@ -209,6 +213,37 @@ OpError CreateOpsContext(void* stream, OpsContextPtr* out) {
                  "cudaMemsetAsync", kOp);
   if (!error.ok()) return error;
   *out = std::move(context);
+  return OpError{};
+}
+
+OpError RecordMark(OpsContext* context) {
+  constexpr const char* kOp = "RecordMark";
+  if (context->used_marks == context->marks.size()) {
+    cudaEvent_t e = nullptr;
+    OpError error = CudaResult(cudaEventCreate(&e), "cudaEventCreate", kOp);
+    if (!error.ok()) return error;
+    context->marks.push_back(e);
+  }
+  return CudaResult(cudaEventRecord(context->marks[context->used_marks++], context->stream),
+                    "cudaEventRecord", kOp);
+}
+
+OpError TakeMarks(OpsContext* context, std::vector<double>* seconds) {
+  constexpr const char* kOp = "TakeMarks";
+  seconds->clear();
+  const size_t n = std::exchange(context->used_marks, 0);
+  if (n == 0) return OpError{};
+  OpError error =
+      CudaResult(cudaEventSynchronize(context->marks[n - 1]), "cudaEventSynchronize", kOp);
+  if (!error.ok()) return error;
+  seconds->reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    float ms = 0.0f;
+    error = CudaResult(cudaEventElapsedTime(&ms, context->marks[0], context->marks[i]),
+                       "cudaEventElapsedTime", kOp);
+    if (!error.ok()) return error;
+    seconds->push_back(static_cast<double>(ms) * 1e-3);
+  }
   return OpError{};
 }
 

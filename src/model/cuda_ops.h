@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace strata::model::cuda {
 
@@ -137,6 +138,12 @@ OpError SetTf32(OpsContext* context, bool allow);
 // Waits for the stream, then copies the recorded data error (kind kNone when there is none) to
 // `*out` and clears the record.
 OpError TakeDataError(OpsContext* context, DataError* out);
+
+// Per-op profiles: RecordMark records a timestamp (a CUDA event, from a pool the context keeps)
+// after everything enqueued so far; TakeMarks waits for the marks and returns each one's seconds
+// after the first in *seconds, and forgets them.
+OpError RecordMark(OpsContext* context);
+OpError TakeMarks(OpsContext* context, std::vector<double>* seconds);
 
 // ---- Embedding ----------------------------------------------------------------------------------
 // out[t, :] = weight[tokens[t], :].  tokens [T] int32, weight [V, H], out [T, H].

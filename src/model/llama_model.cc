@@ -202,6 +202,7 @@ struct LlamaModel::State {
   std::unique_ptr<device::Stream> stream;
   std::unique_ptr<device::Event> caller_ready, model_done;
   std::unique_ptr<LlamaOps> cuda_ops;
+  OpProfiler* profiler = nullptr;  // the ops' wrapper with LlamaModelOptions::profile_ops
 };
 
 LlamaModel::LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
@@ -269,18 +270,34 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   st.host_registered = true;
   STRATA_ASSIGN_OR_RETURN(st.upload_done, device_.CreateEvent());
 
+  // strata train --profile-ops: every op call timed in stream order (OpProfiler).
+  auto profiled = [&](std::unique_ptr<LlamaOps> ops) -> std::unique_ptr<LlamaOps> {
+    if (!options.profile_ops) return ops;
+    auto profiler = std::make_unique<OpProfiler>(std::move(ops));
+    st.profiler = profiler.get();
+    return profiler;
+  };
   if (device_.type() == device::DeviceType::kCpu) {
-    st.cpu_ops = CreateCpuLlamaOps();
+    st.cpu_ops = profiled(CreateCpuLlamaOps());
     return Status::Ok();
   }
   STRATA_ASSIGN_OR_RETURN(st.stream, device_.CreateStream("llama"));
   STRATA_ASSIGN_OR_RETURN(st.caller_ready, device_.CreateEvent());
   STRATA_ASSIGN_OR_RETURN(st.model_done, device_.CreateEvent());
   const LlamaOpsShape shape = LlamaOpsShapeFor(config_, seq_len_, micro_batch_);
-  STRATA_ASSIGN_OR_RETURN(st.cuda_ops,
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<LlamaOps> cuda_ops,
                           CreateCudaLlamaOps(device_, *st.stream, shape, options.allow_tf32));
+  st.cuda_ops = profiled(std::move(cuda_ops));
   st.workspace_bytes = CudaLlamaOpsWorkspaceBytes(shape);
   return Status::Ok();
+}
+
+std::vector<OpTime> LlamaModel::op_profile() const {
+  return state_->profiler != nullptr ? state_->profiler->totals() : std::vector<OpTime>{};
+}
+
+void LlamaModel::ResetOpProfile() {
+  if (state_->profiler != nullptr) state_->profiler->Reset();
 }
 
 uint64_t LlamaModel::activation_bytes() const { return state_->block_bytes; }
@@ -447,6 +464,7 @@ Result<double> LlamaModel::EndMicroBatch(device::Stream& stream) {
                                            device::CopyKind::kDeviceToHost, stream));
   STRATA_RETURN_IF_ERROR(device_.Synchronize(stream));
   if (st.cuda_ops) STRATA_RETURN_IF_ERROR(st.cuda_ops->CheckDataErrors());
+  if (st.profiler != nullptr) STRATA_RETURN_IF_ERROR(st.profiler->Collect());
   return static_cast<double>(*st.host_loss);
 }
 

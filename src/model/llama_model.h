@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "model/llama_config.h"
+#include "model/op_time.h"
 #include "strata/device.h"
 #include "zero/model.h"
 
@@ -62,6 +63,9 @@ struct LlamaModelOptions {
   // CUDA: fp32 GEMMs on TF32 tensor cores (strata.tf32). No effect on the CPU device or with
   // 16-bit weights.
   bool allow_tf32 = false;
+  // Time every op call (strata train --profile-ops; op_profile()). Costs two stream-ordered
+  // timestamps per op.
+  bool profile_ops = false;
 };
 
 class LlamaModel final : public zero::Model {
@@ -94,6 +98,10 @@ class LlamaModel final : public zero::Model {
   // Device memory held since Create: activations, and the CUDA ops' workspace (0 on the CPU).
   uint64_t activation_bytes() const;
   uint64_t workspace_bytes() const;
+  // With LlamaModelOptions::profile_ops: each op's calls and device seconds since the last
+  // ResetOpProfile, summed over the micro-batches that ended (EndMicroBatch), largest first.
+  std::vector<OpTime> op_profile() const;
+  void ResetOpProfile();
   int64_t tokens_per_micro_batch() const { return seq_len_ * micro_batch_; }
 
  private:

@@ -1,6 +1,12 @@
-// CpuLlamaOps: cpu_ops.h behind the LlamaOps interface; and the CUDA factory's stand-in in a
-// build without CUDA.
+// CpuLlamaOps: cpu_ops.h behind the LlamaOps interface; OpProfiler, which times any LlamaOps;
+// and the CUDA factory's stand-in in a build without CUDA.
 #include "model/llama_ops.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
 
 #include "model/cuda_ops.h"
 #include "model/llama_config.h"
@@ -96,9 +102,166 @@ class CpuLlamaOps final : public LlamaOps {
                                      dlogits);
   }
   Status CheckDataErrors() override { return Status::Ok(); }
+
+  Status Mark() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    marks_.push_back(std::chrono::steady_clock::now());
+    return Status::Ok();
+  }
+  Result<std::vector<double>> TakeMarks() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<double> out;
+    out.reserve(marks_.size());
+    for (const auto& t : marks_) {
+      out.push_back(std::chrono::duration<double>(t - marks_.front()).count());
+    }
+    marks_.clear();
+    return out;
+  }
+
+ private:
+  std::mutex mu_;  // the ops serve every stream; a profile's marks come from one
+  std::vector<std::chrono::steady_clock::time_point> marks_;
 };
 
 }  // namespace
+
+// ---- OpProfiler -----------------------------------------------------------------------------------
+
+template <typename Call>
+Status OpProfiler::Timed(const char* op, Call&& call) {
+  STRATA_RETURN_IF_ERROR(inner_->Mark());
+  Status st = call();
+  STRATA_RETURN_IF_ERROR(inner_->Mark());
+  pending_.push_back(op);
+  return st;
+}
+
+Status OpProfiler::Collect() {
+  STRATA_ASSIGN_OR_RETURN(std::vector<double> t, inner_->TakeMarks());
+  if (t.size() != 2 * pending_.size()) {
+    const size_t marks = t.size(), ops = pending_.size();
+    pending_.clear();
+    return InternalError(fmt::format("op profile: {} marks for {} ops", marks, ops));
+  }
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    auto it = std::find_if(totals_.begin(), totals_.end(),
+                           [&](const OpTime& o) { return o.op == pending_[i]; });
+    if (it == totals_.end()) it = totals_.insert(totals_.end(), OpTime{pending_[i], 0, 0.0});
+    ++it->calls;
+    it->seconds += t[2 * i + 1] - t[2 * i];
+  }
+  pending_.clear();
+  return Status::Ok();
+}
+
+std::vector<OpTime> OpProfiler::totals() const {
+  std::vector<OpTime> out = totals_;
+  std::stable_sort(out.begin(), out.end(),
+                   [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+  return out;
+}
+
+void OpProfiler::Reset() { totals_.clear(); }
+
+Status OpProfiler::EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
+                                    size_t vocab, size_t hidden, float* out) {
+  return Timed("EmbeddingForward", [&] {
+    return inner_->EmbeddingForward(tokens, num_tokens, weight, vocab, hidden, out);
+  });
+}
+Status OpProfiler::EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                                     size_t vocab, size_t hidden, float* dweight) {
+  return Timed("EmbeddingBackward", [&] {
+    return inner_->EmbeddingBackward(tokens, num_tokens, dout, vocab, hidden, dweight);
+  });
+}
+Status OpProfiler::RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden,
+                                  float eps, float* y, float* rstd) {
+  return Timed("RmsNormForward", [&] {
+    return inner_->RmsNormForward(x, weight, num_tokens, hidden, eps, y, rstd);
+  });
+}
+Status OpProfiler::RmsNormBackward(const float* x, Weight weight, const float* rstd,
+                                   const float* dy, size_t num_tokens, size_t hidden, float* dx,
+                                   float* dweight) {
+  return Timed("RmsNormBackward", [&] {
+    return inner_->RmsNormBackward(x, weight, rstd, dy, num_tokens, hidden, dx, dweight);
+  });
+}
+Status OpProfiler::LinearForward(const float* x, Weight weight, size_t num_tokens,
+                                 size_t in_features, size_t out_features, float* y) {
+  return Timed("LinearForward", [&] {
+    return inner_->LinearForward(x, weight, num_tokens, in_features, out_features, y);
+  });
+}
+Status OpProfiler::LinearBackward(const float* x, Weight weight, const float* dy,
+                                  size_t num_tokens, size_t in_features, size_t out_features,
+                                  float* dx, Accumulate dx_mode, float* dweight) {
+  return Timed("LinearBackward", [&] {
+    return inner_->LinearBackward(x, weight, dy, num_tokens, in_features, out_features, dx,
+                                  dx_mode, dweight);
+  });
+}
+Status OpProfiler::RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
+                               float theta) {
+  return Timed("RopeForward",
+               [&] { return inner_->RopeForward(x, batch, seq, heads, head_dim, theta); });
+}
+Status OpProfiler::RopeBackward(float* dx, size_t batch, size_t seq, size_t heads,
+                                size_t head_dim, float theta) {
+  return Timed("RopeBackward",
+               [&] { return inner_->RopeBackward(dx, batch, seq, heads, head_dim, theta); });
+}
+Status OpProfiler::AttentionForward(const float* q, const float* k, const float* v, size_t batch,
+                                    size_t seq, size_t num_heads, size_t num_kv_heads,
+                                    size_t head_dim, float* out, float* lse,
+                                    device::DType precision) {
+  return Timed("AttentionForward", [&] {
+    return inner_->AttentionForward(q, k, v, batch, seq, num_heads, num_kv_heads, head_dim, out,
+                                    lse, precision);
+  });
+}
+Status OpProfiler::AttentionBackward(const float* q, const float* k, const float* v,
+                                     const float* out, const float* lse, const float* dout,
+                                     size_t batch, size_t seq, size_t num_heads,
+                                     size_t num_kv_heads, size_t head_dim, float* dq, float* dk,
+                                     float* dv, device::DType precision) {
+  return Timed("AttentionBackward", [&] {
+    return inner_->AttentionBackward(q, k, v, out, lse, dout, batch, seq, num_heads, num_kv_heads,
+                                     head_dim, dq, dk, dv, precision);
+  });
+}
+Status OpProfiler::SiluMulForward(const float* gate, const float* up, size_t n, float* h) {
+  return Timed("SiluMulForward", [&] { return inner_->SiluMulForward(gate, up, n, h); });
+}
+Status OpProfiler::SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
+                                   float* dgate, float* dup) {
+  return Timed("SiluMulBackward",
+               [&] { return inner_->SiluMulBackward(gate, up, dh, n, dgate, dup); });
+}
+Status OpProfiler::ResidualAdd(const float* a, const float* b, size_t n, float* y) {
+  return Timed("ResidualAdd", [&] { return inner_->ResidualAdd(a, b, n, y); });
+}
+Status OpProfiler::AccumulateGradient(const float* dy, size_t n, float* dx) {
+  return Timed("AccumulateGradient", [&] { return inner_->AccumulateGradient(dy, n, dx); });
+}
+Status OpProfiler::CrossEntropyForward(const float* logits, const int32_t* targets,
+                                       size_t num_tokens, size_t vocab, int32_t ignore_index,
+                                       float* lse, float* loss) {
+  return Timed("CrossEntropyForward", [&] {
+    return inner_->CrossEntropyForward(logits, targets, num_tokens, vocab, ignore_index, lse,
+                                       loss);
+  });
+}
+Status OpProfiler::CrossEntropyBackward(const float* logits, const int32_t* targets,
+                                        const float* lse, size_t num_tokens, size_t vocab,
+                                        int32_t ignore_index, float dloss, float* dlogits) {
+  return Timed("CrossEntropyBackward", [&] {
+    return inner_->CrossEntropyBackward(logits, targets, lse, num_tokens, vocab, ignore_index,
+                                        dloss, dlogits);
+  });
+}
 
 std::unique_ptr<LlamaOps> CreateCpuLlamaOps() { return std::make_unique<CpuLlamaOps>(); }
 

@@ -17,9 +17,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "model/cpu_ops.h"
 #include "model/cuda_ops.h"
+#include "model/op_time.h"
 #include "strata/device.h"
 #include "strata/status.h"
 
@@ -82,6 +85,74 @@ class LlamaOps {
   // Bad tokens or targets met since the last call (CUDA: waits for the stream). OK on the CPU,
   // whose ops report them at once.
   virtual Status CheckDataErrors() = 0;
+
+  // Stream-ordered timestamps for per-op profiles (OpProfiler): Mark() records one after every
+  // op called so far; TakeMarks() waits for them, returns each one's seconds after the first,
+  // and forgets them. CPU: the host clock (its ops run to completion in the call). CUDA: events
+  // on the ops' stream.
+  virtual Status Mark() = 0;
+  virtual Result<std::vector<double>> TakeMarks() = 0;
+};
+
+// The LlamaOps of `inner`, each call bracketed by two marks (strata train --profile-ops): where
+// a step's device time goes, per op. Collect() (after the stream has reached the calls, e.g. once
+// per micro-batch after the loss is read) adds the calls' times to the totals.
+class OpProfiler final : public LlamaOps {
+ public:
+  explicit OpProfiler(std::unique_ptr<LlamaOps> inner) : inner_(std::move(inner)) {}
+
+  Status Collect();
+  // The totals since the last Reset, largest first.
+  std::vector<OpTime> totals() const;
+  void Reset();
+
+  Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight, size_t vocab,
+                          size_t hidden, float* out) override;
+  Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                           size_t vocab, size_t hidden, float* dweight) override;
+  Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden, float eps,
+                        float* y, float* rstd) override;
+  Status RmsNormBackward(const float* x, Weight weight, const float* rstd, const float* dy,
+                         size_t num_tokens, size_t hidden, float* dx, float* dweight) override;
+  Status LinearForward(const float* x, Weight weight, size_t num_tokens, size_t in_features,
+                       size_t out_features, float* y) override;
+  Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
+                        size_t in_features, size_t out_features, float* dx, Accumulate dx_mode,
+                        float* dweight) override;
+  Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
+                     float theta) override;
+  Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
+                      float theta) override;
+  Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
+                          size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
+                          float* out, float* lse, device::DType precision) override;
+  Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
+                           const float* lse, const float* dout, size_t batch, size_t seq,
+                           size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
+                           float* dk, float* dv, device::DType precision) override;
+  Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) override;
+  Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
+                         float* dgate, float* dup) override;
+  Status ResidualAdd(const float* a, const float* b, size_t n, float* y) override;
+  Status AccumulateGradient(const float* dy, size_t n, float* dx) override;
+  Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
+                             size_t vocab, int32_t ignore_index, float* lse,
+                             float* loss) override;
+  Status CrossEntropyBackward(const float* logits, const int32_t* targets, const float* lse,
+                              size_t num_tokens, size_t vocab, int32_t ignore_index, float dloss,
+                              float* dlogits) override;
+  Status CheckDataErrors() override { return inner_->CheckDataErrors(); }
+  Status Mark() override { return inner_->Mark(); }
+  Result<std::vector<double>> TakeMarks() override { return inner_->TakeMarks(); }
+
+ private:
+  // Marks, runs `call`, marks, and remembers that the two marks bracket `op`.
+  template <typename Call>
+  Status Timed(const char* op, Call&& call);
+
+  std::unique_ptr<LlamaOps> inner_;
+  std::vector<const char*> pending_;  // the ops bracketed by the marks not yet collected
+  std::vector<OpTime> totals_;
 };
 
 // The CPU ops (stateless; one instance serves every stream).

@@ -109,6 +109,31 @@ Status ProbeOutputs(const TrainOptions& o, const Config& config, const comm::Lau
   return Status::Ok();
 }
 
+// --profile-ops: each op's device time per profiled step, largest first, and what the ops leave
+// of the step (the engine's own work: collectives, copies, the optimizer, waits).
+void PrintOpProfile(const std::vector<model::OpTime>& ops, int64_t steps, double step_s,
+                    const std::function<void(const std::string&)>& say) {
+  if (steps == 0 || ops.empty()) {
+    say("op profile: no step after the first to profile (--steps 2 or more)");
+    return;
+  }
+  const double per = 1.0 / static_cast<double>(steps);
+  double total = 0.0;
+  for (const model::OpTime& t : ops) total += t.seconds;
+  say(fmt::format("op profile: device time per step, {} step(s) after the first, rank 0 "
+                  "(--profile-ops)",
+                  steps));
+  say(fmt::format("  {:<22} {:>10} {:>10} {:>8}", "op", "calls/step", "ms/step", "of step"));
+  for (const model::OpTime& t : ops) {
+    say(fmt::format("  {:<22} {:>10.0f} {:>10.3f} {:>7.1f}%", t.op,
+                    static_cast<double>(t.calls) * per, t.seconds * per * 1e3,
+                    100.0 * t.seconds / step_s));
+  }
+  say(fmt::format("  {:<22} {:>10} {:>10.3f} {:>7.1f}%", "all ops", "", total * per * 1e3,
+                  100.0 * total / step_s));
+  say(fmt::format("  {:<22} {:>10} {:>10.3f} {:>7.1f}%", "the step", "", step_s * per * 1e3,
+                  100.0));
+}
 
 }  // namespace
 
@@ -323,7 +348,8 @@ Status RunTraining(const TrainOptions& o) {
                           model::LlamaModel::Create(*dev, mcfg, seq_len,
                                                     batch.train_micro_batch_size_per_gpu,
                                                     config.strata.seed,
-                                                    {.allow_tf32 = config.strata.tf32}));
+                                                    {.allow_tf32 = config.strata.tf32,
+                                                     .profile_ops = o.profile_ops}));
   say(fmt::format(
       "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
       "parameters on {}, {}{}, {}",
@@ -595,6 +621,8 @@ Status RunTraining(const TrainOptions& o) {
   SaveOptions save_options;
   save_options.max_shard_bytes = o.max_shard_bytes;
   save_options.print = say;
+  double profiled_s = 0.0;  // --profile-ops: the profiled steps' time
+  int64_t profiled_steps = 0;
   for (int64_t step = first_step; step < o.steps; ++step) {
     std::vector<model::LlamaBatch> mbs(static_cast<size_t>(layout.grad_accum));
     std::vector<const zero::Batch*> ptrs;
@@ -606,6 +634,14 @@ Status RunTraining(const TrainOptions& o) {
     }
     STRATA_ASSIGN_OR_RETURN(zero::StepResult r, engine->TrainStep(ptrs));
     sampler->Advance();
+    if (o.profile_ops) {  // the first step warms up (allocations, cuBLAS's choices): not profiled
+      if (step == first_step) {
+        llama->ResetOpProfile();
+      } else {
+        profiled_s += r.step_s;
+        ++profiled_steps;
+      }
+    }
     const uint64_t pageable_now = dev->memory_stats().pageable_copies;
     const uint64_t pageable = pageable_now - pageable_seen;
     pageable_seen = pageable_now;
@@ -697,6 +733,7 @@ Status RunTraining(const TrainOptions& o) {
                                 o.steps, saved));
     }
   }
+  if (o.profile_ops) PrintOpProfile(llama->op_profile(), profiled_steps, profiled_s, say);
   if (trace) {
     STRATA_RETURN_IF_ERROR(trace->WriteChromeJson(RankPath(o.trace_path, rank, world)));
     say(fmt::format("trace written to {}", RankPath(o.trace_path, 0, world)));

@@ -44,6 +44,9 @@ struct TrainOptions {
   uint64_t max_shard_bytes = 5ull << 30;  // checkpoint files are split above this
   std::string trace_path;
   std::string metrics_path;
+  // Time every op of the model on the device and print, at the end, where the steps after the
+  // first spent their time (rank 0's).
+  bool profile_ops = false;
   // "random" or "sequential"; empty: random, or what a resumed checkpoint used.
   std::string sampling;
   std::optional<uint64_t> seed;  // data order (default 1234; a resumed run keeps its own)

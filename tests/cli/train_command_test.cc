@@ -654,6 +654,58 @@ TEST(TrainCommandTest, StepsMakeNoPageableCopies) {
   }
 }
 
+// --profile-ops: a table of every op the decoder runs, per profiled step (the steps after the
+// first), whose op times add up to no more than the step; the losses are those of a plain run.
+TEST(TrainCommandTest, ProfileOpsSaysWhereTheStepWent) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "20k", "--vocab", "256"})
+                .exit_code,
+            0);
+  const std::string config = dir.file("ds.json");
+  {
+    std::ofstream out(config);
+    out << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+               "optimizer": {"type": "AdamW", "params": {"lr": 0.003}}})";
+  }
+  auto run = [&](bool profile) {
+    std::vector<std::string> args = {"train", "--config", config, "--model", "llama-tiny",
+                                     "--data", data, "--seq-len", "32", "--steps", "3",
+                                     "--device", "cpu"};
+    if (profile) args.push_back("--profile-ops");
+    return RunStrata(args, std::chrono::seconds(120));
+  };
+  auto plain = run(false);
+  auto profiled = run(true);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.err;
+  EXPECT_EQ(plain.out.find("op profile"), std::string::npos);
+  EXPECT_NE(profiled.out.find("op profile: device time per step, 2 step(s) after the first"),
+            std::string::npos)
+      << profiled.out;
+  for (const char* op : {"AttentionForward", "AttentionBackward", "LinearForward",
+                         "LinearBackward", "CrossEntropyForward", "RmsNormBackward"}) {
+    EXPECT_NE(profiled.out.find(std::string("  ") + op), std::string::npos) << op;
+  }
+  // "all ops" takes its share of the step: above 0%, at most 100%.
+  const size_t all = profiled.out.find("  all ops");
+  ASSERT_NE(all, std::string::npos);
+  const std::string line = profiled.out.substr(all, profiled.out.find('\n', all) - all);
+  const double share = std::stod(line.substr(line.rfind(' ', line.size() - 2) + 1));
+  EXPECT_GT(share, 0.0) << line;
+  EXPECT_LE(share, 100.0) << line;
+  // The same losses (the profile only reads clocks).
+  auto losses = [](const std::string& out) {
+    std::vector<std::string> v;
+    for (size_t at = out.find("| loss "); at != std::string::npos; at = out.find("| loss ", at + 1)) {
+      v.push_back(out.substr(at, 15));
+    }
+    return v;
+  };
+  EXPECT_EQ(losses(profiled.out), losses(plain.out));
+  EXPECT_EQ(losses(plain.out).size(), 3u);
+}
+
 // `strata train --device cuda` for 20 steps against the same run on the CPU device (same data,
 // seed, initial weights): ZeRO-3 in fp32 with everything in HBM, with the optimizer offloaded to
 // the CPU (all of it, and half of it), and with parameters and optimizer on NVMe. fp32 GEMMs on
