@@ -20,8 +20,10 @@ python=/usr/bin/python3
 # without its dependencies: it asks for torch >= 1.13.0, which Debian's 1.13.0a0 does not satisfy
 # by pip's rules, and pip would fetch a CUDA build of torch (gigabytes) into the environment; its
 # other dependencies are listed here (accelerate among them).
+# tensorboard: its event-file reader checks what the "tensorboard" monitor writes.
 pins=(transformers==4.40.2 safetensors==0.4.3 accelerate==0.29.3 psutil==5.9.8
-  hjson==3.1.0 py-cpuinfo==9.0.0 pydantic==1.10.17 ninja==1.11.1.1)
+  hjson==3.1.0 py-cpuinfo==9.0.0 pydantic==1.10.17 ninja==1.11.1.1 tensorboard==2.16.2
+  protobuf==4.25.3)
 # DeepSpeed 0.12: the newest whose CPU Adam compiles as C++14, what torch 1.13's extension
 # builder uses; without its dependencies for the same reason as peft (and it would add pynvml).
 nodeps=(peft==0.10.0 deepspeed==0.12.6)
@@ -35,7 +37,7 @@ die() { echo "hf-venv: $*" >&2; exit 1; }
   die "$python cannot import torch: deploy/install-deps.sh installs python3-torch"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$dir/bin/python" ]; then
-  "$dir/bin/python" -c 'import torch, transformers, safetensors, peft, deepspeed' 2>/dev/null ||
+  "$dir/bin/python" -c 'import torch, transformers, safetensors, peft, deepspeed, tensorboard' 2>/dev/null ||
     die "$dir: the installed packages do not import; remove $dir and run again"
   echo "$dir/bin/python"
   exit 0

@@ -248,6 +248,18 @@ struct CheckpointConfig {
   friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
 };
 
+// ---- monitoring ---------------------------------------------------------------------------------
+
+// DeepSpeed's "tensorboard" and "csv_monitor" sections: rank 0 writes every step's metrics under
+// output_path/job_name/ (TensorBoard event files, or one CSV file per metric).
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;  // empty: the current directory
+  std::string job_name = "DeepSpeedJobName";
+
+  friend bool operator==(const MonitorConfig&, const MonitorConfig&) = default;
+};
+
 // ---- batch sizes ------------------------------------------------------------------------------
 
 // The batch triple as written; nullopt where absent or "auto". Each given value is >= 1, and the
@@ -411,6 +423,8 @@ struct Config {
   ZeroConfig zero;
   AioConfig aio;
   CheckpointConfig checkpoint;
+  MonitorConfig tensorboard;
+  MonitorConfig csv_monitor;
   StrataSettings strata;
   ConfigDiagnostics diagnostics;
 

@@ -331,14 +331,16 @@ class ConfigParser {
         {.name = "aio", .parse = [this](const Field& f) { return ParseAio(f); }},
         {.name = "checkpoint", .parse = [this](const Field& f) { return ParseCheckpoint(f); }},
         {.name = "strata", .parse = [this](const Field& f) { return ParseStrata(f); }},
+        {.name = "tensorboard",
+         .parse = [this](const Field& f) { return ParseMonitor(f, &config_.tensorboard); }},
+        {.name = "csv_monitor",
+         .parse = [this](const Field& f) { return ParseMonitor(f, &config_.csv_monitor); }},
     };
     // DeepSpeed features Strata does not implement. Each is accepted and named in one warning.
     for (std::string_view name : {
              "wall_clock_breakdown",
              "memory_breakdown",
-             "tensorboard",
              "wandb",
-             "csv_monitor",
              "comet",
              "comms_logger",
              "flops_profiler",
@@ -923,6 +925,21 @@ class ConfigParser {
         Ignored("parallel_write"),
         Ignored("checkpoint_serialization"),
         Ignored("writer"),
+    };
+    return WalkObject(f, specs);
+  }
+
+  // ---- monitoring ----
+
+  Status ParseMonitor(const Field& f, MonitorConfig* m) {
+    std::vector<KeySpec> specs = {
+        {.name = "enabled", .parse = [m](const Field& v) { return ReadBool(v, &m->enabled); }},
+        {.name = "output_path",
+         .parse = [this, m](const Field& v) {
+           return ReadString(v, "a directory path", &m->output_path);
+         }},
+        {.name = "job_name",
+         .parse = [this, m](const Field& v) { return ReadString(v, "a name", &m->job_name); }},
     };
     return WalkObject(f, specs);
   }

@@ -34,6 +34,7 @@
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/estimate.h"
+#include "train/monitor.h"
 #include "train/plan.h"
 #include "train/rank_gather.h"
 #include "train/runtime.h"
@@ -580,6 +581,13 @@ Status RunTraining(const TrainOptions& o) {
     }
   }
 
+  // DeepSpeed's "tensorboard" and "csv_monitor" sections (rank 0 writes them).
+  std::vector<std::unique_ptr<MonitorWriter>> monitors;
+  if (rank == 0 && !o.eval_only) {
+    STRATA_ASSIGN_OR_RETURN(monitors, CreateMonitors(config));
+    for (const auto& m : monitors) say(fmt::format("  monitor: {}", m->where()));
+  }
+
   const double flops_per_token = mcfg.TrainFlopsPerToken(seq_len);
   const uint64_t tokens_per_step = layout.global_batch() * static_cast<uint64_t>(seq_len);
   const size_t row = static_cast<size_t>(seq_len) + 1;
@@ -701,6 +709,31 @@ Status RunTraining(const TrainOptions& o) {
       }
       *metrics << j.dump() << "\n";
       metrics->flush();
+    }
+    if (!monitors.empty()) {
+      // DeepSpeed's tags count samples; Strata's own count optimizer steps.
+      const int64_t samples = (step + 1) * static_cast<int64_t>(layout.global_batch());
+      std::vector<MonitorEvent> events = {
+          {"Train/Samples/train_loss", r.loss, samples},
+          {"Train/Samples/lr", r.lr, samples},
+          {"Train/Strata/tokens_per_s", tok_s, step + 1},
+          {"Train/Strata/tflops", tflops, step + 1},
+          {"Train/Strata/step_s", r.step_s, step + 1},
+          {"Train/Strata/compute_s", r.compute_s, step + 1},
+          {"Train/Strata/exposed_comm_s", r.exposed_comm_s, step + 1},
+          {"Train/Strata/exposed_io_s", r.exposed_io_s, step + 1},
+          {"Train/Strata/exposed_optimizer_s", r.exposed_optimizer_s, step + 1},
+          {"Train/Strata/grad_norm", r.grad_norm, step + 1},
+          {"Train/Strata/nvme_read_bytes", static_cast<double>(nvme_read), step + 1},
+          {"Train/Strata/nvme_write_bytes", static_cast<double>(nvme_write), step + 1},
+          {"Train/Strata/device_peak_bytes", static_cast<double>(st.device_peak_bytes), step + 1},
+          {"Train/Strata/host_peak_bytes", static_cast<double>(st.host_peak_bytes), step + 1}};
+      if (config.fp16.enabled) events.push_back({"Train/Samples/loss_scale", r.loss_scale, samples});
+      if (evaluated) {
+        events.push_back({"Train/Strata/eval_loss", evaluated->loss, step + 1});
+        events.push_back({"Train/Strata/eval_perplexity", std::exp(evaluated->loss), step + 1});
+      }
+      for (const auto& m : monitors) STRATA_RETURN_IF_ERROR(m->Write(events));
     }
     const bool last_step = step + 1 == o.steps;
     STRATA_ASSIGN_OR_RETURN(const int stop, stop_reason());

@@ -322,13 +322,29 @@ TEST(ConfigAioTest, QueueDepthMessage) {
             "test.json: aio.queue_depth: expected a positive integer, got 0");
 }
 
+// ---- monitors ----
+
+TEST(ConfigMonitorTest, TensorBoardAndCsvSectionsAreRead) {
+  Config c = Ok(R"({"tensorboard": {"enabled": true, "output_path": "runs", "job_name": "a"},
+                    "csv_monitor": {"enabled": true}})");
+  EXPECT_EQ(c.tensorboard, (MonitorConfig{.enabled = true, .output_path = "runs", .job_name = "a"}));
+  EXPECT_EQ(c.csv_monitor, (MonitorConfig{.enabled = true, .output_path = "",
+                                          .job_name = "DeepSpeedJobName"}));
+  EXPECT_TRUE(c.diagnostics.ignored_keys.empty());
+  EXPECT_FALSE(Ok("{}").tensorboard.enabled);
+  EXPECT_EQ(ErrorOf(R"({"csv_monitor": {"enabled": "yes"}})"),
+            "test.json: csv_monitor.enabled: expected true or false, got \"yes\"");
+  EXPECT_THAT(ErrorOf(R"({"tensorboard": {"enabled": true, "team": "x"}})"),
+              HasSubstr("tensorboard.team"));
+}
+
 // ---- keys Strata accepts but ignores ----
 
 TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
   Config c = Ok(R"({
     "wall_clock_breakdown": false,
     "zero_allow_untested_optimizer": true,
-    "tensorboard": {"enabled": true, "output_path": "runs"},
+    "wandb": {"enabled": true, "project": "runs"},
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "set_grad_none": true}},
     "zero_optimization": {
       "stage": 3,
@@ -344,7 +360,7 @@ TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
   })");
   EXPECT_THAT(
       c.diagnostics.ignored_keys,
-      ElementsAre("wall_clock_breakdown", "zero_allow_untested_optimizer", "tensorboard",
+      ElementsAre("wall_clock_breakdown", "zero_allow_untested_optimizer", "wandb",
                   "optimizer.params.set_grad_none", "zero_optimization.zero_quantized_weights",
                   "zero_optimization.zero_hpz_partition_size", "zero_optimization.mics_shard_size",
                   "zero_optimization.stage3_module_granularity_threshold",
