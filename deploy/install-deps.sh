@@ -30,6 +30,7 @@ packages=(
   python3-venv          # deploy/hf-venv.sh: transformers, safetensors and peft for the hf tests
   libtorch-dev pybind11-dev  # headers DeepSpeed's op builder compiles its CPU Adam against
   libaio-dev            # DeepSpeed's async I/O op (benchmarks/aio_vs_deepspeed.py)
+  chromium python3-pil  # the test that renders `strata report` in a headless browser
 )
 
 missing=()

@@ -44,5 +44,10 @@ mpi_args=(-np 2 --oversubscribe --bind-to none)
 if [ "$(id -u)" = 0 ]; then mpi_args+=(--allow-run-as-root); fi
 mpirun "${mpi_args[@]}" "$strata" train --config "$out/ds_config.json" --model llama-20m \
   --data "$out/tokens.bin" --seq-len 64 --steps "$steps" --device cpu --save "$out/checkpoint" \
-  --metrics "$out/metrics.jsonl"
-echo "main-job: done; per-step metrics in $out/metrics.jsonl"
+  --metrics "$out/metrics.jsonl" --trace "$out/trace.json"
+# With 2 ranks the trace is written per rank (trace.rank0.json, trace.rank1.json).
+trace="$out/trace.json"
+[ -f "$trace" ] || trace="$out/trace.rank0.json"
+"$strata" report "$out/metrics.jsonl" --trace "$trace" --out "$out/report.html" \
+  --title "Strata main job: llama-20m, ZeRO-3, NVMe offload, 2 ranks"
+echo "main-job: done; per-step metrics in $out/metrics.jsonl; the report: $out/report.html"

@@ -29,4 +29,7 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code);
 // `strata eval`: the loss and perplexity of a model on a token file (forward only).
 void RegisterEvalCommand(CLI::App& app, int* exit_code);
 
+// `strata report METRICS.jsonl [--trace FILE] [--out FILE]`: an HTML page of a training run.
+void RegisterReportCommand(CLI::App& app, int* exit_code);
+
 }  // namespace strata::cli

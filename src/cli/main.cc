@@ -67,6 +67,7 @@ int Run(int argc, char** argv) {
   RegisterEvalCommand(app, &exit_code);
   RegisterCheckpointCommand(app, &exit_code);
   RegisterEstimateCommand(app, &exit_code);
+  RegisterReportCommand(app, &exit_code);
   // Set after the subcommands are added, so that they do not inherit it.
   app.footer("Run 'strata <command> --help' for the options of a command.");
 
