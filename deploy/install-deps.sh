@@ -31,6 +31,7 @@ packages=(
   libtorch-dev pybind11-dev  # headers DeepSpeed's op builder compiles its CPU Adam against
   libaio-dev            # DeepSpeed's async I/O op (benchmarks/aio_vs_deepspeed.py)
   chromium python3-pil  # the test that renders `strata report` in a headless browser
+  slurm-wlm munge       # the test that runs deploy/slurm/strata-train.sbatch on a real Slurm
 )
 
 missing=()
