@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "common/log.h"
+#include "common/parallel_blocks.h"
 #include "common/units.h"
 #include "device/cpu_device.h"
 #include "device/device_internal.h"
@@ -161,19 +161,8 @@ double SumSquaresHost(const void* x, DType dtype, size_t n, int threads) {
     return 0.0;
   };
   std::vector<double> sums(blocks, 0.0);
-  const size_t workers = std::min<size_t>(static_cast<size_t>(std::max(1, threads)), blocks / 8);
-  if (workers <= 1) {
-    for (size_t b = 0; b < blocks; ++b) sums[b] = block_sum(b);
-  } else {
-    std::vector<std::thread> pool;
-    pool.reserve(workers);
-    for (size_t t = 0; t < workers; ++t) {
-      pool.emplace_back([&, t] {
-        for (size_t b = t; b < blocks; b += workers) sums[b] = block_sum(b);
-      });
-    }
-    for (std::thread& th : pool) th.join();
-  }
+  ParallelBlocks(blocks, static_cast<size_t>(std::max(1, threads)), 8,
+                 [&](size_t b) { sums[b] = block_sum(b); });
   double total = 0.0;
   for (double s : sums) total += s;
   return total;

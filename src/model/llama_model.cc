@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/host_memory.h"
+#include "common/parallel_blocks.h"
 #include "model/cpu_ops.h"
 #include "model/llama_ops.h"
 
@@ -53,20 +54,10 @@ void FillNormal(float* dst, int64_t n, float stddev, uint64_t seed) {
       if (k + 1 < end) dst[k + 1] = r * std::sin(a);
     }
   };
-  const int64_t threads = std::min<int64_t>(
-      {blocks / 16, static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())), 32});
-  if (threads <= 1) {
-    for (int64_t b = 0; b < blocks; ++b) fill_block(b);
-    return;
-  }
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads));
-  for (int64_t t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      for (int64_t b = t; b < blocks; b += threads) fill_block(b);
-    });
-  }
-  for (std::thread& th : pool) th.join();
+  // At least 16 blocks (1 Mi values) per thread; at most 32 threads.
+  ParallelBlocks(static_cast<size_t>(blocks),
+                 std::min(32u, std::max(1u, std::thread::hardware_concurrency())), 16,
+                 [&](size_t b) { fill_block(static_cast<int64_t>(b)); });
 }
 float* G(const zero::UnitView& g, size_t i) { return static_cast<float*>(g.param(i)); }
 
