@@ -363,6 +363,21 @@ std::string_view NonFinitePolicyName(NonFinitePolicy policy);  // "error", "skip
 
 std::string_view DeviceKindName(DeviceKind kind);  // "auto", "cpu", "cuda"
 
+// LoRA adapters (strata.lora; PEFT's LoraConfig keys): every targeted projection W of each
+// decoder layer computes W x + (lora_alpha / r) B A x, A [r, in] and B [out, r] trained, the
+// base weights frozen. r == 0: no adapters.
+struct LoraSettings {
+  int r = 0;
+  double lora_alpha = 8.0;
+  double lora_dropout = 0.0;  // only 0 is implemented (a non-zero value is an error)
+  // Projection names ("q_proj", ..., "down_proj"), or "all-linear" for all seven. Default (empty):
+  // q_proj and v_proj, as PEFT's default for Llama.
+  std::vector<std::string> target_modules;
+
+  bool enabled() const { return r > 0; }
+  friend bool operator==(const LoraSettings&, const LoraSettings&) = default;
+};
+
 struct StrataSettings {
   IoSettings io;
   MemorySettings memory;
@@ -385,6 +400,9 @@ struct StrataSettings {
   // is an error naming it).
   std::vector<std::string> freeze;
   std::vector<std::string> trainable;
+  // LoRA fine-tuning (docs/training.md, "LoRA adapters"): adapters train, every base weight is
+  // frozen unless `trainable` names it (whole units, as above). `freeze` cannot be combined.
+  LoraSettings lora;
 
   friend bool operator==(const StrataSettings&, const StrataSettings&) = default;
 };

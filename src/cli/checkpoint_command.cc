@@ -14,6 +14,7 @@
 #include "common/units.h"
 #include "train/checkpoint.h"
 #include "train/checksum_manifest.h"
+#include "train/lora_files.h"
 
 namespace strata::cli {
 namespace {
@@ -59,6 +60,22 @@ int RunVerify(const VerifyArgs& a) {
                             fmt::format("{} is damaged: {}", *step_dir, r.problems.front())));
 }
 
+struct MergeArgs {
+  std::string base, adapter, out;
+};
+
+int RunMerge(const MergeArgs& a) {
+  constexpr std::string_view kCommand = "checkpoint merge-lora";
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<train::MergeStats> r = train::MergeLora(
+      a.base, a.adapter, a.out, [](const std::string& line) { fmt::print(stdout, "{}\n", line); });
+  if (!r.ok()) return ReportError(kCommand, r.status());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(stdout, "{}: {} weights merged with {}'s adapters, {} copied; {} written in {:.1f} s\n",
+             a.out, r->merged_tensors, a.adapter, r->copied_tensors, FormatBytes(r->bytes), s);
+  return kExitOk;
+}
+
 }  // namespace
 
 void RegisterCheckpointCommand(CLI::App& app, int* exit_code) {
@@ -74,6 +91,21 @@ void RegisterCheckpointCommand(CLI::App& app, int* exit_code) {
       ->required();
   verify->add_flag("--json", args->json, "One JSON object instead of the table");
   verify->callback([args, exit_code] { *exit_code = RunVerify(*args); });
+
+  auto merge = std::make_shared<MergeArgs>();
+  CLI::App* m = ck->add_subcommand(
+      "merge-lora",
+      "Merge a LoRA adapter into its base model's weights (W + lora_alpha / r * B A) and write a "
+      "plain Hugging Face model directory");
+  m->add_option("--base", merge->base, "The base model directory (config.json + weights)")
+      ->required();
+  m->add_option("--adapter", merge->adapter,
+                "The adapter directory (adapter_config.json + adapter_model.safetensors); a LoRA "
+                "run's checkpoint step directory is one")
+      ->required();
+  m->add_option("--out", merge->out, "Where to write the merged model (must not hold weights)")
+      ->required();
+  m->callback([merge, exit_code] { *exit_code = RunMerge(*merge); });
 }
 
 }  // namespace strata::cli

@@ -21,6 +21,10 @@ void RegisterEvalCommand(CLI::App& app, int* exit_code) {
                   "step directory (DIR/latest), or a preset (random weights)")
       ->required();
   cmd->add_option("--data", o->eval_data, "Token file: FILE.npy or raw FILE.bin")->required();
+  cmd->add_option("--adapter", o->adapter_dir,
+                  "Apply a PEFT LoRA adapter directory (adapter_config.json + "
+                  "adapter_model.safetensors; a LoRA run's checkpoint step directory is one) to "
+                  "the model");
   AddDataShapeAndDeviceOptions(cmd, o.get());
   cmd->add_option("--sequences", o->eval_sequences,
                   "Evaluate the first N sequences (default: all of the file, in whole batches)")

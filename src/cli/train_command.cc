@@ -46,6 +46,10 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--save", o->save_dir,
                   "Write checkpoints here: DIR/step-N/ (Hugging Face model + optimizer and "
                   "trainer state) and DIR/latest");
+  cmd->add_option("--adapter", o->adapter_dir,
+                  "Start from a PEFT LoRA adapter directory (adapter_config.json + "
+                  "adapter_model.safetensors) on the --model weights: its settings are "
+                  "strata.lora's, its tensors the initial adapters");
   cmd->add_option("--resume", o->resume_dir,
                   "Continue from a checkpoint: a --save directory (its latest) or a step "
                   "directory; any number of ranks");

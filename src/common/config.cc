@@ -944,6 +944,42 @@ class ConfigParser {
     return WalkObject(f, specs);
   }
 
+  // ---- strata.lora (PEFT's LoraConfig names) ----
+
+  Status ParseLora(const Field& f) {
+    LoraSettings& l = config_.strata.lora;
+    std::vector<KeySpec> specs = {
+        {.name = "r",
+         .parse = [&](const Field& v) { return ReadInt(v, 0, 65536, "an integer from 0 to 65536", &l.r); }},
+        {.name = "lora_alpha",
+         .parse =
+             [&](const Field& v) {
+               return ReadDouble(v, 0, kInf, kNonNegativeNumber, &l.lora_alpha);
+             }},
+        {.name = "lora_dropout",
+         .parse =
+             [&](const Field& v) {
+               STRATA_RETURN_IF_ERROR(ReadDouble(v, 0, 1, "a number from 0 to 1", &l.lora_dropout));
+               if (l.lora_dropout != 0.0) {
+                 return Status(StatusCode::kUnimplemented,
+                               fmt::format("{}: {}: LoRA dropout is not implemented; use 0",
+                                           v.path, l.lora_dropout));
+               }
+               return Status::Ok();
+             }},
+        {.name = "target_modules",
+         .parse =
+             [&](const Field& v) {
+               return ReadStringList(v, "a list of projection names (\"q_proj\", ..., "
+                                        "\"down_proj\") or \"all-linear\"",
+                                     &l.target_modules);
+             }},
+        Ignored("bias"),
+        Ignored("task_type"),
+    };
+    return WalkObject(f, specs);
+  }
+
   // ---- strata ----
 
   Status ParseStrata(const Field& f) {
@@ -986,6 +1022,7 @@ class ConfigParser {
              [&](const Field& v) {
                return ReadStringList(v, "a list of parameter-name patterns", &s.trainable);
              }},
+        {.name = "lora", .parse = [this](const Field& v) { return ParseLora(v); }},
         {.name = "seed",
          .parse =
              [&](const Field& v) {
@@ -1187,6 +1224,11 @@ class ConfigParser {
       return InvalidArgumentError(
           "strata.freeze and strata.trainable are both given; give one of them (freeze: the "
           "parameters that match are frozen; trainable: only those that match train)");
+    }
+    if (config_.strata.lora.enabled() && !config_.strata.freeze.empty()) {
+      return InvalidArgumentError(
+          "strata.lora and strata.freeze are both given: LoRA freezes every base weight already; "
+          "to train some base weights with the adapters, list them in strata.trainable");
     }
 
     IoSettings& io = config_.strata.io;

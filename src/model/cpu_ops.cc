@@ -346,6 +346,11 @@ void AccumulateGradient(const float* dy, size_t n, float* dx) {
     dx[i] += dy[i];
 }
 
+void Scale(float* x, size_t n, float s) {
+  for (size_t i = 0; i < n; ++i)
+    x[i] *= s;
+}
+
 // ---- Cross-entropy ------------------------------------------------------------------------------
 
 namespace {

@@ -116,6 +116,8 @@ void SiluMulBackward(const float* gate, const float* up, const float* dh, size_t
 void ResidualAdd(const float* a, const float* b, size_t n, float* y);
 // dx[i] += dy[i].
 void AccumulateGradient(const float* dy, size_t n, float* dx);
+// x[i] *= s (LoRA's alpha / r).
+void Scale(float* x, size_t n, float s);
 
 // ---- Cross-entropy loss ------------------------------------------------------------------------
 inline constexpr int32_t kIgnoreIndex = -100;

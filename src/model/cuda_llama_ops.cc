@@ -91,6 +91,9 @@ class CudaLlamaOps final : public LlamaOps {
   Status AccumulateGradient(const float* dy, size_t n, float* dx) override {
     return cuda::ToStatus(cuda::AccumulateGradient(ctx(), dy, n, dx));
   }
+  Status Scale(float* x, size_t n, float s) override {
+    return cuda::ToStatus(cuda::Scale(ctx(), x, n, s));
+  }
   Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
                              size_t vocab, int32_t ignore_index, float* lse,
                              float* loss) override {

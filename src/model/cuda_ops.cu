@@ -1138,6 +1138,11 @@ __global__ void AddKernel(const float* a, const float* b, size_t n, float* y) {
     y[i] = __fadd_rn(a[i], b[i]);
 }
 
+__global__ void ScaleKernel(float* x, size_t n, float s) {
+  for (size_t i = FirstIndex(); i < n; i += GridStride())
+    x[i] = __fmul_rn(x[i], s);
+}
+
 }  // namespace
 
 OpError ResidualAdd(OpsContext* context, const float* a, const float* b, size_t n, float* y) {
@@ -1150,6 +1155,12 @@ OpError AccumulateGradient(OpsContext* context, const float* dy, size_t n, float
   if (n == 0) return OpError{};
   AddKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(dx, dy, n, dx);
   return LaunchResult("AccumulateGradient");
+}
+
+OpError Scale(OpsContext* context, float* x, size_t n, float s) {
+  if (n == 0) return OpError{};
+  ScaleKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(x, n, s);
+  return LaunchResult("Scale");
 }
 
 // ---- Cross-entropy ------------------------------------------------------------------------------

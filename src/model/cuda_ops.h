@@ -213,6 +213,8 @@ OpError SiluMulBackward(OpsContext* context, const float* gate, const float* up,
 // ---- Residual add -------------------------------------------------------------------------------
 OpError ResidualAdd(OpsContext* context, const float* a, const float* b, size_t n, float* y);
 OpError AccumulateGradient(OpsContext* context, const float* dy, size_t n, float* dx);
+// x *= s in place (LoRA's alpha / r), rounded as the CPU's.
+OpError Scale(OpsContext* context, float* x, size_t n, float s);
 
 // ---- Cross-entropy loss -------------------------------------------------------------------------
 // *loss (one device float) = the mean over counted tokens of lse[t] - logits[t, target[t]], 0

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -59,20 +60,125 @@ void FillNormal(float* dst, int64_t n, float stddev, uint64_t seed) {
                  std::min(32u, std::max(1u, std::thread::hardware_concurrency())), 16,
                  [&](size_t b) { fill_block(static_cast<int64_t>(b)); });
 }
-float* G(const zero::UnitView& g, size_t i) { return static_cast<float*>(g.param(i)); }
+// Parameter i's gradient; null for a frozen unit (no gradient buffer: weight gradients skipped).
+float* G(const zero::UnitView& g, size_t i) {
+  return g.data == nullptr ? nullptr : static_cast<float*>(g.param(i));
+}
 
 }  // namespace
 
-int LlamaNumUnits(const LlamaConfig& c) { return static_cast<int>(c.num_hidden_layers) + 2; }
+std::string_view LlamaProjectionName(int projection) {
+  static constexpr std::string_view kNames[kLlamaProjections] = {
+      "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return projection >= 0 && projection < kLlamaProjections ? kNames[projection] : "?";
+}
 
-std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& c, int unit) {
+std::vector<std::string> LlamaLora::target_names() const {
+  std::vector<std::string> out;
+  for (int p = 0; p < kLlamaProjections; ++p) {
+    if (targets[static_cast<size_t>(p)]) out.emplace_back(LlamaProjectionName(p));
+  }
+  return out;
+}
+
+Result<LlamaLora> ResolveLlamaLora(const LoraSettings& settings) {
+  LlamaLora lora;
+  if (!settings.enabled()) return lora;
+  if (settings.lora_dropout != 0.0) {
+    return UnimplementedError(fmt::format(
+        "strata.lora.lora_dropout {}: LoRA dropout is not implemented; use 0", settings.lora_dropout));
+  }
+  lora.rank = settings.r;
+  lora.alpha = settings.lora_alpha;
+  lora.scale = static_cast<float>(settings.lora_alpha / settings.r);
+  std::vector<std::string> names = settings.target_modules;
+  if (names.empty()) names = {"q_proj", "v_proj"};
+  for (const std::string& name : names) {
+    if (name == "all-linear") {
+      lora.targets.fill(true);
+      continue;
+    }
+    int found = -1;
+    for (int p = 0; p < kLlamaProjections; ++p) {
+      if (name == LlamaProjectionName(p)) found = p;
+    }
+    if (found < 0) {
+      return InvalidArgumentError(fmt::format(
+          "strata.lora.target_modules: '{}' is not a projection of a Llama block; expected "
+          "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or \"all-linear\" "
+          "(the LM head and the embedding take no adapters)",
+          name));
+    }
+    lora.targets[static_cast<size_t>(found)] = true;
+  }
+  return lora;
+}
+
+bool IsLoraParamName(std::string_view name) {
+  return name.find(".lora_A.") != std::string_view::npos ||
+         name.find(".lora_B.") != std::string_view::npos;
+}
+
+std::string PeftAdapterName(std::string_view name) {
+  return fmt::format("base_model.model.{}", name);
+}
+
+int LlamaNumUnits(const LlamaConfig& c, const LlamaLora& lora) {
+  return static_cast<int>(c.num_hidden_layers) * (lora.enabled() ? 2 : 1) + 2;
+}
+
+LlamaUnit LlamaUnitAt(const LlamaConfig& c, const LlamaLora& lora, int unit) {
+  const int n = LlamaNumUnits(c, lora);
+  if (unit <= 0) return {LlamaUnit::kEmbed, -1};
+  if (unit >= n - 1) return {LlamaUnit::kHead, -1};
+  if (!lora.enabled()) return {LlamaUnit::kBlock, unit - 1};
+  return {(unit - 1) % 2 == 0 ? LlamaUnit::kAdapter : LlamaUnit::kBlock, (unit - 1) / 2};
+}
+
+namespace {
+
+// in and out features of projection `p` of a block.
+std::pair<int64_t, int64_t> ProjectionShape(const LlamaConfig& c, int p) {
   const int64_t h = c.hidden_size, kv = c.kv_dim(), inter = c.intermediate_size;
-  if (unit == 0) return {{"model.embed_tokens.weight", {c.vocab_size, h}}};
-  if (unit == LlamaNumUnits(c) - 1) {
+  switch (p) {
+    case 0: return {h, h};
+    case 1:
+    case 2: return {h, kv};
+    case 3: return {h, h};
+    case 4:
+    case 5: return {h, inter};
+    default: return {inter, h};
+  }
+}
+
+std::string ProjectionPrefix(int layer, int p) {
+  return fmt::format("model.layers.{}.{}.{}", layer, p < 4 ? "self_attn" : "mlp",
+                     LlamaProjectionName(p));
+}
+
+}  // namespace
+
+std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& c, int unit,
+                                             const LlamaLora& lora) {
+  const int64_t h = c.hidden_size, kv = c.kv_dim(), inter = c.intermediate_size;
+  const LlamaUnit where = LlamaUnitAt(c, lora, unit);
+  if (where.kind == LlamaUnit::kEmbed) return {{"model.embed_tokens.weight", {c.vocab_size, h}}};
+  if (where.kind == LlamaUnit::kHead) {
     if (c.tie_word_embeddings) return {{"model.norm.weight", {h}}};  // the LM head is the embedding
     return {{"model.norm.weight", {h}}, {"lm_head.weight", {c.vocab_size, h}}};
   }
-  const std::string prefix = fmt::format("model.layers.{}.", unit - 1);
+  if (where.kind == LlamaUnit::kAdapter) {
+    std::vector<zero::ParamSpec> out;
+    for (int p = 0; p < kLlamaProjections; ++p) {
+      if (!lora.targets[static_cast<size_t>(p)]) continue;
+      const auto [in, o] = ProjectionShape(c, p);
+      const std::string prefix = ProjectionPrefix(where.layer, p);
+      out.push_back({prefix + ".lora_A.weight", {lora.rank, in}});
+      out.push_back({prefix + ".lora_B.weight", {o, lora.rank}});
+    }
+    return out;
+  }
+  const std::string prefix = fmt::format("model.layers.{}.", where.layer);
   return {
       {prefix + "input_layernorm.weight", {h}},
       {prefix + "self_attn.q_proj.weight", {h, h}},
@@ -128,9 +234,15 @@ struct LlamaActivations {
   // The head: normalised input, its rstd, logits (their gradient in place), log-sum-exp, loss.
   float *head_x = nullptr, *head_rstd = nullptr, *logits = nullptr, *lse = nullptr;
   float* loss = nullptr;  // one float
+  // LoRA: per projection, x A^T scaled [T, r] (kept from the block's forward for its backward),
+  // its gradient [T, r], and the adapter's output [T, out] before it is added (the MLP's dup
+  // buffer, free during a block's forward, when it is large enough).
+  std::array<float*, kLlamaProjections> lora_x{};
+  float* lora_dx = nullptr;
+  float* lora_out = nullptr;
 
   // Lays the buffers out from `base` (nullptr: only measures); returns the bytes used.
-  size_t Layout(char* base, const LlamaConfig& c, size_t batch, size_t seq) {
+  size_t Layout(char* base, const LlamaConfig& c, size_t batch, size_t seq, const LlamaLora& lora) {
     const size_t t = batch * seq, h = static_cast<size_t>(c.hidden_size);
     const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
     const size_t vocab = static_cast<size_t>(c.vocab_size);
@@ -168,6 +280,14 @@ struct LlamaActivations {
     logits = m.Take<float>(t * vocab);
     lse = m.Take<float>(t);
     loss = m.Take<float>(1);
+    if (lora.enabled()) {
+      const size_t r = static_cast<size_t>(lora.rank);
+      for (int p = 0; p < kLlamaProjections; ++p) {
+        if (lora.targets[static_cast<size_t>(p)]) lora_x[static_cast<size_t>(p)] = m.Take<float>(t * r);
+      }
+      lora_dx = m.Take<float>(t * r);
+      lora_out = inter >= h ? dup : m.Take<float>(t * h);
+    }
     return m.bytes();
   }
 };
@@ -197,12 +317,13 @@ struct LlamaModel::State {
 };
 
 LlamaModel::LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
-                       int64_t micro_batch, uint64_t init_seed)
+                       int64_t micro_batch, uint64_t init_seed, const LlamaLora& lora)
     : device_(device),
       config_(config),
       seq_len_(seq_len),
       micro_batch_(micro_batch),
       init_seed_(init_seed),
+      lora_(lora),
       state_(std::make_unique<State>()) {}
 
 LlamaModel::~LlamaModel() {
@@ -213,9 +334,11 @@ LlamaModel::~LlamaModel() {
   device_.Free(st.block);
 }
 
-uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch) {
+uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
+                              const LlamaLora& lora) {
   LlamaActivations a;
-  return a.Layout(nullptr, config, static_cast<size_t>(micro_batch), static_cast<size_t>(seq_len));
+  return a.Layout(nullptr, config, static_cast<size_t>(micro_batch), static_cast<size_t>(seq_len),
+                  lora);
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
@@ -231,7 +354,12 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
   if (micro_batch < 1) {
     return InvalidArgumentError(fmt::format("micro-batch size {} < 1", micro_batch));
   }
-  std::unique_ptr<LlamaModel> m(new LlamaModel(device, config, seq_len, micro_batch, init_seed));
+  if (options.lora.enabled() && (options.lora.rank < 1 || !std::isfinite(options.lora.scale))) {
+    return InvalidArgumentError(fmt::format("LoRA rank {} / scale {}: expected a rank >= 1",
+                                            options.lora.rank, options.lora.scale));
+  }
+  std::unique_ptr<LlamaModel> m(
+      new LlamaModel(device, config, seq_len, micro_batch, init_seed, options.lora));
   STRATA_RETURN_IF_ERROR(m->SetUp(options));
   return m;
 }
@@ -240,7 +368,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   State& st = *state_;
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   st.tokens = b * s;
-  st.block_bytes = st.a.Layout(nullptr, config_, b, s);
+  st.block_bytes = st.a.Layout(nullptr, config_, b, s, lora_);
   Result<void*> block = device_.Alloc(st.block_bytes);
   if (!block.ok()) {
     return block.status().WithContext(fmt::format(
@@ -250,7 +378,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
         st.tokens * static_cast<size_t>(config_.vocab_size) * sizeof(float)));
   }
   st.block = *block;
-  st.a.Layout(static_cast<char*>(st.block), config_, b, s);
+  st.a.Layout(static_cast<char*>(st.block), config_, b, s, lora_);
 
   STRATA_ASSIGN_OR_RETURN(
       st.host, HostRegion::Allocate(2 * st.tokens * sizeof(int32_t) + sizeof(float),
@@ -314,25 +442,45 @@ Status LlamaModel::Run(device::Stream& stream, std::function<Status(LlamaOps&)> 
 
 std::vector<zero::UnitSpec> LlamaModel::units() const {
   std::vector<zero::UnitSpec> out;
-  const int n = LlamaNumUnits(config_);
+  const int n = LlamaNumUnits(config_, lora_);
   for (int u = 0; u < n; ++u) {
-    std::string name = u == 0 ? "embed" : u == n - 1 ? "head" : fmt::format("layers.{}", u - 1);
-    out.push_back({std::move(name), LlamaUnitParams(config_, u)});
+    const LlamaUnit where = LlamaUnitAt(config_, lora_, u);
+    std::string name = where.kind == LlamaUnit::kEmbed   ? "embed"
+                       : where.kind == LlamaUnit::kHead  ? "head"
+                       : where.kind == LlamaUnit::kBlock ? fmt::format("layers.{}", where.layer)
+                                                         : fmt::format("lora.{}", where.layer);
+    out.push_back({std::move(name), LlamaUnitParams(config_, u, lora_)});
   }
   return out;
 }
 
 Status LlamaModel::InitUnit(int unit, const std::vector<zero::ParamSlot>& slots,
                             std::span<float> flat) const {
+  const bool adapter = LlamaUnitAt(config_, lora_, unit).kind == LlamaUnit::kAdapter;
   for (size_t i = 0; i < slots.size(); ++i) {
     const zero::ParamSlot& s = slots[i];
     float* dst = flat.data() + s.offset;
+    uint64_t seed_state = init_seed_ * 1000003u + static_cast<uint64_t>(unit) * 131u + i + 1;
+    if (adapter) {
+      // PEFT's: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_ with a = sqrt(5)), B = 0, so
+      // the adapted model starts as the base model.
+      if (i % 2 == 1) {
+        std::fill(dst, dst + s.numel, 0.0f);
+        continue;
+      }
+      const float bound = 1.0f / std::sqrt(static_cast<float>(s.shape[1]));
+      uint64_t state = SplitMix64(seed_state);
+      for (int64_t k = 0; k < s.numel; ++k) {
+        const float u = static_cast<float>(SplitMix64(state) >> 40) * 0x1.0p-24f;  // [0, 1)
+        dst[k] = (2.0f * u - 1.0f) * bound;
+      }
+      continue;
+    }
     const bool norm = s.shape.size() == 1;
     if (norm) {
       std::fill(dst, dst + s.numel, 1.0f);
       continue;
     }
-    uint64_t seed_state = init_seed_ * 1000003u + static_cast<uint64_t>(unit) * 131u + i + 1;
     FillNormal(dst, s.numel, 0.02f, SplitMix64(seed_state));
   }
   return Status::Ok();
@@ -371,79 +519,136 @@ Status LlamaModel::BeginMicroBatch(const zero::Batch& batch, float loss_scale,
       "llama begin");
 }
 
+// A block's LoRA adapters, from its adapter unit's views (null entries: no adapter).
+struct LlamaModel::Adapters {
+  std::array<const void*, kLlamaProjections> a{}, b{};
+  std::array<float*, kLlamaProjections> da{}, db{};
+  device::DType dtype = device::DType::kF32;
+
+  static Adapters Of(const LlamaLora& lora, const zero::UnitView& p, const zero::UnitView* g) {
+    Adapters ad;
+    ad.dtype = p.dtype;
+    size_t slot = 0;
+    for (size_t k = 0; k < kLlamaProjections; ++k) {
+      if (!lora.targets[k]) continue;
+      ad.a[k] = p.param(slot);
+      ad.b[k] = p.param(slot + 1);
+      if (g != nullptr) {
+        ad.da[k] = G(*g, slot);
+        ad.db[k] = G(*g, slot + 1);
+      }
+      slot += 2;
+    }
+    return ad;
+  }
+};
+
 Status LlamaModel::Forward(int unit, const zero::UnitView& params, device::Stream& stream) {
-  const int n = LlamaNumUnits(config_);
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit);
+  // An adapter unit computes nothing of its own: its block reads it (ForwardShared).
+  if (where.kind == LlamaUnit::kAdapter) return Status::Ok();
+  if (where.kind == LlamaUnit::kBlock && lora_.enabled()) {
+    return InternalError("llama: a block with LoRA adapters needs its adapter unit (ForwardShared)");
+  }
   zero::UnitView p = params;
   return Run(
       stream,
-      [this, unit, n, p](LlamaOps& ops) -> Status {
+      [this, where, p](LlamaOps& ops) -> Status {
         State& st = *state_;
         const size_t h = static_cast<size_t>(config_.hidden_size);
-        if (unit == 0) {
+        if (where.kind == LlamaUnit::kEmbed) {
           return ops.EmbeddingForward(st.a.tokens, st.tokens, W(p, 0),
                                       static_cast<size_t>(config_.vocab_size), h, st.a.block_in);
         }
-        if (unit == n - 1) {
+        if (where.kind == LlamaUnit::kHead) {
           if (config_.tie_word_embeddings) {
             return InternalError("llama: the tied head needs the embedding unit (ForwardShared)");
           }
           return HeadForward(ops, p, p.param(1));
         }
-        return BlockForward(ops, unit - 1, p);
+        return BlockForward(ops, where.layer, p, nullptr);
       },
       "llama forward");
 }
 
 Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::UnitView& grads,
                             device::Stream& stream) {
-  const int n = LlamaNumUnits(config_);
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit);
+  // An adapter unit's gradient was added by its block's BackwardShared.
+  if (where.kind == LlamaUnit::kAdapter) return Status::Ok();
+  if (where.kind == LlamaUnit::kBlock && lora_.enabled()) {
+    return InternalError("llama: a block with LoRA adapters needs its adapter unit (BackwardShared)");
+  }
   zero::UnitView p = params, g = grads;
   return Run(
       stream,
-      [this, unit, n, p, g](LlamaOps& ops) -> Status {
+      [this, where, p, g](LlamaOps& ops) -> Status {
         State& st = *state_;
         const size_t h = static_cast<size_t>(config_.hidden_size);
-        if (unit == 0) {
+        if (where.kind == LlamaUnit::kEmbed) {
+          if (g.data == nullptr) return Status::Ok();  // frozen: nothing to compute
           return ops.EmbeddingBackward(st.a.tokens, st.tokens, st.a.dres,
                                        static_cast<size_t>(config_.vocab_size), h, G(g, 0));
         }
-        if (unit == n - 1) {
+        if (where.kind == LlamaUnit::kHead) {
           if (config_.tie_word_embeddings) {
             return InternalError("llama: the tied head needs the embedding unit (BackwardShared)");
           }
           return HeadBackward(ops, p, g, p.param(1), G(g, 1));
         }
-        return BlockBackward(ops, unit - 1, p, g);
+        return BlockBackward(ops, where.layer, p, g, nullptr);
       },
       "llama backward");
 }
 
 std::vector<int> LlamaModel::SharedUnits(int unit) const {
-  if (config_.tie_word_embeddings && unit == LlamaNumUnits(config_) - 1) return {0};
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit);
+  if (where.kind == LlamaUnit::kHead && config_.tie_word_embeddings) return {0};
+  if (where.kind == LlamaUnit::kBlock && lora_.enabled()) return {unit - 1};  // its adapters
   return {};
 }
 
 Status LlamaModel::ForwardShared(int unit, std::span<const zero::UnitView> params,
                                  device::Stream& stream) {
-  if (unit != LlamaNumUnits(config_) - 1 || params.size() != 2) {
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit);
+  if (SharedUnits(unit).empty() || params.size() != 2) {
     return InternalError(fmt::format("llama: unit {} shares no parameters", unit));
   }
-  zero::UnitView p = params[0], embed = params[1];
+  zero::UnitView p = params[0], other = params[1];
+  if (where.kind == LlamaUnit::kBlock) {
+    return Run(
+        stream,
+        [this, where, p, other](LlamaOps& ops) {
+          const Adapters ad = Adapters::Of(lora_, other, nullptr);
+          return BlockForward(ops, where.layer, p, &ad);
+        },
+        "llama forward");
+  }
   return Run(
-      stream, [this, p, embed](LlamaOps& ops) { return HeadForward(ops, p, embed.param(0)); },
+      stream, [this, p, other](LlamaOps& ops) { return HeadForward(ops, p, other.param(0)); },
       "llama forward");
 }
 
 Status LlamaModel::BackwardShared(int unit, std::span<const zero::UnitView> params,
                                   std::span<const zero::UnitView> grads, device::Stream& stream) {
-  if (unit != LlamaNumUnits(config_) - 1 || params.size() != 2 || grads.size() != 2) {
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit);
+  if (SharedUnits(unit).empty() || params.size() != 2 || grads.size() != 2) {
     return InternalError(fmt::format("llama: unit {} shares no parameters", unit));
   }
-  zero::UnitView p = params[0], embed = params[1], g = grads[0], gembed = grads[1];
+  zero::UnitView p = params[0], other = params[1], g = grads[0], gother = grads[1];
+  if (where.kind == LlamaUnit::kBlock) {
+    return Run(
+        stream,
+        [this, where, p, other, g, gother](LlamaOps& ops) {
+          const Adapters ad = Adapters::Of(lora_, other, &gother);
+          return BlockBackward(ops, where.layer, p, g, &ad);
+        },
+        "llama backward");
+  }
   return Run(
       stream,
-      [this, p, embed, g, gembed](LlamaOps& ops) {
-        return HeadBackward(ops, p, g, embed.param(0), G(gembed, 0));
+      [this, p, other, g, gother](LlamaOps& ops) {
+        return HeadBackward(ops, p, g, other.param(0), G(gother, 0));
       },
       "llama backward");
 }
@@ -461,10 +666,50 @@ Result<double> LlamaModel::EndMicroBatch(device::Stream& stream) {
 
 // ---- the blocks ---------------------------------------------------------------------------------
 
+// y = x W^T, plus the adapter's scale (x A^T) B^T: x A^T goes to lora_x[proj] and is scaled
+// there (what backward needs), its product with B^T to lora_out, then added to y. y null: only
+// lora_x (the block's recompute of the down projection, whose output backward does not need).
+Status LlamaModel::Project(LlamaOps& ops, const Adapters* ad, int proj, const float* x,
+                           const zero::UnitView& p, size_t slot, size_t in, size_t out,
+                           float* y) {
+  const size_t t = state_->tokens;
+  if (y != nullptr) STRATA_RETURN_IF_ERROR(ops.LinearForward(x, W(p, slot), t, in, out, y));
+  const size_t k = static_cast<size_t>(proj);
+  if (ad == nullptr || ad->a[k] == nullptr) return Status::Ok();
+  LlamaActivations& a = state_->a;
+  const size_t r = static_cast<size_t>(lora_.rank);
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(x, Weight{ad->a[k], ad->dtype}, t, in, r, a.lora_x[k]));
+  STRATA_RETURN_IF_ERROR(ops.Scale(a.lora_x[k], t * r, lora_.scale));
+  if (y == nullptr) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(
+      ops.LinearForward(a.lora_x[k], Weight{ad->b[k], ad->dtype}, t, r, out, a.lora_out));
+  return ops.AccumulateGradient(a.lora_out, t * out, y);  // y += the adapter's output
+}
+
+// The base projection's backward (dw null: frozen), then the adapter's: dB += dy^T (s x A^T),
+// d(x A^T) = s dy B, dA += d(x A^T)^T x, dx += d(x A^T) A.
+Status LlamaModel::ProjectBackward(LlamaOps& ops, const Adapters* ad, int proj, const float* x,
+                                   const zero::UnitView& p, size_t slot, const float* dy,
+                                   size_t in, size_t out, float* dx, bool dx_add, float* dw) {
+  const size_t t = state_->tokens;
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(x, W(p, slot), dy, t, in, out, dx,
+                                            dx_add ? Accumulate::kAdd : Accumulate::kOverwrite,
+                                            dw));
+  const size_t k = static_cast<size_t>(proj);
+  if (ad == nullptr || ad->a[k] == nullptr) return Status::Ok();
+  LlamaActivations& a = state_->a;
+  const size_t r = static_cast<size_t>(lora_.rank);
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.lora_x[k], Weight{ad->b[k], ad->dtype}, dy, t, r,
+                                            out, a.lora_dx, Accumulate::kOverwrite, ad->db[k]));
+  STRATA_RETURN_IF_ERROR(ops.Scale(a.lora_dx, t * r, lora_.scale));
+  return ops.LinearBackward(x, Weight{ad->a[k], ad->dtype}, a.lora_dx, t, in, r, dx,
+                            Accumulate::kAdd, ad->da[k]);
+}
+
 // A block's internals from its input x into the activation buffers; with `out`, also the
 // block's output.
-Status LlamaModel::BlockInternals(LlamaOps& ops, const zero::UnitView& p, const float* x,
-                                  float* out) {
+Status LlamaModel::BlockInternals(LlamaOps& ops, const zero::UnitView& p, const Adapters* ad,
+                                  const float* x, float* out) {
   LlamaActivations& a = state_->a;
   const LlamaConfig& c = config_;
   const size_t t = state_->tokens, h = static_cast<size_t>(c.hidden_size);
@@ -475,35 +720,34 @@ Status LlamaModel::BlockInternals(LlamaOps& ops, const zero::UnitView& p, const 
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope_theta);
   STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, W(p, kInNorm), t, h, eps, a.h1, a.rstd1));
-  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h1, W(p, kQ), t, h, h, a.q));
-  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h1, W(p, kK), t, h, kv, a.k));
-  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h1, W(p, kV), t, h, kv, a.v));
+  STRATA_RETURN_IF_ERROR(Project(ops, ad, 0, a.h1, p, kQ, h, h, a.q));
+  STRATA_RETURN_IF_ERROR(Project(ops, ad, 1, a.h1, p, kK, h, kv, a.k));
+  STRATA_RETURN_IF_ERROR(Project(ops, ad, 2, a.h1, p, kV, h, kv, a.v));
   STRATA_RETURN_IF_ERROR(ops.RopeForward(a.q, b, s, nh, d, theta));
   STRATA_RETURN_IF_ERROR(ops.RopeForward(a.k, b, s, nkv, d, theta));
   STRATA_RETURN_IF_ERROR(ops.AttentionForward(a.q, a.k, a.v, b, s, nh, nkv, d, a.attn, a.attn_lse,
                                               p.dtype));
-  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.attn, W(p, kO), t, h, h, a.x2));
+  STRATA_RETURN_IF_ERROR(Project(ops, ad, 3, a.attn, p, kO, h, h, a.x2));
   STRATA_RETURN_IF_ERROR(ops.ResidualAdd(x, a.x2, t * h, a.x2));
   STRATA_RETURN_IF_ERROR(ops.RmsNormForward(a.x2, W(p, kPostNorm), t, h, eps, a.h2, a.rstd2));
-  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h2, W(p, kGate), t, h, inter, a.gate));
-  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.h2, W(p, kUp), t, h, inter, a.up));
+  STRATA_RETURN_IF_ERROR(Project(ops, ad, 4, a.h2, p, kGate, h, inter, a.gate));
+  STRATA_RETURN_IF_ERROR(Project(ops, ad, 5, a.h2, p, kUp, h, inter, a.up));
   STRATA_RETURN_IF_ERROR(ops.SiluMulForward(a.gate, a.up, t * inter, a.hm));
-  if (out != nullptr) {
-    STRATA_RETURN_IF_ERROR(ops.LinearForward(a.hm, W(p, kDown), t, inter, h, out));
-    STRATA_RETURN_IF_ERROR(ops.ResidualAdd(a.x2, out, t * h, out));
-  }
+  STRATA_RETURN_IF_ERROR(Project(ops, ad, 6, a.hm, p, kDown, inter, h, out));
+  if (out != nullptr) STRATA_RETURN_IF_ERROR(ops.ResidualAdd(a.x2, out, t * h, out));
   return Status::Ok();
 }
 
-Status LlamaModel::BlockForward(LlamaOps& ops, int layer, const zero::UnitView& p) {
+Status LlamaModel::BlockForward(LlamaOps& ops, int layer, const zero::UnitView& p,
+                                const Adapters* ad) {
   State& st = *state_;
   const size_t th = st.tokens * static_cast<size_t>(config_.hidden_size);
   const float* x = st.a.block_in + static_cast<size_t>(layer) * th;
-  return BlockInternals(ops, p, x, st.a.block_in + static_cast<size_t>(layer + 1) * th);
+  return BlockInternals(ops, p, ad, x, st.a.block_in + static_cast<size_t>(layer + 1) * th);
 }
 
 Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, const zero::UnitView& p,
-                                 const zero::UnitView& g) {
+                                 const zero::UnitView& g, const Adapters* ad) {
   State& st = *state_;
   LlamaActivations& a = st.a;
   const LlamaConfig& c = config_;
@@ -515,34 +759,34 @@ Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, const zero::UnitView&
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float theta = static_cast<float>(c.rope_theta);
   const float* x = a.block_in + static_cast<size_t>(layer) * t * h;
-  STRATA_RETURN_IF_ERROR(BlockInternals(ops, p, x, nullptr));  // recompute (checkpointing)
+  STRATA_RETURN_IF_ERROR(BlockInternals(ops, p, ad, x, nullptr));  // recompute (checkpointing)
 
   const float* dres = a.dres;  // d out, [T, H]
   // MLP.
   float* dgate = a.dhm;
-  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.hm, W(p, kDown), dres, t, inter, h, a.dhm,
-                                            Accumulate::kOverwrite, G(g, kDown)));
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 6, a.hm, p, kDown, dres, inter, h, a.dhm,
+                                         false, G(g, kDown)));
   STRATA_RETURN_IF_ERROR(ops.SiluMulBackward(a.gate, a.up, a.dhm, t * inter, dgate, a.dup));
-  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h2, W(p, kGate), dgate, t, h, inter, a.dh2,
-                                            Accumulate::kOverwrite, G(g, kGate)));
-  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h2, W(p, kUp), a.dup, t, h, inter, a.dh2,
-                                            Accumulate::kAdd, G(g, kUp)));
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 4, a.h2, p, kGate, dgate, h, inter, a.dh2,
+                                         false, G(g, kGate)));
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 5, a.h2, p, kUp, a.dup, h, inter, a.dh2,
+                                         true, G(g, kUp)));
   STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(a.x2, W(p, kPostNorm), a.rstd2, a.dh2, t, h, a.dx2,
                                              G(g, kPostNorm)));
   STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(dres, t * h, a.dx2));  // the residual path
   // Attention.
-  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.attn, W(p, kO), a.dx2, t, h, h, a.dattn,
-                                            Accumulate::kOverwrite, G(g, kO)));
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 3, a.attn, p, kO, a.dx2, h, h, a.dattn,
+                                         false, G(g, kO)));
   STRATA_RETURN_IF_ERROR(ops.AttentionBackward(a.q, a.k, a.v, a.attn, a.attn_lse, a.dattn, b, s,
                                                nh, nkv, d, a.dq, a.dk, a.dv, p.dtype));
   STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta));
   STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta));
-  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h1, W(p, kQ), a.dq, t, h, h, a.dh1,
-                                            Accumulate::kOverwrite, G(g, kQ)));
-  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h1, W(p, kK), a.dk, t, h, kv, a.dh1,
-                                            Accumulate::kAdd, G(g, kK)));
-  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.h1, W(p, kV), a.dv, t, h, kv, a.dh1,
-                                            Accumulate::kAdd, G(g, kV)));
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 0, a.h1, p, kQ, a.dq, h, h, a.dh1,
+                                         false, G(g, kQ)));
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 1, a.h1, p, kK, a.dk, h, kv, a.dh1,
+                                         true, G(g, kK)));
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 2, a.h1, p, kV, a.dv, h, kv, a.dh1,
+                                         true, G(g, kV)));
   STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(x, W(p, kInNorm), a.rstd1, a.dh1, t, h, a.dres_next,
                                              G(g, kInNorm)));
   STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(a.dx2, t * h, a.dres_next));

@@ -7,6 +7,10 @@
 //                           model.layers.i.post_attention_layernorm.weight [H],
 //                           model.layers.i.mlp.{gate,up,down}_proj.weight
 //   L + 1      "head"       model.norm.weight [H], lm_head.weight [V, H]
+// With LoRA adapters (LlamaModelOptions::lora) each block i is preceded by its adapter unit
+// "lora.i" (model.layers.i.<module>.<proj>.lora_A.weight [r, in] and .lora_B.weight [out, r] for
+// each targeted projection); the block reads it as a shared unit (below), so the engine gathers,
+// reduces and updates the adapters as units of their own, and the base units can be frozen.
 // With tie_word_embeddings the head has only model.norm.weight and reads the embedding matrix
 // as its LM head (zero::Model::SharedUnits): the engine gathers the embedding unit for the head
 // too and sums both gradients into it. Checkpoints then hold no lm_head.weight, as Hugging Face's.
@@ -34,6 +38,7 @@
 // memory; the CPU ops keep one row's worth per call (host scratch of up to 8 seq^2 bytes).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -42,6 +47,7 @@
 
 #include "model/llama_config.h"
 #include "model/op_time.h"
+#include "strata/config.h"
 #include "strata/device.h"
 #include "zero/model.h"
 
@@ -53,11 +59,45 @@ struct LlamaBatch : zero::Batch {
 
 class LlamaOps;
 
+// The seven projections of a decoder block, in their order in a unit (and in an adapter unit).
+inline constexpr int kLlamaProjections = 7;
+// "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj".
+std::string_view LlamaProjectionName(int projection);
+
+// LoRA adapters as the model runs them (strata.lora, validated): each targeted projection
+// W [out, in] of every block gains A [r, in] and B [out, r], and computes
+// y = x W^T + scale * (x A^T) B^T with scale = lora_alpha / r (PEFT's LoRA, dropout 0).
+struct LlamaLora {
+  int rank = 0;  // 0: no adapters
+  float scale = 0.0f;
+  double alpha = 0.0;
+  std::array<bool, kLlamaProjections> targets{};
+  bool enabled() const { return rank > 0; }
+  // The targeted projections' names, in block order.
+  std::vector<std::string> target_names() const;
+};
+// InvalidArgument naming a target module that is not one of the seven projections ("all-linear"
+// is all seven; none given: q_proj and v_proj, PEFT's default for Llama).
+Result<LlamaLora> ResolveLlamaLora(const LoraSettings& settings);
+// True for an adapter's parameter name ("model.layers.3.self_attn.q_proj.lora_A.weight").
+bool IsLoraParamName(std::string_view name);
+// "base_model.model." + name: PEFT's name for an adapter parameter in adapter_model.safetensors.
+std::string PeftAdapterName(std::string_view name);
+
+// Units, in order: the embedding; per layer i, with LoRA its adapter unit "lora.i" and then the
+// block "layers.i" (which reads the adapter unit as a shared unit); the head.
+struct LlamaUnit {
+  enum Kind { kEmbed, kAdapter, kBlock, kHead } kind = kEmbed;
+  int layer = -1;  // kAdapter, kBlock
+};
+LlamaUnit LlamaUnitAt(const LlamaConfig& config, const LlamaLora& lora, int unit);
 // Hugging Face names of unit `unit`'s parameters, in the unit's order.
-std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& config, int unit);
-int LlamaNumUnits(const LlamaConfig& config);
+std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& config, int unit,
+                                             const LlamaLora& lora = {});
+int LlamaNumUnits(const LlamaConfig& config, const LlamaLora& lora = {});
 // The device memory LlamaModel::Create allocates for activations (without the CUDA workspace).
-uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch);
+uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
+                              const LlamaLora& lora = {});
 
 struct LlamaModelOptions {
   // CUDA: fp32 GEMMs on TF32 tensor cores (strata.tf32). No effect on the CPU device or with
@@ -66,6 +106,8 @@ struct LlamaModelOptions {
   // Time every op call (strata train --profile-ops; op_profile()). Costs two stream-ordered
   // timestamps per op.
   bool profile_ops = false;
+  // LoRA adapters (ResolveLlamaLora): adapter units between the blocks (LlamaUnitAt).
+  LlamaLora lora;
 };
 
 class LlamaModel final : public zero::Model {
@@ -95,6 +137,7 @@ class LlamaModel final : public zero::Model {
                         std::span<const zero::UnitView> grads, device::Stream& stream) override;
 
   const LlamaConfig& config() const { return config_; }
+  const LlamaLora& lora() const { return lora_; }
   // Device memory held since Create: activations, and the CUDA ops' workspace (0 on the CPU).
   uint64_t activation_bytes() const;
   uint64_t workspace_bytes() const;
@@ -106,14 +149,27 @@ class LlamaModel final : public zero::Model {
 
  private:
   struct State;
+  struct Adapters;
   LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
-             int64_t micro_batch, uint64_t init_seed);
+             int64_t micro_batch, uint64_t init_seed, const LlamaLora& lora);
   Status SetUp(const LlamaModelOptions& options);
   // Runs `fn` with the device's ops in the order of `stream` (see the header comment).
   Status Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn, std::string_view label);
-  Status BlockInternals(LlamaOps& ops, const zero::UnitView& p, const float* x, float* out);
-  Status BlockForward(LlamaOps& ops, int layer, const zero::UnitView& p);
-  Status BlockBackward(LlamaOps& ops, int layer, const zero::UnitView& p, const zero::UnitView& g);
+  // `ad`: the block's LoRA adapters (null without). A null gradient view (`g.data`): a frozen
+  // unit, whose weight gradients are not computed.
+  Status BlockInternals(LlamaOps& ops, const zero::UnitView& p, const Adapters* ad, const float* x,
+                        float* out);
+  Status BlockForward(LlamaOps& ops, int layer, const zero::UnitView& p, const Adapters* ad);
+  Status BlockBackward(LlamaOps& ops, int layer, const zero::UnitView& p, const zero::UnitView& g,
+                       const Adapters* ad);
+  // y = x W^T (+ the adapter's scale (x A^T) B^T); y null: only the adapter's x A^T (kept for
+  // backward).
+  Status Project(LlamaOps& ops, const Adapters* ad, int proj, const float* x,
+                 const zero::UnitView& p, size_t slot, size_t in, size_t out, float* y);
+  // dx (= or, with dx_add, +=) and dw (null: frozen) of the base projection and its adapter's.
+  Status ProjectBackward(LlamaOps& ops, const Adapters* ad, int proj, const float* x,
+                         const zero::UnitView& p, size_t slot, const float* dy, size_t in,
+                         size_t out, float* dx, bool dx_add, float* dw);
   // The head: final norm (params.param(0)) and the LM head matrix `lm` with its gradient `dlm`
   // (the head unit's second parameter, or the tied embedding matrix).
   Status HeadForward(LlamaOps& ops, const zero::UnitView& p, const void* lm);
@@ -125,6 +181,7 @@ class LlamaModel final : public zero::Model {
   const int64_t seq_len_;
   const int64_t micro_batch_;
   const uint64_t init_seed_;
+  const LlamaLora lora_;
   std::unique_ptr<State> state_;  // touched in stream order (CPU: by the stream's tasks)
 };
 

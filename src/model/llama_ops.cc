@@ -88,6 +88,10 @@ class CpuLlamaOps final : public LlamaOps {
     cpu::AccumulateGradient(dy, n, dx);
     return Status::Ok();
   }
+  Status Scale(float* x, size_t n, float s) override {
+    cpu::Scale(x, n, s);
+    return Status::Ok();
+  }
   Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
                              size_t vocab, int32_t ignore_index, float* lse,
                              float* loss) override {
@@ -245,6 +249,9 @@ Status OpProfiler::ResidualAdd(const float* a, const float* b, size_t n, float* 
 }
 Status OpProfiler::AccumulateGradient(const float* dy, size_t n, float* dx) {
   return Timed("AccumulateGradient", [&] { return inner_->AccumulateGradient(dy, n, dx); });
+}
+Status OpProfiler::Scale(float* x, size_t n, float s) {
+  return Timed("Scale", [&] { return inner_->Scale(x, n, s); });
 }
 Status OpProfiler::CrossEntropyForward(const float* logits, const int32_t* targets,
                                        size_t num_tokens, size_t vocab, int32_t ignore_index,

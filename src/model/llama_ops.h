@@ -75,6 +75,8 @@ class LlamaOps {
                                  float* dgate, float* dup) = 0;
   virtual Status ResidualAdd(const float* a, const float* b, size_t n, float* y) = 0;
   virtual Status AccumulateGradient(const float* dy, size_t n, float* dx) = 0;
+  // x *= s in place (LoRA's scale).
+  virtual Status Scale(float* x, size_t n, float s) = 0;
   // *loss (one float of device memory) = the mean cross-entropy (cpu::CrossEntropyForward).
   virtual Status CrossEntropyForward(const float* logits, const int32_t* targets,
                                      size_t num_tokens, size_t vocab, int32_t ignore_index,
@@ -135,6 +137,7 @@ class OpProfiler final : public LlamaOps {
                          float* dgate, float* dup) override;
   Status ResidualAdd(const float* a, const float* b, size_t n, float* y) override;
   Status AccumulateGradient(const float* dy, size_t n, float* dx) override;
+  Status Scale(float* x, size_t n, float s) override;
   Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
                              size_t vocab, int32_t ignore_index, float* lse,
                              float* loss) override;

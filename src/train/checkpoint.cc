@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "train/checksum_manifest.h"
+#include "train/lora_files.h"
 #include "train/rank_gather.h"
 #include "train/safetensors.h"
 
@@ -170,12 +171,15 @@ nlohmann::json StateToJson(const TrainerState& st) {
   return j;
 }
 
+// The parameters: the model's (`adapters` false), or its LoRA adapters under PEFT's names.
 std::vector<SafetensorsTensorSpec> ParamSpecs(const std::vector<zero::UnitLayout>& layouts,
-                                              SafetensorsDType dtype) {
+                                              SafetensorsDType dtype, bool adapters) {
   std::vector<SafetensorsTensorSpec> specs;
   for (const auto& l : layouts) {
     for (const auto& s : l.slots) {
-      specs.push_back({s.name, dtype, std::vector<uint64_t>(s.shape.begin(), s.shape.end())});
+      if (model::IsLoraParamName(s.name) != adapters) continue;
+      specs.push_back({adapters ? model::PeftAdapterName(s.name) : s.name, dtype,
+                       std::vector<uint64_t>(s.shape.begin(), s.shape.end())});
     }
   }
   return specs;
@@ -247,17 +251,23 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
   const zero::StateProgress progress =
       UnitProgress(rank == 0 ? options.print : nullptr, "saving checkpoint");
 
+  const SafetensorsDType param_dtype = ToSafetensorsDType(engine.compute_dtype());
   STRATA_ASSIGN_OR_RETURN(
       FileSet params,
-      PlanFiles("model", ParamSpecs(layouts, ToSafetensorsDType(engine.compute_dtype())),
-                options.max_shard_bytes));
+      PlanFiles("model", ParamSpecs(layouts, param_dtype, false), options.max_shard_bytes));
   STRATA_ASSIGN_OR_RETURN(FileSet optim,
                           PlanFiles("optimizer", OptimizerSpecs(layouts, engine.frozen_units()),
                                     options.max_shard_bytes));
-  FileSet* sets[2] = {&params, &optim};
+  // A LoRA run's adapters: one adapter_model.safetensors, as PEFT writes it.
+  const std::vector<SafetensorsTensorSpec> adapter_specs = ParamSpecs(layouts, param_dtype, true);
+  STRATA_ASSIGN_OR_RETURN(FileSet adapter,
+                          PlanFiles("adapter_model", adapter_specs, ~uint64_t{0}));
+  std::vector<FileSet*> sets = {&params, &optim};
+  if (!adapter_specs.empty()) sets.push_back(&adapter);
+  const int n_sets = static_cast<int>(sets.size());
 
   // 1. Rank 0 makes the temporary directory and creates every file (header, size).
-  std::vector<std::unique_ptr<SafetensorsWriter>> writers[2];
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers[3];
   Status st;
   if (rank == 0) {
     std::error_code ec;
@@ -274,7 +284,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
                     fmt::format("{}: cannot create the directory: {}", tmp_dir, ec.message()));
       }
     }
-    for (int k = 0; k < 2 && st.ok(); ++k) {
+    for (int k = 0; k < n_sets && st.ok(); ++k) {
       for (size_t f = 0; f < sets[k]->files.size() && st.ok(); ++f) {
         Result<std::unique_ptr<SafetensorsWriter>> w = SafetensorsWriter::Create(
             (fs::path(tmp_dir) / sets[k]->files[f]).string(), sets[k]->layouts[f]);
@@ -287,7 +297,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
 
   // 2. Every rank writes its pieces.
   if (rank != 0) {
-    for (int k = 0; k < 2 && st.ok(); ++k) {
+    for (int k = 0; k < n_sets && st.ok(); ++k) {
       for (size_t f = 0; f < sets[k]->files.size() && st.ok(); ++f) {
         Result<std::unique_ptr<SafetensorsWriter>> w = SafetensorsWriter::Open(
             (fs::path(tmp_dir) / sets[k]->files[f]).string(), sets[k]->layouts[f]);
@@ -300,8 +310,11 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
     st = engine.SaveStates(
         [&](const zero::StatePiece& p, const void* data, device::DType dtype) -> Status {
           const std::string& pname = layouts[p.unit].slots[p.slot].name;
-          const int k = p.kind == zero::StateKind::kParams ? 0 : 1;
-          const std::string name = k == 0 ? pname : OptimizerName(p.kind, pname);
+          const bool params_kind = p.kind == zero::StateKind::kParams;
+          const int k = !params_kind ? 1 : model::IsLoraParamName(pname) ? 2 : 0;
+          const std::string name = k == 0   ? pname
+                                   : k == 2 ? model::PeftAdapterName(pname)
+                                            : OptimizerName(p.kind, pname);
           // A checkpoint is the run's durable copy: one with NaN or infinite values is never
           // written, so `latest` never moves to one.
           if (const int64_t bad = FirstNonFinite(data, static_cast<uint64_t>(p.count), dtype);
@@ -321,7 +334,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
         },
         progress);
   }
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < n_sets; ++k) {
     for (auto& w : writers[k]) {
       Status f = w->Finish();
       if (st.ok()) st = f;
@@ -330,7 +343,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
   // What this rank wrote, hashed as it was written, for the manifest (checksum_manifest.h).
   if (st.ok()) {
     std::map<std::string, std::vector<SafetensorsWriter::WrittenRange>> written;
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < n_sets; ++k) {
       for (size_t f = 0; f < writers[k].size(); ++f) {
         written[sets[k]->files[f]] = writers[k][f]->written();
       }
@@ -341,7 +354,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
 
   // 3. Rank 0 writes the small files and publishes the directory.
   if (rank == 0) {
-    for (int k = 0; k < 2 && st.ok(); ++k) {
+    for (int k = 0; k < n_sets && st.ok(); ++k) {
       if (!sets[k]->sharded()) continue;
       std::map<std::string, std::string> weight_map;
       for (const auto& [name, f] : sets[k]->file_of) weight_map[name] = sets[k]->files[f];
@@ -356,9 +369,14 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
       st = WriteFileDurable((fs::path(tmp_dir) / kTrainerStateFile).string(),
                         StateToJson(state).dump(2) + "\n");
     }
+    if (st.ok() && options.lora.enabled()) {
+      st = WriteFileDurable((fs::path(tmp_dir) / kAdapterConfigFile).string(),
+                            AdapterConfigJson(options.lora, options.base_model));
+    }
     if (st.ok()) {
       std::vector<std::string> small = {"config.json", kTrainerStateFile};
-      for (int k = 0; k < 2; ++k) {
+      if (options.lora.enabled()) small.emplace_back(kAdapterConfigFile);
+      for (int k = 0; k < n_sets; ++k) {
         if (sets[k]->sharded()) small.push_back(sets[k]->index_name());
       }
       st = WriteManifest(tmp_dir, comm.world_size(), small);
@@ -565,6 +583,9 @@ Status CheckSameModel(const std::string& step_dir, const model::LlamaConfig& c) 
 struct StateFiles::Impl {
   std::string source;
   std::unique_ptr<SafetensorsModel> weights;
+  // LoRA adapters (PEFT names); null: the adapter units start from the model's init.
+  std::unique_ptr<SafetensorsModel> adapter;
+  std::vector<char> init_from_model;  // per unit (InitialStates::init_from_model)
   std::unique_ptr<SafetensorsModel> optimizer;  // null for weights only
   std::vector<std::vector<std::string>> names;   // [unit][slot]
   uint64_t total_bytes = 0;
@@ -624,12 +645,32 @@ StateFiles::StateFiles(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StateFiles::~StateFiles() = default;
 
 Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& path,
-                                                            const std::vector<zero::UnitSpec>& units) {
+                                                            const std::vector<zero::UnitSpec>& units,
+                                                            const std::string& adapter_dir) {
   auto impl = std::make_unique<Impl>();
   impl->source = path;
   STRATA_ASSIGN_OR_RETURN(impl->weights, SafetensorsModel::Open(path));
-  STRATA_RETURN_IF_ERROR(CheckTensors(*impl->weights, units,
+  // The base weights here; LoRA adapters (units of their own) from the adapter directory.
+  std::vector<zero::UnitSpec> base, adapters;
+  impl->init_from_model.assign(units.size(), 0);
+  for (size_t u = 0; u < units.size(); ++u) {
+    base.push_back({units[u].name, {}});
+    adapters.push_back({units[u].name, {}});
+    for (const auto& p : units[u].params) {
+      (model::IsLoraParamName(p.name) ? adapters : base).back().params.push_back(p);
+    }
+    if (!adapters.back().params.empty() && adapter_dir.empty()) impl->init_from_model[u] = 1;
+  }
+  STRATA_RETURN_IF_ERROR(CheckTensors(*impl->weights, base,
                                       [](const std::string& n) { return n; }, &impl->total_bytes));
+  if (!adapter_dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(
+        impl->adapter,
+        SafetensorsModel::Open((fs::path(adapter_dir) / kAdapterModelFile).string()));
+    STRATA_RETURN_IF_ERROR(CheckTensors(
+        *impl->adapter, adapters, [](const std::string& n) { return model::PeftAdapterName(n); },
+        &impl->total_bytes));
+  }
   impl->names = SlotNames(units);
   return std::unique_ptr<StateFiles>(new StateFiles(std::move(impl)));
 }
@@ -637,7 +678,13 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& p
 Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
     const std::string& step_dir, const std::vector<zero::UnitSpec>& units,
     const std::vector<char>& frozen) {
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StateFiles> files, OpenWeights(step_dir, units));
+  // A LoRA run's checkpoint holds its adapters in PEFT's layout beside the weights.
+  bool has_adapters = false;
+  for (const auto& u : units) {
+    for (const auto& p : u.params) has_adapters = has_adapters || model::IsLoraParamName(p.name);
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StateFiles> files,
+                          OpenWeights(step_dir, units, has_adapters ? step_dir : ""));
   Impl& impl = *files->impl_;
   const fs::path dir(step_dir);
   std::error_code ec;
@@ -657,6 +704,14 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
     (u >= frozen.size() || !frozen[u] ? trained : kept).push_back(units[u]);
   }
   // Frozen units load their parameters from the weights (counted for the progress lines).
+  for (const auto& u : kept) {
+    for (const auto& p : u.params) {
+      if (model::IsLoraParamName(p.name)) {
+        return InvalidArgumentError(fmt::format(
+            "{}: LoRA adapter '{}' is frozen in this run; adapters always train", step_dir, p.name));
+      }
+    }
+  }
   STRATA_RETURN_IF_ERROR(CheckTensors(*impl.weights, kept, [](const std::string& n) { return n; },
                                       &impl.total_bytes));
   for (zero::StateKind kind :
@@ -680,6 +735,7 @@ zero::InitialStates StateFiles::Initial(zero::StateProgress progress) const {
   zero::InitialStates init;
   init.with_optimizer = impl_->optimizer != nullptr;
   init.progress = std::move(progress);
+  init.init_from_model = impl_->init_from_model;
   const Impl* impl = impl_.get();
   init.read = [impl](const zero::StatePiece& p, void* out, device::DType dtype) -> Status {
     if (p.unit < 0 || static_cast<size_t>(p.unit) >= impl->names.size() || p.slot < 0 ||
@@ -688,6 +744,12 @@ zero::InitialStates StateFiles::Initial(zero::StateProgress progress) const {
     }
     const std::string& name = impl->names[p.unit][p.slot];
     if (p.kind == zero::StateKind::kParams) {
+      if (model::IsLoraParamName(name)) {
+        if (!impl->adapter) return InternalError(fmt::format("checkpoint: no adapter file for '{}'", name));
+        return impl->adapter->ReadRange(model::PeftAdapterName(name),
+                                        static_cast<uint64_t>(p.offset),
+                                        static_cast<uint64_t>(p.count), out, dtype);
+      }
       return impl->weights->ReadRange(name, static_cast<uint64_t>(p.offset),
                                       static_cast<uint64_t>(p.count), out, dtype);
     }

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "model/llama_config.h"
+#include "model/llama_model.h"
 #include "strata/collective.h"
 #include "strata/device.h"
 #include "strata/status.h"
@@ -65,6 +66,10 @@ struct SaveOptions {
   uint64_t max_shard_bytes = 5ull << 30;
   // Rank 0's progress lines ("saving checkpoint: 12/34 units").
   std::function<void(const std::string&)> print;
+  // A LoRA run: the adapters go to adapter_model.safetensors (PEFT's names) with
+  // adapter_config.json naming `base_model`, not to model.safetensors (lora_files.h).
+  model::LlamaLora lora;
+  std::string base_model;
 };
 
 // Collective (every rank, between steps): writes `state` and the engine's states as
@@ -99,8 +104,12 @@ class StateFiles {
  public:
   // A Hugging Face model directory (or .safetensors / index file): weights only. Every parameter
   // of `units` must be there with its shape (errors name the file, the tensor and both shapes).
+  // LoRA adapter parameters (model::IsLoraParamName) come from `adapter_dir`'s
+  // adapter_model.safetensors under PEFT's names; without one, their units start from
+  // Model::InitUnit (InitialStates::init_from_model).
   static Result<std::unique_ptr<StateFiles>> OpenWeights(const std::string& path,
-                                                         const std::vector<zero::UnitSpec>& units);
+                                                         const std::vector<zero::UnitSpec>& units,
+                                                         const std::string& adapter_dir = "");
   // A checkpoint step directory: weights and optimizer states (those of the units not `frozen`,
   // per unit; none given: every unit's).
   static Result<std::unique_ptr<StateFiles>> OpenCheckpoint(const std::string& step_dir,

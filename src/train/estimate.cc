@@ -7,6 +7,7 @@
 #include "common/units.h"
 #include "model/llama_model.h"
 #include "model/llama_ops.h"
+#include "train/lora_files.h"
 #include "zero/partition.h"
 
 namespace strata::train {
@@ -35,7 +36,10 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   // The model (llama_model.cc SetUp): one device block for every activation, the CUDA ops'
   // workspace beside it; both charged rounded up to 256 bytes.
   auto charged = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
-  e.activations = charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch));
+  STRATA_ASSIGN_OR_RETURN(const model::LlamaLora lora, model::ResolveLlamaLora(in.config.strata.lora));
+  Config config = in.config;
+  AddLoraTrainablePatterns(&config);
+  e.activations = charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch, lora));
   if (in.device == device::DeviceType::kCuda) {
     e.workspace = charged(model::CudaLlamaOpsWorkspaceBytes(
         model::LlamaOpsShapeFor(in.model, e.seq_len, e.micro_batch)));
@@ -43,11 +47,15 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   // The trainer's stop agreement (RankGather), on several ranks.
   if (in.world_size > 1) e.rank_agreement = charged(static_cast<uint64_t>(in.world_size) * 4);
 
-  const int n = model::LlamaNumUnits(in.model);
+  const int n = model::LlamaNumUnits(in.model, lora);
   std::vector<zero::UnitSpec> units;
   std::vector<std::vector<int>> shared(static_cast<size_t>(n));
   for (int u = 0; u < n; ++u) {
-    units.push_back({fmt::format("unit {}", u), model::LlamaUnitParams(in.model, u)});
+    units.push_back({fmt::format("unit {}", u), model::LlamaUnitParams(in.model, u, lora)});
+    // LlamaModel::SharedUnits: a LoRA block reads its adapter unit.
+    if (model::LlamaUnitAt(in.model, lora, u).kind == model::LlamaUnit::kBlock && lora.enabled()) {
+      shared[static_cast<size_t>(u)] = {u - 1};
+    }
   }
   if (in.model.tie_word_embeddings && n > 1) shared.back() = {0};  // LlamaModel::SharedUnits
   STRATA_ASSIGN_OR_RETURN(const std::vector<zero::UnitLayout> layouts,
@@ -60,7 +68,7 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   }
   const int depth = static_cast<int>(
       std::clamp<int64_t>(in.config.zero.offload_optimizer.buffer_count, 3, 1024));
-  STRATA_ASSIGN_OR_RETURN(e.engine, zero::Engine::PlanMemory(units, shared, in.config,
+  STRATA_ASSIGN_OR_RETURN(e.engine, zero::Engine::PlanMemory(units, shared, config,
                                                              in.world_size, depth, in.device));
   return e;
 }

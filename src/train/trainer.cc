@@ -33,6 +33,7 @@
 #include "common/host_memory.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/lora_files.h"
 #include "train/estimate.h"
 #include "train/monitor.h"
 #include "train/plan.h"
@@ -183,6 +184,44 @@ Status RunTraining(const TrainOptions& o) {
     return InvalidArgumentError("--model: required (a model directory or preset) unless --resume is given");
   }
   const std::string model_arg = o.model.empty() ? resume_dir : o.model;
+
+  // LoRA adapters: strata.lora, or an adapter directory's (or the resumed checkpoint's)
+  // adapter_config.json; where both are given they must agree.
+  std::string adapter_note;
+  auto adopt_lora = [&](const std::string& dir) -> Status {
+    STRATA_ASSIGN_OR_RETURN(const LoraSettings from_dir, ReadAdapterConfig(dir, &adapter_note));
+    if (!config.strata.lora.enabled()) {
+      config.strata.lora = from_dir;
+      return Status::Ok();
+    }
+    STRATA_ASSIGN_OR_RETURN(const model::LlamaLora mine, model::ResolveLlamaLora(config.strata.lora));
+    STRATA_ASSIGN_OR_RETURN(const model::LlamaLora theirs, model::ResolveLlamaLora(from_dir));
+    if (mine.rank != theirs.rank || mine.alpha != theirs.alpha || mine.targets != theirs.targets) {
+      return InvalidArgumentError(fmt::format(
+          "strata.lora (r {}, lora_alpha {}, on {}) differs from {}/{} (r {}, lora_alpha {}, on "
+          "{}); drop strata.lora from the config to take the directory's",
+          mine.rank, mine.alpha, fmt::join(mine.target_names(), ", "), dir, kAdapterConfigFile,
+          theirs.rank, theirs.alpha, fmt::join(theirs.target_names(), ", ")));
+    }
+    return Status::Ok();
+  };
+  if (resumed && HasAdapter(resume_dir)) {
+    STRATA_RETURN_IF_ERROR(adopt_lora(resume_dir));
+  } else if (resumed && config.strata.lora.enabled()) {
+    return InvalidArgumentError(fmt::format(
+        "strata.lora: the checkpoint {} has no LoRA adapters ({}); it was not saved by a LoRA run",
+        resume_dir, kAdapterConfigFile));
+  }
+  if (!o.adapter_dir.empty()) {
+    if (resumed) {
+      return InvalidArgumentError(
+          "--adapter and --resume: a resumed run continues the checkpoint's own adapters");
+    }
+    STRATA_RETURN_IF_ERROR(adopt_lora(o.adapter_dir));
+  }
+  STRATA_ASSIGN_OR_RETURN(const model::LlamaLora lora, model::ResolveLlamaLora(config.strata.lora));
+  // The adapters train; the base weights are frozen unless strata.trainable names them.
+  if (!o.eval_only) AddLoraTrainablePatterns(&config);
   STRATA_ASSIGN_OR_RETURN(model::LlamaConfig mcfg, model::ResolveModel(model_arg));
   if (resumed) STRATA_RETURN_IF_ERROR(CheckSameModel(resume_dir, mcfg));
   if (resumed && o.seq_len > 0 && static_cast<uint64_t>(o.seq_len) != resumed->seq_len) {
@@ -350,7 +389,8 @@ Status RunTraining(const TrainOptions& o) {
                                                     batch.train_micro_batch_size_per_gpu,
                                                     config.strata.seed,
                                                     {.allow_tf32 = config.strata.tf32,
-                                                     .profile_ops = o.profile_ops}));
+                                                     .profile_ops = o.profile_ops,
+                                                     .lora = lora}));
   say(fmt::format(
       "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
       "parameters on {}, {}{}, {}",
@@ -370,6 +410,20 @@ Status RunTraining(const TrainOptions& o) {
                   FormatBytes(dev->memory_stats().budget),
                   FormatBytes(llama->activation_bytes() + llama->workspace_bytes())));
   for (const std::string& line : placement_lines) say(line);
+  if (lora.enabled()) {
+    int64_t adapter_params = 0;
+    for (const auto& u : llama->units()) {
+      for (const auto& p : u.params) {
+        if (model::IsLoraParamName(p.name)) adapter_params += p.numel();
+      }
+    }
+    say(fmt::format("  LoRA: r {}, lora_alpha {:g} (scale {:g}) on {}: {:.3f}M adapter parameters{}",
+                    lora.rank, lora.alpha, lora.scale, fmt::join(lora.target_names(), ", "),
+                    static_cast<double>(adapter_params) / 1e6,
+                    o.adapter_dir.empty() ? std::string()
+                                          : fmt::format(", loaded from {}", o.adapter_dir)));
+    if (!adapter_note.empty()) say("  note: " + adapter_note);
+  }
   // Frozen parameters (strata.freeze / strata.trainable), whole units.
   STRATA_ASSIGN_OR_RETURN(
       const std::vector<char> frozen,
@@ -427,7 +481,13 @@ Status RunTraining(const TrainOptions& o) {
       model_dir = model_dir.parent_path().empty() ? "." : model_dir.parent_path();
     }
     if (HasWeights(model_dir.string())) {
-      STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenWeights(model_dir.string(), llama->units()));
+      STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenWeights(model_dir.string(), llama->units(),
+                                                             o.adapter_dir));
+    } else if (!o.adapter_dir.empty()) {
+      return InvalidArgumentError(fmt::format(
+          "--adapter {}: adapters need the base model's weights, and {} holds none "
+          "(model.safetensors)",
+          o.adapter_dir, model_arg));
     } else if (std::filesystem::is_directory(model_dir)) {
       say(fmt::format("  {} holds no weights (model.safetensors): starting from random weights",
                       model_dir.string()));
@@ -628,6 +688,8 @@ Status RunTraining(const TrainOptions& o) {
   };
   SaveOptions save_options;
   save_options.max_shard_bytes = o.max_shard_bytes;
+  save_options.lora = lora;
+  save_options.base_model = model_arg;
   save_options.print = say;
   double profiled_s = 0.0;  // --profile-ops: the profiled steps' time
   int64_t profiled_steps = 0;

@@ -41,6 +41,9 @@ struct TrainOptions {
   std::string save_dir;          // empty: no checkpoint
   int64_t save_every = 0;        // 0: only at the end
   std::string resume_dir;        // a checkpoint to continue from (save dir or step dir)
+  // A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) to start
+  // from: its settings become strata.lora, its tensors the initial adapters.
+  std::string adapter_dir;
   uint64_t max_shard_bytes = 5ull << 30;  // checkpoint files are split above this
   std::string trace_path;
   std::string metrics_path;

@@ -322,7 +322,9 @@ Status Engine::Impl::Init() {
   // Initial values: from the caller's reader, or every rank computes each unit in full (fp32)
   // and keeps what it owns.
   for (size_t u = 0; u < n_units; ++u) {
-    if (opt.initial.has_value()) {
+    const bool from_model = opt.initial.has_value() && u < opt.initial->init_from_model.size() &&
+                            opt.initial->init_from_model[u] != 0;
+    if (opt.initial.has_value() && !from_model) {
       STRATA_RETURN_IF_ERROR(LoadUnitStates(static_cast<int>(u), *opt.initial));
       if (opt.initial->progress) opt.initial->progress(static_cast<int>(u) + 1, static_cast<int>(n_units));
     } else {
@@ -554,6 +556,9 @@ Status Engine::LoadStates(const InitialStates& initial) {
   if (m.in_step) return FailedPreconditionError("LoadStates: a step is in progress");
   const int n = static_cast<int>(m.layouts.size());
   for (int u = 0; u < n; ++u) {
+    if (static_cast<size_t>(u) < initial.init_from_model.size() && initial.init_from_model[u]) {
+      continue;  // keeps what it holds
+    }
     STRATA_RETURN_IF_ERROR(m.LoadUnitStates(u, initial));
     if (initial.progress) initial.progress(u + 1, n);
   }

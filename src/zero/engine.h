@@ -91,6 +91,9 @@ struct InitialStates {
   // of a model to fine-tune); master = those values, moments zero.
   bool with_optimizer = false;
   StateProgress progress;
+  // Per unit, 1: not read but initialised by Model::InitUnit (new LoRA adapters on loaded base
+  // weights). Shorter than the unit count: the rest are read.
+  std::vector<char> init_from_model;
 };
 
 // Counters a checkpoint carries besides the tensors.

@@ -46,13 +46,12 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     return static_cast<uint64_t>(device::PinnedPool::SizeClass(bytes));
   };
 
-  uint64_t padded_sum = 0, shard_sum = 0, max_padded = 0, full_params = 0, full_grads = 0,
+  uint64_t shard_sum = 0, max_padded = 0, full_params = 0, full_grads = 0,
            adam = 0, grad_shards = 0, unit_init = 0, offloaded_shards = 0, trainable = 0;
   uint64_t shard_classes = 0, largest_class = 0;
   for (const UnitLayout& l : layouts) {
     const auto padded = static_cast<uint64_t>(l.padded_numel());
     const auto shard = static_cast<uint64_t>(l.shard_numel);
-    padded_sum += padded;
     shard_sum += shard;
     max_padded = std::max(max_padded, padded);
     unit_init = std::max(unit_init, padded * (4 + csz));
@@ -104,16 +103,22 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
         return InvalidArgumentError(fmt::format("unit {} shares unit {}, which does not exist", u, s));
       }
       const auto p = static_cast<uint64_t>(layouts[static_cast<size_t>(s)].padded_numel());
+      const uint64_t grad = frozen[static_cast<size_t>(s)] ? 0 : 4;  // frozen: no gradient
       shared_live += p * 12;
-      tied_extra += p * (stage == 3 ? csz + 4 : 4);
+      tied_extra += p * ((stage == 3 ? csz : 0) + grad);
     }
   }
-  const uint64_t per_element = (stage == 3 ? 2 * csz : 0) + 4;
+  // Per element: the gathered unit in forward and in backward (stage 3), and its fp32 gradient
+  // (none for a frozen unit).
+  uint64_t wanted = tied_extra;
+  for (const UnitLayout& l : layouts) {
+    wanted += static_cast<uint64_t>(l.padded_numel()) *
+              ((stage == 3 ? 2 * csz : 0) + (frozen[static_cast<size_t>(l.index)] ? 0 : 4));
+  }
   const uint64_t configured =
       stage == 3 ? static_cast<uint64_t>(config.zero.stage3_max_live_parameters) * csz : 0;
   const uint64_t max_live =
       std::max<uint64_t>(configured, 2 * max_padded * ((stage == 3 ? csz : 0) + 4)) + shared_live;
-  const uint64_t wanted = padded_sum * per_element + tied_extra;
   add(plan.device_step,
       stage == 3 ? "gathered units and fp32 gradients of a micro-batch (live-buffer limit)"
                  : "per-unit fp32 gradients in flight (live-buffer limit)",

@@ -321,7 +321,10 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
       const int64_t t0 = TraceRecorder::NowNs();
       STRATA_ASSIGN_OR_RETURN(UnitView p, AcquireParams(u, "backward", &io_wait_ns));
       // The unit's gradient buffer: the one a tying unit already added to, or a zeroed one.
+      // A frozen unit has none: the model sees a null gradient view and computes only the
+      // input gradients.
       auto grad_buffer = [&](int v) -> Result<void*> {
+        if (frozen[v]) return nullptr;
         if (void* held = std::exchange(pending_grad[v], nullptr)) return held;
         const size_t padded = static_cast<size_t>(layouts[v].padded_numel());
         STRATA_ASSIGN_OR_RETURN(void* g, AllocLive(padded * 4));
@@ -353,9 +356,8 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
         }
       }
       if (frozen[u]) {
-        // The gradient of frozen parameters is dropped; a bucket still waiting for the end of
-        // this micro-batch's backward is reduced now.
-        STRATA_RETURN_IF_ERROR(FreeLiveAfter(*compute, g));
+        // Frozen parameters have no gradient; a bucket still waiting for the end of this
+        // micro-batch's backward is reduced now.
         if (u == 0 && bucket_fill > 0) STRATA_RETURN_IF_ERROR(FlushBucket());
       } else {
         STRATA_RETURN_IF_ERROR(ReduceGrads(u, g, mb, last));

@@ -12,7 +12,9 @@
 // is given stay valid until that work has run. A unit's `params` is the whole unit gathered, in
 // the compute dtype; `grads` is fp32, zero-filled by the engine, and Backward writes d(loss *
 // loss_scale)/d(param) of this micro-batch into it (only into its parameters' ranges), adding
-// to what is there (see tied weights below).
+// to what is there (see tied weights below). A frozen unit (strata.freeze / strata.trainable)
+// has no gradient buffer: its `grads.data` is null, and Backward computes only what earlier
+// units need (the input gradient), no weight gradient.
 //
 // Tied weights. A unit may also read the parameters of earlier units (SharedUnits: an LM head
 // tied to the embedding matrix reads the embedding unit). For such a unit the engine calls

@@ -181,9 +181,11 @@ class ToyModel final : public Model {
             for (size_t k = 0; k < delta.size(); ++k) delta[k] *= 1.0f - a[k] * a[k];
           }
           const auto& x = acts_[static_cast<size_t>(unit)];
-          auto* gw = static_cast<float*>(g.param(0));
-          auto* gb = static_cast<float*>(g.param(1));
-          for (int j = 0; j < w; ++j) {
+          // A frozen unit has no gradient buffer (zero/model.h): only dx is computed.
+          const bool frozen = g.data == nullptr;
+          auto* gw = frozen ? nullptr : static_cast<float*>(g.param(0));
+          auto* gb = frozen ? nullptr : static_cast<float*>(g.param(1));
+          for (int j = 0; j < w && !frozen; ++j) {
             float sb = 0.0f;
             for (int s = 0; s < n_; ++s) sb += delta[static_cast<size_t>(s) * w + j];
             gb[j] = sb;
@@ -195,7 +197,7 @@ class ToyModel final : public Model {
               gw[static_cast<size_t>(j) * w + i] = acc;
             }
           }
-          if (p.dtype == device::DType::kF16) {
+          if (p.dtype == device::DType::kF16 && !frozen) {
             // fp16 training keeps gradients in fp16: values beyond its range become inf, which
             // is what the loss scaler must notice.
             for (int k = 0; k < w * w; ++k) gw[k] = device::F16ToFloat(device::FloatToF16(gw[k]));
