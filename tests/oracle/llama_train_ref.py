@@ -103,6 +103,54 @@ def param_shapes(cfg):
     return out
 
 
+PROJECTIONS = [("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"),
+               ("self_attn", "o_proj"), ("mlp", "gate_proj"), ("mlp", "up_proj"),
+               ("mlp", "down_proj")]
+
+
+def lora_settings(ds):
+    """strata.lora of a DeepSpeed config as (r, scale, targets), or None."""
+    lora = ds.get("strata", {}).get("lora")
+    if not lora or not lora.get("r"):
+        return None
+    targets = lora.get("target_modules") or ["q_proj", "v_proj"]
+    if isinstance(targets, str):
+        targets = [targets]
+    if "all-linear" in targets:
+        targets = [m for _, m in PROJECTIONS]
+    return lora["r"], lora.get("lora_alpha", 8) / lora["r"], set(targets)
+
+
+def adapter_shapes(cfg, r, targets):
+    """LoRA adapter names (Strata's, without PEFT's "base_model.model." prefix) and shapes."""
+    shapes = dict(param_shapes(cfg))
+    out = []
+    for layer in range(cfg["num_hidden_layers"]):
+        for block, mod in PROJECTIONS:
+            if mod not in targets:
+                continue
+            prefix = f"model.layers.{layer}.{block}.{mod}"
+            o, i = shapes[prefix + ".weight"]
+            out += [(prefix + ".lora_A.weight", [r, i]), (prefix + ".lora_B.weight", [o, r])]
+    return out
+
+
+def prepare_adapter(adapter_dir, cfg, r, alpha, targets, seed):
+    """A PEFT adapter directory with random A and B (B non-zero, unlike PEFT's init, so that
+    both matrices get gradients from the first step)."""
+    os.makedirs(adapter_dir, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    tensors = []
+    for name, shape in adapter_shapes(cfg, r, targets):
+        t = 0.05 * torch.randn(shape, generator=gen, dtype=torch.float64)
+        tensors.append(("base_model.model." + name, t.to(torch.float32).numpy()))
+    write_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"), tensors)
+    with open(os.path.join(adapter_dir, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
+                   "lora_dropout": 0.0, "target_modules": sorted(targets), "bias": "none"}, f,
+                  indent=2)
+
+
 # ---- safetensors (F32 only), written and read by hand -------------------------------------------
 
 def write_safetensors(path, tensors):
@@ -255,8 +303,9 @@ def apply_rope(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
 
-def forward_loss(params, cfg, tokens):
-    """Mean cross-entropy of next-token prediction over every target of `tokens` [B, T + 1]."""
+def forward_loss(params, cfg, tokens, lora=None):
+    """Mean cross-entropy of next-token prediction over every target of `tokens` [B, T + 1].
+    `lora` (r, scale, targets): the targeted projections add PEFT's scale * B(A(x))."""
     b, s = tokens.shape[0], tokens.shape[1] - 1
     h, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = h // nh
@@ -268,19 +317,26 @@ def forward_loss(params, cfg, tokens):
     x = F.embedding(inputs, params["model.embed_tokens.weight"])
     for i in range(cfg["num_hidden_layers"]):
         g = lambda n: params[f"model.layers.{i}." + n]
+
+        def proj(x_in, module):
+            y = x_in @ g(module + ".weight").T
+            if lora is not None and module.split(".")[-1] in lora[2]:
+                y = y + (x_in @ g(module + ".lora_A.weight").T @ g(module + ".lora_B.weight").T) \
+                    * lora[1]
+            return y
+
         a = rms_norm(x, g("input_layernorm.weight"), eps)
-        q = apply_rope((a @ g("self_attn.q_proj.weight").T).view(b, s, nh, d), cos, sin)
-        k = apply_rope((a @ g("self_attn.k_proj.weight").T).view(b, s, nkv, d), cos, sin)
-        v = (a @ g("self_attn.v_proj.weight").T).view(b, s, nkv, d)
+        q = apply_rope(proj(a, "self_attn.q_proj").view(b, s, nh, d), cos, sin)
+        k = apply_rope(proj(a, "self_attn.k_proj").view(b, s, nkv, d), cos, sin)
+        v = proj(a, "self_attn.v_proj").view(b, s, nkv, d)
         k = k.repeat_interleave(nh // nkv, dim=2)
         v = v.repeat_interleave(nh // nkv, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         scores = (q @ k.transpose(-1, -2) / math.sqrt(d)).masked_fill(mask, float("-inf"))
         att = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, s, h)
-        x = x + att @ g("self_attn.o_proj.weight").T
+        x = x + proj(att, "self_attn.o_proj")
         m = rms_norm(x, g("post_attention_layernorm.weight"), eps)
-        x = x + (F.silu(m @ g("mlp.gate_proj.weight").T) * (m @ g("mlp.up_proj.weight").T)) @ \
-            g("mlp.down_proj.weight").T
+        x = x + proj(F.silu(proj(m, "mlp.gate_proj")) * proj(m, "mlp.up_proj"), "mlp.down_proj")
     x = rms_norm(x, params["model.norm.weight"], eps)
     logits = x @ params["lm_head.weight"].T
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -304,12 +360,23 @@ def reference(work, out, dtype_name):
     torch.set_num_threads(1)  # deterministic reductions; the model is tiny
     params = {name: torch.nn.Parameter(torch.from_numpy(weights[name].copy()).to(dtype))
               for name, _ in param_shapes(cfg)}
+    # LoRA (strata.lora): the adapters start from the run's adapter directory; the base weights
+    # are frozen unless strata.trainable names them (as Strata does).
+    lora = lora_settings(ds)
+    if lora is not None:
+        adapters = read_safetensors(os.path.join(work, "adapter", "adapter_model.safetensors"))
+        for name, _ in adapter_shapes(cfg, lora[0], lora[2]):
+            params[name] = torch.nn.Parameter(
+                torch.from_numpy(adapters["base_model.model." + name].copy()).to(dtype))
     # Frozen parameters (Strata's strata.freeze / strata.trainable, glob patterns on these
     # names): no gradient, not in the optimizer, not in the gradient norm.
     freeze = ds.get("strata", {}).get("freeze", [])
     trainable = ds.get("strata", {}).get("trainable", [])
     for name, p in params.items():
-        if freeze:
+        if lora is not None:
+            p.requires_grad_(".lora_" in name or
+                             any(fnmatch.fnmatchcase(name, pat) for pat in trainable))
+        elif freeze:
             p.requires_grad_(not any(fnmatch.fnmatchcase(name, pat) for pat in freeze))
         elif trainable:
             p.requires_grad_(any(fnmatch.fnmatchcase(name, pat) for pat in trainable))
@@ -323,7 +390,7 @@ def reference(work, out, dtype_name):
     for step in range(setup["steps"]):
         batch = global_batch(tokens, setup["seq_len"], g, step)
         opt.zero_grad(set_to_none=True)
-        loss = forward_loss(params, cfg, batch)
+        loss = forward_loss(params, cfg, batch, lora)
         loss.backward()
         grads = [p.grad for p in trained]
         norm = torch.sqrt(sum((gr.double() ** 2).sum() for gr in grads)).item()

@@ -80,6 +80,18 @@ def main():
             json.dump(config, f, indent=1)
         print(f"config with {args.extra_config}: {setup['config']}")
 
+    # LoRA (strata.lora in the config): both runs start from the same random adapters, a PEFT
+    # adapter directory that strata loads with --adapter.
+    sys.path.insert(0, here)
+    from llama_train_ref import lora_settings, prepare_adapter, read_safetensors  # noqa: E402
+    with open(setup["config"]) as f:
+        lora = lora_settings(json.load(f))
+    adapter_dir = os.path.join(work, "adapter")
+    if lora is not None:
+        with open(os.path.join(setup["model"], "config.json")) as f:
+            model_cfg = json.load(f)
+        prepare_adapter(adapter_dir, model_cfg, lora[0], lora[0] * lora[1], lora[2], seed=99)
+
     metrics = os.path.join(work, "metrics.jsonl")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -91,6 +103,8 @@ def main():
             "--seq-len", str(setup["seq_len"]), "--steps", str(args.steps),
             "--sampling", "sequential", "--metrics", metrics,
             "--save", os.path.join(work, "ckpt")]
+    if lora is not None:
+        cmd += ["--adapter", adapter_dir]
     print("+ " + " ".join(cmd), flush=True)
     run = subprocess.run(cmd, env=env)
     if run.returncode != 0:
@@ -139,10 +153,28 @@ def main():
         return 1
     # Strata's checkpoint, read here as safetensors by hand (the format transformers reads),
     # against PyTorch's weights after the same steps.
-    sys.path.insert(0, os.path.dirname(ref_script))
-    from llama_train_ref import read_safetensors  # noqa: E402
     saved = read_safetensors(os.path.join(work, "ckpt", "latest", "model.safetensors"))
     final = read_safetensors(os.path.join(work, "ref_final.safetensors"))
+    if lora is not None:
+        # The adapters, in the checkpoint's PEFT file, against PyTorch's; the base weights
+        # (frozen) must come out exactly as they went in.
+        peft = read_safetensors(os.path.join(work, "ckpt", "latest", "adapter_model.safetensors"))
+        for name in list(final):
+            if ".lora_" in name:
+                if "base_model.model." + name not in peft:
+                    print(f"FAIL: {name} is not in the checkpoint's adapter_model.safetensors")
+                    return 1
+                saved[name] = peft.pop("base_model.model." + name)
+        if peft:
+            print(f"FAIL: the checkpoint's adapters hold unexpected tensors {sorted(peft)}")
+            return 1
+        initial = read_safetensors(os.path.join(setup["model"], "model.safetensors"))
+        for n, t in initial.items():
+            if saved[n].tobytes() != t.astype(saved[n].dtype).tobytes():
+                print(f"FAIL: base weight {n} changed in the checkpoint (LoRA freezes it)")
+                return 1
+        print(f"LoRA: {len(initial)} base tensors bit-identical to the initial weights; "
+              f"{sum('.lora_' in n for n in final)} adapter tensors compared below")
     if sorted(saved) != sorted(final):
         print(f"FAIL: the checkpoint holds {sorted(saved)}, PyTorch's model {sorted(final)}")
         return 1
@@ -150,7 +182,7 @@ def main():
     # started, in the checkpoint.
     with open(setup["config"]) as f:
         strata_cfg = json.load(f).get("strata", {})
-    if strata_cfg.get("freeze") or strata_cfg.get("trainable"):
+    if (strata_cfg.get("freeze") or strata_cfg.get("trainable")) and lora is None:
         import fnmatch  # noqa: E402
         initial = read_safetensors(os.path.join(setup["model"], "model.safetensors"))
         frozen = [n for n in initial
