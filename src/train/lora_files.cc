@@ -204,7 +204,9 @@ Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& ada
     }
   }
 
-  STRATA_ASSIGN_OR_RETURN(SafetensorsLayout layout, SafetensorsLayout::Compute(specs));
+  // {"format": "pt"}: transformers refuses a safetensors file without it.
+  STRATA_ASSIGN_OR_RETURN(SafetensorsLayout layout,
+                          SafetensorsLayout::Compute(specs, {{"format", "pt"}}));
   const std::string tmp = (fs::path(out_dir) / ".model.safetensors.tmp").string();
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
                           SafetensorsWriter::Create(tmp, layout));

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -481,9 +482,9 @@ Result<MicroBatchResult> RunMicroBatch(device::Device& dev, const LlamaConfig& c
                                        int64_t batch, const std::vector<zero::UnitLayout>& layouts,
                                        const std::vector<std::vector<float>>& params,
                                        device::DType dtype, const LlamaBatch& b,
-                                       bool tf32 = false) {
-  STRATA_ASSIGN_OR_RETURN(auto model,
-                          LlamaModel::Create(dev, cfg, seq, batch, 7, {.allow_tf32 = tf32}));
+                                       const LlamaModelOptions& options = {},
+                                       const std::vector<char>& frozen = {}) {
+  STRATA_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(dev, cfg, seq, batch, 7, options));
   STRATA_ASSIGN_OR_RETURN(auto stream, dev.CreateStream("compute"));
   std::vector<void*> p_dev, g_dev, staging;
   auto free_all = [&] {
@@ -509,20 +510,26 @@ Result<MicroBatchResult> RunMicroBatch(device::Device& dev, const LlamaConfig& c
     }
     const int n = static_cast<int>(layouts.size());
     auto pv = [&](int u) { return zero::UnitView{p_dev[u], dtype, &layouts[u].slots}; };
-    auto gv = [&](int u) { return zero::UnitView{g_dev[u], device::DType::kF32, &layouts[u].slots}; };
+    // A frozen unit's gradient view is null (zero/model.h); its buffer stays zero.
+    auto gv = [&](int u) {
+      const bool f = static_cast<size_t>(u) < frozen.size() && frozen[static_cast<size_t>(u)];
+      return zero::UnitView{f ? nullptr : g_dev[u], device::DType::kF32, &layouts[u].slots};
+    };
     STRATA_RETURN_IF_ERROR(model->BeginMicroBatch(b, 1.0f, *stream));
     for (int u = 0; u < n; ++u) {
-      if (cfg.tie_word_embeddings && u == n - 1) {
-        const zero::UnitView views[2] = {pv(u), pv(0)};
+      const std::vector<int> shared = model->SharedUnits(u);
+      if (!shared.empty()) {
+        const zero::UnitView views[2] = {pv(u), pv(shared[0])};
         STRATA_RETURN_IF_ERROR(model->ForwardShared(u, views, *stream));
       } else {
         STRATA_RETURN_IF_ERROR(model->Forward(u, pv(u), *stream));
       }
     }
     for (int u = n - 1; u >= 0; --u) {
-      if (cfg.tie_word_embeddings && u == n - 1) {
-        const zero::UnitView views[2] = {pv(u), pv(0)};
-        const zero::UnitView gviews[2] = {gv(u), gv(0)};
+      const std::vector<int> shared = model->SharedUnits(u);
+      if (!shared.empty()) {
+        const zero::UnitView views[2] = {pv(u), pv(shared[0])};
+        const zero::UnitView gviews[2] = {gv(u), gv(shared[0])};
         STRATA_RETURN_IF_ERROR(model->BackwardShared(u, views, gviews, *stream));
       } else {
         STRATA_RETURN_IF_ERROR(model->Backward(u, pv(u), gv(u), *stream));
@@ -556,7 +563,191 @@ struct GpuCase {
   double grad_tol, loss_tol;
   const char* name;
   bool wide_heads = false;
+  bool lora = false;  // LoRA adapters (random, B non-zero) on every projection
 };
+
+// Parameters of a model (layouts from LayoutModel), by name: unit, offset and shape.
+struct NamedParam {
+  size_t unit;
+  int64_t offset;
+  std::vector<int64_t> shape;
+};
+std::map<std::string, NamedParam> ByName(const std::vector<zero::UnitLayout>& layouts) {
+  std::map<std::string, NamedParam> out;
+  for (size_t u = 0; u < layouts.size(); ++u) {
+    for (const auto& s : layouts[u].slots) out[s.name] = {u, s.offset, s.shape};
+  }
+  return out;
+}
+
+// LoRA against the merged model. With adapters (random A and B, B non-zero) on six of the seven
+// projections, the loss is the merged model's (W + scale B A); each base weight's gradient is
+// the merged weight's dW, and the adapters' are dB = scale dW A^T and dA = scale B^T dW. With the
+// base units frozen (null gradient views) the adapters' gradients are the same, bit for bit.
+TEST(LlamaModelTest, LoraMatchesTheMergedModel) {
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  const LlamaConfig cfg = TinyConfig();
+  LlamaLora lora;
+  lora.rank = 3;
+  lora.alpha = 6;
+  lora.scale = 2.0f;
+  lora.targets.fill(true);
+  lora.targets[1] = false;  // no adapter on k_proj
+  const int64_t batch = 2, seq = 16;
+  auto probe = LlamaModel::Create(**cpu, cfg, seq, batch, 7, {.lora = lora});
+  ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+  ASSERT_EQ(static_cast<int>((*probe)->units().size()), LlamaNumUnits(cfg, lora));
+  EXPECT_EQ((*probe)->units()[1].name, "lora.0");
+  EXPECT_EQ((*probe)->SharedUnits(2), std::vector<int>{1});
+  auto layouts = zero::LayoutModel((*probe)->units(), 1);
+  ASSERT_TRUE(layouts.ok());
+  std::vector<std::vector<float>> params;
+  for (const auto& l : *layouts) {
+    params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
+    ASSERT_TRUE((*probe)->InitUnit(l.index, l.slots, params.back()).ok());
+  }
+  probe->reset();
+  const auto named = ByName(*layouts);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  for (const auto& [name, p] : named) {
+    if (!IsLoraParamName(name)) continue;
+    if (name.find("lora_B") != std::string::npos) {
+      // PEFT's init: B = 0, so the adapted model starts as the base model.
+      for (int64_t i = 0; i < p.shape[0] * p.shape[1]; ++i) {
+        ASSERT_EQ(params[p.unit][p.offset + i], 0.0f) << name;
+      }
+    }
+    for (int64_t i = 0; i < p.shape[0] * p.shape[1]; ++i) params[p.unit][p.offset + i] = normal(rng);
+  }
+
+  // The merged model: the same base weights with scale B A added.
+  auto plain = LlamaModel::Create(**cpu, cfg, seq, batch, 7);
+  ASSERT_TRUE(plain.ok());
+  auto merged_layouts = zero::LayoutModel((*plain)->units(), 1);
+  ASSERT_TRUE(merged_layouts.ok());
+  plain->reset();
+  const auto merged_named = ByName(*merged_layouts);
+  std::vector<std::vector<float>> merged;
+  for (const auto& l : *merged_layouts) merged.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
+  for (const auto& [name, mp] : merged_named) {
+    const NamedParam& p = named.at(name);
+    int64_t n = 1;
+    for (int64_t d : mp.shape) n *= d;
+    std::copy_n(params[p.unit].begin() + p.offset, n, merged[mp.unit].begin() + mp.offset);
+    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+    if (!named.contains(module + ".lora_A.weight")) continue;
+    const NamedParam& a = named.at(module + ".lora_A.weight");
+    const NamedParam& bp = named.at(module + ".lora_B.weight");
+    const int64_t out = mp.shape[0], in = mp.shape[1], r = lora.rank;
+    for (int64_t i = 0; i < out; ++i) {
+      for (int64_t j = 0; j < in; ++j) {
+        double acc = 0;
+        for (int64_t k = 0; k < r; ++k) {
+          acc += double{params[bp.unit][bp.offset + i * r + k]} * params[a.unit][a.offset + k * in + j];
+        }
+        merged[mp.unit][mp.offset + i * in + j] += static_cast<float>(lora.scale * acc);
+      }
+    }
+  }
+
+  LlamaBatch b;
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
+  for (int64_t i = 0; i < batch * (seq + 1); ++i) b.tokens.push_back(tok(rng));
+  auto want = RunMicroBatch(**cpu, cfg, seq, batch, *merged_layouts, merged, device::DType::kF32, b);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  auto got = RunMicroBatch(**cpu, cfg, seq, batch, *layouts, params, device::DType::kF32, b,
+                           {.allow_tf32 = false, .profile_ops = false, .lora = lora});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_NEAR(got->loss, want->loss, 1e-5 * std::fabs(want->loss));
+  int adapters_checked = 0;
+  for (const auto& [name, mp] : merged_named) {
+    const NamedParam& p = named.at(name);
+    int64_t n = 1;
+    for (int64_t d : mp.shape) n *= d;
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double w = want->grads[mp.unit][mp.offset + i];
+      scale = std::max(scale, std::fabs(w));
+      worst = std::max(worst, std::fabs(got->grads[p.unit][p.offset + i] - w));
+    }
+    EXPECT_LE(worst, 1e-4 * scale) << name;
+    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+    if (!named.contains(module + ".lora_A.weight")) continue;
+    const NamedParam& a = named.at(module + ".lora_A.weight");
+    const NamedParam& bp = named.at(module + ".lora_B.weight");
+    const int64_t out = mp.shape[0], in = mp.shape[1], r = lora.rank;
+    const float* dw = want->grads[mp.unit].data() + mp.offset;
+    double da_scale = 0, da_worst = 0, db_scale = 0, db_worst = 0;
+    for (int64_t k = 0; k < r; ++k) {
+      for (int64_t j = 0; j < in; ++j) {  // dA[k, j] = scale sum_i B[i, k] dW[i, j]
+        double acc = 0;
+        for (int64_t i = 0; i < out; ++i) acc += double{params[bp.unit][bp.offset + i * r + k]} * dw[i * in + j];
+        acc *= lora.scale;
+        da_scale = std::max(da_scale, std::fabs(acc));
+        da_worst = std::max(da_worst, std::fabs(got->grads[a.unit][a.offset + k * in + j] - acc));
+      }
+    }
+    for (int64_t i = 0; i < out; ++i) {
+      for (int64_t k = 0; k < r; ++k) {  // dB[i, k] = scale sum_j dW[i, j] A[k, j]
+        double acc = 0;
+        for (int64_t j = 0; j < in; ++j) acc += double{dw[i * in + j]} * params[a.unit][a.offset + k * in + j];
+        acc *= lora.scale;
+        db_scale = std::max(db_scale, std::fabs(acc));
+        db_worst = std::max(db_worst, std::fabs(got->grads[bp.unit][bp.offset + i * r + k] - acc));
+      }
+    }
+    EXPECT_LE(da_worst, 1e-4 * da_scale) << module << ".lora_A";
+    EXPECT_LE(db_worst, 1e-4 * db_scale) << module << ".lora_B";
+    EXPECT_GT(da_scale, 0.0) << module;
+    ++adapters_checked;
+  }
+  EXPECT_EQ(adapters_checked, 2 * 6);  // two layers, six adapted projections each
+
+  // The base units frozen: no weight gradients (their buffers stay zero), the same adapter
+  // gradients bit for bit.
+  std::vector<char> frozen(layouts->size(), 1);
+  for (size_t u = 0; u < layouts->size(); ++u) {
+    if (LlamaUnitAt(cfg, lora, static_cast<int>(u)).kind == LlamaUnit::kAdapter) frozen[u] = 0;
+  }
+  auto lean = RunMicroBatch(**cpu, cfg, seq, batch, *layouts, params, device::DType::kF32, b,
+                            {.allow_tf32 = false, .profile_ops = false, .lora = lora}, frozen);
+  ASSERT_TRUE(lean.ok()) << lean.status().ToString();
+  EXPECT_EQ(lean->loss, got->loss);
+  for (size_t u = 0; u < layouts->size(); ++u) {
+    if (frozen[u]) {
+      EXPECT_TRUE(std::all_of(lean->grads[u].begin(), lean->grads[u].end(),
+                              [](float g) { return g == 0.0f; }))
+          << (*layouts)[u].name;
+    } else {
+      EXPECT_EQ(lean->grads[u], got->grads[u]) << (*layouts)[u].name;
+    }
+  }
+}
+
+TEST(LlamaModelTest, LoraSettingsAreCheckedAndNamedAsPeft) {
+  LoraSettings s;
+  s.r = 8;
+  s.lora_alpha = 16;
+  auto def = ResolveLlamaLora(s);
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ(def->target_names(), (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_FLOAT_EQ(def->scale, 2.0f);
+  s.target_modules = {"q_proj", "lm_head"};
+  auto bad = ResolveLlamaLora(s);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'lm_head' is not a projection"), std::string::npos)
+      << bad.status().ToString();
+  s.target_modules = {"all-linear"};
+  EXPECT_EQ(ResolveLlamaLora(s)->target_names().size(), 7u);
+  s.lora_dropout = 0.05;
+  EXPECT_EQ(ResolveLlamaLora(s).status().code(), StatusCode::kUnimplemented);
+  EXPECT_TRUE(IsLoraParamName("model.layers.0.mlp.up_proj.lora_B.weight"));
+  EXPECT_FALSE(IsLoraParamName("model.layers.0.mlp.up_proj.weight"));
+  EXPECT_EQ(PeftAdapterName("model.layers.0.mlp.up_proj.lora_B.weight"),
+            "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight");
+}
 
 class LlamaModelGpuTest : public ::testing::TestWithParam<GpuCase> {};
 
@@ -577,14 +768,26 @@ TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
   const int64_t batch = 2, seq = 48;
   auto cpu = device::CreateDevice({});
   ASSERT_TRUE(cpu.ok());
-  auto probe = LlamaModel::Create(**cpu, cfg, seq, batch, 7);
+  LlamaModelOptions options{.allow_tf32 = GetParam().tf32, .profile_ops = false, .lora = {}};
+  if (GetParam().lora) {
+    options.lora.rank = 4;
+    options.lora.alpha = 8;
+    options.lora.scale = 2.0f;
+    options.lora.targets.fill(true);
+  }
+  auto probe = LlamaModel::Create(**cpu, cfg, seq, batch, 7, {.lora = options.lora});
   ASSERT_TRUE(probe.ok());
   auto layouts = zero::LayoutModel((*probe)->units(), 1);
   ASSERT_TRUE(layouts.ok());
   std::vector<std::vector<float>> params;
+  std::mt19937 init_rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
   for (const auto& l : *layouts) {
     params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
     ASSERT_TRUE((*probe)->InitUnit(l.index, l.slots, params.back()).ok());
+    if (LlamaUnitAt(cfg, options.lora, l.index).kind == LlamaUnit::kAdapter) {
+      for (size_t i = 0; i < static_cast<size_t>(l.used_numel); ++i) params.back()[i] = normal(init_rng);
+    }
   }
   probe->reset();
   LlamaBatch b;
@@ -592,10 +795,10 @@ TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
   for (int64_t i = 0; i < batch * (seq + 1); ++i) b.tokens.push_back(tok(rng));
   b.tokens[seq] = -100;
-  auto want = RunMicroBatch(**cpu, cfg, seq, batch, *layouts, params, dtype, b);
+  auto want = RunMicroBatch(**cpu, cfg, seq, batch, *layouts, params, dtype, b,
+                            {.allow_tf32 = false, .profile_ops = false, .lora = options.lora});
   ASSERT_TRUE(want.ok()) << want.status().ToString();
-  auto got = RunMicroBatch(**gpu, cfg, seq, batch, *layouts, params, dtype, b,
-                           GetParam().tf32);
+  auto got = RunMicroBatch(**gpu, cfg, seq, batch, *layouts, params, dtype, b, options);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_NEAR(got->loss, want->loss, GetParam().loss_tol * std::fabs(want->loss));
   const double tol = GetParam().grad_tol;
@@ -621,7 +824,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GpuCase{device::DType::kF32, false, 1e-4, 1e-5, "fp32"},
                       GpuCase{device::DType::kF32, true, 1e-2, 1e-3, "fp32_tf32"},
                       GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16"},
-                      GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16_head_dim_64", true}),
+                      GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16_head_dim_64", true},
+                      GpuCase{device::DType::kF32, false, 1e-4, 1e-5, "fp32_lora", false, true},
+                      GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16_lora", false, true}),
     [](const auto& p) { return std::string(p.param.name); });
 
 }  // namespace
