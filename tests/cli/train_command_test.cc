@@ -260,6 +260,112 @@ TEST(TrainCommandTest, FrozenLayersStayAsTheyWereAndResume) {
   EXPECT_THAT(r.err, HasSubstr("master.model.embed_tokens.weight' is missing"));
 }
 
+// LoRA (strata.lora): the run says what trains; the checkpoint holds the adapters in PEFT's
+// layout beside untouched base weights; a resume continues the loss curve bit for bit; eval with
+// the adapter equals eval of `strata checkpoint merge-lora`'s output; bad settings are clear
+// errors. (tests/oracle: the same against PyTorch; tests/hf/lora_peft.py: against PEFT.)
+TEST(TrainCommandTest, LoraAdaptersTrainResumeAndMerge) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  auto synth = RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"});
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  auto config = [&](const std::string& name, const std::string& strata) {
+    const std::string path = dir.file(name);
+    std::ofstream out(path);
+    out << R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW",
+               "params": {"lr": 0.01}}, "zero_optimization": {"stage": 3,
+               "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
+               "strata": )"
+        << strata << "}";
+    return path;
+  };
+  const std::string lora = config(
+      "lora.json", R"({"lora": {"r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "down_proj"]}})");
+  // A base model with weights: one plain step, saved.
+  const std::string plain = config("plain.json", "{}");
+  auto base = RunStrata({"train", "--config", plain, "--model", "llama-tiny", "--data", data,
+                         "--seq-len", "32", "--steps", "1", "--save", dir.file("base")},
+                        std::chrono::seconds(120));
+  ASSERT_EQ(base.exit_code, 0) << base.out << base.err;
+  const std::string base_dir = dir.file("base/latest");
+  auto straight = RunStrata({"train", "--config", lora, "--model", base_dir, "--data", data,
+                             "--seq-len", "32", "--steps", "6", "--save", dir.file("straight"),
+                             "--metrics", dir.file("straight.jsonl")},
+                            std::chrono::seconds(120));
+  ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
+  EXPECT_THAT(straight.out, HasSubstr("LoRA: r 4, lora_alpha 16 (scale 4) on q_proj, down_proj"));
+  EXPECT_THAT(straight.out, HasSubstr("frozen (strata.trainable): 4 of 6 units"));
+  const std::string step = dir.file("straight/latest");
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors", "model.safetensors"}) {
+    EXPECT_TRUE(std::filesystem::exists(step + "/" + f)) << f;
+  }
+  const auto adapter_config = nlohmann::json::parse(std::ifstream(step + "/adapter_config.json"));
+  EXPECT_EQ(adapter_config["peft_type"], "LORA");
+  EXPECT_EQ(adapter_config["r"], 4);
+  EXPECT_EQ(adapter_config["target_modules"], (nlohmann::json{"q_proj", "down_proj"}));
+  // The base weights are the loaded ones, byte for byte (the same header and data).
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(bytes(step + "/model.safetensors"), bytes(base_dir + "/model.safetensors"));
+
+  // 3 steps, then a resume to 6: the same losses, bit for bit.
+  auto first = RunStrata({"train", "--config", lora, "--model", base_dir, "--data", data,
+                          "--seq-len", "32", "--steps", "3", "--save", dir.file("split"),
+                          "--metrics", dir.file("split.jsonl")},
+                         std::chrono::seconds(120));
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  auto resumed = RunStrata({"train", "--config", lora, "--data", data, "--steps", "6",
+                            "--resume", dir.file("split"), "--metrics", dir.file("split.jsonl")},
+                           std::chrono::seconds(120));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  EXPECT_EQ(Losses(dir.file("split.jsonl")), Losses(dir.file("straight.jsonl")));
+
+  // Eval with the adapter = eval of the merged weights; without it, another loss.
+  auto merge = RunStrata({"checkpoint", "merge-lora", "--base", step, "--adapter", step, "--out",
+                          dir.file("merged")});
+  ASSERT_EQ(merge.exit_code, 0) << merge.out << merge.err;
+  EXPECT_THAT(merge.out, HasSubstr("4 weights merged"));
+  auto eval = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"eval", "--data", data, "--seq-len", "32", "--sequences",
+                                     "8", "--micro-batch", "4", "--json", dir.file("e.json")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = RunStrata(args, std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return nlohmann::json::parse(std::ifstream(dir.file("e.json")))["loss"].get<double>();
+  };
+  const double adapted = eval({"--model", step, "--adapter", step});
+  const double merged = eval({"--model", dir.file("merged")});
+  const double unadapted = eval({"--model", step});
+  EXPECT_NEAR(adapted, merged, 1e-5 * adapted);
+  EXPECT_GT(std::fabs(adapted - unadapted), 1e-4);
+  // Merging again into the same directory would overwrite it: refused.
+  merge = RunStrata({"checkpoint", "merge-lora", "--base", step, "--adapter", step, "--out",
+                     dir.file("merged")});
+  EXPECT_NE(merge.exit_code, 0);
+  EXPECT_THAT(merge.err, HasSubstr("holds model weights already"));
+
+  // Bad settings.
+  auto bad = [&](const std::string& name, const std::string& strata) {
+    auto r = RunStrata({"train", "--config", config(name, strata), "--model", base_dir, "--data",
+                        data, "--seq-len", "32", "--steps", "1"});
+    EXPECT_NE(r.exit_code, 0) << name;
+    return r.err;
+  };
+  EXPECT_THAT(bad("t.json", R"({"lora": {"r": 4, "target_modules": ["lm_head"]}})"),
+              HasSubstr("'lm_head' is not a projection of a Llama block"));
+  EXPECT_THAT(bad("d.json", R"({"lora": {"r": 4, "lora_dropout": 0.1}})"),
+              HasSubstr("LoRA dropout is not implemented"));
+  EXPECT_THAT(bad("f.json", R"({"lora": {"r": 4}, "freeze": ["model.embed_tokens.*"]})"),
+              HasSubstr("strata.lora and strata.freeze are both given"));
+  auto mismatch = RunStrata({"train", "--config", config("m.json", R"({"lora": {"r": 8}})"),
+                             "--model", base_dir, "--adapter", step, "--data", data,
+                             "--seq-len", "32", "--steps", "1"});
+  EXPECT_NE(mismatch.exit_code, 0);
+  EXPECT_THAT(mismatch.err, HasSubstr("differs from"));
+}
+
 // `strata eval`: the loss of the weights on the first sequences equals the loss of step 1 of a
 // training run on them (before its update); bad input is one clear error.
 TEST(EvalCommandTest, MatchesTheFirstTrainingStepAndSaysWhatIsWrong) {
