@@ -105,6 +105,11 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
       const auto p = static_cast<uint64_t>(layouts[static_cast<size_t>(s)].padded_numel());
       const uint64_t grad = frozen[static_cast<size_t>(s)] ? 0 : 4;  // frozen: no gradient
       shared_live += p * 12;
+      // A unit that reads the unit just before it (a LoRA block its adapters) holds nothing more:
+      // that unit's gathered copy is still live from its own turn, and the gradient buffer the
+      // block adds into is the one its own backward then uses (counted with it below). A unit
+      // further back (a tied embedding) is gathered again and its gradient held until its turn.
+      if (static_cast<size_t>(s) + 1 == u) continue;
       tied_extra += p * ((stage == 3 ? csz : 0) + grad);
     }
   }

@@ -70,6 +70,13 @@ TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {
        false, R"("freeze": ["model.embed_tokens.*", "model.layers.[01].*"], )"},
       {"stage 3 bf16, layers 0-1 frozen, everything on the device", R"({"stage": 3})",
        R"("bf16": {"enabled": true},)", false, R"("freeze": ["model.layers.[01].*"], )"},
+      // LoRA: adapter units between the blocks, every base unit frozen (no gradient buffers).
+      {"stage 3 bf16, LoRA r 16 on every projection, everything on the device",
+       R"({"stage": 3})", R"("bf16": {"enabled": true},)", false,
+       R"("lora": {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, )"},
+      {"stage 2 fp32, LoRA r 8 on q and v, optimizer on the CPU",
+       R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", "", false,
+       R"("lora": {"r": 8}, )"},
       {"stage 3 bf16, parameters on the CPU, 3/4 of the optimizer",
        R"({"stage": 3, "offload_param": {"device": "cpu"},
            "offload_optimizer": {"device": "cpu", "ratio": 0.75}})",

@@ -814,12 +814,12 @@ TEST(TrainCommandTest, ProfileOpsSaysWhereTheStepWent) {
 
 // `strata train --device cuda` for 20 steps against the same run on the CPU device (same data,
 // seed, initial weights): ZeRO-3 in fp32 with everything in HBM, with the optimizer offloaded to
-// the CPU (all of it, and half of it), and with parameters and optimizer on NVMe. fp32 GEMMs on
+// the CPU (all of it, and half of it), with parameters and optimizer on NVMe, and LoRA. fp32 GEMMs on
 // both (no TF32): every step's loss within 1e-4 relative; with bf16 (tensor cores, activations
 // rounded to bf16 on the GPU only) within 2e-2.
 struct GpuRun {
   const char* name;
-  const char* precision;  // "" (fp32) or a DeepSpeed section
+  const char* precision;  // "" (fp32) or DeepSpeed sections (bf16, strata)
   const char* zero;       // the zero_optimization object, "@DIR@" for the NVMe path
   double rtol;
 };
@@ -885,7 +885,13 @@ INSTANTIATE_TEST_SUITE_P(
                R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "@DIR@"},
                    "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}})",
                1e-4},
-        GpuRun{"HbmBf16", R"(, "bf16": {"enabled": true})", R"({"stage": 3})", 2e-2}),
+        GpuRun{"HbmBf16", R"(, "bf16": {"enabled": true})", R"({"stage": 3})", 2e-2},
+        // LoRA on every projection, the frozen base weights and the adapters' states on NVMe.
+        GpuRun{"LoraNvme",
+               R"(, "strata": {"lora": {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}})",
+               R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "@DIR@"},
+                   "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}})",
+               1e-4}),
     [](const auto& p) { return std::string(p.param.name); });
 
 }  // namespace
