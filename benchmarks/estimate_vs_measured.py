@@ -52,7 +52,7 @@ def run(cmd, env=None, timeout=1800):
     return r.stdout
 
 
-def ds_config(zero, nvme, regime, clip=False):
+def ds_config(zero, nvme, regime, clip=False, strata=None):
     z = dict(zero)
     for key in ("offload_param", "offload_optimizer"):
         if key in z and z[key].get("device") == "nvme":
@@ -62,11 +62,13 @@ def ds_config(zero, nvme, regime, clip=False):
          "zero_optimization": z}
     if clip:
         c["gradient_clipping"] = 1.0
+    if strata:
+        c["strata"] = strata
     return c
 
 
 CASES = [
-    # name, ranks, zero_optimization, clipping
+    # name, ranks, zero_optimization, clipping[, the config's "strata" section]
     ("stage 0 (compute calibration)", 1, {"stage": 0}, False),
     ("stage 1, optimizer on the CPU", 1, {"stage": 1, "offload_optimizer": {"device": "cpu"}}, False),
     ("stage 2, optimizer on the CPU", 1, {"stage": 2, "offload_optimizer": {"device": "cpu"}}, False),
@@ -80,6 +82,13 @@ CASES = [
     ("stage 0, 2 ranks (collective calibration)", 2, {"stage": 0}, False),
     ("stage 2, 2 ranks, optimizer on the CPU", 2, {"stage": 2, "offload_optimizer": {"device": "cpu"}}, False),
     ("stage 3, 2 ranks, optimizer on NVMe", 2, {"stage": 3, "offload_optimizer": {"device": "nvme"}}, False),
+    # Frozen units skip their weight-gradient GEMMs; LoRA freezes every base unit.
+    ("stage 2, CPU optimizer, half the layers frozen", 1,
+     {"stage": 2, "offload_optimizer": {"device": "cpu"}}, False,
+     {"freeze": ["model.embed_tokens.*", "model.layers.[01].*"]}),
+    ("stage 3, LoRA r 16 all-linear, parameters on NVMe", 1,
+     {"stage": 3, "offload_param": {"device": "nvme"}, "offload_optimizer": {"device": "cpu"}}, False,
+     {"lora": {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}}),
 ]
 
 
@@ -90,6 +99,9 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only", default=None,
+                    help="run the calibration cases and those whose name holds one of these "
+                         "comma-separated texts")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: the compute-bound regime, 3 single-rank cases, 4 steps")
     a = ap.parse_args()
@@ -120,12 +132,14 @@ def main():
         os.makedirs(model, exist_ok=True)
         with open(os.path.join(model, "config.json"), "w") as f:
             json.dump(regime["model"], f)
-        for name, ranks, zero, clip in CASES:
+        for name, ranks, zero, clip, *strata in CASES:
             if a.quick and name not in quick_cases:
+                continue
+            if a.only and not any(o in name for o in a.only.split(",")) and "calibration" not in name:
                 continue
             cfg = os.path.join(work, "ds.json")
             with open(cfg, "w") as f:
-                json.dump(ds_config(zero, nvme, regime, clip), f)
+                json.dump(ds_config(zero, nvme, regime, clip, strata[0] if strata else None), f)
             metrics = os.path.join(work, "metrics.jsonl")
             if os.path.exists(metrics):
                 os.remove(metrics)

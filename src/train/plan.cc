@@ -122,6 +122,10 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   const double head = 6.0 * static_cast<double>(in.model.vocab_size * in.model.hidden_size);
   t.model_flops = per_token * tokens;
   t.exec_flops = (per_token + (per_token - head) / 3.0) * tokens;
+  // Frozen units skip their weight-gradient GEMMs (2 FLOPs per matrix parameter and token): the
+  // frozen share of the matrices, taken as the frozen share of all elements (LoRA: nearly all).
+  const double matrix = in.model.TrainFlopsPerToken(0) / 6.0;
+  t.exec_flops -= 2.0 * std::min(matrix, (1.0 - T) * N) * tokens;
   // fp32 runs on a GPU use TF32 at half the 16-bit rate; the CPU device computes in fp32 always.
   const double tflops =
       hw.gpu_tflops * (cfg.precision() == Precision::kFp32 && IsCuda(in) ? 0.5 : 1.0);
