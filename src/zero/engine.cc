@@ -235,9 +235,15 @@ Status Engine::Impl::Init() {
   }
 
   // Transient buffers: gathered units (stage 3) and per-unit fp32 gradients. At least two units'
-  // worth, so that one unit's gather and another's gradient reduction can be in flight.
+  // worth, so that one unit's gather and another's gradient reduction can be in flight. (A frozen
+  // unit has no gradient buffer: LoRA's base units count their gathered copy only.)
   {
-    const uint64_t largest = static_cast<uint64_t>(max_padded) * ((stage == 3 ? csz : 0) + 4);
+    uint64_t largest = 0;
+    for (const auto& l : layouts) {
+      largest = std::max<uint64_t>(
+          largest, static_cast<uint64_t>(l.padded_numel()) *
+                       ((stage == 3 ? csz : 0) + (frozen[static_cast<size_t>(l.index)] ? 0 : 4)));
+    }
     const uint64_t configured =
         stage == 3 ? static_cast<uint64_t>(cfg.zero.stage3_max_live_parameters) * csz : 0;
     // A tying unit holds its shared units gathered, and their gradients until their own

@@ -114,16 +114,19 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     }
   }
   // Per element: the gathered unit in forward and in backward (stage 3), and its fp32 gradient
-  // (none for a frozen unit).
-  uint64_t wanted = tied_extra;
+  // (none for a frozen unit). The engine's live limit takes the largest unit's gathered copy and
+  // gradient (engine.cc, "Transient buffers").
+  uint64_t wanted = tied_extra, largest_live = 0;
   for (const UnitLayout& l : layouts) {
-    wanted += static_cast<uint64_t>(l.padded_numel()) *
-              ((stage == 3 ? 2 * csz : 0) + (frozen[static_cast<size_t>(l.index)] ? 0 : 4));
+    const uint64_t grad = frozen[static_cast<size_t>(l.index)] ? 0 : 4;
+    wanted += static_cast<uint64_t>(l.padded_numel()) * ((stage == 3 ? 2 * csz : 0) + grad);
+    largest_live = std::max<uint64_t>(
+        largest_live, static_cast<uint64_t>(l.padded_numel()) * ((stage == 3 ? csz : 0) + grad));
   }
   const uint64_t configured =
       stage == 3 ? static_cast<uint64_t>(config.zero.stage3_max_live_parameters) * csz : 0;
   const uint64_t max_live =
-      std::max<uint64_t>(configured, 2 * max_padded * ((stage == 3 ? csz : 0) + 4)) + shared_live;
+      std::max<uint64_t>(configured, 2 * largest_live) + shared_live;
   add(plan.device_step,
       stage == 3 ? "gathered units and fp32 gradients of a micro-batch (live-buffer limit)"
                  : "per-unit fp32 gradients in flight (live-buffer limit)",

@@ -74,6 +74,10 @@ TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {
       {"stage 3 bf16, LoRA r 16 on every projection, everything on the device",
        R"({"stage": 3})", R"("bf16": {"enabled": true},)", false,
        R"("lora": {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, )"},
+      // The live-buffer limit from the largest unit: a frozen base unit's gathered copy only.
+      {"stage 3 bf16, LoRA r 8, parameters on the CPU, live limit from the largest unit",
+       R"({"stage": 3, "stage3_max_live_parameters": 1000, "offload_param": {"device": "cpu"}})",
+       R"("bf16": {"enabled": true},)", false, R"("lora": {"r": 8}, )"},
       {"stage 2 fp32, LoRA r 8 on q and v, optimizer on the CPU",
        R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", "", false,
        R"("lora": {"r": 8}, )"},
