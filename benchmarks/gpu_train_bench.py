@@ -32,6 +32,12 @@ Each Strata run is `strata train --device <--device> ... --steps --steps --metri
 first --warmup steps are left out and the median of the rest is reported. A scenario whose run
 fails is reported with its error and does not stop the others.
 
+Against `strata estimate` (issue 20's check on a GPU): for hbm, cpu-optim and nvme, the same
+config's estimate (--gpus 1, this run's --pcie-gbs and NVMe rates, --cpu-adam-gps) beside the
+run: the device peak (measured / estimated; the memory model is exact, target within 5%) and the
+step time (estimated / measured, target within 25%), the compute rate calibrated once from the
+hbm run (its measured compute time against the estimate's at --peak-tflops, as --gpu-efficiency).
+
 Output: progress on stderr; a table and one JSON object on stdout (and --json FILE). Exit
 status: 0 when every run that was attempted finished (targets met or not), 1 when one failed, 2
 for bad options. Standard library only; the peer runs under --python (a python3 with torch).
@@ -213,6 +219,49 @@ def run_strata(scenario, args, model_dir, data, work):
     return out
 
 
+def run_estimate(scenario, args, model_dir, work, efficiency):
+    """`strata estimate --json` for the config run_strata wrote for `scenario`."""
+    cmd = [args.strata, "estimate", "--model", model_dir, "--config",
+           os.path.join(work, f"ds-{scenario}.json"), "--seq-len", str(args.seq_len),
+           "--device", args.device, "--gpus", "1", "--json",
+           "--gpu-tflops", f"{args.peak_tflops:.6g}", "--gpu-efficiency", f"{efficiency:.6g}"]
+    if args.pcie_gbs > 0:
+        cmd += ["--pcie", f"{args.pcie_gbs * 1e9:.6g}"]
+    if args.nvme_read_gbs > 0 and args.nvme_write_gbs > 0:
+        cmd += ["--nvme-read", f"{args.nvme_read_gbs * 1e9:.6g}",
+                "--nvme-write", f"{args.nvme_write_gbs * 1e9:.6g}"]
+    if args.cpu_adam_gps > 0:
+        cmd += ["--cpu-adam", f"{args.cpu_adam_gps * 1e9:.6g}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=strata_env())
+    if r.returncode != 0:
+        return {"error": f"strata estimate exited {r.returncode}: {r.stderr.strip()[-300:]}"}
+    e = json.loads(r.stdout)
+    return {"device_peak_bytes": e["device"]["peak_bytes"], "step_s": e["time"]["step_s"],
+            "compute_s": e["time"]["compute_s"], "bottleneck": e["time"].get("bottleneck", "")}
+
+
+def compare_estimates(results, args, model_dir, work):
+    """Adds results[s]["estimate"] for each Strata run of hbm / cpu-optim / nvme."""
+    hbm = results.get("hbm", {}).get("strata", {})
+    efficiency = 0.5
+    if "compute_s" in hbm and hbm["compute_s"] > 0:
+        at_peak = run_estimate("hbm", args, model_dir, work, 1.0)
+        if "compute_s" in at_peak:
+            efficiency = min(1.0, max(0.01, at_peak["compute_s"] / hbm["compute_s"]))
+    for s in ("hbm", "cpu-optim", "nvme"):
+        st = results.get(s, {}).get("strata", {})
+        if "step_s" not in st:
+            continue
+        e = run_estimate(s, args, model_dir, work, efficiency)
+        if "error" not in e:
+            e["gpu_efficiency"] = efficiency
+            e["device_peak_ratio"] = st["device_peak_bytes"] / max(e["device_peak_bytes"], 1)
+            e["step_ratio"] = e["step_s"] / st["step_s"]
+            e["device_peak_within_5pct"] = abs(e["device_peak_ratio"] - 1) <= 0.05
+            e["step_within_25pct"] = abs(e["step_ratio"] - 1) <= 0.25
+        results[s]["estimate"] = e
+
+
 def run_peer(mode, args, model_dir):
     cmd = [args.python, os.path.join(REPO, "benchmarks", "train_peers.py"), mode, "--config",
            os.path.join(model_dir, "config.json"), "--seq-len", str(args.seq_len),
@@ -254,6 +303,10 @@ def main():
                     help="NVMe read GB/s measured in this run (strata nvme-bench)")
     ap.add_argument("--nvme-write-gbs", type=float, default=0.0,
                     help="NVMe write GB/s measured in this run (strata nvme-bench)")
+    ap.add_argument("--cpu-adam-gps", type=float, default=0.0,
+                    help="CPU AdamW G parameters/s for the estimate (default: strata estimate's)")
+    ap.add_argument("--no-estimate", action="store_true",
+                    help="skip the comparison with strata estimate")
     ap.add_argument("--compute-s", type=float, default=0.0,
                     help="the nvme floor's compute term when hbm is not among --scenarios: the "
                          "hbm scenario's step_s from an earlier run on this machine")
@@ -289,6 +342,8 @@ def main():
             results[s]["pytorch"] = run_peer("fsdp2-offload", args, model_dir)
     failed = any("error" in r.get("strata", {}) or "error" in r.get("pytorch", {})
                  for r in results.values())
+    if not args.no_estimate:
+        compare_estimates(results, args, model_dir, args.work)
     if "largest" in results:
         st = results["largest"]["strata"]
         params = parameter_count(args.model)
@@ -372,6 +427,19 @@ def main():
                 print(f"  {s} {side}: skipped: {d['skipped']}")
     for line in results.get("largest", {}).get("strata", {}).get("placement", []):
         print(f"  largest: {line}")
+    for s, r in results.items():
+        e = r.get("estimate")
+        if not e:
+            continue
+        if "error" in e:
+            print(f"  {s} estimate: error: {e['error']}")
+            continue
+        print(f"  {s} vs strata estimate: device peak measured/estimated "
+              f"{e['device_peak_ratio']:.3f} ({r['strata']['device_peak_bytes'] / 2**30:.2f} / "
+              f"{e['device_peak_bytes'] / 2**30:.2f} GiB), step estimated/measured "
+              f"{e['step_ratio']:.2f} ({e['step_s']:.3f} / {r['strata']['step_s']:.3f} s, "
+              f"bound by {e['bottleneck']}; compute at {100 * e['gpu_efficiency']:.0f}% of "
+              f"{args.peak_tflops:.0f} TFLOPS, calibrated on hbm)")
     if "hbm" in results and "mfu" in results["hbm"]["strata"]:
         st = results["hbm"]["strata"]
         print(f"  hbm: {st['tflops']:.1f} TFLOPS, MFU {100 * st['mfu']:.1f}% of "

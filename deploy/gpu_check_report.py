@@ -355,7 +355,8 @@ def report(args, out):
                 "ratio": r.get("ratio"), "target": r.get("target"), "met": r.get("met"),
                 "floor_terms_s": r.get("floor_terms_s"), "floor_missing": r.get("floor_missing"),
                 "placement": [l for l in st.get("placement", []) if l.startswith("chosen:")],
-                "op_profile": st.get("op_profile") or []})
+                "op_profile": st.get("op_profile") or [],
+                "estimate": r.get("estimate")})
     if args.phase == "train" and not training:
         problems.append("no training benchmark wrote its results")
 
@@ -476,6 +477,22 @@ def report(args, out):
                       f"{fmt(t['strata_tflops'], '.1f')} | {t['peer'] or '-'} | "
                       f"{fmt(t['peer_tokens_per_s'], '.0f')} | {fmt(t['ratio'])} | {target} "
                       f"{'' if t['met'] is None else ('met' if t['met'] else 'NOT met')} | {note} |")
+        estimated = [t for t in training if t.get("estimate")]
+        if estimated:
+            md.append("")
+            md.append("Against `strata estimate` (the same config; compute calibrated on hbm; "
+                      "targets: device peak within 5%, step within 25%):")
+            md.append("")
+            md.append("| scenario | device peak measured / estimated | step estimated / measured "
+                      "| estimate's bottleneck |")
+            md.append("| --- | ---: | ---: | --- |")
+            for t in estimated:
+                e = t["estimate"]
+                if "error" in e:
+                    md.append(f"| {t['scenario']} | | | {e['error']} |")
+                    continue
+                md.append(f"| {t['scenario']} | {fmt(e.get('device_peak_ratio'), '.3f')} | "
+                          f"{fmt(e.get('step_ratio'))} | {e.get('bottleneck', '')} |")
         for t in training:
             if t.get("op_profile"):
                 md.append("")
