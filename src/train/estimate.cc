@@ -70,6 +70,18 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
       std::clamp<int64_t>(in.config.zero.offload_optimizer.buffer_count, 3, 1024));
   STRATA_ASSIGN_OR_RETURN(e.engine, zero::Engine::PlanMemory(units, shared, config,
                                                              in.world_size, depth, in.device));
+  // Parameters with the adapters, and those that train (frozen units: strata.freeze /
+  // trainable, every base unit under LoRA).
+  STRATA_ASSIGN_OR_RETURN(const std::vector<char> frozen,
+                          zero::FrozenUnits(units, config.strata.freeze, config.strata.trainable));
+  e.parameters = 0;
+  e.lora = lora.enabled();
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (const auto& p : units[u].params) {
+      e.parameters += static_cast<uint64_t>(p.numel());
+      if (!frozen[u]) e.trainable_parameters += static_cast<uint64_t>(p.numel());
+    }
+  }
   return e;
 }
 
@@ -128,8 +140,14 @@ std::string Line(std::string_view what, uint64_t bytes) {
 
 std::string FormatMemoryEstimate(const MemoryEstimate& e) {
   std::string out = fmt::format(
-      "memory per rank: {:.1f}M parameters, {} rank(s), micro-batch {} x {} tokens\n",
-      static_cast<double>(e.parameters) / 1e6, e.world_size, e.micro_batch, e.seq_len);
+      "memory per rank: {:.1f}M parameters{}, {} rank(s), micro-batch {} x {} tokens\n",
+      static_cast<double>(e.parameters) / 1e6,
+      e.trainable_parameters < e.parameters
+          ? fmt::format(" of which {:.1f}M train ({})",
+                        static_cast<double>(e.trainable_parameters) / 1e6,
+                        e.lora ? "LoRA: the base weights are frozen" : "the rest are frozen")
+          : std::string(),
+      e.world_size, e.micro_batch, e.seq_len);
   out += "device\n";
   out += Line("activations (one micro-batch, recomputed per block)", e.activations);
   if (e.workspace > 0) out += Line("CUDA op workspace", e.workspace);
@@ -157,6 +175,7 @@ nlohmann::json MemoryEstimateJson(const MemoryEstimate& e) {
           {"seq_len", e.seq_len},
           {"micro_batch", e.micro_batch},
           {"parameters", e.parameters},
+          {"trainable_parameters", e.trainable_parameters},
           {"device",
            {{"peak_bytes", e.device_peak()},
             {"activations_bytes", e.activations},

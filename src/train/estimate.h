@@ -30,7 +30,9 @@ struct MemoryEstimate {
   int64_t seq_len = 0;
   int64_t micro_batch = 0;
   int stage = 0;                // zero_optimization.stage
-  uint64_t parameters = 0;      // the model's
+  uint64_t parameters = 0;      // the model's (with LoRA adapters)
+  uint64_t trainable_parameters = 0;  // those that train (all, unless frozen or LoRA)
+  bool lora = false;                  // strata.lora: the base units are frozen
   uint64_t activations = 0;     // LlamaActivationBytes (device)
   uint64_t workspace = 0;       // the CUDA ops' workspace (device; 0 on the CPU device)
   uint64_t rank_agreement = 0;  // the trainer's per-step agreement buffer (device, several ranks)
