@@ -358,6 +358,18 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
     return InvalidArgumentError(fmt::format("LoRA rank {} / scale {}: expected a rank >= 1",
                                             options.lora.rank, options.lora.scale));
   }
+  // A rank above a projection's smaller side adds nothing a full update would not (and the CUDA
+  // ops' workspace is sized for the model's own widths).
+  for (int p = 0; p < kLlamaProjections && options.lora.enabled(); ++p) {
+    if (!options.lora.targets[static_cast<size_t>(p)]) continue;
+    const auto [in, out] = ProjectionShape(config, p);
+    if (options.lora.rank > std::min(in, out)) {
+      return InvalidArgumentError(fmt::format(
+          "strata.lora.r {} is larger than {}'s smaller side ({} in, {} out) in model '{}'; "
+          "use a rank of at most {}",
+          options.lora.rank, LlamaProjectionName(p), in, out, config.name, std::min(in, out)));
+    }
+  }
   std::unique_ptr<LlamaModel> m(
       new LlamaModel(device, config, seq_len, micro_batch, init_seed, options.lora));
   STRATA_RETURN_IF_ERROR(m->SetUp(options));

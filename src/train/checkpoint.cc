@@ -371,7 +371,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
     }
     if (st.ok() && options.lora.enabled()) {
       st = WriteFileDurable((fs::path(tmp_dir) / kAdapterConfigFile).string(),
-                            AdapterConfigJson(options.lora, options.base_model));
+                            AdapterConfigJson(options.lora, fs::absolute(final_dir).string()));
     }
     if (st.ok()) {
       std::vector<std::string> small = {"config.json", kTrainerStateFile};
@@ -418,11 +418,14 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
   STRATA_RETURN_IF_ERROR(AgreeOk(comm, device, *stream, st, what));
   if (rank == 0 && options.print) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double bytes = static_cast<double>(params.total_bytes + optim.total_bytes);
+    const uint64_t adapter_bytes = adapter_specs.empty() ? 0 : adapter.total_bytes;
+    const double bytes = static_cast<double>(params.total_bytes + optim.total_bytes + adapter_bytes);
     options.print(fmt::format(
-        "saved checkpoint {} ({} parameters + {} optimizer states) in {:.1f} s ({:.0f} MB/s)",
-        final_dir, FormatBytes(params.total_bytes), FormatBytes(optim.total_bytes), s,
-        bytes / std::max(s, 1e-6) / 1e6));
+        "saved checkpoint {} ({} parameters{} + {} optimizer states) in {:.1f} s ({:.0f} MB/s)",
+        final_dir, FormatBytes(params.total_bytes),
+        adapter_bytes > 0 ? fmt::format(" + {} LoRA adapters", FormatBytes(adapter_bytes))
+                          : std::string(),
+        FormatBytes(optim.total_bytes), s, bytes / std::max(s, 1e-6) / 1e6));
   }
   return final_dir;
 }

@@ -66,10 +66,12 @@ struct SaveOptions {
   uint64_t max_shard_bytes = 5ull << 30;
   // Rank 0's progress lines ("saving checkpoint: 12/34 units").
   std::function<void(const std::string&)> print;
-  // A LoRA run: the adapters go to adapter_model.safetensors (PEFT's names) with
-  // adapter_config.json naming `base_model`, not to model.safetensors (lora_files.h).
+  // A LoRA run: the adapters go to adapter_model.safetensors (PEFT's names), not to
+  // model.safetensors, with an adapter_config.json whose base_model_name_or_path is the step
+  // directory itself (absolute): its model.safetensors holds the base weights the adapters go
+  // with (trained ones too, under strata.trainable), and transformers' from_pretrained of the
+  // directory loads them and then the adapters (lora_files.h).
   model::LlamaLora lora;
-  std::string base_model;
 };
 
 // Collective (every rank, between steps): writes `state` and the engine's states as

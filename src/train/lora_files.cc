@@ -210,6 +210,15 @@ Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& ada
   const std::string tmp = (fs::path(out_dir) / ".model.safetensors.tmp").string();
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
                           SafetensorsWriter::Create(tmp, layout));
+  // A merge that fails leaves no partial file behind.
+  struct RemoveOnFailure {
+    const std::string& path;
+    bool active = true;
+    ~RemoveOnFailure() {
+      std::error_code ignored;
+      if (active) fs::remove(path, ignored);
+    }
+  } cleanup{tmp};
   MergeStats stats;
   stats.bytes = layout.file_size();
   constexpr uint64_t kBlockElems = uint64_t{16} << 20;  // 64 MiB of fp32 per block
@@ -249,6 +258,7 @@ Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& ada
   }
   STRATA_RETURN_IF_ERROR(writer->Finish());
   STRATA_RETURN_IF_ERROR(CommitFile(tmp, (fs::path(out_dir) / kSafetensorsModelFile).string()));
+  cleanup.active = false;
   // The model's other files (config, tokenizer), so OUT loads as it is.
   const fs::path base_path = fs::is_directory(base_dir, ec) ? fs::path(base_dir) : fs::path(base_dir).parent_path();
   for (const char* name : {"config.json", "generation_config.json", "tokenizer.json",

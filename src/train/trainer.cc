@@ -212,12 +212,19 @@ Status RunTraining(const TrainOptions& o) {
         "strata.lora: the checkpoint {} has no LoRA adapters ({}); it was not saved by a LoRA run",
         resume_dir, kAdapterConfigFile));
   }
-  if (!o.adapter_dir.empty()) {
+  // A LoRA run's step directory as --model carries its adapters (its model.safetensors holds the
+  // base weights only): they are loaded as with --adapter.
+  std::string adapter_dir = o.adapter_dir;
+  if (adapter_dir.empty() && !resumed && std::filesystem::is_directory(o.model) &&
+      HasAdapter(o.model)) {
+    adapter_dir = o.model;
+  }
+  if (!adapter_dir.empty()) {
     if (resumed) {
       return InvalidArgumentError(
           "--adapter and --resume: a resumed run continues the checkpoint's own adapters");
     }
-    STRATA_RETURN_IF_ERROR(adopt_lora(o.adapter_dir));
+    STRATA_RETURN_IF_ERROR(adopt_lora(adapter_dir));
   }
   STRATA_ASSIGN_OR_RETURN(const model::LlamaLora lora, model::ResolveLlamaLora(config.strata.lora));
   // The adapters train; the base weights are frozen unless strata.trainable names them.
@@ -420,8 +427,8 @@ Status RunTraining(const TrainOptions& o) {
     say(fmt::format("  LoRA: r {}, lora_alpha {:g} (scale {:g}) on {}: {:.3f}M adapter parameters{}",
                     lora.rank, lora.alpha, lora.scale, fmt::join(lora.target_names(), ", "),
                     static_cast<double>(adapter_params) / 1e6,
-                    o.adapter_dir.empty() ? std::string()
-                                          : fmt::format(", loaded from {}", o.adapter_dir)));
+                    adapter_dir.empty() ? std::string()
+                                          : fmt::format(", loaded from {}", adapter_dir)));
     if (!adapter_note.empty()) say("  note: " + adapter_note);
   }
   // Frozen parameters (strata.freeze / strata.trainable), whole units.
@@ -482,12 +489,12 @@ Status RunTraining(const TrainOptions& o) {
     }
     if (HasWeights(model_dir.string())) {
       STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenWeights(model_dir.string(), llama->units(),
-                                                             o.adapter_dir));
-    } else if (!o.adapter_dir.empty()) {
+                                                             adapter_dir));
+    } else if (!adapter_dir.empty()) {
       return InvalidArgumentError(fmt::format(
           "--adapter {}: adapters need the base model's weights, and {} holds none "
           "(model.safetensors)",
-          o.adapter_dir, model_arg));
+          adapter_dir, model_arg));
     } else if (std::filesystem::is_directory(model_dir)) {
       say(fmt::format("  {} holds no weights (model.safetensors): starting from random weights",
                       model_dir.string()));
@@ -689,7 +696,6 @@ Status RunTraining(const TrainOptions& o) {
   SaveOptions save_options;
   save_options.max_shard_bytes = o.max_shard_bytes;
   save_options.lora = lora;
-  save_options.base_model = model_arg;
   save_options.print = say;
   double profiled_s = 0.0;  // --profile-ops: the profiled steps' time
   int64_t profiled_steps = 0;

@@ -337,9 +337,14 @@ TEST(TrainCommandTest, LoraAdaptersTrainResumeAndMerge) {
   };
   const double adapted = eval({"--model", step, "--adapter", step});
   const double merged = eval({"--model", dir.file("merged")});
-  const double unadapted = eval({"--model", step});
+  const double unadapted = eval({"--model", base_dir});
   EXPECT_NEAR(adapted, merged, 1e-5 * adapted);
   EXPECT_GT(std::fabs(adapted - unadapted), 1e-4);
+  // A LoRA step directory as --model carries its adapters.
+  EXPECT_EQ(eval({"--model", step}), adapted);
+  // adapter_config.json names the step directory itself as the base model.
+  EXPECT_EQ(adapter_config["base_model_name_or_path"].get<std::string>(),
+            std::filesystem::absolute(dir.file("straight/step-00000006")).string());
   // Merging again into the same directory would overwrite it: refused.
   merge = RunStrata({"checkpoint", "merge-lora", "--base", step, "--adapter", step, "--out",
                      dir.file("merged")});
@@ -364,6 +369,9 @@ TEST(TrainCommandTest, LoraAdaptersTrainResumeAndMerge) {
                              "--seq-len", "32", "--steps", "1"});
   EXPECT_NE(mismatch.exit_code, 0);
   EXPECT_THAT(mismatch.err, HasSubstr("differs from"));
+  // A rank larger than a projection's smaller side (llama-tiny: k_proj is 64 in, 32 out).
+  EXPECT_THAT(bad("r.json", R"({"lora": {"r": 33, "target_modules": ["k_proj"]}})"),
+              HasSubstr("strata.lora.r 33 is larger than k_proj's smaller side"));
 }
 
 // `strata eval`: the loss of the weights on the first sequences equals the loss of step 1 of a

@@ -5,10 +5,11 @@ Runs under the environment deploy/hf-venv.sh makes (peft, transformers, Debian's
 Llama with grouped-query attention, written by transformers' save_pretrained:
 
   1. Strata -> PEFT: `strata train` with strata.lora (r 4, alpha 8, all seven projections,
-     ZeRO-3) from those weights for 8 steps, saved. The checkpoint's step directory loads with
-     `PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(DIR), DIR)`, and PEFT's loss on
-     16 held-out sequences matches `strata eval --model DIR --adapter DIR` on them. The base
-     weights in the checkpoint are bit for bit the ones it started from.
+     ZeRO-3) from those weights for 8 steps, saved. The checkpoint's step directory loads as an
+     adapter with `PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(BASE), DIR)`, and
+     PEFT's loss on 16 held-out sequences matches `strata eval --model DIR --adapter DIR` on
+     them; so do transformers' `from_pretrained(DIR)` alone and `strata eval --model DIR`. The
+     base weights in the checkpoint are bit for bit the ones it started from.
   2. `strata checkpoint merge-lora` against PEFT's merge_and_unload(): every merged weight within
      1e-6 of PEFT's, and transformers' loss of the merged directory matches PEFT's.
   3. PEFT -> Strata: an adapter PEFT made (get_peft_model with random B, q_proj and v_proj, r 8,
@@ -125,7 +126,7 @@ def main():
           f"({len(before)} tensors){': ' + ', '.join(changed) if changed else ''}")
     if changed:
         failures.append("base weights changed")
-    model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(step), step)
+    model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base), step)
     adapters = load_file(os.path.join(step, "adapter_model.safetensors"))
     moved = max(float(t.abs().max()) for n, t in adapters.items() if "lora_B" in n)
     print(f"  {'ok  ' if moved > 0 else 'FAIL'} trained lora_B tensors are non-zero "
@@ -135,6 +136,14 @@ def main():
     peft_loss = loss_of(model, rows)
     check("strata eval --adapter of the checkpoint vs PEFT",
           strata_eval(args, work, "trained", step, valid, adapter=step), peft_loss)
+    # The step directory alone: its adapter_config.json names the directory itself as the base,
+    # so transformers (with PEFT installed) loads its base weights and then its adapters, and
+    # strata eval --model DIR takes its adapters too.
+    check("transformers' from_pretrained of the step directory vs PEFT",
+          loss_of(LlamaForCausalLM.from_pretrained(step), rows), peft_loss,
+          ours_name="transformers")
+    check("strata eval --model of the step directory vs PEFT",
+          strata_eval(args, work, "step", step, valid), peft_loss)
 
     # 2. Merging.
     merged = os.path.join(work, "merged")
