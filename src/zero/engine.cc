@@ -95,7 +95,6 @@ Status Engine::Impl::Init() {
 
   for (const auto& l : layouts) {
     max_shard = std::max(max_shard, l.shard_numel);
-    max_padded = std::max(max_padded, l.padded_numel());
   }
   const size_t n_units = layouts.size();
   shared.resize(n_units);

@@ -216,7 +216,6 @@ struct Engine::Impl {
   std::vector<std::vector<int>> shared;
   std::vector<void*> pending_grad;
   int64_t max_shard = 0;
-  int64_t max_padded = 0;
 
   std::unique_ptr<device::Stream> compute, comm_stream;
   std::unique_ptr<device::Event> ev_compute, ev_comm;

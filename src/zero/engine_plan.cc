@@ -46,14 +46,13 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     return static_cast<uint64_t>(device::PinnedPool::SizeClass(bytes));
   };
 
-  uint64_t shard_sum = 0, max_padded = 0, full_params = 0, full_grads = 0,
+  uint64_t shard_sum = 0, full_params = 0, full_grads = 0,
            adam = 0, grad_shards = 0, unit_init = 0, offloaded_shards = 0, trainable = 0;
   uint64_t shard_classes = 0, largest_class = 0;
   for (const UnitLayout& l : layouts) {
     const auto padded = static_cast<uint64_t>(l.padded_numel());
     const auto shard = static_cast<uint64_t>(l.shard_numel);
     shard_sum += shard;
-    max_padded = std::max(max_padded, padded);
     unit_init = std::max(unit_init, padded * (4 + csz));
     shard_classes += cls(shard * csz);
     largest_class = std::max(largest_class, cls(shard * csz));

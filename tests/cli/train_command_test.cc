@@ -41,6 +41,16 @@ std::string WriteConfig(const TempDir& dir, const std::string& extra = "") {
   return path;
 }
 
+// DIR/NAME: micro-batch 2, AdamW at `lr`, the given zero_optimization and "strata" sections.
+std::string WriteStrataConfig(const TempDir& dir, const std::string& name, double lr,
+                              const std::string& zero, const std::string& strata) {
+  const std::string path = dir.file(name);
+  std::ofstream out(path);
+  out << R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": )"
+      << lr << R"(}}, "zero_optimization": )" << zero << R"(, "strata": )" << strata << "}";
+  return path;
+}
+
 TEST(TrainCommandTest, TrainsATinyLlamaAndSavesAHuggingFaceCheckpoint) {
   TempDir dir;
   const std::string data = dir.file("tokens.bin");
@@ -205,12 +215,7 @@ TEST(TrainCommandTest, FrozenLayersStayAsTheyWereAndResume) {
   auto synth = RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"});
   ASSERT_EQ(synth.exit_code, 0) << synth.err;
   auto config = [&](const std::string& name, const std::string& strata) {
-    const std::string path = dir.file(name);
-    std::ofstream out(path);
-    out << R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW",
-               "params": {"lr": 0.005}}, "zero_optimization": {"stage": 2}, "strata": )"
-        << strata << "}";
-    return path;
+    return WriteStrataConfig(dir, name, 0.005, R"({"stage": 2})", strata);
   };
   const std::string frozen =
       config("frozen.json", R"({"freeze": ["model.embed_tokens.*", "model.layers.0.*"]})");
@@ -270,14 +275,10 @@ TEST(TrainCommandTest, LoraAdaptersTrainResumeAndMerge) {
   auto synth = RunStrata({"data", "synth", "--out", data, "--tokens", "50k", "--vocab", "256"});
   ASSERT_EQ(synth.exit_code, 0) << synth.err;
   auto config = [&](const std::string& name, const std::string& strata) {
-    const std::string path = dir.file(name);
-    std::ofstream out(path);
-    out << R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW",
-               "params": {"lr": 0.01}}, "zero_optimization": {"stage": 3,
-               "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
-               "strata": )"
-        << strata << "}";
-    return path;
+    return WriteStrataConfig(dir, name, 0.01,
+                             R"({"stage": 3, "offload_param": {"device": "cpu"},
+                                 "offload_optimizer": {"device": "cpu"}})",
+                             strata);
   };
   const std::string lora = config(
       "lora.json", R"({"lora": {"r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "down_proj"]}})");
