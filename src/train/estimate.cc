@@ -76,6 +76,7 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
                           zero::FrozenUnits(units, config.strata.freeze, config.strata.trainable));
   e.parameters = 0;
   e.lora = lora.enabled();
+  e.from_weights = in.from_weights;
   for (size_t u = 0; u < units.size(); ++u) {
     for (const auto& p : units[u].params) {
       e.parameters += static_cast<uint64_t>(p.numel());
@@ -161,7 +162,11 @@ std::string FormatMemoryEstimate(const MemoryEstimate& e) {
   out += Line("parameter swap file", e.engine.nvme_param_file);
   out += Line("optimizer swap file", e.engine.nvme_optim_file);
   out += "host memory outside the budgets\n";
-  out += Line("random initialisation of the largest unit (set-up only)", e.engine.init_host_bytes);
+  out += e.from_weights
+             ? Line("loading the largest unit's shard from the weights (set-up only)",
+                    e.engine.load_host_bytes)
+             : Line("random initialisation of the largest unit (set-up only)",
+                    e.engine.init_host_bytes);
   return out;
 }
 
@@ -186,7 +191,10 @@ nlohmann::json MemoryEstimateJson(const MemoryEstimate& e) {
           {"pinned_pool_bytes", e.engine.pinned_pool},
           {"nvme", {{"param_file_bytes", e.engine.nvme_param_file},
                     {"optim_file_bytes", e.engine.nvme_optim_file}}},
-          {"host_init_bytes", e.engine.init_host_bytes}};
+          {"host_init_bytes", e.engine.init_host_bytes},
+          {"host_load_bytes", e.engine.load_host_bytes},
+          {"from_weights", e.from_weights},
+          {"host_setup_bytes", e.setup_host_bytes()}};
 }
 
 }  // namespace strata::train

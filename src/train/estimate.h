@@ -23,6 +23,9 @@ struct EstimateInput {
   int world_size = 1;
   int64_t seq_len = 0;  // 0: as strata train, min(256, max_position_embeddings)
   device::DeviceType device = device::DeviceType::kCpu;
+  // The run starts from weights (a model directory holding them, or a checkpoint) rather than
+  // random initialisation: set-up holds one unit's shard being loaded instead of a whole unit.
+  bool from_weights = false;
 };
 
 struct MemoryEstimate {
@@ -33,6 +36,7 @@ struct MemoryEstimate {
   uint64_t parameters = 0;      // the model's (with LoRA adapters)
   uint64_t trainable_parameters = 0;  // those that train (all, unless frozen or LoRA)
   bool lora = false;                  // strata.lora: the base units are frozen
+  bool from_weights = false;          // EstimateInput::from_weights
   uint64_t activations = 0;     // LlamaActivationBytes (device)
   uint64_t workspace = 0;       // the CUDA ops' workspace (device; 0 on the CPU device)
   uint64_t rank_agreement = 0;  // the trainer's per-step agreement buffer (device, several ranks)
@@ -46,6 +50,11 @@ struct MemoryEstimate {
 
   // The device allocator's peak per rank: what `device_peak_bytes` in --metrics reports.
   uint64_t device_peak() const;
+  // Host memory outside the budgets during set-up: loading the largest unit (from_weights) or
+  // randomly initialising it.
+  uint64_t setup_host_bytes() const {
+    return from_weights ? engine.load_host_bytes : engine.init_host_bytes;
+  }
 };
 
 Result<MemoryEstimate> EstimateMemory(const EstimateInput& input);

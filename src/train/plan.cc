@@ -154,19 +154,23 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   const double coll_fb_s = Div(coll_fb, bus), coll_after_s = Div(coll_after, bus);
   t.collective_s = coll_fb_s + coll_after_s;
 
-  // Offloaded parameter shards (stage 3): fetched once a step when the device cache holds them
-  // all (zero::OffloadedParamDeviceBudget), else for forward and for backward of every
-  // micro-batch.
-  double fetches = 0;
+  // Host-device copies: only where device memory is not host memory.
+  const bool copies = IsCuda(in) || cfg.strata.memory.share_host_memory == Toggle::kOff;
+  // Offloaded parameter shards (stage 3): when the device cache holds them all
+  // (zero::OffloadedParamDeviceBudget), only the updated ones are fetched again, once a step
+  // (frozen units stay cached); else every shard for forward and for backward of every
+  // micro-batch. Where device copies share host memory, the cache is also bounded by the host
+  // tier's budget (strata.memory.host_budget).
+  double fetch_bytes = 0;
   if (param_dev != OffloadDevice::kNone) {
     const double all = csz * S, largest = csz * static_cast<double>(m.max_shard_elems);
     const double lookahead = csz * static_cast<double>(cfg.zero.stage3_prefetch_bucket_size);
-    const double cache = std::min(std::max(all, 4 * largest), std::max(lookahead + 2 * largest, 4 * largest));
-    fetches = cache >= all ? 1.0 : 2.0 * gas;
+    double cache = std::min(all + largest, std::max(lookahead + 2 * largest, 4 * largest));
+    if (!copies && cfg.strata.memory.host_budget) {
+      cache = std::min(cache, static_cast<double>(*cfg.strata.memory.host_budget));
+    }
+    fetch_bytes = cache >= all ? all * T : 2.0 * gas * all;
   }
-  const double fetch_bytes = fetches * csz * S;
-  // Host-device copies: only where device memory is not host memory.
-  const bool copies = IsCuda(in) || cfg.strata.memory.share_host_memory == Toggle::kOff;
   double h2d_fb = 0, d2h_fb = 0, h2d_opt = 0, d2h_after = 0;
   const double S_cpu = t.offloaded_fraction * S;  // the offloaded part of the shard
   if (copies) {
@@ -294,7 +298,7 @@ FitCheck CheckFit(const EstimateInput& in, const MemoryEstimate& m, const Hardwa
   const uint64_t g = static_cast<uint64_t>(std::max(1, hw.gpus_per_node));
   f.device_need = m.device_peak();
   f.device_budget = hw.rank_device_budget();
-  f.host_need = g * (m.engine.pinned_pool + m.engine.init_host_bytes);
+  f.host_need = g * (m.engine.pinned_pool + m.setup_host_bytes());
   if (!IsCuda(in)) f.host_need += g * f.device_need;  // the CPU device's memory is host memory
   f.host_budget = hw.host_budget();
   f.nvme_need = g * (m.engine.nvme_param_file + m.engine.nvme_optim_file);

@@ -1,6 +1,7 @@
 #include "train/runtime.h"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -21,6 +22,12 @@ uint64_t HostAvailableBytes() {
     return procfs::MeminfoField(*text, "MemAvailable").value_or(0) * 1024;
   }
   return 0;
+}
+
+uint64_t PeakResidentBytes() {
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // kilobytes on Linux
 }
 
 Runtime::~Runtime() {

@@ -70,6 +70,10 @@ Result<Runtime> OpenRuntime(const Config& config, const RuntimeOptions& options 
 // MemAvailable from /proc/meminfo, in bytes (0 when unknown): what a pinned pool may take now.
 uint64_t HostAvailableBytes();
 
+// This process's peak resident set (getrusage's ru_maxrss), in bytes: on the CPU device, what
+// the device allocator, the pinned pool and set-up together made resident.
+uint64_t PeakResidentBytes();
+
 struct EngineStack {
   // STRATA_FAULT_INJECT (a testing aid): the faults injected into the store; Reset logs how many.
   std::optional<io::FaultPlan> faults;

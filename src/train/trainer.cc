@@ -184,6 +184,11 @@ Status RunTraining(const TrainOptions& o) {
     return InvalidArgumentError("--model: required (a model directory or preset) unless --resume is given");
   }
   const std::string model_arg = o.model.empty() ? resume_dir : o.model;
+  // A model directory, or its config.json: the weights sit beside it.
+  std::filesystem::path model_dir(model_arg);
+  if (!std::filesystem::is_directory(model_dir) && model_dir.filename() == "config.json") {
+    model_dir = model_dir.parent_path().empty() ? "." : model_dir.parent_path();
+  }
 
   // LoRA adapters: strata.lora, or an adapter directory's (or the resumed checkpoint's)
   // adapter_config.json; where both are given they must agree.
@@ -337,6 +342,7 @@ Status RunTraining(const TrainOptions& o) {
   plan_in.world_size = world;
   plan_in.seq_len = seq_len;
   plan_in.device = dev->type();
+  plan_in.from_weights = resumed.has_value() || HasWeights(model_dir.string());
   std::vector<std::string> placement_lines;  // printed with the run's header
   if (HasAutoOffload(config)) {
     const Hardware hw = MachineHardware(*dev, launch, config);
@@ -482,11 +488,6 @@ Status RunTraining(const TrainOptions& o) {
     STRATA_ASSIGN_OR_RETURN(files,
                             StateFiles::OpenCheckpoint(resume_dir, llama->units(), frozen));
   } else {
-    // A model directory, or its config.json: the weights sit beside it.
-    std::filesystem::path model_dir(model_arg);
-    if (!std::filesystem::is_directory(model_dir) && model_dir.filename() == "config.json") {
-      model_dir = model_dir.parent_path().empty() ? "." : model_dir.parent_path();
-    }
     if (HasWeights(model_dir.string())) {
       STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenWeights(model_dir.string(), llama->units(),
                                                              adapter_dir));
@@ -748,6 +749,8 @@ Status RunTraining(const TrainOptions& o) {
       evaluated = e;
     }
     if (metrics) {
+      const device::PinnedPoolStats pool_stats =
+          stack.pool ? stack.pool->stats() : device::PinnedPoolStats{};
       nlohmann::json j = {{"step", step + 1},
                           {"loss", r.loss},
                           {"lr", r.lr},
@@ -768,6 +771,9 @@ Status RunTraining(const TrainOptions& o) {
                           {"param_device_peak_bytes", st.param_device_peak_bytes},
                           {"param_device_budget_bytes", st.param_device_budget_bytes},
                           {"host_peak_bytes", st.host_peak_bytes},
+                          {"pinned_pool_bytes", pool_stats.size},
+                          {"pinned_pool_peak_bytes", pool_stats.peak},
+                          {"host_rss_peak_bytes", PeakResidentBytes()},
                           {"pageable_copies", pageable},
                           {"model_device_bytes",
                            llama->activation_bytes() + llama->workspace_bytes()}};

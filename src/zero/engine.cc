@@ -172,9 +172,10 @@ Status Engine::Impl::Init() {
     if (param_home == Tier::kNvme) {
       // Shared device copies are host copies: the host tier also holds what the device tier
       // caches (PlanPinnedPoolBytes counts the same).
-      to.host_budget = opt.param_host_budget != 0 ? opt.param_host_budget
-                       : to.share_host_memory  ? 4 * largest + to.device_budget
-                                               : 4 * largest;
+      to.host_budget = opt.param_host_budget != 0
+                           ? opt.param_host_budget
+                           : NvmeParamHostBudget(shard_bytes_total, largest, to.device_budget,
+                                                 to.share_host_memory);
       // The optimizer holds one unit's host copy while backward stages another through host
       // memory: two of the largest shard is the least that cannot run dry.
       if (to.host_budget < 2 * largest) {
@@ -457,12 +458,15 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
   if (stage == 3) {
     if (param_home == Tier::kHost) total += params_all + 2 * largest_param;
     else if (param_home == Tier::kNvme) {
-      total += 4 * largest_param;
-      if (SharesHostMemory(config, device_type)) {
-        total += OffloadedParamDeviceBudget(
-            params_all, largest_param,
-            offload::PrefetchOptions::FromConfig(config, csz).device_lookahead_bytes);
-      }
+      const uint64_t device_budget = OffloadedParamDeviceBudget(
+          params_all, largest_param,
+          offload::PrefetchOptions::FromConfig(config, csz).device_lookahead_bytes);
+      // strata.memory.host_budget, where set, is the host tier's budget (Init raises it to two
+      // of the largest shard).
+      total += config.strata.memory.host_budget
+                   ? std::max(*config.strata.memory.host_budget, 2 * largest_param)
+                   : NvmeParamHostBudget(params_all, largest_param, device_budget,
+                                         SharesHostMemory(config, device_type));
     }
     else total += 2 * largest_param;
   }

@@ -63,12 +63,23 @@ inline DType ComputeDType(const Config& config) {
 }
 
 // Device bytes the parameter tier manager may hold for offloaded shards: the prefetch lookahead
-// plus the unit in use and the one being gathered, at least four of the largest shard and at most
-// all of them.
+// plus the unit in use and the one being gathered, at least four of the largest shard, and never
+// more than every shard plus one in replacement (beyond that a budget cannot bind; a model of a
+// few large units, such as two 70B-shaped layers, would otherwise reserve memory it never uses).
 inline uint64_t OffloadedParamDeviceBudget(uint64_t shard_bytes_total, uint64_t largest,
-                                    uint64_t lookahead_bytes) {
-  const uint64_t resident = std::max(shard_bytes_total, 4 * largest);
-  return std::min(resident, std::max(lookahead_bytes + 2 * largest, 4 * largest));
+                                           uint64_t lookahead_bytes) {
+  return std::min(shard_bytes_total + largest,
+                  std::max(lookahead_bytes + 2 * largest, 4 * largest));
+}
+
+// Pinned-pool bytes the parameter tier manager may hold for NVMe-homed shards: four of the
+// largest shard in flight between NVMe and the device (reads ahead, the optimizer's write-back),
+// plus, where device copies share host memory, what the device tier caches; never more than
+// every shard plus two in flight.
+inline uint64_t NvmeParamHostBudget(uint64_t shard_bytes_total, uint64_t largest,
+                                    uint64_t device_budget, bool share_host_memory) {
+  return std::min(shard_bytes_total + 2 * largest,
+                  4 * largest + (share_host_memory ? device_budget : 0));
 }
 
 // Where a config puts each state: the compute dtype's size, the parameters' and the optimizer's
@@ -356,6 +367,7 @@ struct Engine::Impl {
   // parameter range that falls within elements [begin, end) of the rank's shard of unit u.
   template <typename Fn>
   Status ForEachPiece(int u, int64_t begin, int64_t end, Fn&& fn) const;
+  Status StoreParamShard(int u, const char* shard_cdt);
   Status LoadUnitStates(int u, const InitialStates& initial);
   Status SaveUnitStates(int u, const StateWriter& write);
   Status InitUnitFromModel(int u);

@@ -47,13 +47,16 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   };
 
   uint64_t shard_sum = 0, full_params = 0, full_grads = 0,
-           adam = 0, grad_shards = 0, unit_init = 0, offloaded_shards = 0, trainable = 0;
+           adam = 0, grad_shards = 0, unit_init = 0, unit_load = 0, offloaded_shards = 0,
+           trainable = 0;
   uint64_t shard_classes = 0, largest_class = 0;
   for (const UnitLayout& l : layouts) {
     const auto padded = static_cast<uint64_t>(l.padded_numel());
     const auto shard = static_cast<uint64_t>(l.shard_numel);
     shard_sum += shard;
-    unit_init = std::max(unit_init, padded * (4 + csz));
+    unit_init = std::max(unit_init, padded * (4 + csz));  // engine.cc InitUnitFromModel
+    // engine_states.cc LoadUnitStates.
+    unit_load = std::max(unit_load, shard * (frozen[static_cast<size_t>(l.index)] ? csz : 12 + csz));
     shard_classes += cls(shard * csz);
     largest_class = std::max(largest_class, cls(shard * csz));
     // engine.cc, "Memory per stage".
@@ -154,6 +157,7 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   if (stage == 3 && param_home == Tier::kNvme) plan.nvme_param_file = shard_sum * csz;
   if (optim_home == Tier::kNvme) plan.nvme_optim_file = offloaded_shards * 12;
   plan.init_host_bytes = unit_init;
+  plan.load_host_bytes = unit_load;
   plan.offloaded_optim_elems = optim_home == Tier::kDevice ? 0 : offloaded_shards;
   plan.shard_elems = shard_sum;
   plan.trainable_elems = trainable;

@@ -87,40 +87,55 @@ Status Engine::Impl::SaveUnitStates(int u, const StateWriter& write) {
   return Status::Ok();
 }
 
+// Puts the rank's shard of unit u's parameters (host memory, compute dtype) in place: into the
+// full copy every rank keeps (stages 0-2, all-gathered) or into the shard's home (stage 3).
+Status Engine::Impl::StoreParamShard(int u, const char* shard_cdt) {
+  const auto& l = layouts[u];
+  if (stage >= 3) return WriteParamShard(u, shard_cdt);
+  char* own = static_cast<char*>(full_params[u]) + l.shard_offset(rank) * csz;
+  STRATA_RETURN_IF_ERROR(dev.CopyAsync(own, shard_cdt, static_cast<size_t>(l.shard_numel) * csz,
+                                       device::CopyKind::kHostToDevice, *comm_stream));
+  STRATA_RETURN_IF_ERROR(comm.AllGather(own, full_params[u], l.shard_numel, cdt, *comm_stream));
+  return dev.Synchronize(*comm_stream);
+}
+
 Status Engine::Impl::LoadUnitStates(int u, const InitialStates& initial) {
   if (!initial.read) return InvalidArgumentError("engine: loading states needs a reader");
   const auto& l = layouts[u];
   const size_t shard = static_cast<size_t>(l.shard_numel);
   // The rank's shard of each state; alignment gaps and padding stay zero.
+  if (frozen[u]) {
+    // A frozen unit has no master weights and no optimizer state: its parameters are read as
+    // they were saved, straight into the compute dtype (the reader rounds as ConvertHost does),
+    // so loading a frozen 70B-shaped layer holds one shard in 16 bits, not four in fp32.
+    std::vector<char> cast(shard * csz, 0);
+    STRATA_RETURN_IF_ERROR(
+        ForEachPiece(u, 0, l.shard_numel, [&](int slot, int64_t off, int64_t count, int64_t rel) {
+          return initial.read(StatePiece{u, slot, StateKind::kParams, off, count},
+                              cast.data() + static_cast<size_t>(rel) * csz, cdt);
+        }));
+    return StoreParamShard(u, cast.data());
+  }
   std::vector<float> master(shard, 0.0f), m, v;
   auto fill = [&](StateKind kind, std::vector<float>& out) {
     return ForEachPiece(u, 0, l.shard_numel, [&](int slot, int64_t off, int64_t count, int64_t rel) {
       return initial.read(StatePiece{u, slot, kind, off, count}, out.data() + rel, DType::kF32);
     });
   };
-  // A frozen unit has no master weights: its parameters are read as they were saved.
-  STRATA_RETURN_IF_ERROR(fill(initial.with_optimizer && !frozen[u] ? StateKind::kMaster
-                                                                   : StateKind::kParams,
-                              master));
+  STRATA_RETURN_IF_ERROR(
+      fill(initial.with_optimizer ? StateKind::kMaster : StateKind::kParams, master));
   m.assign(shard, 0.0f);
   v.assign(shard, 0.0f);
-  if (initial.with_optimizer && !frozen[u]) {
+  if (initial.with_optimizer) {
     STRATA_RETURN_IF_ERROR(fill(StateKind::kExpAvg, m));
     STRATA_RETURN_IF_ERROR(fill(StateKind::kExpAvgSq, v));
   }
   // Parameters: the master weights in the compute dtype (what the optimizer's fused copy writes).
-  std::vector<char> cast(shard * csz);
-  device::ConvertHost(master.data(), DType::kF32, cast.data(), cdt, shard);
-  if (stage <= 2) {
-    char* own = static_cast<char*>(full_params[u]) + l.shard_offset(rank) * csz;
-    STRATA_RETURN_IF_ERROR(dev.CopyAsync(own, cast.data(), cast.size(),
-                                         device::CopyKind::kHostToDevice, *comm_stream));
-    STRATA_RETURN_IF_ERROR(comm.AllGather(own, full_params[u], l.shard_numel, cdt, *comm_stream));
-    STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
-  } else {
-    STRATA_RETURN_IF_ERROR(WriteParamShard(u, cast.data()));
+  {
+    std::vector<char> cast(shard * csz);
+    device::ConvertHost(master.data(), DType::kF32, cast.data(), cdt, shard);
+    STRATA_RETURN_IF_ERROR(StoreParamShard(u, cast.data()));
   }
-  if (frozen[u]) return Status::Ok();  // no optimizer state
   const std::vector<float>* const states[3] = {&master, &m, &v};
   if (!cpu_unit[u]) {
     void* const bufs[3] = {master_dev[u], m_dev[u], v_dev[u]};

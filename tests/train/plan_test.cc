@@ -199,6 +199,54 @@ TEST(TimeModelTest, FrozenUnitsNeedNoReductionNorUpdate) {
   EXPECT_LT(mf->engine.pinned_pool, ma->engine.pinned_pool);
 }
 
+// NVMe-homed parameters of a model of few units: the pool never plans more host copies than
+// every shard plus two in flight, a set strata.memory.host_budget is what it plans instead, and
+// the time model fetches shards every micro-batch only when the host tier cannot keep them all
+// (on the CPU device, whose device copies are host copies), and never fetches frozen shards again.
+TEST(TimeModelTest, NvmeParameterBudgetsAndFetches) {
+  const std::string zero =
+      R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"}})";
+  auto cpu = [](EstimateInput in) {
+    in.device = device::DeviceType::kCpu;
+    in.model.hidden_size = 1024;  // layers of 25 MB in bf16: pools above the 16 MiB minimum
+    in.model.intermediate_size = 2816;
+    in.model.num_attention_heads = 8;
+    return in;
+  };
+  const EstimateInput kept = cpu(Input(zero, 1));
+  Result<MemoryEstimate> mk = EstimateMemory(kept);
+  ASSERT_TRUE(mk.ok()) << mk.status().ToString();
+  const double S = static_cast<double>(mk->shard_elems);
+  const double all = 2 * S, largest = 2 * static_cast<double>(mk->max_shard_elems);
+  // No CPU optimizer: the pool is the parameters' host tier plus its 25% and 4 MiB of margin,
+  // and that tier is at most every shard plus two (size classes add at most 1/8 to each).
+  EXPECT_LE(static_cast<double>(mk->engine.pinned_pool),
+            1.25 * 1.125 * (all + 2 * largest) + (4 << 20) + 1);
+  const Hardware hw = Big(1);
+  EXPECT_DOUBLE_EQ(static_cast<double>(EstimateTime(kept, *mk, hw).nvme_read_bytes), all);
+
+  // A host budget of two layer shards: a smaller pool, and every shard read for forward and
+  // again for backward of each of the 2 micro-batches.
+  const uint64_t budget = static_cast<uint64_t>(2.5 * largest);
+  const EstimateInput streamed = cpu(Input(
+      zero, 1, R"("strata": {"memory": {"host_budget": )" + std::to_string(budget) + "}}, "));
+  Result<MemoryEstimate> ms = EstimateMemory(streamed);
+  ASSERT_TRUE(ms.ok()) << ms.status().ToString();
+  EXPECT_EQ(ms->engine.pinned_pool, budget + budget / 4 + (4u << 20));
+  EXPECT_LT(ms->engine.pinned_pool, mk->engine.pinned_pool);
+  EXPECT_DOUBLE_EQ(static_cast<double>(EstimateTime(streamed, *ms, hw).nvme_read_bytes),
+                   2 * 2 * all);
+
+  // LoRA with the shards kept: only the (trained) adapter shards are read again each step.
+  const EstimateInput lora = cpu(Input(zero, 1, R"("strata": {"lora": {"r": 8}}, )"));
+  Result<MemoryEstimate> ml = EstimateMemory(lora);
+  ASSERT_TRUE(ml.ok()) << ml.status().ToString();
+  const TimeEstimate tl = EstimateTime(lora, *ml, hw);
+  EXPECT_LT(tl.trainable_fraction, 0.1);
+  EXPECT_NEAR(static_cast<double>(tl.nvme_read_bytes),
+              2 * static_cast<double>(ml->engine.trainable_elems), 2);
+}
+
 // The CPU optimizer overlaps backward unless an update waits for the global norm.
 TEST(TimeModelTest, ClippingExposesTheWholeOptimizer) {
   const std::string zero = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
@@ -257,7 +305,7 @@ TEST(FitTest, EachTierAgainstItsCapacity) {
   EXPECT_EQ(f.Overflow(), "");
   EXPECT_EQ(f.device_need, m->device_peak());
   EXPECT_EQ(f.nvme_need, 4 * (m->engine.nvme_param_file + m->engine.nvme_optim_file));
-  EXPECT_EQ(f.host_need, 4 * (m->engine.pinned_pool + m->engine.init_host_bytes));
+  EXPECT_EQ(f.host_need, 4 * (m->engine.pinned_pool + m->setup_host_bytes()));
   hw.nvme = f.nvme_need - 1;
   hw.cpu_mem = 1;
   f = CheckFit(in, *m, hw);
