@@ -129,10 +129,53 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
       stage == 3 ? static_cast<uint64_t>(config.zero.stage3_max_live_parameters) * csz : 0;
   const uint64_t max_live =
       std::max<uint64_t>(configured, 2 * largest_live) + shared_live;
+  // The engine allocates these buffers in the order the step issues them and frees them in about
+  // that order as compute finishes them, so what is live at once is a run of consecutive
+  // allocations that fits the limit: a model of one large unit (a single 1T-shaped layer) never
+  // fills the second half of a limit of two such units. The largest such run, over two
+  // micro-batches where a step has several (a run may cross from one's backward into the next's
+  // forward; the optimizer step in between drains everything).
+  std::vector<uint64_t> order;
+  {
+    const Result<BatchSizes> batch = ResolveBatchSizes(config.batch, world_size);
+    const int micro_batches = batch.ok() && batch->gradient_accumulation_steps > 1 ? 2 : 1;
+    auto gathered = [&](size_t u) -> uint64_t {
+      if (stage != 3 || layouts[u].numel < config.zero.stage3_param_persistence_threshold) return 0;
+      return static_cast<uint64_t>(layouts[u].padded_numel()) * csz;
+    };
+    const size_t n = layouts.size();
+    const std::vector<int> none;
+    auto shares = [&](size_t u) -> const std::vector<int>& {
+      return u < shared.size() ? shared[u] : none;  // callers may pass no sharing at all
+    };
+    for (int mb = 0; mb < micro_batches; ++mb) {
+      for (size_t u = 0; u < n; ++u) {
+        order.push_back(gathered(u));
+        for (const int s : shares(u)) order.push_back(gathered(static_cast<size_t>(s)));
+      }
+      std::vector<char> has_grad(n, 0);
+      auto grad = [&](size_t v) -> uint64_t {  // the first use allocates it (engine_step.cc)
+        if (frozen[v] || std::exchange(has_grad[v], 1)) return 0;
+        return static_cast<uint64_t>(layouts[v].padded_numel()) * 4;
+      };
+      for (size_t u = n; u-- > 0;) {
+        order.push_back(gathered(u) + grad(u));
+        for (const int s : shares(u)) {
+          order.push_back(gathered(static_cast<size_t>(s)) + grad(static_cast<size_t>(s)));
+        }
+      }
+    }
+  }
+  uint64_t run_max = 0, run = 0;
+  for (size_t lo = 0, hi = 0; hi < order.size(); ++hi) {
+    run += order[hi];
+    while (run > max_live) run -= order[lo++];
+    run_max = std::max(run_max, run);
+  }
   add(plan.device_step,
       stage == 3 ? "gathered units and fp32 gradients of a micro-batch (live-buffer limit)"
                  : "per-unit fp32 gradients in flight (live-buffer limit)",
-      std::min(max_live, wanted));
+      std::min({max_live, wanted, run_max}));
   if (stage == 3) {
     uint64_t persistent = 0;
     for (const UnitLayout& l : layouts) {
