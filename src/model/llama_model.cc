@@ -33,17 +33,27 @@ uint64_t SplitMix64(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-// dst[0, n) = N(0, stddev) samples, in blocks of 64 Ki values, each block from its own SplitMix64
-// stream (seeded from `seed` and the block's index) through Box-Muller: the values depend on the
-// seed and the index alone, never on how many threads fill them. A random 8B model's weights take
-// seconds (std::normal_distribution over one mt19937 took minutes, seen on the lent H100 machine).
-void FillNormal(float* dst, int64_t n, float stddev, uint64_t seed) {
+constexpr uint64_t kSplitMixGamma = 0x9E3779B97F4A7C15ull;  // SplitMix64's step per draw
+
+// Values [lo, hi) of an n-value sequence of N(0, stddev) samples, into dst[0, hi - lo). The
+// sequence comes in blocks of 64 Ki values, each from its own SplitMix64 stream (seeded from
+// `seed` and the block's index) through Box-Muller: a value depends on the seed and its index
+// alone, never on how many threads fill them or where the range starts (a block's stream is
+// skipped ahead to the first pair the range needs). A random 8B model's weights take seconds
+// (std::normal_distribution over one mt19937 took minutes, seen on the lent H100 machine).
+void FillNormalRange(float* dst, int64_t n, int64_t lo, int64_t hi, float stddev,
+                     uint64_t seed) {
   constexpr int64_t kBlock = int64_t{1} << 16;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  hi = std::min(hi, n);
+  if (lo >= hi) return;
+  const int64_t first = lo / kBlock, blocks = (hi - 1) / kBlock + 1 - first;
   auto fill_block = [&](int64_t b) {
     uint64_t state = seed ^ (static_cast<uint64_t>(b) * 0xD1B54A32D192ED03ull);
     const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
-    for (int64_t k = begin; k < end; k += 2) {
+    // Values come in pairs from one draw each; blocks start at even indices.
+    const int64_t start = std::max(begin, lo - (lo - begin) % 2);
+    state += static_cast<uint64_t>((start - begin) / 2) * kSplitMixGamma;
+    for (int64_t k = start; k < end && k < hi; k += 2) {
       // Two 24-bit uniforms from one draw, in (0, 1] and [0, 1): float arithmetic (2x double's
       // rate) is ample for an initialisation, whose tails end at 5.8 standard deviations.
       const uint64_t x = SplitMix64(state);
@@ -51,15 +61,16 @@ void FillNormal(float* dst, int64_t n, float stddev, uint64_t seed) {
       const float u2 = static_cast<float>(static_cast<uint32_t>(x) >> 8) * 0x1.0p-24f;
       const float r = std::sqrt(-2.0f * std::log(u1)) * stddev;
       const float a = 2.0f * std::numbers::pi_v<float> * u2;
-      dst[k] = r * std::cos(a);
-      if (k + 1 < end) dst[k + 1] = r * std::sin(a);
+      if (k >= lo) dst[k - lo] = r * std::cos(a);
+      if (k + 1 < end && k + 1 < hi) dst[k + 1 - lo] = r * std::sin(a);
     }
   };
   // At least 16 blocks (1 Mi values) per thread; at most 32 threads.
   ParallelBlocks(static_cast<size_t>(blocks),
                  std::min(32u, std::max(1u, std::thread::hardware_concurrency())), 16,
-                 [&](size_t b) { fill_block(static_cast<int64_t>(b)); });
+                 [&](size_t b) { fill_block(first + static_cast<int64_t>(b)); });
 }
+
 // Parameter i's gradient; null for a frozen unit (no gradient buffer: weight gradients skipped).
 float* G(const zero::UnitView& g, size_t i) {
   return g.data == nullptr ? nullptr : static_cast<float*>(g.param(i));
@@ -468,32 +479,40 @@ std::vector<zero::UnitSpec> LlamaModel::units() const {
 
 Status LlamaModel::InitUnit(int unit, const std::vector<zero::ParamSlot>& slots,
                             std::span<float> flat) const {
+  return InitUnitRange(unit, slots, static_cast<int64_t>(flat.size()), 0, flat);
+}
+
+Status LlamaModel::InitUnitRange(int unit, const std::vector<zero::ParamSlot>& slots,
+                                 int64_t used_numel, int64_t begin, std::span<float> out) const {
   const bool adapter = LlamaUnitAt(config_, lora_, unit).kind == LlamaUnit::kAdapter;
+  const int64_t end = std::min(begin + static_cast<int64_t>(out.size()), used_numel);
+  std::fill(out.begin(), out.end(), 0.0f);  // alignment gaps and padding
   for (size_t i = 0; i < slots.size(); ++i) {
     const zero::ParamSlot& s = slots[i];
-    float* dst = flat.data() + s.offset;
+    // The part of parameter i in the range: its elements [lo, hi), at out[s.offset + lo - begin].
+    const int64_t lo = std::max<int64_t>(0, begin - s.offset);
+    const int64_t hi = std::min<int64_t>(s.numel, end - s.offset);
+    if (lo >= hi) continue;
+    float* dst = out.data() + (s.offset + lo - begin);
     uint64_t seed_state = init_seed_ * 1000003u + static_cast<uint64_t>(unit) * 131u + i + 1;
     if (adapter) {
       // PEFT's: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_ with a = sqrt(5)), B = 0, so
       // the adapted model starts as the base model.
-      if (i % 2 == 1) {
-        std::fill(dst, dst + s.numel, 0.0f);
-        continue;
-      }
+      if (i % 2 == 1) continue;  // zeros
       const float bound = 1.0f / std::sqrt(static_cast<float>(s.shape[1]));
-      uint64_t state = SplitMix64(seed_state);
-      for (int64_t k = 0; k < s.numel; ++k) {
+      uint64_t state = SplitMix64(seed_state) + static_cast<uint64_t>(lo) * kSplitMixGamma;
+      for (int64_t k = lo; k < hi; ++k) {
         const float u = static_cast<float>(SplitMix64(state) >> 40) * 0x1.0p-24f;  // [0, 1)
-        dst[k] = (2.0f * u - 1.0f) * bound;
+        dst[k - lo] = (2.0f * u - 1.0f) * bound;
       }
       continue;
     }
     const bool norm = s.shape.size() == 1;
     if (norm) {
-      std::fill(dst, dst + s.numel, 1.0f);
+      std::fill(dst, dst + (hi - lo), 1.0f);
       continue;
     }
-    FillNormal(dst, s.numel, 0.02f, SplitMix64(seed_state));
+    FillNormalRange(dst, s.numel, lo, hi, 0.02f, SplitMix64(seed_state));
   }
   return Status::Ok();
 }

@@ -123,6 +123,10 @@ class LlamaModel final : public zero::Model {
   // the unit and the parameter, never by the rank.
   Status InitUnit(int unit, const std::vector<zero::ParamSlot>& slots,
                   std::span<float> flat) const override;
+  // The same values for elements [begin, begin + out.size()) only: every generator here can
+  // start at any element (counter-seeded blocks, SplitMix64 streams skipped ahead).
+  Status InitUnitRange(int unit, const std::vector<zero::ParamSlot>& slots, int64_t used_numel,
+                       int64_t begin, std::span<float> out) const override;
   Status BeginMicroBatch(const zero::Batch& batch, float loss_scale,
                          device::Stream& stream) override;
   Status Forward(int unit, const zero::UnitView& params, device::Stream& stream) override;

@@ -165,7 +165,8 @@ std::string FormatMemoryEstimate(const MemoryEstimate& e) {
   out += e.from_weights
              ? Line("loading the largest unit's shard from the weights (set-up only)",
                     e.engine.load_host_bytes)
-             : Line("random initialisation of the largest unit (set-up only)",
+             : Line(e.stage == 0 ? "random initialisation of the largest unit (set-up only)"
+                                 : "random initialisation of the largest unit's shard (set-up only)",
                     e.engine.init_host_bytes);
   return out;
 }

@@ -345,27 +345,39 @@ Status Engine::Impl::Init() {
 
 Status Engine::Impl::InitUnitFromModel(int u) {
   const auto& l = layouts[u];
-  std::vector<float> full(static_cast<size_t>(l.padded_numel()), 0.0f);
-  STRATA_RETURN_IF_ERROR(model.InitUnit(u, l.slots, std::span<float>(full.data(), l.used_numel)));
-  std::vector<char> cast(full.size() * csz);
-  device::ConvertHost(full.data(), DType::kF32, cast.data(), cdt, full.size());
-  if (stage <= 2) {
+  if (stage == 0) {
+    // Every rank keeps the whole unit and all of its optimizer states.
+    std::vector<float> full(static_cast<size_t>(l.padded_numel()), 0.0f);
+    STRATA_RETURN_IF_ERROR(
+        model.InitUnit(u, l.slots, std::span<float>(full.data(), l.used_numel)));
+    std::vector<char> cast(full.size() * csz);
+    device::ConvertHost(full.data(), DType::kF32, cast.data(), cdt, full.size());
     STRATA_RETURN_IF_ERROR(dev.CopyAsync(full_params[u], cast.data(), cast.size(),
                                          device::CopyKind::kHostToDevice, *compute));
     STRATA_RETURN_IF_ERROR(dev.Synchronize(*compute));
-  } else {
-    STRATA_RETURN_IF_ERROR(WriteParamShard(u, cast.data() + l.shard_offset(rank) * csz));
+    return InitOptimizerStates(u, full.data());
   }
-  return InitOptimizerStates(u, full);
+  // Stages 1-3: the rank initialises its shard only (the model's values for those elements,
+  // the same on every rank), and stages 1-2 all-gather the parameters as loading does. Set-up
+  // holds one shard, not one unit, on each rank.
+  std::vector<float> shard(static_cast<size_t>(l.shard_numel));
+  STRATA_RETURN_IF_ERROR(model.InitUnitRange(u, l.slots, l.used_numel, l.shard_offset(rank),
+                                             std::span<float>(shard)));
+  {
+    std::vector<char> cast(shard.size() * csz);
+    device::ConvertHost(shard.data(), DType::kF32, cast.data(), cdt, shard.size());
+    STRATA_RETURN_IF_ERROR(StoreParamShard(u, cast.data()));
+  }
+  return InitOptimizerStates(u, shard.data());
 }
 
-Status Engine::Impl::InitOptimizerStates(int u, const std::vector<float>& full) {
+// `src`: what the rank keeps of unit u in fp32, the whole unit at stage 0, else its shard.
+Status Engine::Impl::InitOptimizerStates(int u, const float* src) {
   if (frozen[u]) return Status::Ok();  // no optimizer state
   const auto& l = layouts[u];
   if (!cpu_unit[u]) {
     const size_t n = stage == 0 ? static_cast<size_t>(l.padded_numel())
                                 : static_cast<size_t>(l.shard_numel);
-    const float* src = full.data() + (stage == 0 ? 0 : l.shard_offset(rank));
     STRATA_RETURN_IF_ERROR(
         dev.CopyAsync(master_dev[u], src, n * 4, device::CopyKind::kHostToDevice, *compute));
     STRATA_RETURN_IF_ERROR(dev.Fill(m_dev[u], DType::kF32, 0.0f, n, *compute));
@@ -376,7 +388,7 @@ Status Engine::Impl::InitOptimizerStates(int u, const std::vector<float>& full) 
     STRATA_ASSIGN_OR_RETURN(Lease lease,
                             ostates->Acquire(g, Access::kOverwrite, "optimizer init"));
     auto* p = static_cast<float*>(lease.data());
-    std::memcpy(p, full.data() + l.shard_offset(rank) + g.offset, g.numel * 4);
+    std::memcpy(p, src + (stage == 0 ? l.shard_offset(rank) : 0) + g.offset, g.numel * 4);
     std::memset(p + g.numel, 0, 2 * g.numel * 4);
     lease.Release(true);
   }

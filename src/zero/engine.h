@@ -188,8 +188,8 @@ struct EngineMemoryPlan {
   // Of those, the elements of trainable units (all, unless strata.freeze / trainable freezes
   // some): the ones whose gradients are reduced and that the optimizer updates.
   uint64_t trainable_elems = 0;
-  // Host memory outside every budget while random initialisation builds the largest unit: the
-  // whole unit in fp32 and in the compute dtype, on every rank.
+  // Host memory outside every budget while random initialisation builds the largest unit: in
+  // fp32 and in the compute dtype, the whole unit at stage 0, else the rank's shard of it.
   uint64_t init_host_bytes = 0;
   // Host memory outside every budget while LoadStates reads the largest unit from a model
   // directory or checkpoint: the rank's shard of its master weights and both moments in fp32 and

@@ -324,7 +324,7 @@ struct Engine::Impl {
   ~Impl();
 
   Status Init();
-  Status InitOptimizerStates(int u, const std::vector<float>& full);
+  Status InitOptimizerStates(int u, const float* src);
   Result<StepResult> Step(std::span<const Batch* const> micro_batches);
   Result<double> Eval(std::span<const Batch* const> micro_batches);
   Result<double> EvalImpl(std::span<const Batch* const> micro_batches);

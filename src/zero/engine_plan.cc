@@ -54,7 +54,8 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     const auto padded = static_cast<uint64_t>(l.padded_numel());
     const auto shard = static_cast<uint64_t>(l.shard_numel);
     shard_sum += shard;
-    unit_init = std::max(unit_init, padded * (4 + csz));  // engine.cc InitUnitFromModel
+    // engine.cc InitUnitFromModel: the whole unit at stage 0, else the rank's shard.
+    unit_init = std::max(unit_init, (stage == 0 ? padded : shard) * (4 + csz));
     // engine_states.cc LoadUnitStates.
     unit_load = std::max(unit_load, shard * (frozen[static_cast<size_t>(l.index)] ? csz : 12 + csz));
     shard_classes += cls(shard * csz);

@@ -85,6 +85,21 @@ class Model {
   // own shard.
   virtual Status InitUnit(int unit, const std::vector<ParamSlot>& slots,
                           std::span<float> flat) const = 0;
+  // Elements [begin, begin + out.size()) of what InitUnit writes into a `used_numel`-element
+  // `flat` (zeros past it: the unit's padding), bit for bit: for a rank that keeps only its
+  // shard. The default initialises the whole unit and copies the range; a model whose
+  // initialisation can start at any element overrides it, so that set-up holds a shard rather
+  // than a unit (a 70B model's embedding is 1B parameters).
+  virtual Status InitUnitRange(int unit, const std::vector<ParamSlot>& slots, int64_t used_numel,
+                               int64_t begin, std::span<float> out) const {
+    std::vector<float> full(static_cast<size_t>(used_numel), 0.0f);
+    if (Status st = InitUnit(unit, slots, std::span<float>(full)); !st.ok()) return st;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const int64_t at = begin + static_cast<int64_t>(i);
+      out[i] = at >= 0 && at < used_numel ? full[static_cast<size_t>(at)] : 0.0f;
+    }
+    return Status::Ok();
+  }
 
   virtual Status BeginMicroBatch(const Batch& batch, float loss_scale, device::Stream& stream) = 0;
   virtual Status Forward(int unit, const UnitView& params, device::Stream& stream) = 0;

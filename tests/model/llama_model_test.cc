@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include <fmt/format.h>
+
 #include "comm/single_collective.h"
 #include "device/pinned_pool.h"
 #include "strata/block_store.h"
@@ -140,6 +142,51 @@ TEST(LlamaModelTest, RandomInitialisationIsNormalAndReproducible) {
   const auto& slots = layer.slots;
   EXPECT_EQ(a[1][static_cast<size_t>(slots[0].offset)], 1.0f);
   EXPECT_NE(a[1][static_cast<size_t>(slots[1].offset)], a[1][static_cast<size_t>(slots[2].offset)]);
+}
+
+// A rank at stages 1-3 initialises only its shard (InitUnitRange): every range must hold exactly
+// the values the whole unit gets, across parameter boundaries, the generator's 64 Ki blocks,
+// odd starts, the padding and LoRA's adapters; and the unit is the same however the model is
+// partitioned.
+TEST(LlamaModelTest, RangeInitialisationIsTheWholeUnitsValues) {
+  auto dev = device::CreateDevice({});
+  ASSERT_TRUE(dev.ok());
+  LlamaConfig cfg = TinyConfig();
+  cfg.vocab_size = 5000;         // an embedding of 160000 values: three generator blocks
+  cfg.intermediate_size = 2100;  // 67200-value FFN matrices: past one block
+  LlamaLora lora;
+  lora.rank = 4;
+  lora.alpha = 8;
+  lora.scale = 2.0f;
+  lora.targets.fill(true);
+  auto m = LlamaModel::Create(**dev, cfg, 8, 1, 9, {.lora = lora});
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  for (const int ranks : {1, 3}) {
+    auto layouts = zero::LayoutModel((*m)->units(), ranks);
+    ASSERT_TRUE(layouts.ok());
+    std::mt19937_64 rng(3);
+    for (const auto& l : *layouts) {
+      SCOPED_TRACE(fmt::format("unit {} ({}), {} ranks", l.index, l.name, ranks));
+      std::vector<float> full(static_cast<size_t>(l.padded_numel()), 0.0f);
+      ASSERT_TRUE((*m)->InitUnit(l.index, l.slots, std::span<float>(full.data(), l.used_numel)).ok());
+      auto check = [&](int64_t begin, int64_t count) {
+        std::vector<float> part(static_cast<size_t>(count), -7.0f);
+        ASSERT_TRUE((*m)->InitUnitRange(l.index, l.slots, l.used_numel, begin, part).ok());
+        for (int64_t i = 0; i < count; ++i) {
+          ASSERT_EQ(part[static_cast<size_t>(i)], full[static_cast<size_t>(begin + i)])
+              << "element " << begin + i << " of a range [" << begin << ", +" << count << ")";
+        }
+      };
+      for (int r = 0; r < ranks; ++r) check(l.shard_offset(r), l.shard_numel);  // the shards
+      const int64_t n = l.padded_numel();
+      for (int t = 0; t < 20; ++t) {
+        const int64_t begin = static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+        check(begin, 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(n - begin)));
+      }
+      check(n - 1, 1);
+      if (n > 65537) check(65535, 3);  // a pair split by a block boundary
+    }
+  }
 }
 
 class LlamaOracleTest : public ::testing::TestWithParam<bool> {};
