@@ -77,6 +77,7 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   e.parameters = 0;
   e.lora = lora.enabled();
   e.from_weights = in.from_weights;
+  e.with_moments = in.with_moments;
   for (size_t u = 0; u < units.size(); ++u) {
     for (const auto& p : units[u].params) {
       e.parameters += static_cast<uint64_t>(p.numel());
@@ -164,7 +165,7 @@ std::string FormatMemoryEstimate(const MemoryEstimate& e) {
   out += "host memory outside the budgets\n";
   out += e.from_weights
              ? Line("loading the largest unit's shard from the weights (set-up only)",
-                    e.engine.load_host_bytes)
+                    e.load_host_bytes())
              : Line(e.stage == 0 ? "random initialisation of the largest unit (set-up only)"
                                  : "random initialisation of the largest unit's shard (set-up only)",
                     e.engine.init_host_bytes);
@@ -193,7 +194,7 @@ nlohmann::json MemoryEstimateJson(const MemoryEstimate& e) {
           {"nvme", {{"param_file_bytes", e.engine.nvme_param_file},
                     {"optim_file_bytes", e.engine.nvme_optim_file}}},
           {"host_init_bytes", e.engine.init_host_bytes},
-          {"host_load_bytes", e.engine.load_host_bytes},
+          {"host_load_bytes", e.load_host_bytes()},
           {"from_weights", e.from_weights},
           {"host_setup_bytes", e.setup_host_bytes()}};
 }

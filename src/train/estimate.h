@@ -26,6 +26,8 @@ struct EstimateInput {
   // The run starts from weights (a model directory holding them, or a checkpoint) rather than
   // random initialisation: set-up holds one unit's shard being loaded instead of a whole unit.
   bool from_weights = false;
+  // ... and the optimizer's moments with them (resuming a checkpoint): more set-up memory.
+  bool with_moments = false;
 };
 
 struct MemoryEstimate {
@@ -37,6 +39,7 @@ struct MemoryEstimate {
   uint64_t trainable_parameters = 0;  // those that train (all, unless frozen or LoRA)
   bool lora = false;                  // strata.lora: the base units are frozen
   bool from_weights = false;          // EstimateInput::from_weights
+  bool with_moments = false;          // EstimateInput::with_moments
   uint64_t activations = 0;     // LlamaActivationBytes (device)
   uint64_t workspace = 0;       // the CUDA ops' workspace (device; 0 on the CPU device)
   uint64_t rank_agreement = 0;  // the trainer's per-step agreement buffer (device, several ranks)
@@ -53,7 +56,10 @@ struct MemoryEstimate {
   // Host memory outside the budgets during set-up: loading the largest unit (from_weights) or
   // randomly initialising it.
   uint64_t setup_host_bytes() const {
-    return from_weights ? engine.load_host_bytes : engine.init_host_bytes;
+    return from_weights ? load_host_bytes() : engine.init_host_bytes;
+  }
+  uint64_t load_host_bytes() const {
+    return with_moments ? engine.load_host_bytes : engine.load_weights_host_bytes;
   }
 };
 

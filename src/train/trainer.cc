@@ -343,6 +343,7 @@ Status RunTraining(const TrainOptions& o) {
   plan_in.seq_len = seq_len;
   plan_in.device = dev->type();
   plan_in.from_weights = resumed.has_value() || HasWeights(model_dir.string());
+  plan_in.with_moments = resumed.has_value();
   std::vector<std::string> placement_lines;  // printed with the run's header
   if (HasAutoOffload(config)) {
     const Hardware hw = MachineHardware(*dev, launch, config);

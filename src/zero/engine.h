@@ -191,10 +191,12 @@ struct EngineMemoryPlan {
   // Host memory outside every budget while random initialisation builds the largest unit: in
   // fp32 and in the compute dtype, the whole unit at stage 0, else the rank's shard of it.
   uint64_t init_host_bytes = 0;
-  // Host memory outside every budget while LoadStates reads the largest unit from a model
-  // directory or checkpoint: the rank's shard of its master weights and both moments in fp32 and
-  // of its parameters in the compute dtype (a frozen unit: its parameters in the compute dtype).
+  // Host memory outside every budget while LoadStates reads the largest unit from a checkpoint:
+  // the rank's shard of its master weights and both moments in fp32 and of its parameters in
+  // the compute dtype (a frozen unit: its parameters in the compute dtype). From a model
+  // directory (no moments to read: they start at zero in place), the master shard and its cast.
   uint64_t load_host_bytes = 0;
+  uint64_t load_weights_host_bytes = 0;
 
   uint64_t device_total() const;  // every item of `device` and `device_step`
 };

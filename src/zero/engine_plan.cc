@@ -47,8 +47,8 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   };
 
   uint64_t shard_sum = 0, full_params = 0, full_grads = 0,
-           adam = 0, grad_shards = 0, unit_init = 0, unit_load = 0, offloaded_shards = 0,
-           trainable = 0;
+           adam = 0, grad_shards = 0, unit_init = 0, unit_load = 0, unit_load_weights = 0,
+           offloaded_shards = 0, trainable = 0;
   uint64_t shard_classes = 0, largest_class = 0;
   for (const UnitLayout& l : layouts) {
     const auto padded = static_cast<uint64_t>(l.padded_numel());
@@ -56,8 +56,11 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     shard_sum += shard;
     // engine.cc InitUnitFromModel: the whole unit at stage 0, else the rank's shard.
     unit_init = std::max(unit_init, (stage == 0 ? padded : shard) * (4 + csz));
-    // engine_states.cc LoadUnitStates.
+    // engine_states.cc LoadUnitStates, from a checkpoint with its moments (a model directory
+    // holds the master shard and its cast only: load_host_bytes_without_moments).
     unit_load = std::max(unit_load, shard * (frozen[static_cast<size_t>(l.index)] ? csz : 12 + csz));
+    unit_load_weights =
+        std::max(unit_load_weights, shard * (frozen[static_cast<size_t>(l.index)] ? csz : 4 + csz));
     shard_classes += cls(shard * csz);
     largest_class = std::max(largest_class, cls(shard * csz));
     // engine.cc, "Memory per stage".
@@ -202,6 +205,7 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   if (optim_home == Tier::kNvme) plan.nvme_optim_file = offloaded_shards * 12;
   plan.init_host_bytes = unit_init;
   plan.load_host_bytes = unit_load;
+  plan.load_weights_host_bytes = unit_load_weights;
   plan.offloaded_optim_elems = optim_home == Tier::kDevice ? 0 : offloaded_shards;
   plan.shard_elems = shard_sum;
   plan.trainable_elems = trainable;

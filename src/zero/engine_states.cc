@@ -124,9 +124,12 @@ Status Engine::Impl::LoadUnitStates(int u, const InitialStates& initial) {
   };
   STRATA_RETURN_IF_ERROR(
       fill(initial.with_optimizer ? StateKind::kMaster : StateKind::kParams, master));
-  m.assign(shard, 0.0f);
-  v.assign(shard, 0.0f);
-  if (initial.with_optimizer) {
+  // Without saved moments (fine-tuning from a model directory) they start at zero, written
+  // in place: set-up then holds the master shard and its cast, not two more fp32 shards.
+  const bool moments = initial.with_optimizer;
+  if (moments) {
+    m.assign(shard, 0.0f);
+    v.assign(shard, 0.0f);
     STRATA_RETURN_IF_ERROR(fill(StateKind::kExpAvg, m));
     STRATA_RETURN_IF_ERROR(fill(StateKind::kExpAvgSq, v));
   }
@@ -140,6 +143,12 @@ Status Engine::Impl::LoadUnitStates(int u, const InitialStates& initial) {
   if (!cpu_unit[u]) {
     void* const bufs[3] = {master_dev[u], m_dev[u], v_dev[u]};
     for (int k = 0; k < 3; ++k) {
+      if (k > 0 && !moments) {
+        const size_t n = stage == 0 ? static_cast<size_t>(l.padded_numel()) : shard;
+        STRATA_RETURN_IF_ERROR(dev.Fill(bufs[k], DType::kF32, 0.0f, n, *comm_stream));
+        STRATA_RETURN_IF_ERROR(dev.Synchronize(*comm_stream));
+        continue;
+      }
       float* own = static_cast<float*>(bufs[k]) + (stage == 0 ? l.shard_offset(rank) : 0);
       STRATA_RETURN_IF_ERROR(dev.CopyAsync(own, states[k]->data(), shard * 4,
                                            device::CopyKind::kHostToDevice, *comm_stream));
@@ -154,8 +163,14 @@ Status Engine::Impl::LoadUnitStates(int u, const InitialStates& initial) {
     STRATA_ASSIGN_OR_RETURN(Lease lease,
                             ostates->Acquire(g, Access::kOverwrite, "checkpoint load"));
     auto* p = static_cast<float*>(lease.data());
-    for (int k = 0; k < 3; ++k) {
-      std::memcpy(p + k * g.numel, states[k]->data() + g.offset, static_cast<size_t>(g.numel) * 4);
+    std::memcpy(p, master.data() + g.offset, static_cast<size_t>(g.numel) * 4);
+    for (int k = 1; k < 3; ++k) {
+      if (moments) {
+        std::memcpy(p + k * g.numel, states[k]->data() + g.offset,
+                    static_cast<size_t>(g.numel) * 4);
+      } else {
+        std::memset(p + k * g.numel, 0, static_cast<size_t>(g.numel) * 4);
+      }
     }
     lease.Release(true);
   }
