@@ -156,9 +156,11 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
 
   // Host-device copies: only where device memory is not host memory.
   const bool copies = IsCuda(in) || cfg.strata.memory.share_host_memory == Toggle::kOff;
+  const double S_cpu = t.offloaded_fraction * S;  // the offloaded part of the shard
   // Offloaded parameter shards (stage 3): when the device cache holds them all
-  // (zero::OffloadedParamDeviceBudget), only the updated ones are fetched again, once a step
-  // (frozen units stay cached); else every shard for forward and for backward of every
+  // (zero::OffloadedParamDeviceBudget), only those the CPU optimizer updated in host memory are
+  // fetched again, once a step (frozen units stay cached, and the device optimizer updates its
+  // units' device copies in place); else every shard for forward and for backward of every
   // micro-batch. Where device copies share host memory, the cache is also bounded by the host
   // tier's budget (strata.memory.host_budget).
   double fetch_bytes = 0;
@@ -169,10 +171,9 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
     if (!copies && cfg.strata.memory.host_budget) {
       cache = std::min(cache, static_cast<double>(*cfg.strata.memory.host_budget));
     }
-    fetch_bytes = cache >= all ? all * T : 2.0 * gas * all;
+    fetch_bytes = cache >= all ? csz * S_cpu : 2.0 * gas * all;
   }
   double h2d_fb = 0, d2h_fb = 0, h2d_opt = 0, d2h_after = 0;
-  const double S_cpu = t.offloaded_fraction * S;  // the offloaded part of the shard
   if (copies) {
     h2d_fb = fetch_bytes;
     if (t.cpu_optimizer) {

@@ -75,8 +75,10 @@ struct StatePiece {
 };
 
 // Checkpoint callbacks. A writer receives `count` elements of `dtype` (the compute dtype for
-// kParams, fp32 for the rest); a reader fills `out` with `count` elements of `dtype` (always
-// fp32). Both are called on the engine's driving thread.
+// kParams, fp32 for the rest); a reader fills `out` with `count` elements of `dtype` and must
+// honour it: fp32, except a frozen unit's kParams, which are asked for in the compute dtype
+// (rounded to nearest even from wider stored values, as ConvertHost does), so that loading a
+// frozen unit holds no fp32 copy. Both are called on the engine's driving thread.
 using StateWriter =
     std::function<Status(const StatePiece& piece, const void* data, device::DType dtype)>;
 using StateReader = std::function<Status(const StatePiece& piece, void* out, device::DType dtype)>;
@@ -88,7 +90,8 @@ struct InitialStates {
   StateReader read;
   // true: master weights and moments from the reader (a resumed checkpoint; parameters are the
   // master weights in the compute dtype). false: parameters only (kParams, read as fp32: weights
-  // of a model to fine-tune); master = those values, moments zero.
+  // of a model to fine-tune); master = those values, moments zero. Either way a frozen unit
+  // reads its kParams only, in the compute dtype (StateReader).
   bool with_optimizer = false;
   StateProgress progress;
   // Per unit, 1: not read but initialised by Model::InitUnit (new LoRA adapters on loaded base

@@ -162,10 +162,14 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
         if (frozen[v] || std::exchange(has_grad[v], 1)) return 0;
         return static_cast<uint64_t>(layouts[v].padded_numel()) * 4;
       };
+      // Each gathered copy and each gradient is an AllocLive of its own: a copy may be live
+      // while the gradient after it still waits.
       for (size_t u = n; u-- > 0;) {
-        order.push_back(gathered(u) + grad(u));
+        order.push_back(gathered(u));
+        order.push_back(grad(u));
         for (const int s : shares(u)) {
-          order.push_back(gathered(static_cast<size_t>(s)) + grad(static_cast<size_t>(s)));
+          order.push_back(gathered(static_cast<size_t>(s)));
+          order.push_back(grad(static_cast<size_t>(s)));
         }
       }
     }

@@ -205,7 +205,8 @@ TEST(TimeModelTest, FrozenUnitsNeedNoReductionNorUpdate) {
 // (on the CPU device, whose device copies are host copies), and never fetches frozen shards again.
 TEST(TimeModelTest, NvmeParameterBudgetsAndFetches) {
   const std::string zero =
-      R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"}})";
+      R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"},
+          "offload_optimizer": {"device": "cpu"}})";
   auto cpu = [](EstimateInput in) {
     in.device = device::DeviceType::kCpu;
     in.model.hidden_size = 1024;  // layers of 25 MB in bf16: pools above the 16 MiB minimum
@@ -218,26 +219,39 @@ TEST(TimeModelTest, NvmeParameterBudgetsAndFetches) {
   ASSERT_TRUE(mk.ok()) << mk.status().ToString();
   const double S = static_cast<double>(mk->shard_elems);
   const double all = 2 * S, largest = 2 * static_cast<double>(mk->max_shard_elems);
-  // No CPU optimizer: the pool is the parameters' host tier plus its 25% and 4 MiB of margin,
-  // and that tier is at most every shard plus two (size classes add at most 1/8 to each).
-  EXPECT_LE(static_cast<double>(mk->engine.pinned_pool),
+  // The parameters' host tier is at most every shard plus two (size classes add at most 1/8 to
+  // each); the pool adds the CPU optimizer's gradient shards, landing buffer and states.
+  Result<MemoryEstimate> no_optim = EstimateMemory(cpu(Input(
+      R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"}})", 1)));
+  ASSERT_TRUE(no_optim.ok()) << no_optim.status().ToString();
+  EXPECT_LE(static_cast<double>(no_optim->engine.pinned_pool),
             1.25 * 1.125 * (all + 2 * largest) + (4 << 20) + 1);
+  // Every shard cached: the CPU optimizer's updated shards are read again, once a step.
   const Hardware hw = Big(1);
   EXPECT_DOUBLE_EQ(static_cast<double>(EstimateTime(kept, *mk, hw).nvme_read_bytes), all);
+  // The device optimizer updates the cached copies in place: nothing is read again.
+  EXPECT_EQ(EstimateTime(cpu(Input(R"({"stage": 3, "offload_param": {"device": "nvme",
+                                        "nvme_path": "/tmp/x"}})", 1)),
+                         *no_optim, hw).nvme_read_bytes,
+            0u);
 
-  // A host budget of two layer shards: a smaller pool, and every shard read for forward and
-  // again for backward of each of the 2 micro-batches.
+  // A host budget of two and a half layer shards: a smaller pool, and every shard read for
+  // forward and again for backward of each of the 2 micro-batches.
   const uint64_t budget = static_cast<uint64_t>(2.5 * largest);
-  const EstimateInput streamed = cpu(Input(
-      zero, 1, R"("strata": {"memory": {"host_budget": )" + std::to_string(budget) + "}}, "));
+  const std::string memory =
+      R"("strata": {"memory": {"host_budget": )" + std::to_string(budget) + "}}, ";
+  const EstimateInput streamed = cpu(Input(zero, 1, memory));
   Result<MemoryEstimate> ms = EstimateMemory(streamed);
   ASSERT_TRUE(ms.ok()) << ms.status().ToString();
-  EXPECT_EQ(ms->engine.pinned_pool, budget + budget / 4 + (4u << 20));
   EXPECT_LT(ms->engine.pinned_pool, mk->engine.pinned_pool);
+  EXPECT_EQ(no_optim->engine.pinned_pool - mk->engine.pinned_pool + ms->engine.pinned_pool,
+            EstimateMemory(cpu(Input(R"({"stage": 3, "offload_param": {"device": "nvme",
+                                         "nvme_path": "/tmp/x"}})", 1, memory)))
+                    ->engine.pinned_pool);
   EXPECT_DOUBLE_EQ(static_cast<double>(EstimateTime(streamed, *ms, hw).nvme_read_bytes),
                    2 * 2 * all);
 
-  // LoRA with the shards kept: only the (trained) adapter shards are read again each step.
+  // LoRA with the shards kept: only the (trained, CPU-updated) adapter shards are read again.
   const EstimateInput lora = cpu(Input(zero, 1, R"("strata": {"lora": {"r": 8}}, )"));
   Result<MemoryEstimate> ml = EstimateMemory(lora);
   ASSERT_TRUE(ml.ok()) << ml.status().ToString();

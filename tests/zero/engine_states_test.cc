@@ -62,10 +62,14 @@ struct MemoryCheckpoint {
     InitialStates init;
     init.with_optimizer = with_optimizer;
     init.read = [this](const StatePiece& p, void* out, device::DType dtype) -> Status {
-      if (dtype != device::DType::kF32) return InternalError("reader asked for a non-fp32 dtype");
+      // fp32, or the compute dtype for a frozen unit's parameters (StateReader's contract).
+      if (dtype != device::DType::kF32 && p.kind != StateKind::kParams) {
+        return InternalError("reader asked for a non-fp32 optimizer state");
+      }
       auto it = values.find(Key{p.unit, p.slot, p.kind});
       if (it == values.end()) return NotFoundError("no such state");
-      std::memcpy(out, it->second.data() + p.offset, static_cast<size_t>(p.count) * 4);
+      device::ConvertHost(it->second.data() + p.offset, device::DType::kF32, out, dtype,
+                          static_cast<size_t>(p.count));
       return Status::Ok();
     };
     return init;
@@ -132,6 +136,9 @@ TEST(EngineStatesTest, ResumeInAnotherConfigurationContinuesBitIdentically) {
       // Frozen units: only their parameters are saved, and they come back as they were.
       {Json(3, "nvme", "nvme", R"(, "strata": {"freeze": ["layer.0.*"]})"),
        Json(1, "none", "none", R"(, "strata": {"freeze": ["layer.0.*"]})")},
+      // ... in bf16, where a frozen unit's parameters are read in the compute dtype.
+      {Json(3, "nvme", "nvme", R"(, "bf16": {"enabled": true}, "strata": {"freeze": ["layer.0.*"]})"),
+       Json(2, "none", "cpu", R"(, "bf16": {"enabled": true}, "strata": {"freeze": ["layer.0.*"]})")},
   };
   for (const auto& [from, to] : pairs) {
     SCOPED_TRACE(from + "  ->  " + to);
