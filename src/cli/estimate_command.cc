@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -115,15 +114,8 @@ int RunEstimate(const EstimateArgs& a) {
   Result<model::LlamaConfig> m = model::ResolveModel(a.model);
   if (!m.ok()) return ReportError(kCommand, m.status().WithContext("--model"));
   in.model = *m;
-  {
-    // A model directory holding weights (or its config.json): set-up loads them.
-    std::filesystem::path dir(a.model);
-    if (!std::filesystem::is_directory(dir) && dir.filename() == "config.json") {
-      dir = dir.parent_path().empty() ? "." : dir.parent_path();
-    }
-    std::error_code ec;
-    in.from_weights = std::filesystem::is_directory(dir, ec) && train::HasWeights(dir.string());
-  }
+  // A model directory holding weights (or its config.json): set-up loads them.
+  in.from_weights = train::HasWeights(train::ModelDirOf(a.model));
   std::string config_text;
   if (!a.config.empty()) {
     Result<Config> c = LoadConfigFile(a.config);

@@ -479,6 +479,14 @@ bool HasWeights(const std::string& dir) {
          fs::exists(fs::path(dir) / kSafetensorsIndexFile, ec);
 }
 
+std::string ModelDirOf(const std::string& model_arg) {
+  fs::path dir(model_arg);
+  if (!fs::is_directory(dir) && dir.filename() == "config.json") {
+    dir = dir.parent_path().empty() ? "." : dir.parent_path();
+  }
+  return dir.string();
+}
+
 Result<std::string> ResolveCheckpoint(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return NotFoundError(fmt::format("--resume {}: no such directory", path));

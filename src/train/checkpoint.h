@@ -144,4 +144,8 @@ const char* TorchDtypeName(device::DType dtype);
 // True when `dir` holds weights (model.safetensors or model.safetensors.index.json).
 bool HasWeights(const std::string& dir);
 
+// The directory a --model argument names: itself, or the folder of a config.json given directly
+// (the weights sit beside it).
+std::string ModelDirOf(const std::string& model_arg);
+
 }  // namespace strata::train

@@ -184,11 +184,7 @@ Status RunTraining(const TrainOptions& o) {
     return InvalidArgumentError("--model: required (a model directory or preset) unless --resume is given");
   }
   const std::string model_arg = o.model.empty() ? resume_dir : o.model;
-  // A model directory, or its config.json: the weights sit beside it.
-  std::filesystem::path model_dir(model_arg);
-  if (!std::filesystem::is_directory(model_dir) && model_dir.filename() == "config.json") {
-    model_dir = model_dir.parent_path().empty() ? "." : model_dir.parent_path();
-  }
+  const std::string model_dir = ModelDirOf(model_arg);
 
   // LoRA adapters: strata.lora, or an adapter directory's (or the resumed checkpoint's)
   // adapter_config.json; where both are given they must agree.
@@ -342,7 +338,7 @@ Status RunTraining(const TrainOptions& o) {
   plan_in.world_size = world;
   plan_in.seq_len = seq_len;
   plan_in.device = dev->type();
-  plan_in.from_weights = resumed.has_value() || HasWeights(model_dir.string());
+  plan_in.from_weights = resumed.has_value() || HasWeights(model_dir);
   plan_in.with_moments = resumed.has_value();
   std::vector<std::string> placement_lines;  // printed with the run's header
   if (HasAutoOffload(config)) {
@@ -489,8 +485,8 @@ Status RunTraining(const TrainOptions& o) {
     STRATA_ASSIGN_OR_RETURN(files,
                             StateFiles::OpenCheckpoint(resume_dir, llama->units(), frozen));
   } else {
-    if (HasWeights(model_dir.string())) {
-      STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenWeights(model_dir.string(), llama->units(),
+    if (HasWeights(model_dir)) {
+      STRATA_ASSIGN_OR_RETURN(files, StateFiles::OpenWeights(model_dir, llama->units(),
                                                              adapter_dir));
     } else if (!adapter_dir.empty()) {
       return InvalidArgumentError(fmt::format(
@@ -499,7 +495,7 @@ Status RunTraining(const TrainOptions& o) {
           adapter_dir, model_arg));
     } else if (std::filesystem::is_directory(model_dir)) {
       say(fmt::format("  {} holds no weights (model.safetensors): starting from random weights",
-                      model_dir.string()));
+                      model_dir));
     }
   }
   const auto load_t0 = std::chrono::steady_clock::now();
