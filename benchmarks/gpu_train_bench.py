@@ -27,6 +27,9 @@ Scenarios (--scenarios, comma-separated):
              full AdamW. Run with the largest --model to try (llama3-8b: Llama-3-8B's shape,
              8.03B parameters) and --micro-batch 1. Target: the model has >= 8e9 parameters and
              trains (exit 0, every loss finite); reported: the planner's choice, tokens/s.
+  custom     Strata with the zero_optimization object given by --zero (a placement to check
+             by hand, e.g. the one the planner chose for a larger model); reported: its losses
+             and step time, no peer.
 
 Each Strata run is `strata train --device <--device> ... --steps --steps --metrics FILE`; the
 first --warmup steps are left out and the median of the rest is reported. A scenario whose run
@@ -119,6 +122,8 @@ def ds_config(scenario, args):
             "stage": 3, "stage3_max_live_parameters": 300_000_000,
             "offload_param": {"device": "auto", "nvme_path": nvme},
             "offload_optimizer": {"device": "auto", "nvme_path": nvme}}
+    elif scenario == "custom":
+        cfg["zero_optimization"] = json.loads(args.zero)
     else:
         nvme = os.path.join(args.nvme_dir, "swap")
         cfg["zero_optimization"] = {
@@ -314,11 +319,18 @@ def main():
                     help="the GPU's dense bf16 peak for MFU (H100 SXM: 989)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--zero", default=None,
+                    help="the zero_optimization object (JSON) of the custom scenario")
     args = ap.parse_args()
     scenarios = [s for s in args.scenarios.split(",") if s]
     for s in scenarios:
-        if s not in ("hbm", "cpu-optim", "nvme", "largest"):
-            ap.error(f"--scenarios: unknown scenario '{s}' (hbm, cpu-optim, nvme, largest)")
+        if s not in ("hbm", "cpu-optim", "nvme", "largest", "custom"):
+            ap.error(f"--scenarios: unknown scenario '{s}' (hbm, cpu-optim, nvme, largest, custom)")
+    if "custom" in scenarios:
+        try:
+            json.loads(args.zero or "")
+        except ValueError as e:
+            ap.error(f"--scenarios custom needs --zero with a zero_optimization object: {e}")
     if args.steps <= args.warmup:
         ap.error("--steps must exceed --warmup")
     if not os.access(args.strata, os.X_OK):

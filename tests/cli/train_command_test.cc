@@ -895,6 +895,12 @@ INSTANTIATE_TEST_SUITE_P(
                    "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}})",
                1e-4},
         GpuRun{"HbmBf16", R"(, "bf16": {"enabled": true})", R"({"stage": 3})", 2e-2},
+        // The placement the planner chose for Llama-3-8B on one H100: parameters homed in
+        // pinned host memory, half of the optimizer states on the device, half on the CPU.
+        GpuRun{"HostParamsHalfOffloadedOptimizerBf16", R"(, "bf16": {"enabled": true})",
+               R"({"stage": 3, "offload_param": {"device": "cpu"},
+                   "offload_optimizer": {"device": "cpu", "ratio": 0.5}})",
+               2e-2},
         // LoRA on every projection, the frozen base weights and the adapters' states on NVMe.
         GpuRun{"LoraNvme",
                R"(, "strata": {"lora": {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}})",
