@@ -386,6 +386,12 @@ struct StrataSettings {
   // fp32 GEMMs on a GPU may use TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation),
   // as torch.backends.cuda.matmul.allow_tf32 allows. Off: fp32 GEMMs are fp32 throughout.
   bool tf32 = false;
+  // Activation checkpointing: kOn keeps only each decoder block's input in forward and recomputes
+  // its internals in backward (one block's internals in device memory at a time, a quarter more
+  // compute); kOff keeps every block's internals from forward to backward (no recomputation).
+  // kAuto: off when the run's device memory plan with every block's internals kept fits the
+  // device budget (train/estimate.h, EstimateMemory), on otherwise. Evaluation never keeps them.
+  Toggle activation_checkpointing = Toggle::kAuto;
   // Threads of the CPU AdamW step (offload_optimizer cpu/nvme). nullopt ("auto"): on a GPU run
   // the host's cores divided among the node's ranks, less one each for I/O and the run's own
   // thread; on the CPU device 1, since the cores compute the model.

@@ -998,6 +998,8 @@ class ConfigParser {
                                            &s.device);
              }},
         {.name = "tf32", .parse = [&](const Field& v) { return ReadBool(v, &s.tf32); }},
+        {.name = "activation_checkpointing",
+         .parse = [&](const Field& v) { return ReadToggle(v, &s.activation_checkpointing); }},
         {.name = "on_nonfinite",
          .parse =
              [&](const Field& v) {

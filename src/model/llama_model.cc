@@ -233,10 +233,18 @@ class Carver {
 struct LlamaActivations {
   int32_t* tokens = nullptr;  // [2T]: the inputs, then the targets
   float* block_in = nullptr;  // [(L + 1) T H]: block i's input (block L's: the final norm's)
-  // A block's internals, recomputed from its input in backward (activation checkpointing).
-  float *h1 = nullptr, *rstd1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr;
-  float *attn = nullptr, *attn_lse = nullptr, *x2 = nullptr, *h2 = nullptr, *rstd2 = nullptr;
-  float *gate = nullptr, *up = nullptr, *hm = nullptr;
+  // A block's internals: what its backward reads besides its input. With activation
+  // checkpointing one set, recomputed from the input in backward; without, one set per block,
+  // kept from its forward.
+  struct Internals {
+    float *h1 = nullptr, *rstd1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr;
+    float *attn = nullptr, *attn_lse = nullptr, *x2 = nullptr, *h2 = nullptr, *rstd2 = nullptr;
+    float *gate = nullptr, *up = nullptr, *hm = nullptr;
+    // LoRA: per projection, x A^T scaled [T, r] (what the adapter's backward needs).
+    std::array<float*, kLlamaProjections> lora_x{};
+  };
+  std::vector<Internals> blocks;  // 1 (checkpointing) or L
+  Internals& Of(int layer) { return blocks[blocks.size() == 1 ? 0 : static_cast<size_t>(layer)]; }
   // Backward temporaries (dgate shares dhm's buffer).
   float *dhm = nullptr, *dup = nullptr, *dh2 = nullptr, *dx2 = nullptr, *dattn = nullptr;
   float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dh1 = nullptr;
@@ -245,15 +253,14 @@ struct LlamaActivations {
   // The head: normalised input, its rstd, logits (their gradient in place), log-sum-exp, loss.
   float *head_x = nullptr, *head_rstd = nullptr, *logits = nullptr, *lse = nullptr;
   float* loss = nullptr;  // one float
-  // LoRA: per projection, x A^T scaled [T, r] (kept from the block's forward for its backward),
-  // its gradient [T, r], and the adapter's output [T, out] before it is added (the MLP's dup
-  // buffer, free during a block's forward, when it is large enough).
-  std::array<float*, kLlamaProjections> lora_x{};
+  // LoRA: the gradient of x A^T [T, r], and the adapter's output [T, out] before it is added
+  // (the MLP's dup buffer, free during a block's forward, when it is large enough).
   float* lora_dx = nullptr;
   float* lora_out = nullptr;
 
   // Lays the buffers out from `base` (nullptr: only measures); returns the bytes used.
-  size_t Layout(char* base, const LlamaConfig& c, size_t batch, size_t seq, const LlamaLora& lora) {
+  size_t Layout(char* base, const LlamaConfig& c, size_t batch, size_t seq, const LlamaLora& lora,
+                bool keep) {
     const size_t t = batch * seq, h = static_cast<size_t>(c.hidden_size);
     const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
     const size_t vocab = static_cast<size_t>(c.vocab_size);
@@ -262,19 +269,27 @@ struct LlamaActivations {
     Carver m(base);
     tokens = m.Take<int32_t>(2 * t);
     block_in = m.Take<float>((layers + 1) * t * h);
-    h1 = m.Take<float>(t * h);
-    rstd1 = m.Take<float>(t);
-    q = m.Take<float>(t * h);
-    k = m.Take<float>(t * kv);
-    v = m.Take<float>(t * kv);
-    attn = m.Take<float>(t * h);
-    attn_lse = m.Take<float>(batch * nh * seq);
-    x2 = m.Take<float>(t * h);
-    h2 = m.Take<float>(t * h);
-    rstd2 = m.Take<float>(t);
-    gate = m.Take<float>(t * inter);
-    up = m.Take<float>(t * inter);
-    hm = m.Take<float>(t * inter);
+    blocks.assign(keep ? layers : 1, Internals{});
+    for (Internals& i : blocks) {
+      i.h1 = m.Take<float>(t * h);
+      i.rstd1 = m.Take<float>(t);
+      i.q = m.Take<float>(t * h);
+      i.k = m.Take<float>(t * kv);
+      i.v = m.Take<float>(t * kv);
+      i.attn = m.Take<float>(t * h);
+      i.attn_lse = m.Take<float>(batch * nh * seq);
+      i.x2 = m.Take<float>(t * h);
+      i.h2 = m.Take<float>(t * h);
+      i.rstd2 = m.Take<float>(t);
+      i.gate = m.Take<float>(t * inter);
+      i.up = m.Take<float>(t * inter);
+      i.hm = m.Take<float>(t * inter);
+      for (int p = 0; p < kLlamaProjections && lora.enabled(); ++p) {
+        if (lora.targets[static_cast<size_t>(p)]) {
+          i.lora_x[static_cast<size_t>(p)] = m.Take<float>(t * static_cast<size_t>(lora.rank));
+        }
+      }
+    }
     dhm = m.Take<float>(t * inter);
     dup = m.Take<float>(t * inter);
     dh2 = m.Take<float>(t * h);
@@ -292,11 +307,7 @@ struct LlamaActivations {
     lse = m.Take<float>(t);
     loss = m.Take<float>(1);
     if (lora.enabled()) {
-      const size_t r = static_cast<size_t>(lora.rank);
-      for (int p = 0; p < kLlamaProjections; ++p) {
-        if (lora.targets[static_cast<size_t>(p)]) lora_x[static_cast<size_t>(p)] = m.Take<float>(t * r);
-      }
-      lora_dx = m.Take<float>(t * r);
+      lora_dx = m.Take<float>(t * static_cast<size_t>(lora.rank));
       lora_out = inter >= h ? dup : m.Take<float>(t * h);
     }
     return m.bytes();
@@ -346,10 +357,10 @@ LlamaModel::~LlamaModel() {
 }
 
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
-                              const LlamaLora& lora) {
+                              const LlamaLora& lora, bool keep_activations) {
   LlamaActivations a;
   return a.Layout(nullptr, config, static_cast<size_t>(micro_batch), static_cast<size_t>(seq_len),
-                  lora);
+                  lora, keep_activations);
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
@@ -391,7 +402,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   State& st = *state_;
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   st.tokens = b * s;
-  st.block_bytes = st.a.Layout(nullptr, config_, b, s, lora_);
+  st.block_bytes = st.a.Layout(nullptr, config_, b, s, lora_, options.keep_activations);
   Result<void*> block = device_.Alloc(st.block_bytes);
   if (!block.ok()) {
     return block.status().WithContext(fmt::format(
@@ -401,7 +412,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
         st.tokens * static_cast<size_t>(config_.vocab_size) * sizeof(float)));
   }
   st.block = *block;
-  st.a.Layout(static_cast<char*>(st.block), config_, b, s, lora_);
+  st.a.Layout(static_cast<char*>(st.block), config_, b, s, lora_, options.keep_activations);
 
   STRATA_ASSIGN_OR_RETURN(
       st.host, HostRegion::Allocate(2 * st.tokens * sizeof(int32_t) + sizeof(float),
@@ -700,28 +711,30 @@ Result<double> LlamaModel::EndMicroBatch(device::Stream& stream) {
 // y = x W^T, plus the adapter's scale (x A^T) B^T: x A^T goes to lora_x[proj] and is scaled
 // there (what backward needs), its product with B^T to lora_out, then added to y. y null: only
 // lora_x (the block's recompute of the down projection, whose output backward does not need).
-Status LlamaModel::Project(LlamaOps& ops, const Adapters* ad, int proj, const float* x,
-                           const zero::UnitView& p, size_t slot, size_t in, size_t out,
-                           float* y) {
+Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int proj,
+                           const float* x, const zero::UnitView& p, size_t slot, size_t in,
+                           size_t out, float* y) {
   const size_t t = state_->tokens;
   if (y != nullptr) STRATA_RETURN_IF_ERROR(ops.LinearForward(x, W(p, slot), t, in, out, y));
   const size_t k = static_cast<size_t>(proj);
   if (ad == nullptr || ad->a[k] == nullptr) return Status::Ok();
   LlamaActivations& a = state_->a;
+  LlamaActivations::Internals& bi = a.Of(layer);
   const size_t r = static_cast<size_t>(lora_.rank);
-  STRATA_RETURN_IF_ERROR(ops.LinearForward(x, Weight{ad->a[k], ad->dtype}, t, in, r, a.lora_x[k]));
-  STRATA_RETURN_IF_ERROR(ops.Scale(a.lora_x[k], t * r, lora_.scale));
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(x, Weight{ad->a[k], ad->dtype}, t, in, r, bi.lora_x[k]));
+  STRATA_RETURN_IF_ERROR(ops.Scale(bi.lora_x[k], t * r, lora_.scale));
   if (y == nullptr) return Status::Ok();
   STRATA_RETURN_IF_ERROR(
-      ops.LinearForward(a.lora_x[k], Weight{ad->b[k], ad->dtype}, t, r, out, a.lora_out));
+      ops.LinearForward(bi.lora_x[k], Weight{ad->b[k], ad->dtype}, t, r, out, a.lora_out));
   return ops.AccumulateGradient(a.lora_out, t * out, y);  // y += the adapter's output
 }
 
 // The base projection's backward (dw null: frozen), then the adapter's: dB += dy^T (s x A^T),
 // d(x A^T) = s dy B, dA += d(x A^T)^T x, dx += d(x A^T) A.
-Status LlamaModel::ProjectBackward(LlamaOps& ops, const Adapters* ad, int proj, const float* x,
-                                   const zero::UnitView& p, size_t slot, const float* dy,
-                                   size_t in, size_t out, float* dx, bool dx_add, float* dw) {
+Status LlamaModel::ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad, int proj,
+                                   const float* x, const zero::UnitView& p, size_t slot,
+                                   const float* dy, size_t in, size_t out, float* dx, bool dx_add,
+                                   float* dw) {
   const size_t t = state_->tokens;
   STRATA_RETURN_IF_ERROR(ops.LinearBackward(x, W(p, slot), dy, t, in, out, dx,
                                             dx_add ? Accumulate::kAdd : Accumulate::kOverwrite,
@@ -729,8 +742,9 @@ Status LlamaModel::ProjectBackward(LlamaOps& ops, const Adapters* ad, int proj, 
   const size_t k = static_cast<size_t>(proj);
   if (ad == nullptr || ad->a[k] == nullptr) return Status::Ok();
   LlamaActivations& a = state_->a;
+  LlamaActivations::Internals& bi = a.Of(layer);
   const size_t r = static_cast<size_t>(lora_.rank);
-  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.lora_x[k], Weight{ad->b[k], ad->dtype}, dy, t, r,
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(bi.lora_x[k], Weight{ad->b[k], ad->dtype}, dy, t, r,
                                             out, a.lora_dx, Accumulate::kOverwrite, ad->db[k]));
   STRATA_RETURN_IF_ERROR(ops.Scale(a.lora_dx, t * r, lora_.scale));
   return ops.LinearBackward(x, Weight{ad->a[k], ad->dtype}, a.lora_dx, t, in, r, dx,
@@ -739,9 +753,9 @@ Status LlamaModel::ProjectBackward(LlamaOps& ops, const Adapters* ad, int proj, 
 
 // A block's internals from its input x into the activation buffers; with `out`, also the
 // block's output.
-Status LlamaModel::BlockInternals(LlamaOps& ops, const zero::UnitView& p, const Adapters* ad,
-                                  const float* x, float* out) {
-  LlamaActivations& a = state_->a;
+Status LlamaModel::BlockInternals(LlamaOps& ops, int layer, const zero::UnitView& p,
+                                  const Adapters* ad, const float* x, float* out) {
+  LlamaActivations::Internals& bi = state_->a.Of(layer);
   const LlamaConfig& c = config_;
   const size_t t = state_->tokens, h = static_cast<size_t>(c.hidden_size);
   const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
@@ -750,22 +764,22 @@ Status LlamaModel::BlockInternals(LlamaOps& ops, const zero::UnitView& p, const 
   const size_t d = static_cast<size_t>(c.head_dim());
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope_theta);
-  STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, W(p, kInNorm), t, h, eps, a.h1, a.rstd1));
-  STRATA_RETURN_IF_ERROR(Project(ops, ad, 0, a.h1, p, kQ, h, h, a.q));
-  STRATA_RETURN_IF_ERROR(Project(ops, ad, 1, a.h1, p, kK, h, kv, a.k));
-  STRATA_RETURN_IF_ERROR(Project(ops, ad, 2, a.h1, p, kV, h, kv, a.v));
-  STRATA_RETURN_IF_ERROR(ops.RopeForward(a.q, b, s, nh, d, theta));
-  STRATA_RETURN_IF_ERROR(ops.RopeForward(a.k, b, s, nkv, d, theta));
-  STRATA_RETURN_IF_ERROR(ops.AttentionForward(a.q, a.k, a.v, b, s, nh, nkv, d, a.attn, a.attn_lse,
+  STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, W(p, kInNorm), t, h, eps, bi.h1, bi.rstd1));
+  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 0, bi.h1, p, kQ, h, h, bi.q));
+  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 1, bi.h1, p, kK, h, kv, bi.k));
+  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 2, bi.h1, p, kV, h, kv, bi.v));
+  STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.q, b, s, nh, d, theta));
+  STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.k, b, s, nkv, d, theta));
+  STRATA_RETURN_IF_ERROR(ops.AttentionForward(bi.q, bi.k, bi.v, b, s, nh, nkv, d, bi.attn, bi.attn_lse,
                                               p.dtype));
-  STRATA_RETURN_IF_ERROR(Project(ops, ad, 3, a.attn, p, kO, h, h, a.x2));
-  STRATA_RETURN_IF_ERROR(ops.ResidualAdd(x, a.x2, t * h, a.x2));
-  STRATA_RETURN_IF_ERROR(ops.RmsNormForward(a.x2, W(p, kPostNorm), t, h, eps, a.h2, a.rstd2));
-  STRATA_RETURN_IF_ERROR(Project(ops, ad, 4, a.h2, p, kGate, h, inter, a.gate));
-  STRATA_RETURN_IF_ERROR(Project(ops, ad, 5, a.h2, p, kUp, h, inter, a.up));
-  STRATA_RETURN_IF_ERROR(ops.SiluMulForward(a.gate, a.up, t * inter, a.hm));
-  STRATA_RETURN_IF_ERROR(Project(ops, ad, 6, a.hm, p, kDown, inter, h, out));
-  if (out != nullptr) STRATA_RETURN_IF_ERROR(ops.ResidualAdd(a.x2, out, t * h, out));
+  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 3, bi.attn, p, kO, h, h, bi.x2));
+  STRATA_RETURN_IF_ERROR(ops.ResidualAdd(x, bi.x2, t * h, bi.x2));
+  STRATA_RETURN_IF_ERROR(ops.RmsNormForward(bi.x2, W(p, kPostNorm), t, h, eps, bi.h2, bi.rstd2));
+  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 4, bi.h2, p, kGate, h, inter, bi.gate));
+  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 5, bi.h2, p, kUp, h, inter, bi.up));
+  STRATA_RETURN_IF_ERROR(ops.SiluMulForward(bi.gate, bi.up, t * inter, bi.hm));
+  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 6, bi.hm, p, kDown, inter, h, out));
+  if (out != nullptr) STRATA_RETURN_IF_ERROR(ops.ResidualAdd(bi.x2, out, t * h, out));
   return Status::Ok();
 }
 
@@ -774,7 +788,8 @@ Status LlamaModel::BlockForward(LlamaOps& ops, int layer, const zero::UnitView& 
   State& st = *state_;
   const size_t th = st.tokens * static_cast<size_t>(config_.hidden_size);
   const float* x = st.a.block_in + static_cast<size_t>(layer) * th;
-  return BlockInternals(ops, p, ad, x, st.a.block_in + static_cast<size_t>(layer + 1) * th);
+  return BlockInternals(ops, layer, p, ad, x,
+                        st.a.block_in + static_cast<size_t>(layer + 1) * th);
 }
 
 Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, const zero::UnitView& p,
@@ -790,35 +805,40 @@ Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, const zero::UnitView&
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float theta = static_cast<float>(c.rope_theta);
   const float* x = a.block_in + static_cast<size_t>(layer) * t * h;
-  STRATA_RETURN_IF_ERROR(BlockInternals(ops, p, ad, x, nullptr));  // recompute (checkpointing)
+  LlamaActivations::Internals& bi = a.Of(layer);
+  // Activation checkpointing: one set of internals, holding the last block's from forward (the
+  // first backward), the others' recomputed from their inputs.
+  if (a.blocks.size() == 1 && layer != c.num_hidden_layers - 1) {
+    STRATA_RETURN_IF_ERROR(BlockInternals(ops, layer, p, ad, x, nullptr));
+  }
 
   const float* dres = a.dres;  // d out, [T, H]
   // MLP.
   float* dgate = a.dhm;
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 6, a.hm, p, kDown, dres, inter, h, a.dhm,
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 6, bi.hm, p, kDown, dres, inter, h, a.dhm,
                                          false, G(g, kDown)));
-  STRATA_RETURN_IF_ERROR(ops.SiluMulBackward(a.gate, a.up, a.dhm, t * inter, dgate, a.dup));
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 4, a.h2, p, kGate, dgate, h, inter, a.dh2,
+  STRATA_RETURN_IF_ERROR(ops.SiluMulBackward(bi.gate, bi.up, a.dhm, t * inter, dgate, a.dup));
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 4, bi.h2, p, kGate, dgate, h, inter, a.dh2,
                                          false, G(g, kGate)));
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 5, a.h2, p, kUp, a.dup, h, inter, a.dh2,
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 5, bi.h2, p, kUp, a.dup, h, inter, a.dh2,
                                          true, G(g, kUp)));
-  STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(a.x2, W(p, kPostNorm), a.rstd2, a.dh2, t, h, a.dx2,
+  STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(bi.x2, W(p, kPostNorm), bi.rstd2, a.dh2, t, h, a.dx2,
                                              G(g, kPostNorm)));
   STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(dres, t * h, a.dx2));  // the residual path
   // Attention.
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 3, a.attn, p, kO, a.dx2, h, h, a.dattn,
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 3, bi.attn, p, kO, a.dx2, h, h, a.dattn,
                                          false, G(g, kO)));
-  STRATA_RETURN_IF_ERROR(ops.AttentionBackward(a.q, a.k, a.v, a.attn, a.attn_lse, a.dattn, b, s,
+  STRATA_RETURN_IF_ERROR(ops.AttentionBackward(bi.q, bi.k, bi.v, bi.attn, bi.attn_lse, a.dattn, b, s,
                                                nh, nkv, d, a.dq, a.dk, a.dv, p.dtype));
   STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta));
   STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta));
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 0, a.h1, p, kQ, a.dq, h, h, a.dh1,
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 0, bi.h1, p, kQ, a.dq, h, h, a.dh1,
                                          false, G(g, kQ)));
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 1, a.h1, p, kK, a.dk, h, kv, a.dh1,
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 1, bi.h1, p, kK, a.dk, h, kv, a.dh1,
                                          true, G(g, kK)));
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, ad, 2, a.h1, p, kV, a.dv, h, kv, a.dh1,
+  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 2, bi.h1, p, kV, a.dv, h, kv, a.dh1,
                                          true, G(g, kV)));
-  STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(x, W(p, kInNorm), a.rstd1, a.dh1, t, h, a.dres_next,
+  STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(x, W(p, kInNorm), bi.rstd1, a.dh1, t, h, a.dres_next,
                                              G(g, kInNorm)));
   STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(a.dx2, t * h, a.dres_next));
   std::swap(a.dres, a.dres_next);

@@ -14,8 +14,10 @@
 // With tie_word_embeddings the head has only model.norm.weight and reads the embedding matrix
 // as its LM head (zero::Model::SharedUnits): the engine gathers the embedding unit for the head
 // too and sums both gradients into it. Checkpoints then hold no lm_head.weight, as Hugging Face's.
-// Activation checkpointing: each block keeps only its input during forward and recomputes its
-// internals in backward (always on: a block's internals are ~10x its input).
+// Activation checkpointing (the default; LlamaModelOptions::keep_activations turns it off): each
+// block keeps only its input during forward and recomputes its internals in backward (a block's
+// internals are ~10x its input). The last block's internals are still there when backward
+// starts, so it alone is not recomputed. Either way the arithmetic is the same, bit for bit.
 //
 // Devices: the same code runs on the CPU device (cpu_ops.h, inside HostTasks on the caller's
 // stream) and on the CUDA device (cuda_ops.h: cuBLAS GEMMs on the tensor cores for bf16/fp16
@@ -33,8 +35,9 @@
 //
 // Device memory per micro-batch of T = micro_batch * seq_len tokens (fp32): (L + 14) T H for the
 // block inputs and a block's internals and gradients, 4 T kv, 5 T I for the MLP, T V for the
-// logits (their gradient reuses them), plus the attention's log-sum-exp (LlamaActivationBytes
-// gives the exact figure; docs/model.md the table). No [seq, seq] score matrix lives in device
+// logits (their gradient reuses them), plus the attention's log-sum-exp; without checkpointing
+// each block's internals (5 T H + 2 T kv + 3 T I + 2 T + the log-sum-exp) L times, not once
+// (LlamaActivationBytes gives the exact figure; docs/model.md the table). No [seq, seq] score matrix lives in device
 // memory; the CPU ops keep one row's worth per call (host scratch of up to 8 seq^2 bytes).
 #pragma once
 
@@ -95,9 +98,10 @@ LlamaUnit LlamaUnitAt(const LlamaConfig& config, const LlamaLora& lora, int unit
 std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& config, int unit,
                                              const LlamaLora& lora = {});
 int LlamaNumUnits(const LlamaConfig& config, const LlamaLora& lora = {});
-// The device memory LlamaModel::Create allocates for activations (without the CUDA workspace).
+// The device memory LlamaModel::Create allocates for activations (without the CUDA workspace),
+// with activation checkpointing or, with keep_activations, without.
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
-                              const LlamaLora& lora = {});
+                              const LlamaLora& lora = {}, bool keep_activations = false);
 
 struct LlamaModelOptions {
   // CUDA: fp32 GEMMs on TF32 tensor cores (strata.tf32). No effect on the CPU device or with
@@ -108,6 +112,9 @@ struct LlamaModelOptions {
   bool profile_ops = false;
   // LoRA adapters (ResolveLlamaLora): adapter units between the blocks (LlamaUnitAt).
   LlamaLora lora;
+  // Keep every block's internals from forward to backward (strata.activation_checkpointing
+  // off): L sets of them in device memory instead of one, and no block's forward runs twice.
+  bool keep_activations = false;
 };
 
 class LlamaModel final : public zero::Model {
@@ -161,17 +168,18 @@ class LlamaModel final : public zero::Model {
   Status Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn, std::string_view label);
   // `ad`: the block's LoRA adapters (null without). A null gradient view (`g.data`): a frozen
   // unit, whose weight gradients are not computed.
-  Status BlockInternals(LlamaOps& ops, const zero::UnitView& p, const Adapters* ad, const float* x,
-                        float* out);
+  // `layer` picks the block's set of internals (one per block without checkpointing).
+  Status BlockInternals(LlamaOps& ops, int layer, const zero::UnitView& p, const Adapters* ad,
+                        const float* x, float* out);
   Status BlockForward(LlamaOps& ops, int layer, const zero::UnitView& p, const Adapters* ad);
   Status BlockBackward(LlamaOps& ops, int layer, const zero::UnitView& p, const zero::UnitView& g,
                        const Adapters* ad);
   // y = x W^T (+ the adapter's scale (x A^T) B^T); y null: only the adapter's x A^T (kept for
   // backward).
-  Status Project(LlamaOps& ops, const Adapters* ad, int proj, const float* x,
+  Status Project(LlamaOps& ops, int layer, const Adapters* ad, int proj, const float* x,
                  const zero::UnitView& p, size_t slot, size_t in, size_t out, float* y);
   // dx (= or, with dx_add, +=) and dw (null: frozen) of the base projection and its adapter's.
-  Status ProjectBackward(LlamaOps& ops, const Adapters* ad, int proj, const float* x,
+  Status ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad, int proj, const float* x,
                          const zero::UnitView& p, size_t slot, const float* dy, size_t in,
                          size_t out, float* dx, bool dx_add, float* dw);
   // The head: final norm (params.param(0)) and the LM head matrix `lm` with its gradient `dlm`

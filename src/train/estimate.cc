@@ -39,7 +39,11 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   STRATA_ASSIGN_OR_RETURN(const model::LlamaLora lora, model::ResolveLlamaLora(in.config.strata.lora));
   Config config = in.config;
   AddLoraTrainablePatterns(&config);
-  e.activations = charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch, lora));
+  e.activations_checkpointed =
+      charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch, lora, false));
+  e.activations_kept =
+      charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch, lora, true));
+  e.activations = e.activations_checkpointed;
   if (in.device == device::DeviceType::kCuda) {
     e.workspace = charged(model::CudaLlamaOpsWorkspaceBytes(
         model::LlamaOpsShapeFor(in.model, e.seq_len, e.micro_batch)));
@@ -84,6 +88,21 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
       if (!frozen[u]) e.trainable_parameters += static_cast<uint64_t>(p.numel());
     }
   }
+  // Activation checkpointing: "auto" keeps every block's internals when the whole device peak
+  // with them fits the budget.
+  switch (in.config.strata.activation_checkpointing) {
+    case Toggle::kOn:
+      e.checkpointing = true;
+      break;
+    case Toggle::kOff:
+      e.checkpointing = false;
+      break;
+    case Toggle::kAuto:
+      e.activations = e.activations_kept;
+      e.checkpointing = in.device_budget == 0 || e.device_peak() > in.device_budget;
+      break;
+  }
+  e.activations = e.checkpointing ? e.activations_checkpointed : e.activations_kept;
   return e;
 }
 
@@ -151,7 +170,14 @@ std::string FormatMemoryEstimate(const MemoryEstimate& e) {
           : std::string(),
       e.world_size, e.micro_batch, e.seq_len);
   out += "device\n";
-  out += Line("activations (one micro-batch, recomputed per block)", e.activations);
+  out += e.checkpointing
+             ? Line("activations (one micro-batch; checkpointed, each block recomputed)",
+                    e.activations)
+             : Line("activations (one micro-batch; every block's kept, none recomputed)",
+                    e.activations);
+  out += e.checkpointing
+             ? Line("  (without checkpointing they would take)", e.activations_kept)
+             : Line("  (with checkpointing they would take)", e.activations_checkpointed);
   if (e.workspace > 0) out += Line("CUDA op workspace", e.workspace);
   if (e.rank_agreement > 0) out += Line("per-step rank agreement", e.rank_agreement);
   for (const auto& i : e.engine.device) out += Line(i.what, i.bytes);
@@ -186,6 +212,9 @@ nlohmann::json MemoryEstimateJson(const MemoryEstimate& e) {
           {"device",
            {{"peak_bytes", e.device_peak()},
             {"activations_bytes", e.activations},
+            {"activation_checkpointing", e.checkpointing},
+            {"activations_checkpointed_bytes", e.activations_checkpointed},
+            {"activations_kept_bytes", e.activations_kept},
             {"workspace_bytes", e.workspace},
             {"rank_agreement_bytes", e.rank_agreement},
             {"engine", items(e.engine.device)},

@@ -28,6 +28,9 @@ struct EstimateInput {
   bool from_weights = false;
   // ... and the optimizer's moments with them (resuming a checkpoint): more set-up memory.
   bool with_moments = false;
+  // The rank's device budget, for strata.activation_checkpointing "auto" (checkpointing off when
+  // the device peak with every block's internals kept fits it). 0: unknown, checkpointing on.
+  uint64_t device_budget = 0;
 };
 
 struct MemoryEstimate {
@@ -40,7 +43,12 @@ struct MemoryEstimate {
   bool lora = false;                  // strata.lora: the base units are frozen
   bool from_weights = false;          // EstimateInput::from_weights
   bool with_moments = false;          // EstimateInput::with_moments
-  uint64_t activations = 0;     // LlamaActivationBytes (device)
+  uint64_t activations = 0;     // LlamaActivationBytes (device), as the run allocates them
+  // Activation checkpointing, resolved (strata.activation_checkpointing), and the activations
+  // with it and without (every block's internals kept).
+  bool checkpointing = true;
+  uint64_t activations_checkpointed = 0;
+  uint64_t activations_kept = 0;
   uint64_t workspace = 0;       // the CUDA ops' workspace (device; 0 on the CPU device)
   uint64_t rank_agreement = 0;  // the trainer's per-step agreement buffer (device, several ranks)
   zero::EngineMemoryPlan engine;

@@ -115,13 +115,16 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
                                    static_cast<double>(m.engine.shard_elems);
   const double T = t.trainable_fraction;
 
-  // Compute: 6N + attention per token, plus the forward of every block again (each block
-  // recomputes its activations in backward): blocks' forward = (per-token FLOPs - 6 V H) / 3.
+  // Compute: 6N + attention per token, plus, with activation checkpointing, the forward of every
+  // block but the last again (each recomputes its internals in backward; the last block's are
+  // still there): blocks' forward = (per-token FLOPs - 6 V H) / 3.
   const double tokens = static_cast<double>(m.micro_batch * m.seq_len) * gas;
   const double per_token = in.model.TrainFlopsPerToken(m.seq_len);
   const double head = 6.0 * static_cast<double>(in.model.vocab_size * in.model.hidden_size);
+  const double layers = static_cast<double>(std::max<int64_t>(1, in.model.num_hidden_layers));
   t.model_flops = per_token * tokens;
-  t.exec_flops = (per_token + (per_token - head) / 3.0) * tokens;
+  t.exec_flops = per_token * tokens;
+  if (m.checkpointing) t.exec_flops += (per_token - head) / 3.0 * (layers - 1) / layers * tokens;
   // Frozen units skip their weight-gradient GEMMs (2 FLOPs per matrix parameter and token): the
   // frozen share of the matrices, taken as the frozen share of all elements (LoRA: nearly all).
   const double matrix = in.model.TrainFlopsPerToken(0) / 6.0;
@@ -248,11 +251,11 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
     for (const Part& p : fb) t.forward_backward_s += p.s;
     t.exposed_optimizer_s = t.optimizer_s + nvme_opt_s + t.device_optimizer_s;
   } else if (t.optimizer_overlapped) {
-    // It runs beside the last micro-batch's backward (3/4 of its compute with recomputation;
-    // not beside NVMe reads, which share its drives), and at least the last unit's update is
-    // left. The device's part (the first units, with split states) runs after backward, beside
-    // what is left of it.
-    const double backward = t.compute_s / gas * 0.75;
+    // It runs beside the last micro-batch's backward (3/4 of its compute with recomputation,
+    // 2/3 without; not beside NVMe reads, which share its drives), and at least the last unit's
+    // update is left. The device's part (the first units, with split states) runs after
+    // backward, beside what is left of it.
+    const double backward = t.compute_s / gas * (m.checkpointing ? 0.75 : 2.0 / 3.0);
     t.exposed_optimizer_s = std::max(
         {opt_work - backward, opt_work / std::max(1, m.units), t.device_optimizer_s});
   } else {
@@ -331,6 +334,7 @@ Result<PlanCandidate> EstimatePlacement(const EstimateInput& in, const Hardware&
   c.optimizer = optimizer;
   c.ratio = optimizer == OffloadDevice::kNone ? 1.0 : ratio;
   EstimateInput ci = in;
+  ci.device_budget = hw.rank_device_budget();  // strata.activation_checkpointing "auto"
   STRATA_RETURN_IF_ERROR(ApplyPlacement(&ci.config, c));
   STRATA_ASSIGN_OR_RETURN(c.memory, EstimateMemory(ci));
   c.time = EstimateTime(ci, c.memory, hw);
@@ -514,7 +518,9 @@ std::string FormatTimeEstimate(const TimeEstimate& t, const Hardware& hw) {
   auto line = [&](std::string_view what, double s, std::string detail) {
     out += fmt::format("  {:<28} {:>10.4f} s  {}\n", what, s, detail);
   };
-  line("compute", t.compute_s, fmt::format("{:.3g} TFLOP with recomputation", t.exec_flops / 1e12));
+  line("compute", t.compute_s,
+       fmt::format("{:.3g} TFLOP{}", t.exec_flops / 1e12,
+                   t.exec_flops > t.model_flops * 1.001 ? " with recomputation" : ""));
   line("collectives", t.collective_s,
        fmt::format("{} on the wire at {:.0f} GB/s", FormatBytes(t.collective_bytes),
                    (hw.nodes > 1 ? std::min(hw.nvlink, hw.net) : hw.nvlink) / 1e9));

@@ -340,6 +340,7 @@ Status RunTraining(const TrainOptions& o) {
   plan_in.device = dev->type();
   plan_in.from_weights = resumed.has_value() || HasWeights(model_dir);
   plan_in.with_moments = resumed.has_value();
+  plan_in.device_budget = dev->memory_stats().budget;
   std::vector<std::string> placement_lines;  // printed with the run's header
   if (HasAutoOffload(config)) {
     const Hardware hw = MachineHardware(*dev, launch, config);
@@ -385,12 +386,18 @@ Status RunTraining(const TrainOptions& o) {
   }
   // The run's memory plan per rank (train/estimate.h, what `strata estimate` prints), against
   // the device budget before anything is allocated.
+  // It settles activation checkpointing too (strata.activation_checkpointing "auto": off when
+  // every block's internals fit beside the rest).
+  bool keep_activations = false;
   {
     plan_in.config = config;  // with the placement resolved
+    // Evaluation runs no backward: nothing to keep a block's internals for.
+    if (o.eval_only) plan_in.config.strata.activation_checkpointing = Toggle::kOn;
     STRATA_ASSIGN_OR_RETURN(const MemoryEstimate plan, EstimateMemory(plan_in));
     std::string warning;
     STRATA_RETURN_IF_ERROR(CheckDevicePlan(plan, dev->memory_stats().budget, &warning));
     if (!warning.empty() && rank == 0) STRATA_LOG(warn, train, "{}", warning);  // same on every rank
+    keep_activations = !plan.checkpointing;
   }
 
   // Model, store, pool, engine.
@@ -400,7 +407,8 @@ Status RunTraining(const TrainOptions& o) {
                                                     config.strata.seed,
                                                     {.allow_tf32 = config.strata.tf32,
                                                      .profile_ops = o.profile_ops,
-                                                     .lora = lora}));
+                                                     .lora = lora,
+                                                     .keep_activations = keep_activations}));
   say(fmt::format(
       "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
       "parameters on {}, {}{}, {}",
@@ -416,9 +424,12 @@ Status RunTraining(const TrainOptions& o) {
                         config.zero.offload_optimizer.ratio)
           : std::string(),
       PrecisionName(config.precision())));
-  say(fmt::format("  device: {}; device memory budget {}, activations {}", runtime.choice.reason,
-                  FormatBytes(dev->memory_stats().budget),
-                  FormatBytes(llama->activation_bytes() + llama->workspace_bytes())));
+  say(fmt::format("  device: {}; device memory budget {}, activations {} ({})",
+                  runtime.choice.reason, FormatBytes(dev->memory_stats().budget),
+                  FormatBytes(llama->activation_bytes() + llama->workspace_bytes()),
+                  o.eval_only         ? "forward only"
+                  : keep_activations ? "every block's kept: no recomputation"
+                                     : "checkpointed: each block recomputed in backward"));
   for (const std::string& line : placement_lines) say(line);
   if (lora.enabled()) {
     int64_t adapter_params = 0;

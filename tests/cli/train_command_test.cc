@@ -769,6 +769,44 @@ TEST(TrainCommandTest, StepsMakeNoPageableCopies) {
   }
 }
 
+// strata.activation_checkpointing: on (each block recomputed in backward) and off (every block's
+// internals kept) train to the same losses, bit for bit, through the ZeRO-3 engine with the
+// optimizer offloaded; the header says which ran, and "auto" on a roomy device keeps them.
+TEST(TrainCommandTest, ActivationCheckpointingChangesNoLoss) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "20k", "--vocab", "256"})
+                .exit_code,
+            0);
+  auto run = [&](const std::string& checkpointing) {
+    const std::string config = dir.file("ds-" + checkpointing + ".json");
+    {
+      std::ofstream out(config);
+      out << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+                 "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+                 "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
+                 "strata": {"activation_checkpointing": )"
+          << checkpointing << "}}";
+    }
+    const std::string metrics = dir.file("metrics-" + checkpointing + ".jsonl");
+    auto r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", data,
+                        "--seq-len", "32", "--steps", "4", "--device", "cpu", "--metrics",
+                        metrics},
+                       std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return std::make_pair(r.out, Losses(metrics));
+  };
+  const auto [on_out, on] = run("true");
+  const auto [off_out, off] = run("false");
+  const auto [auto_out, automatic] = run("\"auto\"");
+  EXPECT_THAT(on_out, HasSubstr("(checkpointed: each block recomputed in backward)"));
+  EXPECT_THAT(off_out, HasSubstr("(every block's kept: no recomputation)"));
+  EXPECT_THAT(auto_out, HasSubstr("(every block's kept: no recomputation)"));
+  ASSERT_EQ(on.size(), 4u);
+  EXPECT_EQ(off, on);
+  EXPECT_EQ(automatic, on);
+}
+
 // --profile-ops: a table of every op the decoder runs, per profiled step (the steps after the
 // first), whose op times add up to no more than the step; the losses are those of a plain run.
 TEST(TrainCommandTest, ProfileOpsSaysWhereTheStepWent) {
@@ -895,6 +933,10 @@ INSTANTIATE_TEST_SUITE_P(
                    "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}})",
                1e-4},
         GpuRun{"HbmBf16", R"(, "bf16": {"enabled": true})", R"({"stage": 3})", 2e-2},
+        // "auto" keeps every block's internals on a GPU this size; this one recomputes them.
+        GpuRun{"HbmBf16Checkpointed",
+               R"(, "bf16": {"enabled": true}, "strata": {"activation_checkpointing": true})",
+               R"({"stage": 3})", 2e-2},
         // The placement the planner chose for Llama-3-8B on one H100: parameters homed in
         // pinned host memory, half of the optimizer states on the device, half on the CPU.
         GpuRun{"HostParamsHalfOffloadedOptimizerBf16", R"(, "bf16": {"enabled": true})",

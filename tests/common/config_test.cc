@@ -946,6 +946,14 @@ TEST(ConfigStrataTest, TogglesAndEnums) {
   EXPECT_EQ(ErrorOf(R"({"strata": {"memory": {"share_host_memory": 2}}})"),
             "test.json: strata.memory.share_host_memory: expected \"auto\", \"on\", \"off\", true "
             "or false, got 2");
+  EXPECT_EQ(Ok("{}").strata.activation_checkpointing, Toggle::kAuto);
+  EXPECT_EQ(Ok(R"({"strata": {"activation_checkpointing": false}})").strata.activation_checkpointing,
+            Toggle::kOff);
+  EXPECT_EQ(Ok(R"({"strata": {"activation_checkpointing": "on"}})").strata.activation_checkpointing,
+            Toggle::kOn);
+  EXPECT_EQ(ErrorOf(R"({"strata": {"activation_checkpointing": "sometimes"}})"),
+            "test.json: strata.activation_checkpointing: expected \"auto\", \"on\", \"off\", "
+            "true or false, got \"sometimes\"");
   EXPECT_FALSE(Ok("{}").strata.tf32);
   EXPECT_TRUE(Ok(R"({"strata": {"tf32": true}})").strata.tf32);
   EXPECT_THAT(ErrorOf(R"({"strata": {"tf32": "yes"}})"), HasSubstr("strata.tf32"));

@@ -773,6 +773,87 @@ TEST(LlamaModelTest, LoraMatchesTheMergedModel) {
   }
 }
 
+// Activation checkpointing off (keep_activations): every block's internals kept from forward,
+// none recomputed. The same ops on the same inputs: the loss and every gradient bit-identical to
+// the checkpointed run, in fp32 and bf16, with and without LoRA adapters and tied embeddings;
+// the activation block grows by L - 1 sets of a block's internals.
+TEST(LlamaModelTest, KeptActivationsGiveTheCheckpointedRunBitForBit) {
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  const int64_t batch = 2, seq = 16;
+  for (bool with_lora : {false, true}) {
+    for (bool tied : {false, true}) {
+      for (device::DType dtype : {device::DType::kF32, device::DType::kBF16}) {
+        SCOPED_TRACE(::testing::Message() << "lora " << with_lora << " tied " << tied << " dtype "
+                                          << device::DTypeName(dtype));
+        LlamaConfig cfg = TinyConfig();
+        cfg.num_hidden_layers = 3;
+        cfg.tie_word_embeddings = tied;
+        LlamaLora lora;
+        if (with_lora) {
+          lora.rank = 2;
+          lora.alpha = 4;
+          lora.scale = 2.0f;
+          lora.targets.fill(true);
+        }
+        const uint64_t checkpointed = LlamaActivationBytes(cfg, seq, batch, lora, false);
+        const uint64_t kept = LlamaActivationBytes(cfg, seq, batch, lora, true);
+        const uint64_t t = batch * seq, h = 32, kv = 16, inter = 48;
+        // Per block: h1, q, attn, x2, h2 [T, H]; k, v [T, kv]; gate, up, hm [T, I]; two rstd
+        // [T]; the log-sum-exp [heads T]; with LoRA x A^T [T, r] per projection; each piece
+        // rounded up to the device alignment.
+        auto piece = [](uint64_t floats) {
+          return (4 * floats + device::kDeviceAlignment - 1) / device::kDeviceAlignment *
+                 device::kDeviceAlignment;
+        };
+        uint64_t block = 5 * piece(t * h) + 2 * piece(t * kv) + 3 * piece(t * inter) +
+                         2 * piece(t) + piece(4 * t);
+        if (with_lora) block += 7 * piece(t * 2);
+        EXPECT_EQ(kept - checkpointed, 2 * block);
+
+        auto probe = LlamaModel::Create(**cpu, cfg, seq, batch, 7, {.lora = lora});
+        ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+        auto layouts = zero::LayoutModel((*probe)->units(), 1);
+        ASSERT_TRUE(layouts.ok());
+        std::vector<std::vector<float>> params;
+        std::mt19937 rng(5);
+        std::normal_distribution<float> normal(0.0f, 0.1f);
+        for (const auto& l : *layouts) {
+          params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
+          ASSERT_TRUE((*probe)->InitUnit(l.index, l.slots, params.back()).ok());
+          // LoRA's B starts at zero; random adapters make their gradients matter.
+          if (LlamaUnitAt(cfg, lora, l.index).kind == LlamaUnit::kAdapter) {
+            for (float& x : params.back()) x = normal(rng);
+          }
+        }
+        probe->reset();
+        LlamaBatch b;
+        std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
+        for (int64_t i = 0; i < batch * (seq + 1); ++i) b.tokens.push_back(tok(rng));
+
+        LlamaModelOptions options{.lora = lora};
+        auto want = RunMicroBatch(**cpu, cfg, seq, batch, *layouts, params, dtype, b, options);
+        ASSERT_TRUE(want.ok()) << want.status().ToString();
+        options.keep_activations = true;
+        auto model = LlamaModel::Create(**cpu, cfg, seq, batch, 7, options);
+        ASSERT_TRUE(model.ok());
+        EXPECT_EQ((*model)->activation_bytes(), kept);
+        model->reset();
+        auto got = RunMicroBatch(**cpu, cfg, seq, batch, *layouts, params, dtype, b, options);
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        EXPECT_EQ(got->loss, want->loss);
+        ASSERT_EQ(got->grads.size(), want->grads.size());
+        for (size_t u = 0; u < got->grads.size(); ++u) {
+          EXPECT_EQ(got->grads[u], want->grads[u]) << (*layouts)[u].name;
+          EXPECT_TRUE(std::any_of(got->grads[u].begin(), got->grads[u].end(),
+                                  [](float g) { return g != 0.0f; }))
+              << (*layouts)[u].name;
+        }
+      }
+    }
+  }
+}
+
 TEST(LlamaModelTest, LoraSettingsAreCheckedAndNamedAsPeft) {
   LoraSettings s;
   s.r = 8;

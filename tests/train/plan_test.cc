@@ -371,8 +371,61 @@ TEST(ConfigAutoTest, AutoHomesParseAndResolve) {
 const char* kAuto = R"({"stage": 3, "offload_param": {"device": "auto", "nvme_path": "/tmp/p"},
                         "offload_optimizer": {"device": "auto", "nvme_path": "/tmp/p"}})";
 
+// strata.activation_checkpointing "auto": every block's internals kept (no recomputation, a
+// quarter less compute) when the device peak with them fits the rank's budget, checkpointed when
+// only that fits; "on" and "off" as given, whatever the budget.
+TEST(PlannerTest, ActivationCheckpointingFollowsTheDeviceBudget) {
+  const char* zero = R"({"stage": 3})";
+  EstimateInput in = Input(zero, 1);
+  Hardware hw = Big(1);
+  Result<PlanCandidate> roomy =
+      EstimatePlacement(in, hw, OffloadDevice::kNone, OffloadDevice::kNone, 1.0);
+  ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
+  const MemoryEstimate& kept = roomy->memory;
+  EXPECT_FALSE(kept.checkpointing);
+  EXPECT_EQ(kept.activations, kept.activations_kept);
+  EXPECT_GT(kept.activations_kept, kept.activations_checkpointed);
+  // The compute without recomputation is the model's own FLOPs.
+  EXPECT_DOUBLE_EQ(roomy->time.exec_flops, roomy->time.model_flops);
+
+  // A budget one byte short of the kept peak: checkpointed, and it fits.
+  hw.device_budget = kept.device_peak() - 1;
+  Result<PlanCandidate> tight = EstimatePlacement(in, hw, OffloadDevice::kNone, OffloadDevice::kNone, 1.0);
+  ASSERT_TRUE(tight.ok());
+  EXPECT_TRUE(tight->memory.checkpointing);
+  EXPECT_EQ(tight->memory.activations, kept.activations_checkpointed);
+  EXPECT_EQ(tight->memory.device_peak(),
+            kept.device_peak() - kept.activations_kept + kept.activations_checkpointed);
+  EXPECT_TRUE(tight->fit.fits());
+  // Recomputing every block's forward but the last: (L - 1) / L of the blocks' forward FLOPs more.
+  EXPECT_GT(tight->time.exec_flops, roomy->time.exec_flops * 1.1);
+  EXPECT_GT(tight->time.compute_s, roomy->time.compute_s);
+  // At exactly the kept peak, kept.
+  hw.device_budget = kept.device_peak();
+  EXPECT_FALSE(EstimatePlacement(in, hw, OffloadDevice::kNone, OffloadDevice::kNone, 1.0)
+                   ->memory.checkpointing);
+
+  // Fixed by the config, whatever the budget (on: checkpointed with room to spare; off: kept, and
+  // then it does not fit).
+  in = Input(zero, 1, R"("strata": {"activation_checkpointing": true}, )");
+  EXPECT_TRUE(EstimatePlacement(in, Big(1), OffloadDevice::kNone, OffloadDevice::kNone, 1.0)
+                  ->memory.checkpointing);
+  in = Input(zero, 1, R"("strata": {"activation_checkpointing": "off"}, )");
+  hw.device_budget = kept.device_peak() - 1;
+  Result<PlanCandidate> forced = EstimatePlacement(in, hw, OffloadDevice::kNone, OffloadDevice::kNone, 1.0);
+  ASSERT_TRUE(forced.ok());
+  EXPECT_FALSE(forced->memory.checkpointing);
+  EXPECT_FALSE(forced->fit.fits());
+  // Without a budget (EstimateMemory on its own), "auto" checkpoints.
+  in = Input(zero, 1);
+  Result<MemoryEstimate> alone = EstimateMemory(in);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_TRUE(alone->checkpointing);
+}
+
 TEST(PlannerTest, ChoosesTheFastestPlacementThatFits) {
-  const EstimateInput in = Input(kAuto, 2);
+  // Checkpointing fixed on: the budgets below are set between placements' peaks with it.
+  const EstimateInput in = Input(kAuto, 2, R"("strata": {"activation_checkpointing": true}, )");
   // Room everywhere: nothing offloaded (nothing is faster than the device).
   Result<PlacementPlan> p = PlanPlacement(in, Big(2));
   ASSERT_TRUE(p.ok()) << p.status().ToString();
