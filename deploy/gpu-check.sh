@@ -465,6 +465,9 @@ run_check() {
       [ "$QUICK" = 1 ] && att_args=(--batch 1 --seq 256 --heads "$heads" --kv-heads "$kv" --head-dim "$dim" --dtype bf16 --reps 2 --warmup 1)
       step_json "attention_strata_$tag" 60 10 "$WORK/steps/attention_strata_$tag.json" "${S[@]}" "$bin/strata_gpu_bench" attention "${att_args[@]}" --json
       step_json "attention_pytorch_$tag" 60 10 "$WORK/steps/attention_pytorch_$tag.json" python3 "$peers" attention "${att_args[@]}" --json
+      # The mma.sync forward (STRATA_ATTENTION=mma; the backward is the tiled one either way).
+      step_json "attention_strata_mma-$tag" 60 10 "$WORK/steps/attention_strata_mma-$tag.json" "${S[@]}" \
+        STRATA_ATTENTION=mma "$bin/strata_gpu_bench" attention "${att_args[@]}" --json
     done
     # What offload checksums cost on this machine's disk with spare cores (issue 19's < 2% target,
     # which the 2-core development VMs cannot decide): interleaved rounds with and without.

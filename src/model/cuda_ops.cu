@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -988,14 +989,18 @@ AttentionShape MakeShape(size_t batch, size_t seq, size_t num_heads, size_t num_
 }
 
 // STRATA_ATTENTION=exact keeps 16-bit runs on the exact kernels (a diagnostic: it tells a fault
-// of the tensor-core kernels from one elsewhere); read once.
+// of the tensor-core kernels from one elsewhere); STRATA_ATTENTION=mma takes the register-level
+// mma.sync forward (cuda_attention_mma.cu, not yet the default: it has not run on a GPU) where
+// it applies. Read at every call (a getenv), so that tests can switch.
 bool TensorCoresAllowed() {
-  static const bool allowed = [] {
-    const char* v = std::getenv("STRATA_ATTENTION");
-    return v == nullptr || std::strcmp(v, "exact") != 0;
-  }();
-  return allowed;
+  const char* v = std::getenv("STRATA_ATTENTION");
+  return v == nullptr || std::strcmp(v, "exact") != 0;
 }
+bool MmaForwardChosen() {
+  const char* v = std::getenv("STRATA_ATTENTION");
+  return v != nullptr && std::strcmp(v, "mma") == 0;
+}
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 unsigned AttentionBlocks(size_t rows) {
   return static_cast<unsigned>((rows + kAttentionWarps - 1) / kAttentionWarps);
@@ -1031,6 +1036,10 @@ OpError AttentionForward(OpsContext* context, const float* q, const float* k, co
     return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
   }
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
+  if (MmaForwardChosen() && detail::MmaAttentionSupports(precision, shape) && Aligned16(q) &&
+      Aligned16(k) && Aligned16(v) && Aligned16(out)) {
+    return detail::MmaAttentionForward(context->stream, precision, shape, q, k, v, out, lse);
+  }
   if (TensorCoresAllowed() && detail::TensorCoreAttentionSupports(precision, shape)) {
     return detail::TensorCoreAttentionForward(context->stream, precision, shape, q, k, v, out,
                                               lse);

@@ -70,4 +70,12 @@ OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
                                     const float* dout, float* delta, float* dq, float* dk,
                                     float* dv);
 
+// The register-level mma.sync forward (cuda_attention_mma.cu; STRATA_ATTENTION=mma): the same
+// contract as TensorCoreAttentionForward, for head_dim 64 and 128 in bf16 or fp16, with q, k, v
+// and out 16-byte aligned (rows of whole heads). Its lse and out feed the same backward.
+bool MmaAttentionSupports(DType dtype, const AttentionShape& shape);
+OpError MmaAttentionForward(cudaStream_t stream, DType dtype, const AttentionShape& shape,
+                            const float* q, const float* k, const float* v, float* out,
+                            float* lse);
+
 }  // namespace strata::model::cuda::detail

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -487,6 +488,24 @@ TEST_F(CudaOpsGpuTest, AttentionOnTensorCoresMatchesTheCpuOnRoundedInputs) {
       }
     }
   }
+}
+
+// STRATA_ATTENTION=mma: the register-level mma.sync forward (cuda_attention_mma.cu), with the
+// tiled backward on its output and lse; the same shapes and tolerances. The misaligned case
+// falls back to the WMMA kernels (the mma kernel's vector loads need 16-byte rows).
+TEST_F(CudaOpsGpuTest, AttentionMmaForwardMatchesTheCpuOnRoundedInputs) {
+  ASSERT_EQ(setenv("STRATA_ATTENTION", "mma", 1), 0);
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const double grad_tol = dtype == DType::kBF16 ? 3e-2 : 1e-2;
+    for (const AttentionCase& c :
+         {AttentionCase{1, 64, 2, 2, 64}, AttentionCase{2, 100, 4, 2, 64},
+          AttentionCase{1, 130, 2, 1, 128}, AttentionCase{1, 3, 2, 1, 128},
+          AttentionCase{2, 257, 8, 2, 128}}) {
+      CheckAttention(c, dtype, dtype, 1e-2, grad_tol, 70);
+      if (c.seq == 100) CheckAttention(c, dtype, dtype, 1e-2, grad_tol, 71, /*misalign=*/1);
+    }
+  }
+  unsetenv("STRATA_ATTENTION");
 }
 
 TEST_F(CudaOpsGpuTest, UnsupportedShapesAreInvalidArgument) {
