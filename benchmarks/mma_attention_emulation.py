@@ -1,8 +1,9 @@
-# benchmarks/mma_attention_emulation.py: the index math of cuda_attention_mma.cu's forward kernel,
-# lane by lane in numpy, with mma.m16n8k16's fragment layouts as the kernel's header states them,
+# benchmarks/mma_attention_emulation.py: the index math of cuda_attention_mma.cu's kernels (the
+# forward, and the backward's key and query kernels), lane by lane in numpy, with mma.m16n8k16's fragment layouts as the kernel's header states them,
 # against plain causal attention (bf16 inputs and probabilities). A development aid for the kernel
 # (it runs without a GPU; it checks the kernel's indexing, not the hardware): /usr/bin/python3 with
-# numpy. Expected: output errors ~2e-3 (the probabilities rounded to bf16), lse ~1e-7, no NaN.
+# numpy. Expected: output errors ~2e-3 (the probabilities rounded to bf16), lse ~1e-7, gradient
+# errors ~2e-3 of each gradient's largest element (P and dS rounded to bf16), no NaN.
 import numpy as np
 rng = np.random.default_rng(0)
 def bf(x):  # round to bf16 (nearest even) and back
@@ -109,3 +110,106 @@ for seq, D in ((100, 64), (3, 64), (70, 128)):
     ref = np.exp(s - ref_lse[:, None]) @ vr
     print(seq, D, "out max err", np.abs(out - ref).max(), "lse max err", np.abs(lse - ref_lse).max(),
           "nan", np.isnan(out).sum())
+
+
+# ---- the backward kernels (MmaBackwardKeyKernel, MmaBackwardQueryKernel), one head ----------------
+def a_from_rows(tile, r0, col0):  # A fragment of rows r0..r0+15, cols col0..col0+15 of a tile
+    return [[tuple(tile[r0 + l//4, col0 + 2*(l%4): col0 + 2*(l%4) + 2]),
+             tuple(tile[r0 + l//4 + 8, col0 + 2*(l%4): col0 + 2*(l%4) + 2]),
+             tuple(tile[r0 + l//4, col0 + 2*(l%4) + 8: col0 + 2*(l%4) + 10]),
+             tuple(tile[r0 + l//4 + 8, col0 + 2*(l%4) + 8: col0 + 2*(l%4) + 10])] for l in range(32)]
+def b_from(tile, n, col0):  # B fragment: rows n*8+g of `tile` (row-major), cols col0 + 2t (+8)
+    return ([tuple(tile[n*8 + l//4, col0 + 2*(l%4): col0 + 2*(l%4) + 2]) for l in range(32)],
+            [tuple(tile[n*8 + l//4, col0 + 2*(l%4) + 8: col0 + 2*(l%4) + 10]) for l in range(32)])
+def a_from_acc(acc, j):  # accumulators 2j, 2j+1 as an A fragment, rounded
+    return [[tuple(bf(acc[2*j][l][0:2])), tuple(bf(acc[2*j][l][2:4])),
+             tuple(bf(acc[2*j+1][l][0:2])), tuple(bf(acc[2*j+1][l][2:4]))] for l in range(32)]
+def stage(x, first, seq, D):
+    t = np.zeros((64, D), np.float32); n = max(0, min(64, seq - first))
+    t[:n] = bf(x[first:first+n]); return t
+
+def backward(q, k, v, out, lse, dout, D):
+    seq = q.shape[0]; scale = 1/np.sqrt(D); scale2 = scale * 1.4426950408889634
+    delta = (out * bf(dout)).sum(1).astype(np.float32)
+    dq = np.full((seq, D), np.nan, np.float32); dk = dq.copy(); dv = dq.copy()
+    tiles = (seq + 63) // 64
+    for kt in range(tiles):  # keys kernel
+        k0 = kt*64; ks = stage(k, k0, seq, D); vs = stage(v, k0, seq, D)
+        for warp in range(4):
+            dk_acc = [[[0.0]*4 for _ in range(32)] for _ in range(D//8)]; dv_acc = [[[0.0]*4 for _ in range(32)] for _ in range(D//8)]
+            for qt in range(kt, tiles):
+                q0 = qt*64; qs = stage(q, q0, seq, D); dos = stage(dout, q0, seq, D)
+                qts, dots = qs.T.copy(), dos.T.copy()
+                lse_s = [lse[q0+i]*1.4426950408889634 if q0+i < seq else 0.0 for i in range(64)]
+                delta_s = [delta[q0+i] if q0+i < seq else 0.0 for i in range(64)]
+                st = [[[0.0]*4 for _ in range(32)] for _ in range(8)]; dpt = [[[0.0]*4 for _ in range(32)] for _ in range(8)]
+                for kk in range(D//16):
+                    ka = a_from_rows(ks, warp*16, kk*16); va = a_from_rows(vs, warp*16, kk*16)
+                    for n in range(8):
+                        mma(st[n], ka, *b_from(qs, n, kk*16)); mma(dpt[n], va, *b_from(dos, n, kk*16))
+                for l in range(32):
+                    g, t = l//4, l % 4; key0 = k0 + warp*16 + g; key1 = key0 + 8
+                    for n in range(8):
+                        for j in range(2):
+                            qi = n*8 + 2*t + j; query = q0 + qi; live = query < seq
+                            p0 = 2.0**(st[n][l][j]*scale2 - lse_s[qi]) if live and key0 <= query else 0.0
+                            p1 = 2.0**(st[n][l][2+j]*scale2 - lse_s[qi]) if live and key1 <= query else 0.0
+                            dpt[n][l][j] = p0*(dpt[n][l][j] - delta_s[qi]); dpt[n][l][2+j] = p1*(dpt[n][l][2+j] - delta_s[qi])
+                            st[n][l][j] = p0; st[n][l][2+j] = p1
+                for jq in range(4):
+                    pa, da = a_from_acc(st, jq), a_from_acc(dpt, jq)
+                    for n in range(D//8):
+                        mma(dv_acc[n], pa, *b_from(dots, n, jq*16)); mma(dk_acc[n], da, *b_from(qts, n, jq*16))
+            for l in range(32):
+                g, t = l//4, l % 4
+                for key, hi in ((k0 + warp*16 + g, 0), (k0 + warp*16 + g + 8, 2)):
+                    if key < seq:
+                        for n in range(D//8):
+                            dk[key, n*8+2*t: n*8+2*t+2] = [dk_acc[n][l][hi]*scale, dk_acc[n][l][hi+1]*scale]
+                            dv[key, n*8+2*t: n*8+2*t+2] = [dv_acc[n][l][hi], dv_acc[n][l][hi+1]]
+    for qt in range(tiles):  # queries kernel
+        for warp in range(4):
+            rows = [qt*64 + warp*16 + l//4 for l in range(32)]
+            qpad = np.zeros((max(seq, (qt + 1)*64) + 16, D), np.float32); qpad[:seq] = bf(q)
+            dpad = np.zeros_like(qpad); dpad[:seq] = bf(dout)
+            qa = [a_from_rows(qpad, qt*64 + warp*16, kk*16) for kk in range(D//16)]
+            da = [a_from_rows(dpad, qt*64 + warp*16, kk*16) for kk in range(D//16)]
+            dq_acc = [[[0.0]*4 for _ in range(32)] for _ in range(D//8)]
+            for kt in range(qt+1):
+                k0 = kt*64; ks = stage(k, k0, seq, D); vs = stage(v, k0, seq, D); kts = ks.T.copy()
+                sc = [[[0.0]*4 for _ in range(32)] for _ in range(8)]; dp = [[[0.0]*4 for _ in range(32)] for _ in range(8)]
+                for n in range(8):
+                    for kk in range(D//16):
+                        mma(sc[n], qa[kk], *b_from(ks, n, kk*16)); mma(dp[n], da[kk], *b_from(vs, n, kk*16))
+                for l in range(32):
+                    t = l % 4
+                    for n in range(8):
+                        for j in range(2):
+                            key = k0 + n*8 + 2*t + j
+                            for r, e in ((rows[l], j), (rows[l] + 8, 2 + j)):
+                                p = 2.0**(sc[n][l][e]*scale2 - lse[r]*1.4426950408889634) if r < seq and key <= r else 0.0
+                                sc[n][l][e] = p*(dp[n][l][e] - (delta[r] if r < seq else 0.0))
+                for jk in range(4):
+                    dsa = a_from_acc(sc, jk)
+                    for n in range(D//8):
+                        mma(dq_acc[n], dsa, *b_from(kts, n, jk*16))
+            for l in range(32):
+                t = l % 4
+                for r, hi in ((rows[l], 0), (rows[l] + 8, 2)):
+                    if r < seq:
+                        for n in range(D//8):
+                            dq[r, n*8+2*t: n*8+2*t+2] = [dq_acc[n][l][hi]*scale, dq_acc[n][l][hi+1]*scale]
+    return dq, dk, dv
+
+for seq, D in ((100, 64), (3, 64), (70, 128)):
+    q, k, v, dout = (rng.standard_normal((seq, D)).astype(np.float32) for _ in range(4))
+    qr, kr, vr, dr = (bf(x).astype(np.float64) for x in (q, k, v, dout))
+    s = qr @ kr.T / np.sqrt(D); s[np.triu(np.ones((seq, seq), bool), 1)] = -np.inf
+    lse = np.log(np.exp(s - s.max(1, keepdims=True)).sum(1)) + s.max(1)
+    P = np.exp(s - lse[:, None]); out = P @ vr
+    dP = dr @ vr.T; dS = P * (dP - (dP * P).sum(1, keepdims=True))
+    ref = (dS @ kr / np.sqrt(D), dS.T @ qr / np.sqrt(D), P.T @ dr)
+    got = backward(q, k, v, out.astype(np.float32), lse.astype(np.float32), dout, D)
+    print(seq, D, "backward max err / max |ref|:",
+          " ".join(f"{n} {np.abs(g - r).max() / np.abs(r).max():.2e}" for n, g, r in zip(("dq", "dk", "dv"), got, ref)),
+          "nan", sum(int(np.isnan(g).sum()) for g in got))

@@ -990,13 +990,13 @@ AttentionShape MakeShape(size_t batch, size_t seq, size_t num_heads, size_t num_
 
 // STRATA_ATTENTION=exact keeps 16-bit runs on the exact kernels (a diagnostic: it tells a fault
 // of the tensor-core kernels from one elsewhere); STRATA_ATTENTION=mma takes the register-level
-// mma.sync forward (cuda_attention_mma.cu, not yet the default: it has not run on a GPU) where
-// it applies. Read at every call (a getenv), so that tests can switch.
+// mma.sync kernels (cuda_attention_mma.cu, not yet the default: they have not run on a GPU)
+// where they apply. Read at every call (a getenv), so that tests can switch.
 bool TensorCoresAllowed() {
   const char* v = std::getenv("STRATA_ATTENTION");
   return v == nullptr || std::strcmp(v, "exact") != 0;
 }
-bool MmaForwardChosen() {
+bool MmaChosen() {
   const char* v = std::getenv("STRATA_ATTENTION");
   return v != nullptr && std::strcmp(v, "mma") == 0;
 }
@@ -1036,7 +1036,7 @@ OpError AttentionForward(OpsContext* context, const float* q, const float* k, co
     return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
   }
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
-  if (MmaForwardChosen() && detail::MmaAttentionSupports(precision, shape) && Aligned16(q) &&
+  if (MmaChosen() && detail::MmaAttentionSupports(precision, shape) && Aligned16(q) &&
       Aligned16(k) && Aligned16(v) && Aligned16(out)) {
     return detail::MmaAttentionForward(context->stream, precision, shape, q, k, v, out, lse);
   }
@@ -1075,6 +1075,12 @@ OpError AttentionBackward(OpsContext* context, const float* q, const float* k, c
   if (!error.ok()) return error;
   float* delta = WorkspaceCarver(context).Take<float>(rows);
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
+  if (MmaChosen() && detail::MmaAttentionSupports(precision, shape) && Aligned16(q) &&
+      Aligned16(k) && Aligned16(v) && Aligned16(dout) && Aligned16(dq) && Aligned16(dk) &&
+      Aligned16(dv)) {
+    return detail::MmaAttentionBackward(context->stream, precision, shape, q, k, v, out, lse,
+                                        dout, delta, dq, dk, dv);
+  }
   if (TensorCoresAllowed() && detail::TensorCoreAttentionSupports(precision, shape)) {
     return detail::TensorCoreAttentionBackward(context->stream, precision, shape, q, k, v, out,
                                                lse, dout, delta, dq, dk, dv);

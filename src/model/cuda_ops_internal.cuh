@@ -70,12 +70,17 @@ OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
                                     const float* dout, float* delta, float* dq, float* dk,
                                     float* dv);
 
-// The register-level mma.sync forward (cuda_attention_mma.cu; STRATA_ATTENTION=mma): the same
-// contract as TensorCoreAttentionForward, for head_dim 64 and 128 in bf16 or fp16, with q, k, v
-// and out 16-byte aligned (rows of whole heads). Its lse and out feed the same backward.
+// The register-level mma.sync kernels (cuda_attention_mma.cu; STRATA_ATTENTION=mma): the same
+// contracts as TensorCoreAttentionForward / Backward, for head_dim 64 and 128 in bf16 or fp16,
+// with every tensor 16-byte aligned (rows of whole heads). Either forward's lse and out feed
+// either backward.
 bool MmaAttentionSupports(DType dtype, const AttentionShape& shape);
 OpError MmaAttentionForward(cudaStream_t stream, DType dtype, const AttentionShape& shape,
                             const float* q, const float* k, const float* v, float* out,
                             float* lse);
+OpError MmaAttentionBackward(cudaStream_t stream, DType dtype, const AttentionShape& shape,
+                             const float* q, const float* k, const float* v, const float* out,
+                             const float* lse, const float* dout, float* delta, float* dq,
+                             float* dk, float* dv);
 
 }  // namespace strata::model::cuda::detail

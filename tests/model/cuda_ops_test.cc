@@ -490,9 +490,9 @@ TEST_F(CudaOpsGpuTest, AttentionOnTensorCoresMatchesTheCpuOnRoundedInputs) {
   }
 }
 
-// STRATA_ATTENTION=mma: the register-level mma.sync forward (cuda_attention_mma.cu), with the
-// tiled backward on its output and lse; the same shapes and tolerances. The misaligned case
-// falls back to the WMMA kernels (the mma kernel's vector loads need 16-byte rows).
+// STRATA_ATTENTION=mma: the register-level mma.sync kernels (cuda_attention_mma.cu), forward and
+// backward; the same shapes and tolerances, and a longer grouped-query case. The misaligned case
+// falls back to the WMMA kernels (the mma kernels' vector loads need 16-byte rows).
 TEST_F(CudaOpsGpuTest, AttentionMmaForwardMatchesTheCpuOnRoundedInputs) {
   ASSERT_EQ(setenv("STRATA_ATTENTION", "mma", 1), 0);
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
