@@ -457,6 +457,8 @@ def main():
         print(f"  hbm: {st['tflops']:.1f} TFLOPS, MFU {100 * st['mfu']:.1f}% of "
               f"{args.peak_tflops:.0f}")
     out = {"benchmark": "gpu_train_bench", "model": args.model, "seq_len": args.seq_len,
+           # A kernel choice in the environment (STRATA_ATTENTION=mma, exact) names the variant.
+           "attention": os.environ.get("STRATA_ATTENTION", ""),
            "micro_batch": args.micro_batch, "bf16": args.bf16, "device": args.device,
            "steps": args.steps, "warmup": args.warmup, "results": results}
     text = json.dumps(out)

@@ -309,6 +309,9 @@ train_phase() {
   pcie="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"]["h2d"]["gb_per_s"])' \
     "$WORK/steps/copy_strata.json" 2>/dev/null || echo 0)"
   step train_hbm 200 60 "${T[@]}" "${sizes[@]}" --scenarios hbm --json "$WORK/steps/train_hbm.json"
+  # The same with the mma.sync attention kernels (opt-in until they have run: STRATA_ATTENTION=mma).
+  step train_hbm_mma 200 60 env STRATA_ATTENTION=mma "${T[@]}" "${sizes[@]}" --scenarios hbm \
+    --no-estimate --json "$WORK/steps/train_hbm_mma.json"
   step train_cpu_optim 200 60 "${T[@]}" "${sizes[@]}" --scenarios cpu-optim \
     --json "$WORK/steps/train_cpu_optim.json"
   compute="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"]["hbm"]["strata"]["step_s"])' \
@@ -512,6 +515,7 @@ run --train (the training phase; its own budget, for a second call on the same m
  1. strata_gpu_bench copy --bytes 256MiB                          (the PCIe rate for the NVMe floor)
  2. benchmarks/gpu_train_bench.py --scenarios hbm       llama-1b, bf16, 4 x 2048 tokens per step,
     against PyTorch eager (train_peers.py eager)
+ 2b. the same with STRATA_ATTENTION=mma (the mma.sync attention kernels, opt-in until proven)
  3. benchmarks/gpu_train_bench.py --scenarios cpu-optim against FSDP2 + CPUOffloadPolicy
  4. strata nvme-bench --size 2GiB --qd 32 --rw both              (the drive's rates for the floor)
     benchmarks/gpu_train_bench.py --scenarios nvme      against max(compute, PCIe, NVMe read +
@@ -542,6 +546,7 @@ EOF
     strata_gpu_bench attention --batch 4 --seq 2048 --heads 32 --kv-heads 4 --head-dim 64,
     then --kv-heads 8 --head-dim 128 (bf16, tensor cores)         (forward, forward + backward)
     python3 benchmarks/gpu_peers.py attention (same shapes)       (scaled_dot_product_attention)
+    STRATA_ATTENTION=mma strata_gpu_bench attention (same shapes) (the mma.sync kernels)
     strata nvme-bench --size 1GiB --block 1MiB --qd 32 --checksum-cost 3 (offload checksums' cost)
     strata_overlap_bench --device cuda --path $SCRATCH/overlap --units 32 --json, then 128
                                                                   (NVMe -> pinned -> HBM + cuBLAS)

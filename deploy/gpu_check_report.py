@@ -348,7 +348,9 @@ def report(args, out):
         for scenario, r in doc.get("results", {}).items():
             st, pt = r.get("strata", {}), r.get("pytorch", {})
             training.append({
-                "scenario": scenario, "model": doc.get("model"), "seq_len": doc.get("seq_len"),
+                "scenario": scenario + (f" (STRATA_ATTENTION={doc['attention']})"
+                                        if doc.get("attention") else ""),
+                "model": doc.get("model"), "seq_len": doc.get("seq_len"),
                 "micro_batch": doc.get("micro_batch"), "bf16": doc.get("bf16"),
                 "strata_tokens_per_s": st.get("tokens_per_s"), "strata_step_s": st.get("step_s"),
                 "strata_tflops": st.get("tflops"), "strata_error": st.get("error"),
