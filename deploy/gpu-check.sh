@@ -305,9 +305,16 @@ train_phase() {
   [ "$QUICK" = 0 ] || sizes=(--model llama-tiny --seq-len 128 --micro-batch 2 --steps 4 --warmup 1)
   step_json copy_strata 60 10 "$WORK/steps/copy_strata.json" env "LD_LIBRARY_PATH=$libpath" \
     "$bin/strata_gpu_bench" copy --bytes 256MiB --chunk 64MiB --reps 3 --warmup 1 --json
-  local pcie compute
+  local pcie compute adam
   pcie="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"]["h2d"]["gb_per_s"])' \
     "$WORK/steps/copy_strata.json" 2>/dev/null || echo 0)"
+  # The CPU AdamW rate on the threads a GPU run gives it, for the estimates of the offloaded
+  # scenarios (strata estimate --measure; its default is a guess).
+  step_json cpu_adam_rate 60 5 "$WORK/steps/cpu_adam_rate.json" env "LD_LIBRARY_PATH=$libpath" \
+    "$bin/strata" estimate --model llama-tiny --device cuda --measure --json
+  adam="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["hardware"]["cpu_adam_params_per_s"] / 1e9)' \
+    "$WORK/steps/cpu_adam_rate.json" 2>/dev/null || echo 0)"
+  T+=(--cpu-adam-gps "$adam")
   step train_hbm 200 60 "${T[@]}" "${sizes[@]}" --scenarios hbm --json "$WORK/steps/train_hbm.json"
   # The same with the mma.sync attention kernels (opt-in until they have run: STRATA_ATTENTION=mma).
   step train_hbm_mma 200 60 env STRATA_ATTENTION=mma "${T[@]}" "${sizes[@]}" --scenarios hbm \
@@ -513,6 +520,7 @@ EOF
 run --train (the training phase; its own budget, for a second call on the same machine):
  0. the CUDA libraries, as for run; strata env
  1. strata_gpu_bench copy --bytes 256MiB                          (the PCIe rate for the NVMe floor)
+    strata estimate --measure                                     (the CPU AdamW rate, for the estimates)
  2. benchmarks/gpu_train_bench.py --scenarios hbm       llama-1b, bf16, 4 x 2048 tokens per step,
     against PyTorch eager (train_peers.py eager)
  2b. the same with STRATA_ATTENTION=mma (the mma.sync attention kernels, opt-in until proven)
