@@ -943,6 +943,15 @@ TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
       EXPECT_LE(worst, tol * scale) << s.name << ": worst " << worst << " of max " << scale;
     }
   }
+  // Every block's internals kept (no recomputation): the same GPU run, bit for bit.
+  LlamaModelOptions kept = options;
+  kept.keep_activations = true;
+  auto again = RunMicroBatch(**gpu, cfg, seq, batch, *layouts, params, dtype, b, kept);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->loss, got->loss);
+  for (size_t u = 0; u < layouts->size(); ++u) {
+    EXPECT_EQ(again->grads[u], got->grads[u]) << (*layouts)[u].name;
+  }
   // The model's memory came from the GPU's budget, and all of it went back.
   EXPECT_EQ((*gpu)->memory_stats().in_use, 0u);
 }
