@@ -30,6 +30,10 @@
 
 #include "model/cuda_ops_internal.cuh"
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "the mma.sync attention needs sm_80 or newer (bf16 m16n8k16): set CMAKE_CUDA_ARCHITECTURES"
+#endif
+
 namespace strata::model::cuda::detail {
 namespace {
 

@@ -493,7 +493,7 @@ TEST_F(CudaOpsGpuTest, AttentionOnTensorCoresMatchesTheCpuOnRoundedInputs) {
 // STRATA_ATTENTION=mma: the register-level mma.sync kernels (cuda_attention_mma.cu), forward and
 // backward; the same shapes and tolerances, and a longer grouped-query case. The misaligned case
 // falls back to the WMMA kernels (the mma kernels' vector loads need 16-byte rows).
-TEST_F(CudaOpsGpuTest, AttentionMmaForwardMatchesTheCpuOnRoundedInputs) {
+TEST_F(CudaOpsGpuTest, AttentionMmaKernelsMatchTheCpuOnRoundedInputs) {
   ASSERT_EQ(setenv("STRATA_ATTENTION", "mma", 1), 0);
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     const double grad_tol = dtype == DType::kBF16 ? 3e-2 : 1e-2;
