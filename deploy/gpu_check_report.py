@@ -219,6 +219,13 @@ def report(args, out):
         else:
             try:
                 entry.update(parse_gtest_xml(xml_path))
+                # Tests run in processes of their own (gpu-check.sh: test_<exe>.<part>.xml).
+                for part in sorted(glob.glob(os.path.join(steps_dir, f"test_{exe}.*.xml"))):
+                    more = parse_gtest_xml(part)
+                    for key in ("tests", "passed"):
+                        entry[key] += more[key]
+                    entry["failed"] += more["failed"]
+                    entry["skipped"] += more["skipped"]
             except ET.ParseError as e:
                 entry["error"] = f"unreadable XML report: {e}"
                 problems.append(f"{exe}: {entry['error']}")
