@@ -56,17 +56,6 @@ __device__ inline uint32_t Pack<__half>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-template <typename T>
-__device__ inline T Round16(float x);
-template <>
-__device__ inline __nv_bfloat16 Round16<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ inline __half Round16<__half>(float x) {
-  return __float2half_rn(x);
-}
-
 // c += A B for one 16 x 8 tile.
 template <typename T>
 __device__ inline void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
@@ -351,8 +340,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int c = lane; c < D; c += 32) {
     part += out[off + c] * static_cast<float>(Round16<T>(dout[off + c]));
   }
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) part += __shfl_xor_sync(0xffffffffu, part, m);
+  part = WarpSum(part);
   if (lane == 0) delta[row] = part;  // row = (b * num_heads + h) * seq + i
 }
 
@@ -602,25 +590,6 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
-template <typename Fn>
-bool DispatchMma(DType dtype, size_t head_dim, Fn&& fn) {
-  if (head_dim != 64 && head_dim != 128) return false;
-  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
-  auto with_dim = [&](auto tag) {
-    if (head_dim == 64) {
-      fn(tag, std::integral_constant<int, 64>{});
-    } else {
-      fn(tag, std::integral_constant<int, 128>{});
-    }
-  };
-  if (dtype == DType::kBF16) {
-    with_dim(__nv_bfloat16{});
-  } else {
-    with_dim(__half{});
-  }
-  return true;
-}
-
 }  // namespace
 
 bool MmaAttentionSupports(DType dtype, const AttentionShape& s) {
@@ -637,7 +606,7 @@ OpError MmaAttentionForward(cudaStream_t stream, DType dtype, const AttentionSha
                             float* lse) {
   constexpr const char* kOp = "AttentionForward";
   OpError error{};
-  const bool taken = DispatchMma(dtype, s.head_dim, [&](auto tag, auto dim) {
+  const bool taken = DispatchAttention16(dtype, s.head_dim, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
     constexpr size_t bytes = MmaSmem<T, D>::kBytes;
@@ -657,7 +626,7 @@ OpError MmaAttentionBackward(cudaStream_t stream, DType dtype, const AttentionSh
                              float* dk, float* dv) {
   constexpr const char* kOp = "AttentionBackward";
   OpError error{};
-  const bool taken = DispatchMma(dtype, s.head_dim, [&](auto tag, auto dim) {
+  const bool taken = DispatchAttention16(dtype, s.head_dim, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
     const size_t rows = s.batch * s.num_heads * s.seq;

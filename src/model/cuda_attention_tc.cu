@@ -56,14 +56,8 @@ static_assert(kWarpRows == kFrag, "a warp owns one fragment's rows");
 
 // Rounding to the storage dtype.
 template <typename T>
-__device__ inline T Round(float x);
-template <>
-__device__ inline __nv_bfloat16 Round<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ inline __half Round<__half>(float x) {
-  return __float2half_rn(x);
+__device__ inline T Round(float x) {
+  return Round16<T>(x);
 }
 
 template <typename T>
@@ -542,27 +536,6 @@ size_t Tiles(const AttentionShape& s) {
   return (s.seq + kTile - 1) / kTile;
 }
 
-// Calls fn(T{}, std::integral_constant<int, D>{}) for the dtype and head_dim; false (and no
-// call) for a pair the kernels do not take.
-template <typename Fn>
-bool Dispatch(DType dtype, size_t head_dim, Fn&& fn) {
-  if (head_dim != 64 && head_dim != 128) return false;
-  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
-  auto with_dim = [&](auto tag) {
-    if (head_dim == 64) {
-      fn(tag, std::integral_constant<int, 64>{});
-    } else {
-      fn(tag, std::integral_constant<int, 128>{});
-    }
-  };
-  if (dtype == DType::kBF16) {
-    with_dim(__nv_bfloat16{});
-  } else {
-    with_dim(__half{});
-  }
-  return true;
-}
-
 // Allows `kernel` its dynamic shared memory (above the 48 KiB default).
 template <typename Kernel>
 OpError AllowSharedMemory(Kernel kernel, size_t bytes, const char* op) {
@@ -585,7 +558,7 @@ OpError TensorCoreAttentionForward(cudaStream_t stream, DType dtype, const Atten
                                    float* lse) {
   constexpr const char* kOp = "AttentionForward";
   OpError error{};
-  const bool taken = Dispatch(dtype, s.head_dim, [&](auto tag, auto dim) {
+  const bool taken = DispatchAttention16(dtype, s.head_dim, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
     constexpr size_t bytes = Smem<T, D>::kForward;
@@ -606,7 +579,7 @@ OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
                                     float* dv) {
   constexpr const char* kOp = "AttentionBackward";
   OpError error{};
-  const bool taken = Dispatch(dtype, s.head_dim, [&](auto tag, auto dim) {
+  const bool taken = DispatchAttention16(dtype, s.head_dim, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
     const size_t rows = s.batch * s.num_heads * s.seq;

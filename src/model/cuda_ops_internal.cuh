@@ -1,11 +1,14 @@
-// What the CUDA op files share (cuda_ops.cu, cuda_attention_tc.cu): error helpers, warp
-// reductions, and the tensor-core attention's entry points. Included only by .cu files (nvcc,
-// C++17).
+// What the CUDA op files share (cuda_ops.cu, cuda_attention_tc.cu, cuda_attention_mma.cu): error
+// helpers, warp reductions, the 16-bit attention kernels' dispatch and rounding, and their entry
+// points. Included only by .cu files (nvcc, C++17).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <type_traits>
 
 #include "model/cuda_ops.h"
 
@@ -44,7 +47,40 @@ __device__ inline float WarpMax(float v) {
   return v;
 }
 
-// ---- tensor-core attention (cuda_attention_tc.cu) -----------------------------------------------
+// ---- tensor-core attention (cuda_attention_tc.cu, cuda_attention_mma.cu) ------------------------
+
+// Rounding to a 16-bit storage dtype (to nearest, ties to even).
+template <typename T>
+__device__ inline T Round16(float x);
+template <>
+__device__ inline __nv_bfloat16 Round16<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ inline __half Round16<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+// Calls fn(T{}, std::integral_constant<int, D>{}) for a 16-bit dtype (bf16: __nv_bfloat16, fp16:
+// __half) and head_dim D of 64 or 128; false (and no call) for any other pair.
+template <typename Fn>
+bool DispatchAttention16(DType dtype, size_t head_dim, Fn&& fn) {
+  if (head_dim != 64 && head_dim != 128) return false;
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
+  auto with_dim = [&](auto tag) {
+    if (head_dim == 64) {
+      fn(tag, std::integral_constant<int, 64>{});
+    } else {
+      fn(tag, std::integral_constant<int, 128>{});
+    }
+  };
+  if (dtype == DType::kBF16) {
+    with_dim(__nv_bfloat16{});
+  } else {
+    with_dim(__half{});
+  }
+  return true;
+}
 
 // The shape of one attention call, as AttentionForward takes it.
 struct AttentionShape {
