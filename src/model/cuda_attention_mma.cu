@@ -22,7 +22,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -91,40 +90,56 @@ __device__ inline uint32_t LoadPair(const float* __restrict__ base, size_t strid
   return Pack<T>(v.x, v.y);
 }
 
+// Shared-memory tiles: [64, D] row-major (ld kRowLd) and [D, 64] transposed (ld kColLd), and
+// what each kernel carves from them.
 template <typename T, int D>
 struct MmaSmem {
-  static constexpr int kKLd = D + kMmaPad;         // K tile [64, D], row-major
-  static constexpr int kVLd = kMmaKeys + kMmaPad;  // V tile transposed [D, 64]
-  static constexpr size_t kBytes =
-      (size_t{kMmaKeys} * kKLd + size_t{D} * kVLd) * sizeof(T);
+  static constexpr int kRowLd = D + kMmaPad;
+  static constexpr int kColLd = kMmaKeys + kMmaPad;
+  static constexpr size_t kTile = size_t{kMmaKeys} * kRowLd * sizeof(T);
+  static constexpr size_t kTileT = size_t{D} * kColLd * sizeof(T);
+  // Forward: K row-major, V transposed.
+  static constexpr size_t kForward = kTile + kTileT;
+  // Backward keys kernel: K, V, Q, dO row-major; Q and dO transposed; the query tile's lse and
+  // delta.
+  static constexpr size_t kKeys = 4 * kTile + 2 * kTileT + 2 * kMmaRows * sizeof(float);
+  // Backward queries kernel: K and V row-major, K transposed.
+  static constexpr size_t kQueries = 2 * kTile + kTileT;
+  static_assert(kTile % 16 == 0 && kTileT % 16 == 0, "pieces keep 16-byte alignment");
 };
 
-// K rows k0.. into ks (row-major) and V rows into vt (transposed), rounded; zeros past seq.
-// Each thread takes groups of four consecutive floats (coalesced across the block).
+// Rows first.. first + 63 of `src` (zeros past seq), rounded: into `rows` ([64, D], ld kRowLd)
+// and/or `cols` (transposed, [D, 64], ld kColLd); either may be null.
 template <typename T, int D>
-__device__ inline void LoadKeyTile(const float* __restrict__ kb, const float* __restrict__ vb,
-                                   size_t stride, size_t k0, size_t seq, T* __restrict__ ks,
-                                   T* __restrict__ vt) {
+__device__ inline void StageRows(const float* __restrict__ src, size_t stride, size_t first,
+                                 size_t seq, T* __restrict__ rows, T* __restrict__ cols) {
   using L = MmaSmem<T, D>;
   constexpr int kQuads = D / 4;
   for (int idx = static_cast<int>(threadIdx.x); idx < kMmaKeys * kQuads; idx += kMmaThreads) {
     const int r = idx / kQuads, c = (idx % kQuads) * 4;
-    const size_t row = k0 + static_cast<size_t>(r);
-    float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
-    if (row < seq) {
-      kv = *reinterpret_cast<const float4*>(kb + row * stride + c);
-      vv = *reinterpret_cast<const float4*>(vb + row * stride + c);
+    const size_t row = first + static_cast<size_t>(r);
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row < seq) x = *reinterpret_cast<const float4*>(src + row * stride + c);
+    const T e[4] = {Round16<T>(x.x), Round16<T>(x.y), Round16<T>(x.z), Round16<T>(x.w)};
+    if (rows != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) rows[r * L::kRowLd + c + i] = e[i];
     }
-    T* kd = ks + r * L::kKLd + c;
-    kd[0] = Round16<T>(kv.x);
-    kd[1] = Round16<T>(kv.y);
-    kd[2] = Round16<T>(kv.z);
-    kd[3] = Round16<T>(kv.w);
-    vt[(c + 0) * L::kVLd + r] = Round16<T>(vv.x);
-    vt[(c + 1) * L::kVLd + r] = Round16<T>(vv.y);
-    vt[(c + 2) * L::kVLd + r] = Round16<T>(vv.z);
-    vt[(c + 3) * L::kVLd + r] = Round16<T>(vv.w);
+    if (cols != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cols[(c + i) * L::kColLd + r] = e[i];
+    }
   }
+}
+
+// Accumulator tiles 2j and 2j + 1 (16 x 8 each, fp32) as one 16 x 16 A fragment, rounded.
+template <typename T>
+__device__ inline void AccumulatorsToA(const float (&lo)[4], const float (&hi)[4],
+                                       uint32_t (&a)[4]) {
+  a[0] = Pack<T>(lo[0], lo[1]);
+  a[1] = Pack<T>(lo[2], lo[3]);
+  a[2] = Pack<T>(hi[0], hi[1]);
+  a[3] = Pack<T>(hi[2], hi[3]);
 }
 
 // Block (b * num_heads + h, reversed query tile): O and lse of 64 query rows.
@@ -136,7 +151,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   using L = MmaSmem<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);
-  T* vt = ks + kMmaKeys * L::kKLd;
+  T* vt = ks + kMmaKeys * L::kRowLd;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
 
@@ -169,7 +184,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (size_t kt = 0; kt <= qt; ++kt) {
     const size_t k0 = kt * kMmaKeys;
     __syncthreads();  // every warp is done with the previous tile
-    LoadKeyTile<T, D>(kb, vb, s.kv_stride, k0, s.seq, ks, vt);
+    StageRows<T, D>(kb, s.kv_stride, k0, s.seq, ks, nullptr);
+    StageRows<T, D>(vb, s.kv_stride, k0, s.seq, nullptr, vt);
     __syncthreads();
 
     // S = Q K^T: eight 16 x 8 tiles of keys.
@@ -177,7 +193,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
     for (int n = 0; n < kMmaKeys / 8; ++n) {
       sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-      const T* krow = ks + (n * 8 + g) * L::kKLd + 2 * t;
+      const T* krow = ks + (n * 8 + g) * L::kRowLd + 2 * t;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         Mma<T>(sc[n], qa[kk], Load32(krow + kk * 16), Load32(krow + kk * 16 + 8));
@@ -229,13 +245,11 @@ __global__ void __launch_bounds__(kMmaThreads)
     // O += P V, 16 keys at a time: the score tiles 2j and 2j + 1 are P's A fragment.
 #pragma unroll
     for (int j = 0; j < kMmaKeys / 16; ++j) {
-      const uint32_t pa[4] = {Pack<T>(sc[2 * j][0], sc[2 * j][1]),
-                              Pack<T>(sc[2 * j][2], sc[2 * j][3]),
-                              Pack<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]),
-                              Pack<T>(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+      uint32_t pa[4];
+      AccumulatorsToA<T>(sc[2 * j], sc[2 * j + 1], pa);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
-        const T* vrow = vt + (n * 8 + g) * L::kVLd + j * 16 + 2 * t;
+        const T* vrow = vt + (n * 8 + g) * L::kColLd + j * 16 + 2 * t;
         Mma<T>(o[n], pa, Load32(vrow), Load32(vrow + 8));
       }
     }
@@ -278,43 +292,6 @@ __global__ void __launch_bounds__(kMmaThreads)
 // operands a product reads along its other side are staged in shared memory both row-major and
 // transposed, so that every B fragment is a 32-bit load of two adjacent elements.
 
-template <typename T, int D>
-struct MmaBwdSmem {
-  static constexpr int kRowLd = D + kMmaPad;         // [64, D] tiles
-  static constexpr int kColLd = kMmaKeys + kMmaPad;  // [D, 64] transposed tiles
-  static constexpr size_t kTile = size_t{kMmaKeys} * kRowLd * sizeof(T);
-  static constexpr size_t kTileT = size_t{D} * kColLd * sizeof(T);
-  // Keys kernel: K, V, Q, dO row-major; Q and dO transposed; the query tile's lse and delta.
-  static constexpr size_t kKeys = 4 * kTile + 2 * kTileT + 2 * kMmaRows * sizeof(float);
-  // Queries kernel: K and V row-major, K transposed.
-  static constexpr size_t kQueries = 2 * kTile + kTileT;
-  static_assert(kTile % 16 == 0 && kTileT % 16 == 0, "pieces keep 16-byte alignment");
-};
-
-// Rows first.. first + 63 of `src` (zeros past seq), rounded: into `rows` ([64, D], ld kRowLd)
-// and/or `cols` (transposed, [D, 64], ld kColLd); either may be null.
-template <typename T, int D>
-__device__ inline void StageRows(const float* __restrict__ src, size_t stride, size_t first,
-                                 size_t seq, T* __restrict__ rows, T* __restrict__ cols) {
-  using L = MmaBwdSmem<T, D>;
-  constexpr int kQuads = D / 4;
-  for (int idx = static_cast<int>(threadIdx.x); idx < kMmaKeys * kQuads; idx += kMmaThreads) {
-    const int r = idx / kQuads, c = (idx % kQuads) * 4;
-    const size_t row = first + static_cast<size_t>(r);
-    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (row < seq) x = *reinterpret_cast<const float4*>(src + row * stride + c);
-    const T e[4] = {Round16<T>(x.x), Round16<T>(x.y), Round16<T>(x.z), Round16<T>(x.w)};
-    if (rows != nullptr) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) rows[r * L::kRowLd + c + i] = e[i];
-    }
-    if (cols != nullptr) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cols[(c + i) * L::kColLd + r] = e[i];
-    }
-  }
-}
-
 // The A fragment of rows 0..15 of a row-major shared tile (`base` at its column kk * 16).
 __device__ inline void LoadA(const void* base_v, int ld, int g, int t, uint32_t (&a)[4]) {
   const uint16_t* base = static_cast<const uint16_t*>(base_v);
@@ -351,7 +328,7 @@ __global__ void __launch_bounds__(kMmaThreads)
                          const float* __restrict__ v, const float* __restrict__ lse,
                          const float* __restrict__ delta, const float* __restrict__ dout,
                          AttentionShape s, float* __restrict__ dk, float* __restrict__ dv) {
-  using L = MmaBwdSmem<T, D>;
+  using L = MmaSmem<T, D>;
   constexpr int RL = L::kRowLd, CL = L::kColLd;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);
@@ -442,14 +419,9 @@ __global__ void __launch_bounds__(kMmaThreads)
       // dV += P^T dO and dK += dS^T Q, 16 queries at a time.
 #pragma unroll
       for (int jq = 0; jq < kMmaRows / 16; ++jq) {
-        const uint32_t pa[4] = {Pack<T>(st[2 * jq][0], st[2 * jq][1]),
-                                Pack<T>(st[2 * jq][2], st[2 * jq][3]),
-                                Pack<T>(st[2 * jq + 1][0], st[2 * jq + 1][1]),
-                                Pack<T>(st[2 * jq + 1][2], st[2 * jq + 1][3])};
-        const uint32_t da[4] = {Pack<T>(dpt[2 * jq][0], dpt[2 * jq][1]),
-                                Pack<T>(dpt[2 * jq][2], dpt[2 * jq][3]),
-                                Pack<T>(dpt[2 * jq + 1][0], dpt[2 * jq + 1][1]),
-                                Pack<T>(dpt[2 * jq + 1][2], dpt[2 * jq + 1][3])};
+        uint32_t pa[4], da[4];
+        AccumulatorsToA<T>(st[2 * jq], st[2 * jq + 1], pa);
+        AccumulatorsToA<T>(dpt[2 * jq], dpt[2 * jq + 1], da);
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
           const T* dcol = dots + (n * 8 + g) * CL + jq * 16 + 2 * t;
@@ -486,7 +458,7 @@ __global__ void __launch_bounds__(kMmaThreads)
                            const float* __restrict__ v, const float* __restrict__ lse,
                            const float* __restrict__ delta, const float* __restrict__ dout,
                            AttentionShape s, float* __restrict__ dq) {
-  using L = MmaBwdSmem<T, D>;
+  using L = MmaSmem<T, D>;
   constexpr int RL = L::kRowLd, CL = L::kColLd;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);
@@ -564,10 +536,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     // dQ += dS K, 16 keys at a time.
 #pragma unroll
     for (int jk = 0; jk < kMmaKeys / 16; ++jk) {
-      const uint32_t dsa[4] = {Pack<T>(sc[2 * jk][0], sc[2 * jk][1]),
-                               Pack<T>(sc[2 * jk][2], sc[2 * jk][3]),
-                               Pack<T>(sc[2 * jk + 1][0], sc[2 * jk + 1][1]),
-                               Pack<T>(sc[2 * jk + 1][2], sc[2 * jk + 1][3])};
+      uint32_t dsa[4];
+      AccumulatorsToA<T>(sc[2 * jk], sc[2 * jk + 1], dsa);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         const T* kcol = kts + (n * 8 + g) * CL + jk * 16 + 2 * t;
@@ -593,12 +563,10 @@ __global__ void __launch_bounds__(kMmaThreads)
 }  // namespace
 
 bool MmaAttentionSupports(DType dtype, const AttentionShape& s) {
-  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
-  if (s.head_dim != 64 && s.head_dim != 128) return false;
-  // float2 / float4 loads: rows of whole heads keep 16-byte alignment (the strides are
-  // multiples of 64 floats).
-  const size_t tiles = (s.seq + kMmaRows - 1) / kMmaRows;
-  return tiles <= 65535 && s.batch * s.num_heads <= static_cast<size_t>(INT_MAX);
+  // The WMMA kernels' limits: the same dtypes, head dims and 64-row tiles. (The float2 / float4
+  // loads need 16-byte rows, which the dispatch checks.)
+  static_assert(kMmaRows == 64 && kMmaKeys == 64, "the WMMA kernels' tiles");
+  return TensorCoreAttentionSupports(dtype, s);
 }
 
 OpError MmaAttentionForward(cudaStream_t stream, DType dtype, const AttentionShape& s,
@@ -609,7 +577,7 @@ OpError MmaAttentionForward(cudaStream_t stream, DType dtype, const AttentionSha
   const bool taken = DispatchAttention16(dtype, s.head_dim, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
-    constexpr size_t bytes = MmaSmem<T, D>::kBytes;
+    constexpr size_t bytes = MmaSmem<T, D>::kForward;
     static_assert(bytes <= 48 * 1024, "within the default dynamic shared memory");
     const dim3 grid(static_cast<unsigned>(s.batch * s.num_heads),
                     static_cast<unsigned>((s.seq + kMmaRows - 1) / kMmaRows));
@@ -635,16 +603,10 @@ OpError MmaAttentionBackward(cudaStream_t stream, DType dtype, const AttentionSh
             out, dout, s, delta);
     error = LaunchResult(kOp);
     if (!error.ok()) return;
-    using L = MmaBwdSmem<T, D>;
-    error = CudaResult(cudaFuncSetAttribute(MmaBackwardKeyKernel<T, D>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(L::kKeys)),
-                       "cudaFuncSetAttribute", kOp);
+    using L = MmaSmem<T, D>;
+    error = AllowSharedMemory(MmaBackwardKeyKernel<T, D>, L::kKeys, kOp);
     if (!error.ok()) return;
-    error = CudaResult(cudaFuncSetAttribute(MmaBackwardQueryKernel<T, D>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(L::kQueries)),
-                       "cudaFuncSetAttribute", kOp);
+    error = AllowSharedMemory(MmaBackwardQueryKernel<T, D>, L::kQueries, kOp);
     if (!error.ok()) return;
     const unsigned tiles = static_cast<unsigned>((s.seq + kMmaRows - 1) / kMmaRows);
     MmaBackwardKeyKernel<T, D>

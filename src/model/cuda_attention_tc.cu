@@ -536,14 +536,6 @@ size_t Tiles(const AttentionShape& s) {
   return (s.seq + kTile - 1) / kTile;
 }
 
-// Allows `kernel` its dynamic shared memory (above the 48 KiB default).
-template <typename Kernel>
-OpError AllowSharedMemory(Kernel kernel, size_t bytes, const char* op) {
-  return CudaResult(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes)),
-                    "cudaFuncSetAttribute", op);
-}
-
 }  // namespace
 
 bool TensorCoreAttentionSupports(DType dtype, const AttentionShape& s) {

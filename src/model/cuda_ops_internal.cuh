@@ -30,6 +30,14 @@ inline OpError LaunchResult(const char* op) {
   return CudaResult(cudaGetLastError(), "kernel launch", op);
 }
 
+// Allows `kernel` `bytes` of dynamic shared memory (above the 48 KiB default).
+template <typename Kernel>
+OpError AllowSharedMemory(Kernel kernel, size_t bytes, const char* op) {
+  return CudaResult(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)),
+                    "cudaFuncSetAttribute", op);
+}
+
 // ---- warp reductions ----------------------------------------------------------------------------
 
 // The sum over the warp. A butterfly: every lane ends with the same bits (each step adds the

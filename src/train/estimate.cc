@@ -43,7 +43,6 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
       charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch, lora, false));
   e.activations_kept =
       charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch, lora, true));
-  e.activations = e.activations_checkpointed;
   if (in.device == device::DeviceType::kCuda) {
     e.workspace = charged(model::CudaLlamaOpsWorkspaceBytes(
         model::LlamaOpsShapeFor(in.model, e.seq_len, e.micro_batch)));
