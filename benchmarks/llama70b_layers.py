@@ -200,6 +200,9 @@ def main():
                          "base weights stream from NVMe for forward and again for backward every "
                          "step instead of staying in host memory after the first read (with 2 "
                          "layers, two shards are nearly the whole model)")
+    ap.add_argument("--split", action="store_true",
+                    help="strata.split_blocks: each decoder layer as four units (attention, gate, "
+                         "up, down), so one MLP matrix is gathered at a time, not a layer")
     ap.add_argument("--force", action="store_true",
                     help="train even where the estimate says this host's memory is too small")
     ap.add_argument("--json", action="store_true")
@@ -242,10 +245,21 @@ def main():
               "offload_param": {"device": "nvme", "nvme_path": nvme},
               "offload_optimizer": {"device": "nvme", "nvme_path": nvme}},
           "strata": {"seed": 1}}
+    if a.split:
+        ds["strata"]["split_blocks"] = True
+    if a.mode == "full":
+        # DeepSpeed's default bucket (5e8 fp32 elements, 1.86 GiB of device memory per rank) is
+        # sized for many small tensors; here every unit but the norms is larger than 5e7.
+        ds["zero_optimization"]["reduce_bucket_size"] = 50_000_000
+        # Optimizer sub-groups of 1e7 elements: three in flight take 0.36 GiB of pinned memory
+        # per rank, not 0.72.
+        ds["zero_optimization"]["sub_group_size"] = 10_000_000
     if a.stream:
-        # Two of the largest shard (a decoder layer's, in bf16, with the shard's alignment) in
-        # the pinned pool's size classes.
+        # Two of the largest shard (a decoder layer's, or with --split an MLP matrix's, in bf16,
+        # with the shard's alignment) in the pinned pool's size classes.
         layer = sum(math.prod(shp) for n, shp, _ in tensors_of(cfg) if ".layers.0." in n)
+        if a.split:
+            layer = max(math.prod(shp) for n, shp, _ in tensors_of(cfg) if ".layers.0.mlp." in n)
         shard = 2 * math.ceil(layer / a.ranks) + 8192
         ds["strata"]["memory"] = {"host_budget": 2 * size_class(shard)}
     if a.mode == "lora":
@@ -256,13 +270,23 @@ def main():
         json.dump(ds, f, indent=2)
 
     mem = meminfo()
-    est = json.loads(run([a.strata, "estimate", "--model", model, "--config", ds_path,
-                          "--device", "cpu", "--ranks", str(a.ranks), "--seq-len", str(a.seq_len),
-                          "--cpu-mem", str(mem["MemTotal"]), "--json"]))
+    estimate = [a.strata, "estimate", "--model", model, "--config", ds_path, "--device", "cpu",
+                "--ranks", str(a.ranks), "--seq-len", str(a.seq_len),
+                "--cpu-mem", str(mem["MemTotal"]), "--json"]
+    est = json.loads(run(estimate))
+    if a.mode == "full":
+        # The CPU device keeps freed blocks for reuse up to its budget, which "auto" makes a
+        # quarter of RAM per rank: with units of several sizes (split blocks) that cache alone
+        # would hold more than the node has. The budget is the estimated peak, 5% over.
+        ds["strata"]["memory"] = dict(ds["strata"].get("memory", {}),
+                                      device_budget=math.ceil(est["device"]["peak_bytes"] * 1.05))
+        with open(ds_path, "w") as f:
+            json.dump(ds, f, indent=2)
+        est = json.loads(run(estimate))
     per_rank = est["device"]["peak_bytes"] + est["pinned_pool_bytes"] + est["host_setup_bytes"]
     node_need = est["fit"]["host_need_bytes"]
     available = mem["MemAvailable"]
-    result = {"mode": a.mode, "stream": a.stream, "layers": a.layers, "corpus_tokens": corpus,
+    result = {"mode": a.mode, "stream": a.stream, "split": a.split, "layers": a.layers, "corpus_tokens": corpus,
               "lr": lr, "vocab": a.vocab, "ranks": a.ranks,
               "seq_len": a.seq_len, "shape": shape, "parameters": est["parameters"],
               "trainable_parameters": est["trainable_parameters"], "weights_write_s": weights_s,
@@ -358,7 +382,7 @@ def report(r, as_json):
     print(f"{s['name']} layer shape (hidden {s['hidden']}, {s['heads']} heads, {s['kv']} KV heads, "
           f"FFN {s['ffn']}), {r['layers']} layers, vocabulary {r['vocab']}: "
           f"{r['parameters'] / 1e9:.3f}B parameters, {r['trainable_parameters'] / 1e6:.1f}M train "
-          f"({r['mode']}{', streamed' if r['stream'] else ''}); ZeRO-3 on {r['ranks']} ranks of the CPU device, parameters and "
+          f"({r['mode']}{', streamed' if r['stream'] else ''}{', split blocks' if r.get('split') else ''}); ZeRO-3 on {r['ranks']} ranks of the CPU device, parameters and "
           f"optimizer on NVMe, 1 x {r['seq_len']} tokens per rank")
     if not r["ran"]:
         print(f"not run: {r['why_not']}")

@@ -392,6 +392,12 @@ struct StrataSettings {
   // kAuto: off when the run's device memory plan with every block's internals kept fits the
   // device budget (train/estimate.h, EstimateMemory), on otherwise. Evaluation never keeps them.
   Toggle activation_checkpointing = Toggle::kAuto;
+  // Each decoder block as four units instead of one (model/llama_model.h): attention (input
+  // norm, q/k/v/o), gate (post-attention norm, gate), up, down. The engine then gathers, reduces
+  // and updates one MLP matrix at a time, so the largest unit in flight is a matrix, not a block
+  // (a 70B-shaped block is 0.86B parameters; its largest matrix 0.23B). Needs every block's
+  // internals kept (activation_checkpointing "off" or "auto"); not with strata.lora.
+  bool split_blocks = false;
   // Threads of the CPU AdamW step (offload_optimizer cpu/nvme). nullopt ("auto"): on a GPU run
   // the host's cores divided among the node's ranks, less one each for I/O and the run's own
   // thread; on the CPU device 1, since the cores compute the model.

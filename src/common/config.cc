@@ -1000,6 +1000,7 @@ class ConfigParser {
         {.name = "tf32", .parse = [&](const Field& v) { return ReadBool(v, &s.tf32); }},
         {.name = "activation_checkpointing",
          .parse = [&](const Field& v) { return ReadToggle(v, &s.activation_checkpointing); }},
+        {.name = "split_blocks", .parse = [&](const Field& v) { return ReadBool(v, &s.split_blocks); }},
         {.name = "on_nonfinite",
          .parse =
              [&](const Field& v) {
@@ -1231,6 +1232,18 @@ class ConfigParser {
       return InvalidArgumentError(
           "strata.lora and strata.freeze are both given: LoRA freezes every base weight already; "
           "to train some base weights with the adapters, list them in strata.trainable");
+    }
+
+    if (config_.strata.split_blocks && config_.strata.lora.enabled()) {
+      return InvalidArgumentError(
+          "strata.split_blocks and strata.lora are both given: a LoRA run's trained units are "
+          "its small adapter units already; drop strata.split_blocks");
+    }
+    if (config_.strata.split_blocks && config_.strata.activation_checkpointing == Toggle::kOn) {
+      return InvalidArgumentError(
+          "strata.split_blocks needs every block's internals kept between forward and backward "
+          "(a block's parts are gathered one at a time, so none can recompute the whole block); "
+          "set strata.activation_checkpointing to \"auto\" or \"off\"");
     }
 
     IoSettings& io = config_.strata.io;

@@ -134,14 +134,19 @@ std::string PeftAdapterName(std::string_view name) {
   return fmt::format("base_model.model.{}", name);
 }
 
-int LlamaNumUnits(const LlamaConfig& c, const LlamaLora& lora) {
-  return static_cast<int>(c.num_hidden_layers) * (lora.enabled() ? 2 : 1) + 2;
+int LlamaNumUnits(const LlamaConfig& c, const LlamaLora& lora, bool split_blocks) {
+  const int per_layer = split_blocks ? 4 : lora.enabled() ? 2 : 1;
+  return static_cast<int>(c.num_hidden_layers) * per_layer + 2;
 }
 
-LlamaUnit LlamaUnitAt(const LlamaConfig& c, const LlamaLora& lora, int unit) {
-  const int n = LlamaNumUnits(c, lora);
+LlamaUnit LlamaUnitAt(const LlamaConfig& c, const LlamaLora& lora, int unit, bool split_blocks) {
+  const int n = LlamaNumUnits(c, lora, split_blocks);
   if (unit <= 0) return {LlamaUnit::kEmbed, -1};
   if (unit >= n - 1) return {LlamaUnit::kHead, -1};
+  if (split_blocks) {
+    return {LlamaUnit::kBlock, (unit - 1) / 4,
+            static_cast<LlamaUnit::Part>(LlamaUnit::kAttn + (unit - 1) % 4)};
+  }
   if (!lora.enabled()) return {LlamaUnit::kBlock, unit - 1};
   return {(unit - 1) % 2 == 0 ? LlamaUnit::kAdapter : LlamaUnit::kBlock, (unit - 1) / 2};
 }
@@ -169,10 +174,26 @@ std::string ProjectionPrefix(int layer, int p) {
 
 }  // namespace
 
-std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& c, int unit,
-                                             const LlamaLora& lora) {
+namespace {
+
+// A block's parameters (BlockParam order) that part `part` holds: [first, first + count).
+std::pair<int, int> PartParams(LlamaUnit::Part part) {
+  switch (part) {
+    case LlamaUnit::kWhole: return {kInNorm, 9};
+    case LlamaUnit::kAttn: return {kInNorm, 5};
+    case LlamaUnit::kMlpGate: return {kPostNorm, 2};
+    case LlamaUnit::kMlpUp: return {kUp, 1};
+    case LlamaUnit::kMlpDown: break;
+  }
+  return {kDown, 1};
+}
+
+}  // namespace
+
+std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& c, int unit, const LlamaLora& lora,
+                                             bool split_blocks) {
   const int64_t h = c.hidden_size, kv = c.kv_dim(), inter = c.intermediate_size;
-  const LlamaUnit where = LlamaUnitAt(c, lora, unit);
+  const LlamaUnit where = LlamaUnitAt(c, lora, unit, split_blocks);
   if (where.kind == LlamaUnit::kEmbed) return {{"model.embed_tokens.weight", {c.vocab_size, h}}};
   if (where.kind == LlamaUnit::kHead) {
     if (c.tie_word_embeddings) return {{"model.norm.weight", {h}}};  // the LM head is the embedding
@@ -190,7 +211,7 @@ std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& c, int unit,
     return out;
   }
   const std::string prefix = fmt::format("model.layers.{}.", where.layer);
-  return {
+  const std::vector<zero::ParamSpec> block = {
       {prefix + "input_layernorm.weight", {h}},
       {prefix + "self_attn.q_proj.weight", {h, h}},
       {prefix + "self_attn.k_proj.weight", {kv, h}},
@@ -201,6 +222,8 @@ std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& c, int unit,
       {prefix + "mlp.up_proj.weight", {inter, h}},
       {prefix + "mlp.down_proj.weight", {h, inter}},
   };
+  const auto [first, count] = PartParams(where.part);
+  return {block.begin() + first, block.begin() + first + count};
 }
 
 // ---- buffers ------------------------------------------------------------------------------------
@@ -339,13 +362,15 @@ struct LlamaModel::State {
 };
 
 LlamaModel::LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
-                       int64_t micro_batch, uint64_t init_seed, const LlamaLora& lora)
+                       int64_t micro_batch, uint64_t init_seed, const LlamaLora& lora,
+                       bool split_blocks)
     : device_(device),
       config_(config),
       seq_len_(seq_len),
       micro_batch_(micro_batch),
       init_seed_(init_seed),
       lora_(lora),
+      split_blocks_(split_blocks),
       state_(std::make_unique<State>()) {}
 
 LlamaModel::~LlamaModel() {
@@ -392,8 +417,17 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
           options.lora.rank, LlamaProjectionName(p), in, out, config.name, std::min(in, out)));
     }
   }
-  std::unique_ptr<LlamaModel> m(
-      new LlamaModel(device, config, seq_len, micro_batch, init_seed, options.lora));
+  if (options.split_blocks && options.lora.enabled()) {
+    return InvalidArgumentError(
+        "split blocks (strata.split_blocks) and LoRA adapters cannot be combined");
+  }
+  if (options.split_blocks && !options.keep_activations) {
+    return InvalidArgumentError(
+        "split blocks (strata.split_blocks) need every block's internals kept "
+        "(strata.activation_checkpointing off): no part of a block can recompute the whole block");
+  }
+  std::unique_ptr<LlamaModel> m(new LlamaModel(device, config, seq_len, micro_batch, init_seed,
+                                               options.lora, options.split_blocks));
   STRATA_RETURN_IF_ERROR(m->SetUp(options));
   return m;
 }
@@ -476,14 +510,18 @@ Status LlamaModel::Run(device::Stream& stream, std::function<Status(LlamaOps&)> 
 
 std::vector<zero::UnitSpec> LlamaModel::units() const {
   std::vector<zero::UnitSpec> out;
-  const int n = LlamaNumUnits(config_, lora_);
+  const int n = LlamaNumUnits(config_, lora_, split_blocks_);
+  static constexpr std::array<std::string_view, 5> kPartSuffix = {"", ".attn", ".gate", ".up",
+                                                                   ".down"};
   for (int u = 0; u < n; ++u) {
-    const LlamaUnit where = LlamaUnitAt(config_, lora_, u);
-    std::string name = where.kind == LlamaUnit::kEmbed   ? "embed"
-                       : where.kind == LlamaUnit::kHead  ? "head"
-                       : where.kind == LlamaUnit::kBlock ? fmt::format("layers.{}", where.layer)
-                                                         : fmt::format("lora.{}", where.layer);
-    out.push_back({std::move(name), LlamaUnitParams(config_, u, lora_)});
+    const LlamaUnit where = LlamaUnitAt(config_, lora_, u, split_blocks_);
+    std::string name =
+        where.kind == LlamaUnit::kEmbed   ? "embed"
+        : where.kind == LlamaUnit::kHead  ? "head"
+        : where.kind == LlamaUnit::kBlock ? fmt::format("layers.{}{}", where.layer,
+                                                        kPartSuffix[static_cast<size_t>(where.part)])
+                                          : fmt::format("lora.{}", where.layer);
+    out.push_back({std::move(name), LlamaUnitParams(config_, u, lora_, split_blocks_)});
   }
   return out;
 }
@@ -495,7 +533,18 @@ Status LlamaModel::InitUnit(int unit, const std::vector<zero::ParamSlot>& slots,
 
 Status LlamaModel::InitUnitRange(int unit, const std::vector<zero::ParamSlot>& slots,
                                  int64_t used_numel, int64_t begin, std::span<float> out) const {
-  const bool adapter = LlamaUnitAt(config_, lora_, unit).kind == LlamaUnit::kAdapter;
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit, split_blocks_);
+  const bool adapter = where.kind == LlamaUnit::kAdapter;
+  // Split blocks draw the values of the whole block's unit and slot, so that splitting changes
+  // no initial weight.
+  int seed_unit = unit;
+  size_t seed_slot = 0;
+  if (split_blocks_) {
+    seed_unit = where.kind == LlamaUnit::kEmbed  ? 0
+                : where.kind == LlamaUnit::kHead ? config_.num_hidden_layers + 1
+                                                 : where.layer + 1;
+    seed_slot = static_cast<size_t>(PartParams(where.part).first);
+  }
   const int64_t end = std::min(begin + static_cast<int64_t>(out.size()), used_numel);
   std::fill(out.begin(), out.end(), 0.0f);  // alignment gaps and padding
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -505,7 +554,8 @@ Status LlamaModel::InitUnitRange(int unit, const std::vector<zero::ParamSlot>& s
     const int64_t hi = std::min<int64_t>(s.numel, end - s.offset);
     if (lo >= hi) continue;
     float* dst = out.data() + (s.offset + lo - begin);
-    uint64_t seed_state = init_seed_ * 1000003u + static_cast<uint64_t>(unit) * 131u + i + 1;
+    uint64_t seed_state =
+        init_seed_ * 1000003u + static_cast<uint64_t>(seed_unit) * 131u + seed_slot + i + 1;
     if (adapter) {
       // PEFT's: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_ with a = sqrt(5)), B = 0, so
       // the adapted model starts as the base model.
@@ -585,8 +635,29 @@ struct LlamaModel::Adapters {
   }
 };
 
+// A block's nine parameters (BlockParam order) and their gradients, from its whole unit or from
+// one part's unit (the other parts' entries null). A null gradient: frozen.
+struct LlamaModel::BlockWeights {
+  std::array<const void*, 9> w{};
+  std::array<float*, 9> g{};
+  device::DType dtype = device::DType::kF32;
+
+  Weight W(int i) const { return Weight{w[static_cast<size_t>(i)], dtype}; }
+  float* G(int i) const { return g[static_cast<size_t>(i)]; }
+  static BlockWeights Of(LlamaUnit::Part part, const zero::UnitView& p, const zero::UnitView* g) {
+    BlockWeights bw;
+    bw.dtype = p.dtype;
+    const auto [first, count] = PartParams(part);
+    for (int i = 0; i < count; ++i) {
+      bw.w[static_cast<size_t>(first + i)] = p.param(static_cast<size_t>(i));
+      if (g != nullptr) bw.g[static_cast<size_t>(first + i)] = strata::model::G(*g, static_cast<size_t>(i));
+    }
+    return bw;
+  }
+};
+
 Status LlamaModel::Forward(int unit, const zero::UnitView& params, device::Stream& stream) {
-  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit);
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit, split_blocks_);
   // An adapter unit computes nothing of its own: its block reads it (ForwardShared).
   if (where.kind == LlamaUnit::kAdapter) return Status::Ok();
   if (where.kind == LlamaUnit::kBlock && lora_.enabled()) {
@@ -608,14 +679,15 @@ Status LlamaModel::Forward(int unit, const zero::UnitView& params, device::Strea
           }
           return HeadForward(ops, p, p.param(1));
         }
-        return BlockForward(ops, where.layer, p, nullptr);
+        return BlockForward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, nullptr),
+                            nullptr);
       },
       "llama forward");
 }
 
 Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::UnitView& grads,
                             device::Stream& stream) {
-  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit);
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit, split_blocks_);
   // An adapter unit's gradient was added by its block's BackwardShared.
   if (where.kind == LlamaUnit::kAdapter) return Status::Ok();
   if (where.kind == LlamaUnit::kBlock && lora_.enabled()) {
@@ -638,13 +710,14 @@ Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::
           }
           return HeadBackward(ops, p, g, p.param(1), G(g, 1));
         }
-        return BlockBackward(ops, where.layer, p, g, nullptr);
+        return BlockBackward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, &g),
+                             nullptr);
       },
       "llama backward");
 }
 
 std::vector<int> LlamaModel::SharedUnits(int unit) const {
-  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit);
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit, split_blocks_);
   if (where.kind == LlamaUnit::kHead && config_.tie_word_embeddings) return {0};
   if (where.kind == LlamaUnit::kBlock && lora_.enabled()) return {unit - 1};  // its adapters
   return {};
@@ -652,7 +725,7 @@ std::vector<int> LlamaModel::SharedUnits(int unit) const {
 
 Status LlamaModel::ForwardShared(int unit, std::span<const zero::UnitView> params,
                                  device::Stream& stream) {
-  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit);
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit, split_blocks_);
   if (SharedUnits(unit).empty() || params.size() != 2) {
     return InternalError(fmt::format("llama: unit {} shares no parameters", unit));
   }
@@ -662,7 +735,8 @@ Status LlamaModel::ForwardShared(int unit, std::span<const zero::UnitView> param
         stream,
         [this, where, p, other](LlamaOps& ops) {
           const Adapters ad = Adapters::Of(lora_, other, nullptr);
-          return BlockForward(ops, where.layer, p, &ad);
+          return BlockForward(ops, where.layer, where.part,
+                              BlockWeights::Of(where.part, p, nullptr), &ad);
         },
         "llama forward");
   }
@@ -673,7 +747,7 @@ Status LlamaModel::ForwardShared(int unit, std::span<const zero::UnitView> param
 
 Status LlamaModel::BackwardShared(int unit, std::span<const zero::UnitView> params,
                                   std::span<const zero::UnitView> grads, device::Stream& stream) {
-  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit);
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit, split_blocks_);
   if (SharedUnits(unit).empty() || params.size() != 2 || grads.size() != 2) {
     return InternalError(fmt::format("llama: unit {} shares no parameters", unit));
   }
@@ -683,7 +757,8 @@ Status LlamaModel::BackwardShared(int unit, std::span<const zero::UnitView> para
         stream,
         [this, where, p, other, g, gother](LlamaOps& ops) {
           const Adapters ad = Adapters::Of(lora_, other, &gother);
-          return BlockBackward(ops, where.layer, p, g, &ad);
+          return BlockBackward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, &g),
+                               &ad);
         },
         "llama backward");
   }
@@ -711,11 +786,13 @@ Result<double> LlamaModel::EndMicroBatch(device::Stream& stream) {
 // y = x W^T, plus the adapter's scale (x A^T) B^T: x A^T goes to lora_x[proj] and is scaled
 // there (what backward needs), its product with B^T to lora_out, then added to y. y null: only
 // lora_x (the block's recompute of the down projection, whose output backward does not need).
+// Projection `proj` (0..6) is block parameter proj + 1 (after the input norm) for q, k, v, o and
+// proj + 2 (after the post-attention norm) for gate, up, down.
 Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int proj,
-                           const float* x, const zero::UnitView& p, size_t slot, size_t in,
-                           size_t out, float* y) {
+                           const float* x, const BlockWeights& w, size_t in, size_t out, float* y) {
   const size_t t = state_->tokens;
-  if (y != nullptr) STRATA_RETURN_IF_ERROR(ops.LinearForward(x, W(p, slot), t, in, out, y));
+  const int slot = proj < 4 ? proj + 1 : proj + 2;
+  if (y != nullptr) STRATA_RETURN_IF_ERROR(ops.LinearForward(x, w.W(slot), t, in, out, y));
   const size_t k = static_cast<size_t>(proj);
   if (ad == nullptr || ad->a[k] == nullptr) return Status::Ok();
   LlamaActivations& a = state_->a;
@@ -729,16 +806,16 @@ Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int pro
   return ops.AccumulateGradient(a.lora_out, t * out, y);  // y += the adapter's output
 }
 
-// The base projection's backward (dw null: frozen), then the adapter's: dB += dy^T (s x A^T),
-// d(x A^T) = s dy B, dA += d(x A^T)^T x, dx += d(x A^T) A.
+// The base projection's backward (its weight gradient null: frozen), then the adapter's:
+// dB += dy^T (s x A^T), d(x A^T) = s dy B, dA += d(x A^T)^T x, dx += d(x A^T) A.
 Status LlamaModel::ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad, int proj,
-                                   const float* x, const zero::UnitView& p, size_t slot,
-                                   const float* dy, size_t in, size_t out, float* dx, bool dx_add,
-                                   float* dw) {
+                                   const float* x, const BlockWeights& w, const float* dy,
+                                   size_t in, size_t out, float* dx, bool dx_add) {
   const size_t t = state_->tokens;
-  STRATA_RETURN_IF_ERROR(ops.LinearBackward(x, W(p, slot), dy, t, in, out, dx,
+  const int slot = proj < 4 ? proj + 1 : proj + 2;
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(x, w.W(slot), dy, t, in, out, dx,
                                             dx_add ? Accumulate::kAdd : Accumulate::kOverwrite,
-                                            dw));
+                                            w.G(slot)));
   const size_t k = static_cast<size_t>(proj);
   if (ad == nullptr || ad->a[k] == nullptr) return Status::Ok();
   LlamaActivations& a = state_->a;
@@ -751,10 +828,15 @@ Status LlamaModel::ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad,
                             Accumulate::kAdd, ad->da[k]);
 }
 
-// A block's internals from its input x into the activation buffers; with `out`, also the
-// block's output.
-Status LlamaModel::BlockInternals(LlamaOps& ops, int layer, const zero::UnitView& p,
-                                  const Adapters* ad, const float* x, float* out) {
+// One part of a block's forward from the block input x into the activation buffers; kMlpDown
+// also writes the block's output to `out` (null: only what backward needs).
+//   attention: h1 = norm(x), q k v, rope, attention, x2 = x + attn o^T
+//   gate:      h2 = norm(x2), gate = h2 Wgate^T
+//   up:        up = h2 Wup^T, hm = silu(gate) * up
+//   down:      out = x2 + hm Wdown^T
+Status LlamaModel::BlockPartForward(LlamaOps& ops, int layer, LlamaUnit::Part part,
+                                    const BlockWeights& w, const Adapters* ad, const float* x,
+                                    float* out) {
   LlamaActivations::Internals& bi = state_->a.Of(layer);
   const LlamaConfig& c = config_;
   const size_t t = state_->tokens, h = static_cast<size_t>(c.hidden_size);
@@ -764,36 +846,55 @@ Status LlamaModel::BlockInternals(LlamaOps& ops, int layer, const zero::UnitView
   const size_t d = static_cast<size_t>(c.head_dim());
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope_theta);
-  STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, W(p, kInNorm), t, h, eps, bi.h1, bi.rstd1));
-  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 0, bi.h1, p, kQ, h, h, bi.q));
-  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 1, bi.h1, p, kK, h, kv, bi.k));
-  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 2, bi.h1, p, kV, h, kv, bi.v));
-  STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.q, b, s, nh, d, theta));
-  STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.k, b, s, nkv, d, theta));
-  STRATA_RETURN_IF_ERROR(ops.AttentionForward(bi.q, bi.k, bi.v, b, s, nh, nkv, d, bi.attn, bi.attn_lse,
-                                              p.dtype));
-  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 3, bi.attn, p, kO, h, h, bi.x2));
-  STRATA_RETURN_IF_ERROR(ops.ResidualAdd(x, bi.x2, t * h, bi.x2));
-  STRATA_RETURN_IF_ERROR(ops.RmsNormForward(bi.x2, W(p, kPostNorm), t, h, eps, bi.h2, bi.rstd2));
-  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 4, bi.h2, p, kGate, h, inter, bi.gate));
-  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 5, bi.h2, p, kUp, h, inter, bi.up));
-  STRATA_RETURN_IF_ERROR(ops.SiluMulForward(bi.gate, bi.up, t * inter, bi.hm));
-  STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 6, bi.hm, p, kDown, inter, h, out));
-  if (out != nullptr) STRATA_RETURN_IF_ERROR(ops.ResidualAdd(bi.x2, out, t * h, out));
+  switch (part) {
+    case LlamaUnit::kWhole:
+      for (LlamaUnit::Part p : {LlamaUnit::kAttn, LlamaUnit::kMlpGate, LlamaUnit::kMlpUp,
+                                LlamaUnit::kMlpDown}) {
+        STRATA_RETURN_IF_ERROR(BlockPartForward(ops, layer, p, w, ad, x, out));
+      }
+      return Status::Ok();
+    case LlamaUnit::kAttn:
+      STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, w.W(kInNorm), t, h, eps, bi.h1, bi.rstd1));
+      STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 0, bi.h1, w, h, h, bi.q));
+      STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 1, bi.h1, w, h, kv, bi.k));
+      STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 2, bi.h1, w, h, kv, bi.v));
+      STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.q, b, s, nh, d, theta));
+      STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.k, b, s, nkv, d, theta));
+      STRATA_RETURN_IF_ERROR(ops.AttentionForward(bi.q, bi.k, bi.v, b, s, nh, nkv, d, bi.attn,
+                                                  bi.attn_lse, w.dtype));
+      STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 3, bi.attn, w, h, h, bi.x2));
+      return ops.ResidualAdd(x, bi.x2, t * h, bi.x2);
+    case LlamaUnit::kMlpGate:
+      STRATA_RETURN_IF_ERROR(ops.RmsNormForward(bi.x2, w.W(kPostNorm), t, h, eps, bi.h2, bi.rstd2));
+      return Project(ops, layer, ad, 4, bi.h2, w, h, inter, bi.gate);
+    case LlamaUnit::kMlpUp:
+      STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 5, bi.h2, w, h, inter, bi.up));
+      return ops.SiluMulForward(bi.gate, bi.up, t * inter, bi.hm);
+    case LlamaUnit::kMlpDown:
+      STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 6, bi.hm, w, inter, h, out));
+      if (out != nullptr) STRATA_RETURN_IF_ERROR(ops.ResidualAdd(bi.x2, out, t * h, out));
+      return Status::Ok();
+  }
   return Status::Ok();
 }
 
-Status LlamaModel::BlockForward(LlamaOps& ops, int layer, const zero::UnitView& p,
-                                const Adapters* ad) {
+Status LlamaModel::BlockForward(LlamaOps& ops, int layer, LlamaUnit::Part part,
+                                const BlockWeights& w, const Adapters* ad) {
   State& st = *state_;
   const size_t th = st.tokens * static_cast<size_t>(config_.hidden_size);
   const float* x = st.a.block_in + static_cast<size_t>(layer) * th;
-  return BlockInternals(ops, layer, p, ad, x,
-                        st.a.block_in + static_cast<size_t>(layer + 1) * th);
+  return BlockPartForward(ops, layer, part, w, ad, x,
+                          st.a.block_in + static_cast<size_t>(layer + 1) * th);
 }
 
-Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, const zero::UnitView& p,
-                                 const zero::UnitView& g, const Adapters* ad) {
+// One part of a block's backward, from dres (the gradient of the block's output) and the
+// internals of its forward:
+//   down:      dhm = dres Wdown
+//   up:        dgate (in dhm's buffer), dup = silu-mul backward; dh2 = dup Wup
+//   gate:      dh2 += dgate Wgate; dx2 = norm backward + dres
+//   attention: the rest, to dres_next (x's gradient), then swaps dres and dres_next
+Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part part,
+                                     const BlockWeights& w, const Adapters* ad, const float* x) {
   State& st = *state_;
   LlamaActivations& a = st.a;
   const LlamaConfig& c = config_;
@@ -804,45 +905,58 @@ Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, const zero::UnitView&
   const size_t d = static_cast<size_t>(c.head_dim());
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float theta = static_cast<float>(c.rope_theta);
-  const float* x = a.block_in + static_cast<size_t>(layer) * t * h;
   LlamaActivations::Internals& bi = a.Of(layer);
-  // Activation checkpointing: one set of internals, holding the last block's from forward (the
-  // first backward), the others' recomputed from their inputs.
-  if (a.blocks.size() == 1 && layer != c.num_hidden_layers - 1) {
-    STRATA_RETURN_IF_ERROR(BlockInternals(ops, layer, p, ad, x, nullptr));
-  }
-
   const float* dres = a.dres;  // d out, [T, H]
-  // MLP.
   float* dgate = a.dhm;
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 6, bi.hm, p, kDown, dres, inter, h, a.dhm,
-                                         false, G(g, kDown)));
-  STRATA_RETURN_IF_ERROR(ops.SiluMulBackward(bi.gate, bi.up, a.dhm, t * inter, dgate, a.dup));
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 4, bi.h2, p, kGate, dgate, h, inter, a.dh2,
-                                         false, G(g, kGate)));
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 5, bi.h2, p, kUp, a.dup, h, inter, a.dh2,
-                                         true, G(g, kUp)));
-  STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(bi.x2, W(p, kPostNorm), bi.rstd2, a.dh2, t, h, a.dx2,
-                                             G(g, kPostNorm)));
-  STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(dres, t * h, a.dx2));  // the residual path
-  // Attention.
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 3, bi.attn, p, kO, a.dx2, h, h, a.dattn,
-                                         false, G(g, kO)));
-  STRATA_RETURN_IF_ERROR(ops.AttentionBackward(bi.q, bi.k, bi.v, bi.attn, bi.attn_lse, a.dattn, b, s,
-                                               nh, nkv, d, a.dq, a.dk, a.dv, p.dtype));
-  STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta));
-  STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta));
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 0, bi.h1, p, kQ, a.dq, h, h, a.dh1,
-                                         false, G(g, kQ)));
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 1, bi.h1, p, kK, a.dk, h, kv, a.dh1,
-                                         true, G(g, kK)));
-  STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 2, bi.h1, p, kV, a.dv, h, kv, a.dh1,
-                                         true, G(g, kV)));
-  STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(x, W(p, kInNorm), bi.rstd1, a.dh1, t, h, a.dres_next,
-                                             G(g, kInNorm)));
-  STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(a.dx2, t * h, a.dres_next));
-  std::swap(a.dres, a.dres_next);
+  switch (part) {
+    case LlamaUnit::kWhole:
+      for (LlamaUnit::Part p : {LlamaUnit::kMlpDown, LlamaUnit::kMlpUp, LlamaUnit::kMlpGate,
+                                LlamaUnit::kAttn}) {
+        STRATA_RETURN_IF_ERROR(BlockPartBackward(ops, layer, p, w, ad, x));
+      }
+      return Status::Ok();
+    case LlamaUnit::kMlpDown:
+      return ProjectBackward(ops, layer, ad, 6, bi.hm, w, dres, inter, h, a.dhm, false);
+    case LlamaUnit::kMlpUp:
+      STRATA_RETURN_IF_ERROR(ops.SiluMulBackward(bi.gate, bi.up, a.dhm, t * inter, dgate, a.dup));
+      return ProjectBackward(ops, layer, ad, 5, bi.h2, w, a.dup, h, inter, a.dh2, false);
+    case LlamaUnit::kMlpGate:
+      STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 4, bi.h2, w, dgate, h, inter, a.dh2,
+                                             true));
+      STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(bi.x2, w.W(kPostNorm), bi.rstd2, a.dh2, t, h,
+                                                 a.dx2, w.G(kPostNorm)));
+      return ops.AccumulateGradient(dres, t * h, a.dx2);  // the residual path
+    case LlamaUnit::kAttn:
+      STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 3, bi.attn, w, a.dx2, h, h, a.dattn,
+                                             false));
+      STRATA_RETURN_IF_ERROR(ops.AttentionBackward(bi.q, bi.k, bi.v, bi.attn, bi.attn_lse, a.dattn,
+                                                   b, s, nh, nkv, d, a.dq, a.dk, a.dv, w.dtype));
+      STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta));
+      STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta));
+      STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 0, bi.h1, w, a.dq, h, h, a.dh1, false));
+      STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 1, bi.h1, w, a.dk, h, kv, a.dh1, true));
+      STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 2, bi.h1, w, a.dv, h, kv, a.dh1, true));
+      STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(x, w.W(kInNorm), bi.rstd1, a.dh1, t, h,
+                                                 a.dres_next, w.G(kInNorm)));
+      STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(a.dx2, t * h, a.dres_next));
+      std::swap(a.dres, a.dres_next);
+      return Status::Ok();
+  }
   return Status::Ok();
+}
+
+Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, LlamaUnit::Part part,
+                                 const BlockWeights& w, const Adapters* ad) {
+  State& st = *state_;
+  LlamaActivations& a = st.a;
+  const size_t th = st.tokens * static_cast<size_t>(config_.hidden_size);
+  const float* x = a.block_in + static_cast<size_t>(layer) * th;
+  // Activation checkpointing (whole blocks only): one set of internals, holding the last block's
+  // from forward (the first backward), the others' recomputed from their inputs.
+  if (part == LlamaUnit::kWhole && a.blocks.size() == 1 && layer != config_.num_hidden_layers - 1) {
+    STRATA_RETURN_IF_ERROR(BlockPartForward(ops, layer, LlamaUnit::kWhole, w, ad, x, nullptr));
+  }
+  return BlockPartBackward(ops, layer, part, w, ad, x);
 }
 
 Status LlamaModel::HeadForward(LlamaOps& ops, const zero::UnitView& p, const void* lm) {

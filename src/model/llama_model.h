@@ -89,15 +89,22 @@ std::string PeftAdapterName(std::string_view name);
 
 // Units, in order: the embedding; per layer i, with LoRA its adapter unit "lora.i" and then the
 // block "layers.i" (which reads the adapter unit as a shared unit); the head.
+// With split blocks (strata.split_blocks; never with LoRA) each block is four units instead:
+// "layers.i.attn" (input_layernorm, q, k, v, o), "layers.i.gate" (post_attention_layernorm,
+// gate), "layers.i.up" (up) and "layers.i.down" (down). The arithmetic is the same as the whole
+// block's, op for op; only what the engine gathers at once changes (a matrix, not a block).
 struct LlamaUnit {
   enum Kind { kEmbed, kAdapter, kBlock, kHead } kind = kEmbed;
   int layer = -1;  // kAdapter, kBlock
+  // kBlock: the whole block, or with split blocks one part of it.
+  enum Part { kWhole, kAttn, kMlpGate, kMlpUp, kMlpDown } part = kWhole;
 };
-LlamaUnit LlamaUnitAt(const LlamaConfig& config, const LlamaLora& lora, int unit);
+LlamaUnit LlamaUnitAt(const LlamaConfig& config, const LlamaLora& lora, int unit,
+                      bool split_blocks = false);
 // Hugging Face names of unit `unit`'s parameters, in the unit's order.
 std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& config, int unit,
-                                             const LlamaLora& lora = {});
-int LlamaNumUnits(const LlamaConfig& config, const LlamaLora& lora = {});
+                                             const LlamaLora& lora = {}, bool split_blocks = false);
+int LlamaNumUnits(const LlamaConfig& config, const LlamaLora& lora = {}, bool split_blocks = false);
 // The device memory LlamaModel::Create allocates for activations (without the CUDA workspace),
 // with activation checkpointing or, with keep_activations, without.
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
@@ -115,6 +122,9 @@ struct LlamaModelOptions {
   // Keep every block's internals from forward to backward (strata.activation_checkpointing
   // off): L sets of them in device memory instead of one, and no block's forward runs twice.
   bool keep_activations = false;
+  // Each block as four units (LlamaUnitAt; strata.split_blocks). Needs keep_activations (no
+  // part can recompute the whole block) and no LoRA.
+  bool split_blocks = false;
 };
 
 class LlamaModel final : public zero::Model {
@@ -149,6 +159,7 @@ class LlamaModel final : public zero::Model {
 
   const LlamaConfig& config() const { return config_; }
   const LlamaLora& lora() const { return lora_; }
+  bool split_blocks() const { return split_blocks_; }
   // Device memory held since Create: activations, and the CUDA ops' workspace (0 on the CPU).
   uint64_t activation_bytes() const;
   uint64_t workspace_bytes() const;
@@ -161,27 +172,35 @@ class LlamaModel final : public zero::Model {
  private:
   struct State;
   struct Adapters;
+  struct BlockWeights;
   LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
-             int64_t micro_batch, uint64_t init_seed, const LlamaLora& lora);
+             int64_t micro_batch, uint64_t init_seed, const LlamaLora& lora, bool split_blocks);
   Status SetUp(const LlamaModelOptions& options);
   // Runs `fn` with the device's ops in the order of `stream` (see the header comment).
   Status Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn, std::string_view label);
-  // `ad`: the block's LoRA adapters (null without). A null gradient view (`g.data`): a frozen
-  // unit, whose weight gradients are not computed.
+  // `w`: the block's parameters and gradients, from its whole unit or one part's
+  // (BlockWeights); `ad`: the block's LoRA adapters (null without). A null gradient (frozen
+  // unit): its weight gradients are not computed.
   // `layer` picks the block's set of internals (one per block without checkpointing).
-  Status BlockInternals(LlamaOps& ops, int layer, const zero::UnitView& p, const Adapters* ad,
-                        const float* x, float* out);
-  Status BlockForward(LlamaOps& ops, int layer, const zero::UnitView& p, const Adapters* ad);
-  Status BlockBackward(LlamaOps& ops, int layer, const zero::UnitView& p, const zero::UnitView& g,
+  // The block's four parts, forward in this order and backward in the reverse; the whole block
+  // runs all four.
+  Status BlockPartForward(LlamaOps& ops, int layer, LlamaUnit::Part part, const BlockWeights& w,
+                          const Adapters* ad, const float* x, float* out);
+  Status BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part part, const BlockWeights& w,
+                           const Adapters* ad, const float* x);
+  Status BlockForward(LlamaOps& ops, int layer, LlamaUnit::Part part, const BlockWeights& w,
+                      const Adapters* ad);
+  Status BlockBackward(LlamaOps& ops, int layer, LlamaUnit::Part part, const BlockWeights& w,
                        const Adapters* ad);
   // y = x W^T (+ the adapter's scale (x A^T) B^T); y null: only the adapter's x A^T (kept for
   // backward).
   Status Project(LlamaOps& ops, int layer, const Adapters* ad, int proj, const float* x,
-                 const zero::UnitView& p, size_t slot, size_t in, size_t out, float* y);
-  // dx (= or, with dx_add, +=) and dw (null: frozen) of the base projection and its adapter's.
+                 const BlockWeights& w, size_t in, size_t out, float* y);
+  // dx (= or, with dx_add, +=) and the weight gradient (null: frozen) of the base projection and
+  // its adapter's.
   Status ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad, int proj, const float* x,
-                         const zero::UnitView& p, size_t slot, const float* dy, size_t in,
-                         size_t out, float* dx, bool dx_add, float* dw);
+                         const BlockWeights& w, const float* dy, size_t in, size_t out, float* dx,
+                         bool dx_add);
   // The head: final norm (params.param(0)) and the LM head matrix `lm` with its gradient `dlm`
   // (the head unit's second parameter, or the tied embedding matrix).
   Status HeadForward(LlamaOps& ops, const zero::UnitView& p, const void* lm);
@@ -194,6 +213,7 @@ class LlamaModel final : public zero::Model {
   const int64_t micro_batch_;
   const uint64_t init_seed_;
   const LlamaLora lora_;
+  const bool split_blocks_;
   std::unique_ptr<State> state_;  // touched in stream order (CPU: by the stream's tasks)
 };
 

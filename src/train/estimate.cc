@@ -50,11 +50,12 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   // The trainer's stop agreement (RankGather), on several ranks.
   if (in.world_size > 1) e.rank_agreement = charged(static_cast<uint64_t>(in.world_size) * 4);
 
-  const int n = model::LlamaNumUnits(in.model, lora);
+  const bool split = in.config.strata.split_blocks;
+  const int n = model::LlamaNumUnits(in.model, lora, split);
   std::vector<zero::UnitSpec> units;
   std::vector<std::vector<int>> shared(static_cast<size_t>(n));
   for (int u = 0; u < n; ++u) {
-    units.push_back({fmt::format("unit {}", u), model::LlamaUnitParams(in.model, u, lora)});
+    units.push_back({fmt::format("unit {}", u), model::LlamaUnitParams(in.model, u, lora, split)});
     // LlamaModel::SharedUnits: a LoRA block reads its adapter unit.
     if (model::LlamaUnitAt(in.model, lora, u).kind == model::LlamaUnit::kBlock && lora.enabled()) {
       shared[static_cast<size_t>(u)] = {u - 1};
@@ -101,6 +102,9 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
       e.checkpointing = in.device_budget == 0 || e.device_peak() > in.device_budget;
       break;
   }
+  // Split blocks keep every block's internals: no part can recompute the whole block (the
+  // config refuses "on" with them).
+  if (split) e.checkpointing = false;
   e.activations = e.checkpointing ? e.activations_checkpointed : e.activations_kept;
   return e;
 }

@@ -408,7 +408,8 @@ Status RunTraining(const TrainOptions& o) {
                                                     {.allow_tf32 = config.strata.tf32,
                                                      .profile_ops = o.profile_ops,
                                                      .lora = lora,
-                                                     .keep_activations = keep_activations}));
+                                                     .keep_activations = keep_activations,
+                                                     .split_blocks = config.strata.split_blocks}));
   say(fmt::format(
       "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
       "parameters on {}, {}{}, {}",
@@ -428,6 +429,8 @@ Status RunTraining(const TrainOptions& o) {
                   runtime.choice.reason, FormatBytes(dev->memory_stats().budget),
                   FormatBytes(llama->activation_bytes() + llama->workspace_bytes()),
                   o.eval_only         ? "forward only"
+                  : config.strata.split_blocks
+                      ? "every block's kept; each block as four units, strata.split_blocks"
                   : keep_activations ? "every block's kept: no recomputation"
                                      : "checkpointed: each block recomputed in backward"));
   for (const std::string& line : placement_lines) say(line);

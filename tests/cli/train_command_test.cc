@@ -807,6 +807,58 @@ TEST(TrainCommandTest, ActivationCheckpointingChangesNoLoss) {
   EXPECT_EQ(automatic, on);
 }
 
+// strata.split_blocks: four units per block train, through ZeRO-3 with parameters and optimizer
+// on NVMe, to the losses and the weights of whole blocks, bit for bit; a checkpoint written by
+// one resumes in the other (checkpoints name parameters, not units).
+TEST(TrainCommandTest, SplitBlocksTrainAsWholeBlocks) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", data, "--tokens", "20k", "--vocab", "256"})
+                .exit_code,
+            0);
+  auto run = [&](const std::string& name, const std::string& strata,
+                 std::vector<std::string> extra) {
+    const std::string config = WriteConfig(dir, R"(, "strata": )" + strata);
+    const std::string renamed = dir.file(name + ".json");
+    std::filesystem::rename(config, renamed);
+    std::vector<std::string> args = {"train", "--config", renamed, "--data", data,
+                                     "--device", "cpu", "--metrics", dir.file(name + ".jsonl")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = RunStrata(args, std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return r.out;
+  };
+  const std::vector<std::string> fresh = {"--model", "llama-tiny", "--seq-len", "32"};
+  auto with = [&](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const std::string whole = R"({"activation_checkpointing": false})";
+  const std::string split = R"({"split_blocks": true})";
+  run("whole", whole, with(fresh, {"--steps", "6", "--save", dir.file("whole")}));
+  const std::string out = run("split", split, with(fresh, {"--steps", "6", "--save", dir.file("split")}));
+  EXPECT_THAT(out, HasSubstr("each block as four units, strata.split_blocks"));
+  const std::vector<double> want = Losses(dir.file("whole.jsonl"));
+  ASSERT_EQ(want.size(), 6u);
+  EXPECT_EQ(Losses(dir.file("split.jsonl")), want);
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(bytes(dir.file("split/latest/model.safetensors")),
+            bytes(dir.file("whole/latest/model.safetensors")));
+  // 3 steps split, resumed as whole blocks to 6: the straight run's losses.
+  run("half", split, with(fresh, {"--steps", "3", "--save", dir.file("half")}));
+  run("half", whole, {"--steps", "6", "--resume", dir.file("half")});
+  EXPECT_EQ(Losses(dir.file("half.jsonl")), want);
+  // Split blocks cannot recompute a block: checkpointing "on" with them is refused.
+  const std::string refused = WriteConfig(
+      dir, R"(, "strata": {"split_blocks": true, "activation_checkpointing": true})");
+  auto r = RunStrata(with({"train", "--config", refused, "--data", data, "--steps", "1"}, fresh));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("strata.split_blocks needs every block's internals kept"));
+}
+
 // --profile-ops: a table of every op the decoder runs, per profiled step (the steps after the
 // first), whose op times add up to no more than the step; the losses are those of a plain run.
 TEST(TrainCommandTest, ProfileOpsSaysWhereTheStepWent) {

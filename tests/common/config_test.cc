@@ -954,6 +954,13 @@ TEST(ConfigStrataTest, TogglesAndEnums) {
   EXPECT_EQ(ErrorOf(R"({"strata": {"activation_checkpointing": "sometimes"}})"),
             "test.json: strata.activation_checkpointing: expected \"auto\", \"on\", \"off\", "
             "true or false, got \"sometimes\"");
+  EXPECT_FALSE(Ok("{}").strata.split_blocks);
+  EXPECT_TRUE(Ok(R"({"strata": {"split_blocks": true}})").strata.split_blocks);
+  EXPECT_THAT(ErrorOf(R"({"strata": {"split_blocks": true, "activation_checkpointing": "on"}})"),
+              HasSubstr("strata.split_blocks needs every block's internals kept"));
+  EXPECT_THAT(ErrorOf(R"({"strata": {"split_blocks": true, "lora": {"r": 4}}})"),
+              HasSubstr("strata.split_blocks and strata.lora are both given"));
+  EXPECT_THAT(ErrorOf(R"({"strata": {"split_blocks": 1}})"), HasSubstr("strata.split_blocks"));
   EXPECT_FALSE(Ok("{}").strata.tf32);
   EXPECT_TRUE(Ok(R"({"strata": {"tf32": true}})").strata.tf32);
   EXPECT_THAT(ErrorOf(R"({"strata": {"tf32": "yes"}})"), HasSubstr("strata.tf32"));

@@ -10,10 +10,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -852,6 +852,102 @@ TEST(LlamaModelTest, KeptActivationsGiveTheCheckpointedRunBitForBit) {
       }
     }
   }
+}
+
+// strata.split_blocks: each block as four units (attention, gate, up, down). The same initial
+// weights, the same loss and the same gradient of every parameter, bit for bit, as whole blocks;
+// only the units differ.
+TEST(LlamaModelTest, SplitBlocksGiveTheWholeBlocksRunBitForBit) {
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  const int64_t batch = 2, seq = 16;
+  for (bool tied : {false, true}) {
+    for (device::DType dtype : {device::DType::kF32, device::DType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << "tied " << tied << " dtype " << device::DTypeName(dtype));
+      LlamaConfig cfg = TinyConfig();
+      cfg.num_hidden_layers = 3;
+      cfg.tie_word_embeddings = tied;
+      ASSERT_EQ(LlamaNumUnits(cfg, {}, true), 3 * 4 + 2);
+      EXPECT_EQ(LlamaUnitAt(cfg, {}, 6, true).layer, 1);
+      EXPECT_EQ(LlamaUnitAt(cfg, {}, 6, true).part, LlamaUnit::kMlpGate);
+      LlamaModelOptions whole, split;
+      whole.keep_activations = split.keep_activations = true;
+      split.split_blocks = true;
+      // Each unit's parameters initialised by its model, and by name: {unit, offset, numel}.
+      struct Where {
+        size_t unit;
+        int64_t offset, numel;
+      };
+      auto init = [&](const LlamaModelOptions& o, std::vector<zero::UnitLayout>* layouts,
+                      std::vector<std::vector<float>>* params,
+                      std::map<std::string, Where>* names) {
+        auto probe = LlamaModel::Create(**cpu, cfg, seq, batch, 7, o);
+        ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+        auto l = zero::LayoutModel((*probe)->units(), 1);
+        ASSERT_TRUE(l.ok());
+        *layouts = *l;
+        for (const auto& u : *layouts) {
+          params->emplace_back(static_cast<size_t>(u.padded_numel()), 0.0f);
+          ASSERT_TRUE((*probe)->InitUnit(u.index, u.slots, params->back()).ok());
+          for (const auto& slot : u.slots) {
+            (*names)[slot.name] = {static_cast<size_t>(u.index), slot.offset, slot.numel};
+          }
+        }
+      };
+      std::vector<zero::UnitLayout> wl, sl;
+      std::vector<std::vector<float>> wp, sp;
+      std::map<std::string, Where> wn, sn;
+      init(whole, &wl, &wp, &wn);
+      init(split, &sl, &sp, &sn);
+      ASSERT_EQ(sl.size(), 14u);
+      EXPECT_EQ(sl[2].name, "layers.0.gate");
+      EXPECT_EQ(sl[4].slots[0].name, "model.layers.0.mlp.down_proj.weight");
+      ASSERT_EQ(wn.size(), sn.size());
+      for (const auto& [name, w] : wn) {
+        const Where s = sn.at(name);
+        ASSERT_EQ(w.numel, s.numel) << name;
+        EXPECT_TRUE(std::equal(wp[w.unit].begin() + w.offset, wp[w.unit].begin() + w.offset + w.numel,
+                               sp[s.unit].begin() + s.offset))
+            << name << ": split blocks initialised it differently";
+      }
+      std::mt19937 rng(5);
+      LlamaBatch b;
+      std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
+      for (int64_t i = 0; i < batch * (seq + 1); ++i) b.tokens.push_back(tok(rng));
+      auto want = RunMicroBatch(**cpu, cfg, seq, batch, wl, wp, dtype, b, whole);
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      auto got = RunMicroBatch(**cpu, cfg, seq, batch, sl, sp, dtype, b, split);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(got->loss, want->loss);
+      for (const auto& [name, w] : wn) {
+        const Where s = sn.at(name);
+        const auto& gw = want->grads[w.unit];
+        const auto& gs = got->grads[s.unit];
+        EXPECT_TRUE(std::equal(gw.begin() + w.offset, gw.begin() + w.offset + w.numel,
+                               gs.begin() + s.offset))
+            << name;
+        EXPECT_TRUE(std::any_of(gs.begin() + s.offset, gs.begin() + s.offset + s.numel,
+                                [](float g) { return g != 0.0f; }))
+            << name;
+      }
+    }
+  }
+  // Split blocks need kept internals, and no LoRA.
+  LlamaConfig cfg = TinyConfig();
+  LlamaModelOptions bad;
+  bad.split_blocks = true;
+  auto no_keep = LlamaModel::Create(**cpu, cfg, seq, batch, 7, bad);
+  ASSERT_FALSE(no_keep.ok());
+  EXPECT_NE(no_keep.status().message().find("internals kept"), std::string::npos)
+      << no_keep.status().ToString();
+  LlamaLora lora;
+  lora.rank = 2;
+  lora.scale = 1.0f;
+  lora.targets.fill(true);
+  auto with_lora = LlamaModel::Create(**cpu, cfg, seq, batch, 7,
+                                      {.lora = lora, .keep_activations = true, .split_blocks = true});
+  ASSERT_FALSE(with_lora.ok());
+  EXPECT_NE(with_lora.status().message().find("LoRA"), std::string::npos);
 }
 
 TEST(LlamaModelTest, LoraSettingsAreCheckedAndNamedAsPeft) {
