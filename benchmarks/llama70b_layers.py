@@ -274,15 +274,6 @@ def main():
                 "--ranks", str(a.ranks), "--seq-len", str(a.seq_len),
                 "--cpu-mem", str(mem["MemTotal"]), "--json"]
     est = json.loads(run(estimate))
-    if a.mode == "full":
-        # The CPU device keeps freed blocks for reuse up to its budget, which "auto" makes a
-        # quarter of RAM per rank: with units of several sizes (split blocks) that cache alone
-        # would hold more than the node has. The budget is the estimated peak, 5% over.
-        ds["strata"]["memory"] = dict(ds["strata"].get("memory", {}),
-                                      device_budget=math.ceil(est["device"]["peak_bytes"] * 1.05))
-        with open(ds_path, "w") as f:
-            json.dump(ds, f, indent=2)
-        est = json.loads(run(estimate))
     per_rank = est["device"]["peak_bytes"] + est["pinned_pool_bytes"] + est["host_setup_bytes"]
     node_need = est["fit"]["host_need_bytes"]
     available = mem["MemAvailable"]

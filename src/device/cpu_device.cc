@@ -306,8 +306,10 @@ CpuDevice::~CpuDevice() {
 }
 
 void CpuDevice::TrimCacheLocked(uint64_t need) {
-  while (!cache_.empty() &&
-         (need > stats_.budget || stats_.in_use + cached_bytes_ + need > stats_.budget)) {
+  // In use + cached + need may reach the peak so far (or, when the request raises the peak, the
+  // request's own in-use total), never the budget beyond it.
+  const uint64_t limit = std::min(stats_.budget, std::max(stats_.peak, stats_.in_use + need));
+  while (!cache_.empty() && (need > stats_.budget || stats_.in_use + cached_bytes_ + need > limit)) {
     auto largest = std::prev(cache_.end());
     ::operator delete (largest->second, std::align_val_t{kHostAlignment});
     cached_bytes_ -= largest->first;
@@ -357,7 +359,7 @@ void CpuDevice::Free(void* ptr) {
       const uint64_t charge = it->second.charge;
       stats_.in_use -= charge;
       allocations_.erase(it);
-      if (stats_.in_use + cached_bytes_ + charge <= stats_.budget) {
+      if (stats_.in_use + cached_bytes_ + charge <= std::min(stats_.budget, stats_.peak)) {
         cache_.emplace(charge, ptr);  // kept for the next request of this size
         cached_bytes_ += charge;
       } else {

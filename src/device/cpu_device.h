@@ -113,7 +113,8 @@ class CpuDevice final : public Device {
   const std::string name_;
   TraceRecorder* const trace_;
 
-  // Frees cached blocks until `need` more bytes fit beside what is in use and cached.
+  // Frees cached blocks until `need` more bytes fit beside what is in use and cached, within the
+  // budget and the peak in use (raised to in use + need).
   void TrimCacheLocked(uint64_t need);
 
   mutable std::mutex mem_mu_;  // guards allocations_, stats_, cache_, cached_bytes_
@@ -121,7 +122,11 @@ class CpuDevice final : public Device {
   DeviceMemoryStats stats_;
   // Freed blocks kept for reuse by a request of the same charge, as a GPU caching allocator
   // does: a fresh heap block of several MiB would have every page faulted in again on first
-  // touch (during a copy). In use + cached never exceeds the budget.
+  // touch (during a copy). In use + cached never exceeds the peak in use (nor the budget): the
+  // host memory the device holds is at most the most its callers held at once, which is what
+  // strata estimate's device peak counts, however large the budget. (Capped by the budget alone,
+  // freed blocks of sizes no later request matched could fill it: with the "auto" budget of a
+  // quarter of RAM per rank, two ranks' caches took more than the node had.)
   std::multimap<uint64_t, void*> cache_;
   uint64_t cached_bytes_ = 0;
 

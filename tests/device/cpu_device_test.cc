@@ -12,6 +12,7 @@
 #include <future>
 #include <new>
 #include <numeric>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -78,6 +79,50 @@ TEST(CpuDeviceTest, FreedBlocksAreReusedAndTheCacheYieldsToTheBudget) {
   EXPECT_EQ(device->memory_stats().cached, 0u);
   device->Free(*c);
   device->Free(*d);
+}
+
+// The cache holds freed blocks only up to the peak in use: in use + cached never exceeds the
+// most the callers held at once, whatever the budget, for any order of sizes.
+TEST(CpuDeviceTest, TheCacheNeverHoldsMoreThanThePeakInUse) {
+  auto device = MakeCpuDevice(uint64_t{64} << 20);
+  auto check = [&](const char* when) {
+    const DeviceMemoryStats s = device->memory_stats();
+    EXPECT_LE(s.in_use + s.cached, s.peak) << when;
+  };
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  void* a = std::move(device->Alloc(3 * kMiB)).value();
+  void* b = std::move(device->Alloc(2 * kMiB)).value();
+  device->Free(a);
+  device->Free(b);
+  check("both freed");
+  EXPECT_EQ(device->memory_stats().cached, 5 * kMiB);
+  // 4 MiB matches no cached block: without the cap, 5 MiB cached + 4 MiB in use would be held.
+  void* c = std::move(device->Alloc(4 * kMiB)).value();
+  check("a third size");
+  EXPECT_EQ(device->memory_stats().peak, 5 * kMiB);
+  device->Free(c);
+  void* b2 = std::move(device->Alloc(2 * kMiB)).value();
+  check("the second size again");
+  // A random walk over four sizes, several blocks live at once.
+  std::mt19937 rng(3);
+  std::vector<void*> live;
+  const uint64_t sizes[] = {kMiB, 3 * kMiB / 2, 5 * kMiB / 2, 4 * kMiB};
+  live.push_back(b2);
+  for (int i = 0; i < 400; ++i) {
+    if (!live.empty() && (live.size() >= 6 || rng() % 2 == 0)) {
+      const size_t k = rng() % live.size();
+      device->Free(live[k]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    } else {
+      Result<void*> p = device->Alloc(sizes[rng() % 4]);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      live.push_back(*p);
+    }
+    check("random walk");
+  }
+  EXPECT_GT(device->memory_stats().cached, 0u) << "blocks are still reused";
+  for (void* p : live) device->Free(p);
+  check("all freed");
 }
 
 TEST(CpuDeviceTest, MemoryIsPageAlignedForDirectIo) {
