@@ -395,8 +395,9 @@ struct StrataSettings {
   // Each decoder block as four units instead of one (model/llama_model.h): attention (input
   // norm, q/k/v/o), gate (post-attention norm, gate), up, down. The engine then gathers, reduces
   // and updates one MLP matrix at a time, so the largest unit in flight is a matrix, not a block
-  // (a 70B-shaped block is 0.86B parameters; its largest matrix 0.23B). Needs every block's
-  // internals kept (activation_checkpointing "off" or "auto"); not with strata.lora.
+  // (a 70B-shaped block is 0.86B parameters; its largest matrix 0.23B). With activation
+  // checkpointing a block is recomputed part by part, each part gathered again for it; not with
+  // strata.lora.
   bool split_blocks = false;
   // Threads of the CPU AdamW step (offload_optimizer cpu/nvme). nullopt ("auto"): on a GPU run
   // the host's cores divided among the node's ranks, less one each for I/O and the run's own

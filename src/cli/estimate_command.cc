@@ -67,8 +67,15 @@ Result<train::Hardware> ParseHardware(const EstimateArgs& a) {
   }
   if (a.nvme_tbw != "0") {
     // Endurance is bytes (e.g. 14000T for 8 drives of 1.75 PB): the rate parser's units, no /s.
-    Result<double> v = train::ParseRate(a.nvme_tbw);
-    if (!v.ok()) return v.status().WithContext("--nvme-tbw");
+    Result<double> v = a.nvme_tbw.ends_with("/s")
+                           ? Result<double>(InvalidArgumentError("a rate"))
+                           : train::ParseRate(a.nvme_tbw);
+    if (!v.ok()) {
+      return InvalidArgumentError(fmt::format(
+          "--nvme-tbw: '{}' is not an amount of bytes; expected the drives' rated endurance, "
+          "e.g. 14000T, 14P or 14PB (K, M, G, T, P are powers of 1000; Ki .. Pi of 1024)",
+          a.nvme_tbw));
+    }
     hw.nvme_tbw = *v;
   }
   return hw;

@@ -1239,12 +1239,6 @@ class ConfigParser {
           "strata.split_blocks and strata.lora are both given: a LoRA run's trained units are "
           "its small adapter units already; drop strata.split_blocks");
     }
-    if (config_.strata.split_blocks && config_.strata.activation_checkpointing == Toggle::kOn) {
-      return InvalidArgumentError(
-          "strata.split_blocks needs every block's internals kept between forward and backward "
-          "(a block's parts are gathered one at a time, so none can recompute the whole block); "
-          "set strata.activation_checkpointing to \"auto\" or \"off\"");
-    }
 
     IoSettings& io = config_.strata.io;
     const AioConfig& aio = config_.aio;

@@ -174,6 +174,17 @@ std::string ProjectionPrefix(int layer, int p) {
 
 }  // namespace
 
+std::vector<int> LlamaRecomputeUnits(const LlamaConfig& c, int unit, bool split_blocks,
+                                     bool keep_activations) {
+  if (!split_blocks || keep_activations) return {};
+  const LlamaUnit where = LlamaUnitAt(c, {}, unit, true);
+  if (where.kind != LlamaUnit::kBlock || where.part != LlamaUnit::kMlpDown ||
+      where.layer == c.num_hidden_layers - 1) {
+    return {};
+  }
+  return {unit - 3, unit - 2, unit - 1};
+}
+
 namespace {
 
 // A block's parameters (BlockParam order) that part `part` holds: [first, first + count).
@@ -420,11 +431,6 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
   if (options.split_blocks && options.lora.enabled()) {
     return InvalidArgumentError(
         "split blocks (strata.split_blocks) and LoRA adapters cannot be combined");
-  }
-  if (options.split_blocks && !options.keep_activations) {
-    return InvalidArgumentError(
-        "split blocks (strata.split_blocks) need every block's internals kept "
-        "(strata.activation_checkpointing off): no part of a block can recompute the whole block");
   }
   std::unique_ptr<LlamaModel> m(new LlamaModel(device, config, seq_len, micro_batch, init_seed,
                                                options.lora, options.split_blocks));
@@ -721,6 +727,27 @@ std::vector<int> LlamaModel::SharedUnits(int unit) const {
   if (where.kind == LlamaUnit::kHead && config_.tie_word_embeddings) return {0};
   if (where.kind == LlamaUnit::kBlock && lora_.enabled()) return {unit - 1};  // its adapters
   return {};
+}
+
+std::vector<int> LlamaModel::RecomputeUnits(int unit) const {
+  return LlamaRecomputeUnits(config_, unit, split_blocks_, state_->a.blocks.size() > 1);
+}
+
+Status LlamaModel::Recompute(int unit, const zero::UnitView& params, device::Stream& stream) {
+  const LlamaUnit where = LlamaUnitAt(config_, lora_, unit, split_blocks_);
+  if (where.kind != LlamaUnit::kBlock || where.part == LlamaUnit::kWhole) {
+    return InternalError(fmt::format("llama: unit {} has nothing to recompute", unit));
+  }
+  zero::UnitView p = params;
+  return Run(
+      stream,
+      [this, where, p](LlamaOps& ops) {
+        const size_t th = state_->tokens * static_cast<size_t>(config_.hidden_size);
+        const float* x = state_->a.block_in + static_cast<size_t>(where.layer) * th;
+        return BlockPartForward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, nullptr),
+                                nullptr, x, nullptr);
+      },
+      "llama recompute");
 }
 
 Status LlamaModel::ForwardShared(int unit, std::span<const zero::UnitView> params,

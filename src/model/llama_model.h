@@ -93,6 +93,8 @@ std::string PeftAdapterName(std::string_view name);
 // "layers.i.attn" (input_layernorm, q, k, v, o), "layers.i.gate" (post_attention_layernorm,
 // gate), "layers.i.up" (up) and "layers.i.down" (down). The arithmetic is the same as the whole
 // block's, op for op; only what the engine gathers at once changes (a matrix, not a block).
+// With activation checkpointing the block's internals are recomputed part by part: its
+// attention, gate and up units run their forward again just before its down unit's backward.
 struct LlamaUnit {
   enum Kind { kEmbed, kAdapter, kBlock, kHead } kind = kEmbed;
   int layer = -1;  // kAdapter, kBlock
@@ -105,6 +107,11 @@ LlamaUnit LlamaUnitAt(const LlamaConfig& config, const LlamaLora& lora, int unit
 std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& config, int unit,
                                              const LlamaLora& lora = {}, bool split_blocks = false);
 int LlamaNumUnits(const LlamaConfig& config, const LlamaLora& lora = {}, bool split_blocks = false);
+// With split blocks and activation checkpointing: the units whose forward runs again before
+// unit `unit`'s backward (zero::Model::RecomputeUnits): the attention, gate and up parts of the
+// block whose down part `unit` is, except in the last block, whose internals are still there.
+std::vector<int> LlamaRecomputeUnits(const LlamaConfig& config, int unit, bool split_blocks,
+                                     bool keep_activations);
 // The device memory LlamaModel::Create allocates for activations (without the CUDA workspace),
 // with activation checkpointing or, with keep_activations, without.
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
@@ -122,8 +129,9 @@ struct LlamaModelOptions {
   // Keep every block's internals from forward to backward (strata.activation_checkpointing
   // off): L sets of them in device memory instead of one, and no block's forward runs twice.
   bool keep_activations = false;
-  // Each block as four units (LlamaUnitAt; strata.split_blocks). Needs keep_activations (no
-  // part can recompute the whole block) and no LoRA.
+  // Each block as four units (LlamaUnitAt; strata.split_blocks); not with LoRA. With activation
+  // checkpointing, a block's attention, gate and up parts run their forward again before its
+  // down part's backward (RecomputeUnits), each gathered again by the engine.
   bool split_blocks = false;
 };
 
@@ -152,6 +160,9 @@ class LlamaModel final : public zero::Model {
   Result<double> EndMicroBatch(device::Stream& stream) override;
   // tie_word_embeddings: the head unit reads the embedding unit's matrix as its LM head.
   std::vector<int> SharedUnits(int unit) const override;
+  // Split blocks with activation checkpointing: LlamaRecomputeUnits.
+  std::vector<int> RecomputeUnits(int unit) const override;
+  Status Recompute(int unit, const zero::UnitView& params, device::Stream& stream) override;
   Status ForwardShared(int unit, std::span<const zero::UnitView> params,
                        device::Stream& stream) override;
   Status BackwardShared(int unit, std::span<const zero::UnitView> params,

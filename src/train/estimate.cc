@@ -57,7 +57,8 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   for (int u = 0; u < n; ++u) {
     units.push_back({fmt::format("unit {}", u), model::LlamaUnitParams(in.model, u, lora, split)});
     // LlamaModel::SharedUnits: a LoRA block reads its adapter unit.
-    if (model::LlamaUnitAt(in.model, lora, u).kind == model::LlamaUnit::kBlock && lora.enabled()) {
+    if (model::LlamaUnitAt(in.model, lora, u, split).kind == model::LlamaUnit::kBlock &&
+        lora.enabled()) {
       shared[static_cast<size_t>(u)] = {u - 1};
     }
   }
@@ -102,9 +103,20 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
       e.checkpointing = in.device_budget == 0 || e.device_peak() > in.device_budget;
       break;
   }
-  // Split blocks keep every block's internals: no part can recompute the whole block (the
-  // config refuses "on" with them).
-  if (split) e.checkpointing = false;
+  // Split blocks with checkpointing gather a block's first three parts again in backward
+  // (LlamaModel::RecomputeUnits): the step's transients follow that order.
+  if (split && e.checkpointing) {
+    std::vector<std::vector<int>> recompute(static_cast<size_t>(n));
+    for (int u = 0; u < n; ++u) {
+      recompute[static_cast<size_t>(u)] = model::LlamaRecomputeUnits(in.model, u, true, false);
+      for (const int r : recompute[static_cast<size_t>(u)]) {
+        e.recompute_padded_elems += static_cast<uint64_t>(layouts[static_cast<size_t>(r)].padded_numel());
+        e.recompute_shard_elems += static_cast<uint64_t>(layouts[static_cast<size_t>(r)].shard_numel);
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(e.engine, zero::Engine::PlanMemory(units, shared, config, in.world_size,
+                                                               depth, in.device, recompute));
+  }
   e.activations = e.checkpointing ? e.activations_checkpointed : e.activations_kept;
   return e;
 }

@@ -58,6 +58,10 @@ struct MemoryEstimate {
   uint64_t padded_elems = 0;
   uint64_t shard_elems = 0;
   uint64_t max_shard_elems = 0;
+  // Split blocks with checkpointing: elements gathered again per micro-batch to recompute
+  // (LlamaRecomputeUnits), over the whole model and in one rank's shard.
+  uint64_t recompute_padded_elems = 0;
+  uint64_t recompute_shard_elems = 0;
 
   // The device allocator's peak per rank: what `device_peak_bytes` in --metrics reports.
   uint64_t device_peak() const;

@@ -74,15 +74,15 @@ Result<double> ParseRate(std::string_view text) {
     mult = 1;
   } else if (unit.size() == 1 || binary) {
     const char c = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
-    const int power = c == 'K' ? 1 : c == 'M' ? 2 : c == 'G' ? 3 : c == 'T' ? 4 : 0;
+    const int power = c == 'K' ? 1 : c == 'M' ? 2 : c == 'G' ? 3 : c == 'T' ? 4 : c == 'P' ? 5 : 0;
     if (power > 0) mult = std::pow(binary ? 1024.0 : 1000.0, power);
   }
   if (n == 0 || ec != std::errc() || end != t.data() + n || mult == 0 || !(value > 0) ||
       !std::isfinite(value)) {
     return InvalidArgumentError(fmt::format(
         "'{}' is not a rate; expected a positive number with an optional unit and /s, e.g. "
-        "25G/s, 12GB/s, 400Gb/s, 1.5e9 (K, M, G, T are powers of 1000; Ki, Mi, Gi, Ti of 1024; "
-        "B or nothing bytes, b bits)",
+        "25G/s, 12GB/s, 400Gb/s, 1.5e9 (K, M, G, T, P are powers of 1000; Ki, Mi, Gi, Ti, Pi of "
+        "1024; B or nothing bytes, b bits)",
         text));
   }
   return value * mult / bits;
@@ -148,8 +148,9 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
       coll_fb = gas * Ring(4 * N * T, W);
       coll_after = Ring(csz * N * T, W);
       break;
-    default:  // gather for forward and for backward, reduce-scatter, per micro-batch
-      coll_fb = gas * (2 * Ring(csz * N, W) + Ring(4 * N * T, W));
+    default:  // gather for forward and for backward (and to recompute), reduce-scatter, per micro-batch
+      coll_fb = gas * (2 * Ring(csz * N, W) + Ring(csz * static_cast<double>(m.recompute_padded_elems), W) +
+                       Ring(4 * N * T, W));
       break;
   }
   const double bus = hw.nodes > 1 ? std::min(hw.nvlink, hw.net) : hw.nvlink;
@@ -174,7 +175,8 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
     if (!copies && cfg.strata.memory.host_budget) {
       cache = std::min(cache, static_cast<double>(*cfg.strata.memory.host_budget));
     }
-    fetch_bytes = cache >= all ? csz * S_cpu : 2.0 * gas * all;
+    fetch_bytes = cache >= all ? csz * S_cpu
+                               : gas * (2.0 * all + csz * static_cast<double>(m.recompute_shard_elems));
   }
   double h2d_fb = 0, d2h_fb = 0, h2d_opt = 0, d2h_after = 0;
   if (copies) {

@@ -429,8 +429,11 @@ Status RunTraining(const TrainOptions& o) {
                   runtime.choice.reason, FormatBytes(dev->memory_stats().budget),
                   FormatBytes(llama->activation_bytes() + llama->workspace_bytes()),
                   o.eval_only         ? "forward only"
-                  : config.strata.split_blocks
+                  : config.strata.split_blocks && keep_activations
                       ? "every block's kept; each block as four units, strata.split_blocks"
+                  : config.strata.split_blocks
+                      ? "checkpointed: each block recomputed part by part in backward, "
+                        "strata.split_blocks"
                   : keep_activations ? "every block's kept: no recomputation"
                                      : "checkpointed: each block recomputed in backward"));
   for (const std::string& line : placement_lines) say(line);

@@ -76,9 +76,8 @@ Status Engine::Impl::Init() {
   }
   // The CPU optimizer overlaps backward only when an update never depends on the global gradient
   // norm: no clipping, no fp16 overflow skipping, no skipping of non-finite steps.
-  overlapped_optimizer = cpu_optimizer && opt.overlap_optimizer && cfg.gradient_clipping <= 0.0 &&
-                         !cfg.fp16.enabled &&
-                         cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
+  overlapped_optimizer = cpu_optimizer && opt.overlap_optimizer && OverlapsOptimizer(cfg);
+  stream_grad_shards = overlapped_optimizer && StreamsGradShards(cfg, world, opt.overlap_optimizer);
   const bool needs_pool = cpu_optimizer || param_home != Tier::kDevice;
   if (needs_pool && opt.pool == nullptr) {
     return InvalidArgumentError(
@@ -98,6 +97,7 @@ Status Engine::Impl::Init() {
   }
   const size_t n_units = layouts.size();
   shared.resize(n_units);
+  recompute.resize(n_units);
   pending_grad.assign(n_units, nullptr);
   uint64_t shared_live_bytes = 0;
   for (size_t u = 0; u < n_units; ++u) {
@@ -111,6 +111,17 @@ Status Engine::Impl::Init() {
             layouts[u].name, s));
       }
       shared_live_bytes += static_cast<uint64_t>(layouts[s].padded_numel()) * (4 + 8);
+    }
+  }
+  for (size_t u = 0; u < n_units; ++u) {
+    recompute[u] = model.RecomputeUnits(static_cast<int>(u));
+    for (const int r : recompute[u]) {
+      if (r < 0 || r >= static_cast<int>(u) || !shared[static_cast<size_t>(r)].empty()) {
+        return InvalidArgumentError(fmt::format(
+            "model: unit {} ('{}') recomputes unit {}; a unit may recompute only earlier units "
+            "that share none",
+            u, layouts[u].name, r));
+      }
     }
   }
 
@@ -287,9 +298,13 @@ Status Engine::Impl::Init() {
       param_stage.emplace_back();
     } else {
       for (auto* vec : {&master_dev, &m_dev, &v_dev, &grad_shard_dev}) vec->push_back(nullptr);
-      STRATA_ASSIGN_OR_RETURN(HostBuffer g,
-                              HostBuffer::Make(opt.pool, shard * 4, "gradient shard (host)"));
-      grad_shard_host.push_back(std::move(g));
+      if (stream_grad_shards) {
+        grad_shard_host.emplace_back();  // allocated when it lands (LandGradShard)
+      } else {
+        STRATA_ASSIGN_OR_RETURN(HostBuffer g,
+                                HostBuffer::Make(opt.pool, shard * 4, "gradient shard (host)"));
+        grad_shard_host.push_back(std::move(g));
+      }
       if (stage <= 2 || param_home == Tier::kDevice) {
         STRATA_ASSIGN_OR_RETURN(HostBuffer p, HostBuffer::Make(opt.pool, shard * csz,
                                                                "updated parameter shard (host)"));
@@ -445,7 +460,7 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
   for (const auto& l : layouts) max_shard = std::max<uint64_t>(max_shard, l.shard_numel);
   if (sg <= 0) sg = static_cast<int64_t>(max_shard);
   sg = (sg + kShardAlignElems - 1) / kShardAlignElems * kShardAlignElems;
-  uint64_t groups_all = 0;
+  uint64_t groups_all = 0, grads_all = 0;
   for (const auto& l : layouts) {
     const uint64_t shard = static_cast<uint64_t>(l.shard_numel);
     largest_param = std::max(largest_param, cls(shard * csz));
@@ -453,6 +468,7 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
     if (cpu_unit[static_cast<size_t>(l.index)]) {
       max_offloaded = std::max(max_offloaded, shard);
       total += cls(shard * 4);                                     // gradient shard
+      grads_all += cls(shard * 4);
       if (stage <= 2 || param_home == Tier::kDevice) total += cls(shard * csz);  // staging
       for (int64_t off = 0; off < l.shard_numel; off += sg) {
         const uint64_t g = cls(12 * static_cast<uint64_t>(std::min<int64_t>(sg, l.shard_numel - off)));
@@ -462,6 +478,11 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
     }
   }
   if (cpu_optimizer) {
+    // Streamed gradient shards: at most kStreamedGradShards of the largest at once.
+    if (StreamsGradShards(config, world_size)) {
+      total -= grads_all;
+      total += std::min(grads_all, kStreamedGradShards * cls(max_offloaded * 4));
+    }
     total += cls(max_offloaded * 4);  // landing buffer
     total += optim_home == Tier::kHost
                  ? groups_all

@@ -224,11 +224,13 @@ class Engine {
 
   // What the engine allocates per rank for `units` on `world_size` ranks with `config`, by tier,
   // with the formulas of Create and the step (docs/planning.md), without allocating anything.
-  // `shared[u]`: the earlier units unit u ties to (Model::SharedUnits; empty when none).
+  // `shared[u]`: the earlier units unit u ties to (Model::SharedUnits; empty when none);
+  // `recompute[u]`: the units gathered again before u's backward (Model::RecomputeUnits).
   static Result<EngineMemoryPlan> PlanMemory(
       const std::vector<UnitSpec>& units, const std::vector<std::vector<int>>& shared,
       const Config& config, int world_size, int optimizer_pipeline_depth = 4,
-      device::DeviceType device_type = device::DeviceType::kCpu);
+      device::DeviceType device_type = device::DeviceType::kCpu,
+      const std::vector<std::vector<int>>& recompute = {});
 
   // One optimizer step over `micro_batches` (gradient_accumulation_steps of them, this rank's).
   Result<StepResult> TrainStep(std::span<const Batch* const> micro_batches);

@@ -101,6 +101,28 @@ Status Engine::Impl::FlushBucket() {
 // stream.
 Status Engine::Impl::LandGradShard(int u, const void* dev_shard, int mb) {
   const size_t shard = static_cast<size_t>(layouts[u].shard_numel);
+  if (stream_grad_shards) {
+    // Allocated now and freed by the unit's optimizer job; with the pool full, wait for a job to
+    // free one (each holder's job is queued already, so one will).
+    for (;;) {
+      Result<HostBuffer> b = HostBuffer::Make(opt.pool, shard * 4, "gradient shard (host)");
+      if (b.ok()) {
+        grad_shard_host[u] = std::move(*b);
+        break;
+      }
+      if (b.status().code() != StatusCode::kResourceExhausted) return b.status();
+      std::unique_lock<std::mutex> lock(opt_mu);
+      if (!opt_error.ok()) return opt_error;
+      if (opt_pending == 0) {
+        return b.status().WithContext(fmt::format(
+            "unit {} ('{}'): no optimizer job holds a gradient shard to free (the pinned pool is "
+            "smaller than its plan: strata.memory.pinned_pool)",
+            u, layouts[u].name));
+      }
+      const uint64_t seen = grad_freed;
+      opt_cv.wait(lock, [&] { return grad_freed != seen || opt_pending == 0 || !opt_error.ok(); });
+    }
+  }
   float* acc = reinterpret_cast<float*>(grad_shard_host[u].data());
   if (mb == 0) {
     return dev.CopyAsync(acc, dev_shard, shard * 4, device::CopyKind::kDeviceToHost,
@@ -170,6 +192,8 @@ double Engine::Impl::HostGradSumSquares(int u) {
     }
     if (host_sumsq_ready[static_cast<size_t>(u)]) return host_sumsq[static_cast<size_t>(u)];
   }
+  // A streamed shard that never landed (the step failed before it): the step reports that.
+  if (grad_shard_host[static_cast<size_t>(u)].data() == nullptr) return 0.0;
   return device::SumSquaresHost(grad_shard_host[static_cast<size_t>(u)].data(), DType::kF32,
                                 static_cast<size_t>(layouts[static_cast<size_t>(u)].shard_numel),
                                 opt.cpu_adam_threads);

@@ -109,6 +109,26 @@ inline std::vector<char> CpuOptimizerUnits(const Config& cfg, const std::vector<
 
 // Whether the parameter tier manager shares host memory (strata.memory.share_host_memory; auto:
 // on for the CPU device).
+// The CPU optimizer can update a unit during backward, as soon as its gradient shard lands, when
+// no update depends on the global gradient norm: no clipping, no fp16 overflow check, no
+// skipping of non-finite steps (EngineOptions::overlap_optimizer may still turn it off).
+inline bool OverlapsOptimizer(const Config& cfg) {
+  return cfg.gradient_clipping <= 0.0 && !cfg.fp16.enabled &&
+         cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
+}
+
+// With the overlapped CPU optimizer and one micro-batch a step, a unit's fp32 gradient shard is
+// needed only from its landing on the host until its optimizer job has used it, so the shards
+// stream through the pinned pool (kStreamedGradShards of them at most, landing waits for a job
+// to free one) instead of one per unit held for the whole step: 4 bytes per parameter of the
+// shard less in the pool.
+inline constexpr uint64_t kStreamedGradShards = 4;
+inline bool StreamsGradShards(const Config& cfg, int world_size, bool overlap_option = true) {
+  const Result<BatchSizes> batch = ResolveBatchSizes(cfg.batch, world_size);
+  return overlap_option && OverlapsOptimizer(cfg) && batch.ok() &&
+         batch->gradient_accumulation_steps == 1;
+}
+
 inline bool SharesHostMemory(const Config& cfg, device::DeviceType type) {
   return type == device::DeviceType::kCpu && cfg.strata.memory.share_host_memory != Toggle::kOff;
 }
@@ -219,12 +239,17 @@ struct Engine::Impl {
   // The CPU optimizer steps each unit as soon as its gradients land, overlapped with the rest of
   // backward: only when nothing needs every gradient first (no clipping, no fp16 overflow check).
   bool overlapped_optimizer = false;
+  // Gradient shards allocated when they land and freed by their optimizer job
+  // (StreamsGradShards); grad_freed counts the frees, for a landing that waits for one.
+  bool stream_grad_shards = false;
+  uint64_t grad_freed = 0;  // guarded by opt_mu
   Tier param_home = Tier::kDevice;
   Tier optim_home = Tier::kDevice;
   std::vector<UnitLayout> layouts;
   // Tied weights: shared[u] = the earlier units unit u also reads (Model::SharedUnits), and the
   // gradient buffer a shared unit's tying unit already added to, waiting for its own backward.
   std::vector<std::vector<int>> shared;
+  std::vector<std::vector<int>> recompute;  // Model::RecomputeUnits of each unit
   std::vector<void*> pending_grad;
   int64_t max_shard = 0;
 

@@ -127,8 +127,13 @@ void Engine::Impl::OptimizerThread() {
     }
     if (st.ok() && !skip) st = CpuOptimizerUnit(job.unit, job.hyper);
     const int64_t t1 = TraceRecorder::NowNs();
+    // A streamed gradient shard is done with once its update succeeded (its share of the norm
+    // is taken); a failed or skipped job keeps it for the step's norm.
+    const bool free_grad = stream_grad_shards && st.ok() && !skip;
+    if (free_grad) grad_shard_host[static_cast<size_t>(job.unit)] = HostBuffer{};
     {
       std::lock_guard<std::mutex> lock(opt_mu);
+      if (free_grad) ++grad_freed;
       if (take_norm) {
         host_sumsq[static_cast<size_t>(job.unit)] = sumsq;
         host_sumsq_ready[static_cast<size_t>(job.unit)] = true;

@@ -31,7 +31,8 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
                                             const std::vector<std::vector<int>>& shared,
                                             const Config& config, int world_size,
                                             int optimizer_pipeline_depth,
-                                            device::DeviceType device_type) {
+                                            device::DeviceType device_type,
+                                            const std::vector<std::vector<int>>& recompute) {
   STRATA_RETURN_IF_ERROR(CheckResolved(config));
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
   const auto [stage, csz, param_home, optim_home] = PlacementOf(config);
@@ -102,6 +103,13 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
 
   // The step's transients (engine_step.cc AllocLive): gathered units (stage 3) and per-unit fp32
   // gradients, up to the live-buffer limit (engine.cc, "Transient buffers").
+  for (size_t u = 0; u < recompute.size() && u < layouts.size(); ++u) {
+    for (const int r : recompute[u]) {
+      if (r < 0 || static_cast<size_t>(r) >= u) {
+        return InvalidArgumentError(fmt::format("unit {} recomputes unit {}, which is not before it", u, r));
+      }
+    }
+  }
   uint64_t shared_live = 0, tied_extra = 0;
   for (size_t u = 0; u < shared.size() && u < layouts.size(); ++u) {
     for (const int s : shared[u]) {
@@ -128,6 +136,11 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     wanted += static_cast<uint64_t>(l.padded_numel()) * ((stage == 3 ? 2 * csz : 0) + grad);
     largest_live = std::max<uint64_t>(
         largest_live, static_cast<uint64_t>(l.padded_numel()) * ((stage == 3 ? csz : 0) + grad));
+  }
+  for (size_t u = 0; u < recompute.size() && stage == 3; ++u) {
+    for (const int r : recompute[u]) {
+      wanted += static_cast<uint64_t>(layouts[static_cast<size_t>(r)].padded_numel()) * csz;
+    }
   }
   const uint64_t configured =
       stage == 3 ? static_cast<uint64_t>(config.zero.stage3_max_live_parameters) * csz : 0;
@@ -165,6 +178,10 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
       // Each gathered copy and each gradient is an AllocLive of its own: a copy may be live
       // while the gradient after it still waits.
       for (size_t u = n; u-- > 0;) {
+        // Units gathered again to recompute their internals, each let go after its forward.
+        if (u < recompute.size()) {
+          for (const int r : recompute[u]) order.push_back(gathered(static_cast<size_t>(r)));
+        }
         order.push_back(gathered(u));
         order.push_back(grad(u));
         for (const int s : shares(u)) {

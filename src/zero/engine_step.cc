@@ -259,6 +259,12 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
   }
   const int n_mb = static_cast<int>(micro_batches.size());
   const int n_units = static_cast<int>(layouts.size());
+  if (stream_grad_shards && n_mb != 1) {
+    return FailedPreconditionError(fmt::format(
+        "engine: a step of {} micro-batches, but gradient_accumulation_steps is 1 (the gradient "
+        "shards stream through the pinned pool, one micro-batch a step)",
+        n_mb));
+  }
   const float loss_scale = scaler ? scaler->scale() : 1.0f;
   result.loss_scale = loss_scale;
 
@@ -318,6 +324,16 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
       STRATA_RETURN_IF_ERROR(ostates->ReadAheadFirst());
     }
     for (int u = n_units - 1; u >= 0; --u) {
+      // Units whose internals this backward reads run their forward again first, each gathered
+      // for it (activation checkpointing across units: Model::RecomputeUnits).
+      for (const int r : recompute[static_cast<size_t>(u)]) {
+        const int64_t t1 = TraceRecorder::NowNs();
+        STRATA_ASSIGN_OR_RETURN(UnitView pr, AcquireParams(r, "recompute", &io_wait_ns));
+        exposed_io += ExposedSince(t1);
+        STRATA_RETURN_IF_ERROR(model.Recompute(r, pr, *compute));
+        STRATA_RETURN_IF_ERROR(StampCompute());
+        STRATA_RETURN_IF_ERROR(ReleaseParams(r, pr));
+      }
       const int64_t t0 = TraceRecorder::NowNs();
       STRATA_ASSIGN_OR_RETURN(UnitView p, AcquireParams(u, "backward", &io_wait_ns));
       // The unit's gradient buffer: the one a tying unit already added to, or a zeroed one.

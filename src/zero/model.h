@@ -117,6 +117,17 @@ class Model {
     return Backward(unit, params[0], grads[0], stream);
   }
 
+  // Activation checkpointing across units: the units whose forward runs again, in this order,
+  // just before `unit`'s backward, because that backward reads their internals (a split decoder
+  // block's MLP down projection reads what its attention, gate and up units computed). Each must
+  // be < unit and share no units. The engine gathers each again for it. Default: none.
+  virtual std::vector<int> RecomputeUnits(int /*unit*/) const { return {}; }
+  // `unit`'s forward again, in backward (RecomputeUnits): it restores the internals later
+  // backwards read and need not write what it passes on, which is kept. Default: Forward.
+  virtual Status Recompute(int unit, const UnitView& params, device::Stream& stream) {
+    return Forward(unit, params, stream);
+  }
+
   // Returns the micro-batch's (unscaled) loss; may synchronize `stream`.
   virtual Result<double> EndMicroBatch(device::Stream& stream) = 0;
 };

@@ -97,6 +97,17 @@ TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {
            "offload_param": {"device": "nvme", "nvme_path": "@DIR@"},
            "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}})",
        R"("bf16": {"enabled": true},)", true},
+      // Split blocks (strata.split_blocks), every block's internals kept, as in the 70B full
+      // trial; and recomputed part by part, each part gathered again before its down part.
+      {"stage 3 bf16, split blocks, parameters and optimizer on NVMe",
+       R"({"stage": 3, "stage3_prefetch_bucket_size": 500000, "stage3_max_live_parameters": 1000000,
+           "sub_group_size": 300000,
+           "offload_param": {"device": "nvme", "nvme_path": "@DIR@"},
+           "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}})",
+       R"("bf16": {"enabled": true},)", false, R"("split_blocks": true, )"},
+      {"stage 3 bf16, split blocks recomputed, everything on the device",
+       R"({"stage": 3, "stage3_max_live_parameters": 1000})", R"("bf16": {"enabled": true},)",
+       false, R"("split_blocks": true, "activation_checkpointing": true, )"},
       // The two-layer 70B trial's placement in small (benchmarks/llama70b_layers.py --stream):
       // frozen base weights on NVMe with the host tier bounded below the model, so that they
       // stream every step; the pool is planned from strata.memory.host_budget. (The live limit
@@ -358,6 +369,10 @@ TEST(EstimateTest, JsonHasFitAndTime) {
   EXPECT_GT(j["time"]["step_s"].get<double>(), 0.0);
   EXPECT_GT(j["time"]["collective_bytes"].get<double>(), 0.0);
   EXPECT_EQ(j["time"]["bound_by"], "compute");
+  // Endurance is an amount of bytes, not a rate.
+  r = RunStrata({"estimate", "--model", "llama-tiny", "--nvme-tbw", "14PB/s"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--nvme-tbw: '14PB/s' is not an amount of bytes"), std::string::npos) << r.err;
   r = RunStrata({"estimate", "--model", "llama-tiny"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* line : {"fit\n", "device per rank", "time per step", "critical path",

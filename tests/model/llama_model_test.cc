@@ -573,6 +573,9 @@ Result<MicroBatchResult> RunMicroBatch(device::Device& dev, const LlamaConfig& c
       }
     }
     for (int u = n - 1; u >= 0; --u) {
+      for (const int r : model->RecomputeUnits(u)) {  // as the engine does
+        STRATA_RETURN_IF_ERROR(model->Recompute(r, pv(r), *stream));
+      }
       const std::vector<int> shared = model->SharedUnits(u);
       if (!shared.empty()) {
         const zero::UnitView views[2] = {pv(u), pv(shared[0])};
@@ -855,7 +858,8 @@ TEST(LlamaModelTest, KeptActivationsGiveTheCheckpointedRunBitForBit) {
 }
 
 // strata.split_blocks: each block as four units (attention, gate, up, down). The same initial
-// weights, the same loss and the same gradient of every parameter, bit for bit, as whole blocks;
+// weights, the same loss and the same gradient of every parameter, bit for bit, as whole blocks,
+// with every block's internals kept and with them recomputed part by part (RecomputeUnits);
 // only the units differ.
 TEST(LlamaModelTest, SplitBlocksGiveTheWholeBlocksRunBitForBit) {
   auto cpu = device::CreateDevice({});
@@ -916,30 +920,37 @@ TEST(LlamaModelTest, SplitBlocksGiveTheWholeBlocksRunBitForBit) {
       for (int64_t i = 0; i < batch * (seq + 1); ++i) b.tokens.push_back(tok(rng));
       auto want = RunMicroBatch(**cpu, cfg, seq, batch, wl, wp, dtype, b, whole);
       ASSERT_TRUE(want.ok()) << want.status().ToString();
-      auto got = RunMicroBatch(**cpu, cfg, seq, batch, sl, sp, dtype, b, split);
-      ASSERT_TRUE(got.ok()) << got.status().ToString();
-      EXPECT_EQ(got->loss, want->loss);
-      for (const auto& [name, w] : wn) {
-        const Where s = sn.at(name);
-        const auto& gw = want->grads[w.unit];
-        const auto& gs = got->grads[s.unit];
-        EXPECT_TRUE(std::equal(gw.begin() + w.offset, gw.begin() + w.offset + w.numel,
-                               gs.begin() + s.offset))
-            << name;
-        EXPECT_TRUE(std::any_of(gs.begin() + s.offset, gs.begin() + s.offset + s.numel,
-                                [](float g) { return g != 0.0f; }))
-            << name;
+      for (bool keep : {true, false}) {
+        SCOPED_TRACE(keep ? "kept" : "recomputed part by part");
+        split.keep_activations = keep;
+        auto got = RunMicroBatch(**cpu, cfg, seq, batch, sl, sp, dtype, b, split);
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        EXPECT_EQ(got->loss, want->loss);
+        for (const auto& [name, w] : wn) {
+          const Where s = sn.at(name);
+          const auto& gw = want->grads[w.unit];
+          const auto& gs = got->grads[s.unit];
+          EXPECT_TRUE(std::equal(gw.begin() + w.offset, gw.begin() + w.offset + w.numel,
+                                 gs.begin() + s.offset))
+              << name;
+          EXPECT_TRUE(std::any_of(gs.begin() + s.offset, gs.begin() + s.offset + s.numel,
+                                  [](float g) { return g != 0.0f; }))
+              << name;
+        }
+      }
+      // Only the down part of a block that is not the last recomputes, and what it recomputes
+      // is its block's other three parts.
+      auto model = LlamaModel::Create(**cpu, cfg, seq, batch, 7, split);
+      ASSERT_TRUE(model.ok());
+      for (int u = 0; u < 14; ++u) {
+        const std::vector<int> want_r = u == 4 || u == 8 ? std::vector<int>{u - 3, u - 2, u - 1}
+                                                         : std::vector<int>{};
+        EXPECT_EQ((*model)->RecomputeUnits(u), want_r) << "unit " << u;
       }
     }
   }
-  // Split blocks need kept internals, and no LoRA.
+  // Split blocks take no LoRA.
   LlamaConfig cfg = TinyConfig();
-  LlamaModelOptions bad;
-  bad.split_blocks = true;
-  auto no_keep = LlamaModel::Create(**cpu, cfg, seq, batch, 7, bad);
-  ASSERT_FALSE(no_keep.ok());
-  EXPECT_NE(no_keep.status().message().find("internals kept"), std::string::npos)
-      << no_keep.status().ToString();
   LlamaLora lora;
   lora.rank = 2;
   lora.scale = 1.0f;

@@ -63,6 +63,7 @@ TEST(ParseRateTest, UnitsAndForms) {
   EXPECT_DOUBLE_EQ(*ParseRate("1GiB/s"), 1073741824.0);
   EXPECT_DOUBLE_EQ(*ParseRate("800M"), 800e6);
   EXPECT_DOUBLE_EQ(*ParseRate("400Gb/s"), 50e9);  // bits, as network links are quoted
+  EXPECT_DOUBLE_EQ(*ParseRate("14PB"), 14e15);      // drive endurance (--nvme-tbw)
   for (const char* bad : {"", "fast", "-1G/s", "0", "5Q/s", "G/s", "1e", "2GG"}) {
     Result<double> r = ParseRate(bad);
     EXPECT_FALSE(r.ok()) << bad;

@@ -508,6 +508,49 @@ TEST(EngineTest, PlannedPinnedPoolIsEnough) {
   }
 }
 
+// With the overlapped CPU optimizer and one micro-batch a step, gradient shards stream through
+// the pinned pool (allocated when they land, freed by their optimizer job): the planned pool
+// holds four of the largest, not one per unit, and a run in exactly that pool gives the masters
+// of the sequential optimizer, which holds every shard for the whole step.
+TEST(EngineTest, GradientShardsStreamThroughThePool) {
+  for (const char* where : {"cpu", "nvme"}) {
+    SCOPED_TRACE(where);
+    ToyRun::Options o;
+    o.layers = 12;
+    o.width = 512;
+    o.steps = 3;
+    o.config_json = ConfigJson(3, where, where);
+    auto config = ParseConfig(o.config_json, "<t>");
+    auto clipped = ParseConfig(ConfigJson(3, where, where, R"(, "gradient_clipping": 1e9)"), "<t>");
+    auto accumulated = ParseConfig(o.config_json, "<t>");
+    ASSERT_TRUE(config.ok() && clipped.ok() && accumulated.ok());
+    for (Config* c : {&*config, &*clipped, &*accumulated}) {
+      c->batch.train_micro_batch_size_per_gpu = o.samples_per_micro_batch;  // as ToyRun sets
+      c->batch.gradient_accumulation_steps = 1;
+    }
+    accumulated->batch.gradient_accumulation_steps = 2;
+    auto probe_device = device::CreateDevice({});
+    ASSERT_TRUE(probe_device.ok());
+    testing::ToyModel probe(**probe_device, o.layers, o.width);
+    auto streamed = Engine::PlanPinnedPoolBytes(probe.units(), *config, 1);
+    auto held = Engine::PlanPinnedPoolBytes(probe.units(), *clipped, 1);
+    auto held_gas = Engine::PlanPinnedPoolBytes(probe.units(), *accumulated, 1);
+    ASSERT_TRUE(streamed.ok() && held.ok() && held_gas.ok()) << streamed.status().ToString();
+    // Every unit's gradient shard held, against four streamed: the pool is smaller by at least
+    // eight of them (with the 25% margin).
+    const uint64_t unit_grad = 4 * static_cast<uint64_t>(probe.units()[1].params[0].numel());
+    EXPECT_GE(*held - *streamed, 8 * unit_grad) << *held << " vs " << *streamed;
+    EXPECT_EQ(*held_gas, *held) << "accumulation holds every shard";
+    o.pool_bytes = *streamed;
+    const auto stream_run = TrainAndGetMasters(o);
+    o.overlap_optimizer = false;
+    o.pool_bytes = *held;
+    const auto sequential = TrainAndGetMasters(o);
+    ASSERT_FALSE(stream_run.empty());
+    EXPECT_EQ(MaxRelDiff(stream_run, sequential), 0.0);
+  }
+}
+
 TEST(EngineTest, MissingPoolOrPathIsAClearError) {
   ToyRun::Options o;
   o.config_json = ConfigJson(3, "nvme", "nvme");

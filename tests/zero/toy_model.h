@@ -314,6 +314,12 @@ struct ToyRun {
     size_t pos = 0;
     while ((pos = json.find("@NVME@")) != std::string::npos) json.replace(pos, 6, nvme);
     STRATA_ASSIGN_OR_RETURN(config, ParseConfig(json, "<test config>"));
+    // A config without batch sizes gets the run's: the engine plans by them (one micro-batch a
+    // step lets gradient shards stream through the pinned pool).
+    if (!config.batch.train_batch_size && !config.batch.train_micro_batch_size_per_gpu) {
+      config.batch.train_micro_batch_size_per_gpu = o.samples_per_micro_batch;
+      config.batch.gradient_accumulation_steps = o.accumulation;
+    }
     // The test's own budgets, store and backend; everything else as the config says.
     train::RuntimeOptions ro;
     ro.device = DeviceKind::kCpu;
