@@ -155,7 +155,8 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
   } else {
     STRATA_ASSIGN_OR_RETURN(pool_bytes, zero::Engine::PlanPinnedPoolBytes(
                                             model.units(), config, runtime.comm->world_size(),
-                                            s.optimizer_pipeline_depth, runtime.device->type()));
+                                            s.optimizer_pipeline_depth, runtime.device->type(),
+                                            options.overlap_optimizer.value_or(true)));
     // "auto" sizes from the host too: a plan the machine cannot pin fails here, clearly, rather
     // than as a failed allocation or the OOM killer later. Every rank on the node pins its own.
     const uint64_t available = HostAvailableBytes();

@@ -446,7 +446,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model& model, EngineOptions optio
 Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
                                               const Config& config, int world_size,
                                               int optimizer_pipeline_depth,
-                                              device::DeviceType device_type) {
+                                              device::DeviceType device_type,
+                                              bool overlap_optimizer) {
   STRATA_RETURN_IF_ERROR(CheckResolved(config));
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
   const auto [stage, csz, param_home, optim_home] = PlacementOf(config);
@@ -479,7 +480,7 @@ Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
   }
   if (cpu_optimizer) {
     // Streamed gradient shards: at most kStreamedGradShards of the largest at once.
-    if (StreamsGradShards(config, world_size)) {
+    if (StreamsGradShards(config, world_size, overlap_optimizer)) {
       total -= grads_all;
       total += std::min(grads_all, kStreamedGradShards * cls(max_offloaded * 4));
     }

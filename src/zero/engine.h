@@ -218,9 +218,11 @@ class Engine {
   // classes. For sizing strata.memory.pinned_pool when it is "auto". `device_type`: on the CPU
   // device parameter shards share host memory (strata.memory.share_host_memory), and the host
   // copies then also hold what the device caches.
+  // `overlap_optimizer`: EngineOptions::overlap_optimizer (whether gradient shards may stream).
   static Result<uint64_t> PlanPinnedPoolBytes(
       const std::vector<UnitSpec>& units, const Config& config, int world_size,
-      int optimizer_pipeline_depth = 4, device::DeviceType device_type = device::DeviceType::kCpu);
+      int optimizer_pipeline_depth = 4, device::DeviceType device_type = device::DeviceType::kCpu,
+      bool overlap_optimizer = true);
 
   // What the engine allocates per rank for `units` on `world_size` ranks with `config`, by tier,
   // with the formulas of Create and the step (docs/planning.md), without allocating anything.

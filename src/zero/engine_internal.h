@@ -107,8 +107,6 @@ inline std::vector<char> CpuOptimizerUnits(const Config& cfg, const std::vector<
   return OffloadedUnits(layouts, cfg.zero.offload_optimizer.ratio, frozen);
 }
 
-// Whether the parameter tier manager shares host memory (strata.memory.share_host_memory; auto:
-// on for the CPU device).
 // The CPU optimizer can update a unit during backward, as soon as its gradient shard lands, when
 // no update depends on the global gradient norm: no clipping, no fp16 overflow check, no
 // skipping of non-finite steps (EngineOptions::overlap_optimizer may still turn it off).
@@ -129,6 +127,8 @@ inline bool StreamsGradShards(const Config& cfg, int world_size, bool overlap_op
          batch->gradient_accumulation_steps == 1;
 }
 
+// Whether the parameter tier manager shares host memory (strata.memory.share_host_memory; auto:
+// on for the CPU device).
 inline bool SharesHostMemory(const Config& cfg, device::DeviceType type) {
   return type == device::DeviceType::kCpu && cfg.strata.memory.share_host_memory != Toggle::kOff;
 }
