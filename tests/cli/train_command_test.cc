@@ -112,6 +112,12 @@ TEST(TrainCommandTest, BadInputIsOneClearError) {
   EXPECT_THAT(r.err, HasSubstr(odd));
 }
 
+// The whole file, byte for byte.
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 std::vector<double> Losses(const std::string& metrics_path) {
   std::vector<double> out;
   std::ifstream in(metrics_path);
@@ -305,11 +311,7 @@ TEST(TrainCommandTest, LoraAdaptersTrainResumeAndMerge) {
   EXPECT_EQ(adapter_config["r"], 4);
   EXPECT_EQ(adapter_config["target_modules"], (nlohmann::json{"q_proj", "down_proj"}));
   // The base weights are the loaded ones, byte for byte (the same header and data).
-  auto bytes = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
-  EXPECT_EQ(bytes(step + "/model.safetensors"), bytes(base_dir + "/model.safetensors"));
+  EXPECT_EQ(FileBytes(step + "/model.safetensors"), FileBytes(base_dir + "/model.safetensors"));
 
   // 3 steps, then a resume to 6: the same losses, bit for bit.
   auto first = RunStrata({"train", "--config", lora, "--model", base_dir, "--data", data,
@@ -842,12 +844,8 @@ TEST(TrainCommandTest, SplitBlocksTrainAsWholeBlocks) {
   const std::vector<double> want = Losses(dir.file("whole.jsonl"));
   ASSERT_EQ(want.size(), 6u);
   EXPECT_EQ(Losses(dir.file("split.jsonl")), want);
-  auto bytes = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
-  EXPECT_EQ(bytes(dir.file("split/latest/model.safetensors")),
-            bytes(dir.file("whole/latest/model.safetensors")));
+  EXPECT_EQ(FileBytes(dir.file("split/latest/model.safetensors")),
+            FileBytes(dir.file("whole/latest/model.safetensors")));
   // 3 steps split, resumed as whole blocks to 6: the straight run's losses.
   run("half", split, with(fresh, {"--steps", "3", "--save", dir.file("half")}));
   run("half", whole, {"--steps", "6", "--resume", dir.file("half")});
