@@ -51,6 +51,7 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   if (in.world_size > 1) e.rank_agreement = charged(static_cast<uint64_t>(in.world_size) * 4);
 
   const bool split = in.config.strata.split_blocks;
+  e.split_blocks = split;
   const int n = model::LlamaNumUnits(in.model, lora, split);
   std::vector<zero::UnitSpec> units;
   std::vector<std::vector<int>> shared(static_cast<size_t>(n));
@@ -186,7 +187,9 @@ std::string FormatMemoryEstimate(const MemoryEstimate& e) {
       e.world_size, e.micro_batch, e.seq_len);
   out += "device\n";
   out += e.checkpointing
-             ? Line("activations (one micro-batch; checkpointed, each block recomputed)",
+             ? Line(e.split_blocks
+                        ? "activations (one micro-batch; checkpointed, recomputed part by part)"
+                        : "activations (one micro-batch; checkpointed, each block recomputed)",
                     e.activations)
              : Line("activations (one micro-batch; every block's kept, none recomputed)",
                     e.activations);
@@ -228,6 +231,7 @@ nlohmann::json MemoryEstimateJson(const MemoryEstimate& e) {
            {{"peak_bytes", e.device_peak()},
             {"activations_bytes", e.activations},
             {"activation_checkpointing", e.checkpointing},
+            {"split_blocks", e.split_blocks},
             {"activations_checkpointed_bytes", e.activations_checkpointed},
             {"activations_kept_bytes", e.activations_kept},
             {"workspace_bytes", e.workspace},

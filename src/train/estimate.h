@@ -47,6 +47,7 @@ struct MemoryEstimate {
   // Activation checkpointing, resolved (strata.activation_checkpointing), and the activations
   // with it and without (every block's internals kept).
   bool checkpointing = true;
+  bool split_blocks = false;  // strata.split_blocks: four units per block
   uint64_t activations_checkpointed = 0;
   uint64_t activations_kept = 0;
   uint64_t workspace = 0;       // the CUDA ops' workspace (device; 0 on the CPU device)

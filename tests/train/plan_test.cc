@@ -73,6 +73,37 @@ TEST(ParseRateTest, UnitsAndForms) {
   }
 }
 
+// Split blocks with checkpointing: four units per block, and a third gather per micro-batch of
+// the attention, gate and up units of every block but the last (LlamaRecomputeUnits).
+TEST(TimeModelTest, SplitBlocksGatherTheRecomputedPartsAgain) {
+  const std::string zero = R"({"stage": 3})";
+  const EstimateInput whole = Input(zero, 2, R"("strata": {"activation_checkpointing": true}, )");
+  const EstimateInput split = Input(
+      zero, 2, R"("strata": {"split_blocks": true, "activation_checkpointing": true}, )");
+  Result<MemoryEstimate> mw = EstimateMemory(whole), ms = EstimateMemory(split);
+  ASSERT_TRUE(mw.ok() && ms.ok()) << ms.status().ToString();
+  EXPECT_EQ(mw->units, 4 + 2);
+  EXPECT_EQ(ms->units, 4 * 4 + 2);
+  EXPECT_TRUE(ms->split_blocks && ms->checkpointing);
+  EXPECT_EQ(mw->recompute_padded_elems, 0u);
+  // Three of the four blocks recompute; per block everything but the down projection.
+  const model::LlamaConfig c = SmallModel();
+  const uint64_t down = static_cast<uint64_t>(c.hidden_size * c.intermediate_size);
+  const uint64_t block = (static_cast<uint64_t>(c.ParameterCount()) -
+                          2 * static_cast<uint64_t>(c.vocab_size * c.hidden_size) -
+                          static_cast<uint64_t>(c.hidden_size)) /
+                         4;
+  EXPECT_GE(ms->recompute_padded_elems, 3 * (block - down));
+  EXPECT_LT(ms->recompute_padded_elems, 3 * (block - down) + 3 * 3 * 4096);  // shard padding
+  const TimeEstimate tw = EstimateTime(whole, *mw, Big(2)), ts = EstimateTime(split, *ms, Big(2));
+  // Per micro-batch (2), the third gather of those elements in bf16 over 2 ranks.
+  const double extra = 2.0 * 2 * static_cast<double>(ms->recompute_padded_elems) / 2;
+  EXPECT_NEAR(static_cast<double>(ts.collective_bytes) - static_cast<double>(tw.collective_bytes),
+              extra + 2.0 * (2 * 2 + 4) * static_cast<double>(ms->padded_elems - mw->padded_elems) / 2,
+              8.0);
+  EXPECT_DOUBLE_EQ(ts.exec_flops, tw.exec_flops);
+}
+
 // Stage 3 on 2 ranks, optimizer on NVMe: every byte of the step counted from the partition.
 TEST(TimeModelTest, CountsTheBytesOfAStage3NvmeStep) {
   const EstimateInput in = Input(
