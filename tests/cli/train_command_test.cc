@@ -994,6 +994,14 @@ INSTANTIATE_TEST_SUITE_P(
                R"({"stage": 3, "offload_param": {"device": "cpu"},
                    "offload_optimizer": {"device": "cpu", "ratio": 0.5}})",
                2e-2},
+        // Split blocks (four units per block) recomputed part by part, each part gathered again
+        // from pinned host memory, the optimizer on the CPU.
+        GpuRun{"SplitBlocksCheckpointedHostBf16",
+               R"(, "bf16": {"enabled": true},
+                   "strata": {"split_blocks": true, "activation_checkpointing": true})",
+               R"({"stage": 3, "offload_param": {"device": "cpu"},
+                   "offload_optimizer": {"device": "cpu"}})",
+               2e-2},
         // LoRA on every projection, the frozen base weights and the adapters' states on NVMe.
         GpuRun{"LoraNvme",
                R"(, "strata": {"lora": {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}})",
