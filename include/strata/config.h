@@ -397,8 +397,9 @@ struct StrataSettings {
   // and updates one MLP matrix at a time, so the largest unit in flight is a matrix, not a block
   // (a 70B-shaped block is 0.86B parameters; its largest matrix 0.23B). With activation
   // checkpointing a block is recomputed part by part, each part gathered again for it; not with
-  // strata.lora.
-  bool split_blocks = false;
+  // strata.lora. kAuto: split only when the run's device plan with whole blocks exceeds the
+  // device budget and the plan with split blocks is smaller (train/estimate.h, EstimateMemory).
+  Toggle split_blocks = Toggle::kAuto;
   // Threads of the CPU AdamW step (offload_optimizer cpu/nvme). nullopt ("auto"): on a GPU run
   // the host's cores divided among the node's ranks, less one each for I/O and the run's own
   // thread; on the CPU device 1, since the cores compute the model.

@@ -1000,7 +1000,8 @@ class ConfigParser {
         {.name = "tf32", .parse = [&](const Field& v) { return ReadBool(v, &s.tf32); }},
         {.name = "activation_checkpointing",
          .parse = [&](const Field& v) { return ReadToggle(v, &s.activation_checkpointing); }},
-        {.name = "split_blocks", .parse = [&](const Field& v) { return ReadBool(v, &s.split_blocks); }},
+        {.name = "split_blocks",
+         .parse = [&](const Field& v) { return ReadToggle(v, &s.split_blocks); }},
         {.name = "on_nonfinite",
          .parse =
              [&](const Field& v) {
@@ -1234,7 +1235,7 @@ class ConfigParser {
           "to train some base weights with the adapters, list them in strata.trainable");
     }
 
-    if (config_.strata.split_blocks && config_.strata.lora.enabled()) {
+    if (config_.strata.split_blocks == Toggle::kOn && config_.strata.lora.enabled()) {
       return InvalidArgumentError(
           "strata.split_blocks and strata.lora are both given: a LoRA run's trained units are "
           "its small adapter units already; drop strata.split_blocks");

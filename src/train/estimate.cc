@@ -16,7 +16,10 @@ uint64_t MemoryEstimate::device_peak() const {
   return activations + workspace + rank_agreement + engine.device_total();
 }
 
-Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
+namespace {
+
+// The estimate with split blocks on or off (strata.split_blocks resolved).
+Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
   if (in.world_size < 1) {
     return InvalidArgumentError(fmt::format("world size {}: expected at least 1", in.world_size));
   }
@@ -50,7 +53,6 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   // The trainer's stop agreement (RankGather), on several ranks.
   if (in.world_size > 1) e.rank_agreement = charged(static_cast<uint64_t>(in.world_size) * 4);
 
-  const bool split = in.config.strata.split_blocks;
   e.split_blocks = split;
   const int n = model::LlamaNumUnits(in.model, lora, split);
   std::vector<zero::UnitSpec> units;
@@ -120,6 +122,23 @@ Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
   }
   e.activations = e.checkpointing ? e.activations_checkpointed : e.activations_kept;
   return e;
+}
+
+}  // namespace
+
+Result<MemoryEstimate> EstimateMemory(const EstimateInput& in) {
+  const Toggle split = in.config.strata.split_blocks;
+  if (split != Toggle::kAuto) return EstimateMemoryAs(in, split == Toggle::kOn);
+  // "auto": whole blocks unless their plan exceeds the device budget and split blocks' is
+  // smaller (never with LoRA, whose trained units are small already).
+  STRATA_ASSIGN_OR_RETURN(MemoryEstimate whole, EstimateMemoryAs(in, false));
+  if (in.device_budget == 0 || whole.device_peak() <= in.device_budget ||
+      in.config.strata.lora.enabled()) {
+    return whole;
+  }
+  Result<MemoryEstimate> parts = EstimateMemoryAs(in, true);
+  if (parts.ok() && parts->device_peak() < whole.device_peak()) return parts;
+  return whole;
 }
 
 Status CheckDevicePlan(const MemoryEstimate& e, uint64_t budget, std::string* warning) {

@@ -389,6 +389,7 @@ Status RunTraining(const TrainOptions& o) {
   // It settles activation checkpointing too (strata.activation_checkpointing "auto": off when
   // every block's internals fit beside the rest).
   bool keep_activations = false;
+  bool split_blocks = false;  // strata.split_blocks, resolved
   {
     plan_in.config = config;  // with the placement resolved
     // Evaluation runs no backward: nothing to keep a block's internals for.
@@ -398,6 +399,7 @@ Status RunTraining(const TrainOptions& o) {
     STRATA_RETURN_IF_ERROR(CheckDevicePlan(plan, dev->memory_stats().budget, &warning));
     if (!warning.empty() && rank == 0) STRATA_LOG(warn, train, "{}", warning);  // same on every rank
     keep_activations = !plan.checkpointing;
+    split_blocks = plan.split_blocks;
   }
 
   // Model, store, pool, engine.
@@ -409,7 +411,7 @@ Status RunTraining(const TrainOptions& o) {
                                                      .profile_ops = o.profile_ops,
                                                      .lora = lora,
                                                      .keep_activations = keep_activations,
-                                                     .split_blocks = config.strata.split_blocks}));
+                                                     .split_blocks = split_blocks}));
   say(fmt::format(
       "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
       "parameters on {}, {}{}, {}",
@@ -429,9 +431,9 @@ Status RunTraining(const TrainOptions& o) {
                   runtime.choice.reason, FormatBytes(dev->memory_stats().budget),
                   FormatBytes(llama->activation_bytes() + llama->workspace_bytes()),
                   o.eval_only         ? "forward only"
-                  : config.strata.split_blocks && keep_activations
+                  : split_blocks && keep_activations
                       ? "every block's kept; each block as four units, strata.split_blocks"
-                  : config.strata.split_blocks
+                  : split_blocks
                       ? "checkpointed: each block recomputed part by part in backward, "
                         "strata.split_blocks"
                   : keep_activations ? "every block's kept: no recomputation"

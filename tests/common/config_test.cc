@@ -954,14 +954,17 @@ TEST(ConfigStrataTest, TogglesAndEnums) {
   EXPECT_EQ(ErrorOf(R"({"strata": {"activation_checkpointing": "sometimes"}})"),
             "test.json: strata.activation_checkpointing: expected \"auto\", \"on\", \"off\", "
             "true or false, got \"sometimes\"");
-  EXPECT_FALSE(Ok("{}").strata.split_blocks);
-  EXPECT_TRUE(Ok(R"({"strata": {"split_blocks": true}})").strata.split_blocks);
+  EXPECT_EQ(Ok("{}").strata.split_blocks, Toggle::kAuto);
+  EXPECT_EQ(Ok(R"({"strata": {"split_blocks": true}})").strata.split_blocks, Toggle::kOn);
+  EXPECT_EQ(Ok(R"({"strata": {"split_blocks": "off"}})").strata.split_blocks, Toggle::kOff);
+  // "auto" never splits a LoRA run: no error with it.
+  EXPECT_EQ(Ok(R"({"strata": {"lora": {"r": 4}}})").strata.split_blocks, Toggle::kAuto);
   EXPECT_EQ(Ok(R"({"strata": {"split_blocks": true, "activation_checkpointing": "on"}})")
                 .strata.activation_checkpointing,
             Toggle::kOn);
   EXPECT_THAT(ErrorOf(R"({"strata": {"split_blocks": true, "lora": {"r": 4}}})"),
               HasSubstr("strata.split_blocks and strata.lora are both given"));
-  EXPECT_THAT(ErrorOf(R"({"strata": {"split_blocks": 1}})"), HasSubstr("strata.split_blocks"));
+  EXPECT_THAT(ErrorOf(R"({"strata": {"split_blocks": 2}})"), HasSubstr("strata.split_blocks"));
   EXPECT_FALSE(Ok("{}").strata.tf32);
   EXPECT_TRUE(Ok(R"({"strata": {"tf32": true}})").strata.tf32);
   EXPECT_THAT(ErrorOf(R"({"strata": {"tf32": "yes"}})"), HasSubstr("strata.tf32"));

@@ -104,6 +104,37 @@ TEST(TimeModelTest, SplitBlocksGatherTheRecomputedPartsAgain) {
   EXPECT_DOUBLE_EQ(ts.exec_flops, tw.exec_flops);
 }
 
+// strata.split_blocks "auto": whole blocks while their plan fits the device budget; split blocks
+// when it does not and theirs is smaller; never with LoRA.
+TEST(PlannerTest, SplitBlocksFollowTheDeviceBudget) {
+  const std::string zero = R"({"stage": 3, "stage3_max_live_parameters": 1000})";
+  EstimateInput whole = Input(zero, 1, R"("strata": {"split_blocks": false}, )");
+  EstimateInput split = Input(zero, 1, R"("strata": {"split_blocks": true}, )");
+  EstimateInput automatic = Input(zero, 1);
+  EstimateInput lora = Input(zero, 1, R"("strata": {"lora": {"r": 4}}, )");
+  ASSERT_EQ(automatic.config.strata.split_blocks, Toggle::kAuto);
+  Result<MemoryEstimate> w = EstimateMemory(whole), s = EstimateMemory(split);
+  ASSERT_TRUE(w.ok() && s.ok()) << s.status().ToString();
+  ASSERT_LT(s->device_peak(), w->device_peak());
+  // Room for whole blocks: they stay.
+  automatic.device_budget = w->device_peak();
+  Result<MemoryEstimate> a = EstimateMemory(automatic);
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->split_blocks);
+  EXPECT_EQ(a->device_peak(), w->device_peak());
+  // Not enough: split.
+  automatic.device_budget = (w->device_peak() + s->device_peak()) / 2;
+  a = EstimateMemory(automatic);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->split_blocks);
+  EXPECT_EQ(a->units, 4 * 4 + 2);
+  EXPECT_LE(a->device_peak(), automatic.device_budget);
+  lora.device_budget = automatic.device_budget;
+  a = EstimateMemory(lora);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_FALSE(a->split_blocks);
+}
+
 // Stage 3 on 2 ranks, optimizer on NVMe: every byte of the step counted from the partition.
 TEST(TimeModelTest, CountsTheBytesOfAStage3NvmeStep) {
   const EstimateInput in = Input(
