@@ -3,6 +3,8 @@
 # already installed are left alone, and apt-get runs only when something is missing.
 #
 #   deploy/install-deps.sh            # as root, or with sudo available
+#   deploy/install-deps.sh --build-only   # only what building and running strata needs (the
+#                                         # container image, deploy/docker/Dockerfile)
 #   STRATA_DEPS_DRY_RUN=1 deploy/install-deps.sh   # print what would be installed
 #
 # Not installed here: the CUDA toolkit and NCCL (from NVIDIA's repositories or images). CMake
@@ -22,6 +24,8 @@ packages=(
   libcli11-dev          # the strata command line
   libopenmpi-dev openmpi-bin  # multi-rank runs (optional at build time)
   libopenblas-dev       # CPU GEMMs (the overlap benchmark's compute; the CPU model kernels)
+)
+test_packages=(
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   fio                   # benchmarks/nvme_vs_fio.py compares against it
@@ -32,7 +36,14 @@ packages=(
   libaio-dev            # DeepSpeed's async I/O op (benchmarks/aio_vs_deepspeed.py)
   chromium python3-pil  # the test that renders `strata report` in a headless browser
   slurm-wlm munge       # the test that runs deploy/slurm/strata-train.sbatch on a real Slurm
+  docker.io debootstrap # the test that builds deploy/docker/Dockerfile and runs the main job in it
 )
+
+case "${1:-}" in
+  "") packages+=("${test_packages[@]}") ;;
+  --build-only) ;;
+  *) echo "install-deps: unknown argument '$1' (the only one is --build-only)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
