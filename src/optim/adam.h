@@ -36,8 +36,11 @@
 //     the reference for the GPU kernel, which uses the same operations with explicit rounding
 //     (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn) and so gives the same bits.
 //   - The AVX2 and AVX-512 paths fuse each a * b + c (and p - lwd * p, p - ss * (m / d)) into one
-//     FMA. They give the same bits as each other, for every n and thread count; they differ from
-//     the scalar path only by those roundings.
+//     FMA, and compute d as one FMA with isb2 = 1 / sqrt(1 - beta2^t) (in double, rounded once):
+//     d = sqrt(v) * isb2 + eps. That leaves two operations for the divider per element (the
+//     square root and m / d) instead of three, which is what bounds the loop on cores whose
+//     512-bit division is slow. They give the same bits as each other, for every n and thread
+//     count; they differ from the scalar path only by those roundings.
 //   - Every path is within a few fp32 ulps of ReferenceAdamStepDouble, measured against the
 //     magnitudes of the terms that are summed (tests/optim/adam_test.cc states the bound): a
 //     result that cancels (m near 0 after a sign change of g) is only as exact as its terms.

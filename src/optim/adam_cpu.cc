@@ -299,6 +299,7 @@ AdamStepScalars ComputeAdamStepScalars(const AdamHyper& h) {
   s.lr_weight_decay = static_cast<float>(h.lr * h.weight_decay);
   s.step_size = static_cast<float>(h.lr / bc1);
   s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.inv_bias_correction2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   s.decay = h.weight_decay == 0.0 ? DecayMode::kNone
             : h.decoupled         ? DecayMode::kDecoupled
                                   : DecayMode::kL2;

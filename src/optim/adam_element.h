@@ -42,6 +42,7 @@ struct AdamStepScalars {
   float lr_weight_decay;        // lwd, for AdamW
   float step_size;              // ss = lr / (1 - beta1^t), or lr
   float bias_correction2_sqrt;  // sb2 = sqrt(1 - beta2^t), or 1
+  float inv_bias_correction2_sqrt;  // isb2 = 1 / sqrt(1 - beta2^t), or 1 (the SIMD paths)
   DecayMode decay;
 };
 
