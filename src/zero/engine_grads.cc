@@ -141,7 +141,7 @@ Status Engine::Impl::LandGradShard(int u, const void* dev_shard, int mb) {
 }
 
 // Sum of squares of this rank's part of the (summed, unscaled) gradients, in double.
-Result<double> Engine::Impl::LocalGradSumSquares() {
+Result<double> Engine::Impl::LocalGradSumSquares(int64_t* optimizer_wait_ns) {
   // Units on the device optimizer: a device reduction over their gradients; one double comes
   // back.
   double total = 0.0;
@@ -175,20 +175,23 @@ Result<double> Engine::Impl::LocalGradSumSquares() {
   // optimizer reads them.
   for (size_t u = 0; u < layouts.size(); ++u) {
     if (!cpu_unit[u]) continue;
-    total += HostGradSumSquares(static_cast<int>(u));
+    total += HostGradSumSquares(static_cast<int>(u), optimizer_wait_ns);
   }
   return total;
 }
 
 // A host-homed unit's sum of squares of its gradient shard: taken by the overlapped optimizer's
 // job when it updated the unit (during backward), else computed now on the CPU AdamW's threads.
-double Engine::Impl::HostGradSumSquares(int u) {
+double Engine::Impl::HostGradSumSquares(int u, int64_t* optimizer_wait_ns) {
   {
     std::unique_lock<std::mutex> lock(opt_mu);
     // Overlapped: the unit's job takes it (the step waits for every job right after the norm
-    // anyway); a job that failed or was skipped leaves it to be computed here.
+    // anyway); a job that failed or was skipped leaves it to be computed here. The wait is for
+    // the optimizer's work (its NVMe reads and updates), so it is counted as the optimizer's.
     if (overlapped_optimizer) {
+      const int64_t t0 = TraceRecorder::NowNs();
       opt_cv.wait(lock, [&] { return host_sumsq_ready[static_cast<size_t>(u)] || opt_pending == 0; });
+      *optimizer_wait_ns += TraceRecorder::NowNs() - t0;
     }
     if (host_sumsq_ready[static_cast<size_t>(u)]) return host_sumsq[static_cast<size_t>(u)];
   }

@@ -383,8 +383,10 @@ struct Engine::Impl {
   Status QueueOptimizer(int u, std::shared_ptr<device::Event> ready,
                         const optim::AdamHyper& hyper);
   Status WaitOptimizer(int64_t* waited_ns);
-  Result<double> LocalGradSumSquares();
-  double HostGradSumSquares(int u);
+  // `optimizer_wait_ns` gains the time spent waiting for overlapped optimizer jobs to take their
+  // units' sums (optimizer time, not the norm's: the step reports it as exposed optimizer).
+  Result<double> LocalGradSumSquares(int64_t* optimizer_wait_ns);
+  double HostGradSumSquares(int u, int64_t* optimizer_wait_ns);
   Result<float> AllReduceHostFloat(float value);
   Status WriteParamShard(int u, const void* host_src);
   Status ReadParamShard(int u, void* host_dst);

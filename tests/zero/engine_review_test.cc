@@ -335,6 +335,39 @@ TEST(EngineReviewTest, OptimizerReadErrorLeavesParametersConsistentWithMasters) 
   }
 }
 
+// The step's time split: with the overlapped CPU optimizer the global norm takes the host-homed
+// units' sums from their optimizer jobs, so it waits for those jobs. That wait is optimizer time
+// (here: slow NVMe reads of the optimizer states) and must be reported as exposed optimizer time,
+// not as communication: on one rank there is no communication to expose.
+TEST(EngineReviewTest, WaitingForOverlappedOptimizerJobsIsOptimizerTimeNotCommunication) {
+  ToyRun run;
+  ToyRun::Options o;
+  o.width = 128;  // 5 sub-groups of 4096 elements per unit: more than the pipeline holds
+  o.config_json = Config(3, "none", "nvme", kNoPersistence);
+  o.steps = 0;
+  o.faults = std::make_shared<io::FaultInjector>(7);
+  ASSERT_TRUE(run.Setup(o).ok());
+  ASSERT_TRUE(run.Step(0).ok());
+  io::FaultRule slow;
+  slow.kind = io::FaultKind::kLatency;
+  slow.op = io::IoOp::kRead;
+  slow.path_contains = "optim";
+  slow.latency = std::chrono::milliseconds(60);
+  o.faults->AddRule(slow);
+  for (int s = 1; s <= 2; ++s) {
+    Status st = run.Step(s);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  ASSERT_GT(o.faults->total_hits(), 0u) << "no optimizer state was read from NVMe";
+  const StepResult& r = run.results.back();
+  // Every unit's states are read (at least 60 ms later than asked) after its gradient lands, and
+  // the toy model's backward takes a few milliseconds: most of that is left after backward.
+  EXPECT_GE(r.exposed_optimizer_s, 0.05) << "comm " << r.exposed_comm_s << " s";
+  EXPECT_LT(r.exposed_comm_s, r.exposed_optimizer_s / 2)
+      << "optimizer " << r.exposed_optimizer_s << " s: the wait for the optimizer jobs was "
+      << "counted as communication";
+}
+
 // ---- memory ------------------------------------------------------------------------------------
 
 // docs/zero.md: "the unit's fp32 gradient buffer is already the bound on reduction memory". The
