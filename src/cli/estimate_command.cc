@@ -43,6 +43,7 @@ struct EstimateArgs {
   std::string nvlink = "300G/s", net = "50G/s", hbm = "3.35T/s", nvme_tbw = "0";
   double gpu_tflops = 989;
   double gpu_efficiency = 0.5;
+  double io_cpu_share = 1.0;
 };
 
 Result<train::Hardware> ParseHardware(const EstimateArgs& a) {
@@ -55,6 +56,7 @@ Result<train::Hardware> ParseHardware(const EstimateArgs& a) {
   hw.nvme = a.nvme;
   hw.gpu_tflops = a.gpu_tflops;
   hw.gpu_efficiency = a.gpu_efficiency;
+  hw.io_cpu_share = a.io_cpu_share;
   const std::pair<const char*, std::pair<const std::string*, double*>> rates[] = {
       {"--nvme-read", {&a.nvme_read, &hw.nvme_read}}, {"--nvme-write", {&a.nvme_write, &hw.nvme_write}},
       {"--pcie", {&a.pcie, &hw.pcie}},                {"--cpu-adam", {&a.cpu_adam, &hw.cpu_adam}},
@@ -316,6 +318,11 @@ void RegisterEstimateCommand(CLI::App& app, int* exit_code) {
   hw->add_option("--hbm", args->hbm, "GPU memory bandwidth")->capture_default_str();
   hw->add_option("--gpu-tflops", args->gpu_tflops, "Dense 16-bit peak TFLOPS per GPU")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  hw->add_option("--io-cpu-share", args->io_cpu_share,
+                 "The CPU device: the share of compute its NVMe transfers take while they run (1: "
+                 "their whole time adds to the step; --measure measures it)")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   hw->add_option("--gpu-efficiency", args->gpu_efficiency,
                  "Fraction of the peak the model's kernels reach")

@@ -228,9 +228,10 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
     const char* name;
     double s;
   };
+  const double pcie_fb_s = Div(std::max(h2d_fb, d2h_fb), hw.pcie);
   const Part fb[] = {{"compute", t.compute_s},
                      {"collectives", coll_fb_s},
-                     {"PCIe", Div(std::max(h2d_fb, d2h_fb), hw.pcie)},
+                     {"PCIe", pcie_fb_s},
                      {"NVMe", nvme_fb_s}};
   const Part* top = std::max_element(std::begin(fb), std::end(fb),
                                      [](const Part& a, const Part& b) { return a.s < b.s; });
@@ -245,13 +246,24 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   t.optimizer_overlapped = t.cpu_optimizer && stage >= 2 && cfg.gradient_clipping <= 0.0 &&
                            !cfg.fp16.enabled && cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
   t.shared_cores = hw.shared_cores;
+  t.io_cpu_share = std::clamp(hw.io_cpu_share, 0.0, 1.0);
   if (hw.shared_cores) {
     // The CPU device computes on the cores that also run the collectives' copies, the CPU
     // optimizer, hashing and I/O completions: work overlapped in time takes its time from
-    // compute, so the parts add up (docs/planning.md, "Checked against measured steps").
-    t.forward_backward_s = 0;
-    for (const Part& p : fb) t.forward_backward_s += p.s;
-    t.exposed_optimizer_s = t.optimizer_s + nvme_opt_s + t.device_optimizer_s;
+    // compute, so the parts add up (docs/planning.md, "Checked against measured steps"). An NVMe
+    // transfer takes `io_cpu_share` of its time from the cores; the rest is the drive's, and
+    // runs beside compute as on a GPU: parameter fetches beside forward and backward, the
+    // overlapped optimizer's reads and writes beside backward (less the last unit's).
+    const double c = t.io_cpu_share;
+    t.forward_backward_s = t.compute_s + coll_fb_s + pcie_fb_s + c * nvme_fb_s +
+                           std::max(0.0, (1 - c) * nvme_fb_s - t.compute_s);
+    const double backward = t.compute_s / gas * (m.checkpointing ? 0.75 : 2.0 / 3.0);
+    const double drive_left =
+        t.optimizer_overlapped
+            ? std::max(nvme_opt_s - backward, nvme_opt_s / std::max(1, m.units))
+            : nvme_opt_s;
+    t.exposed_optimizer_s =
+        t.optimizer_s + c * nvme_opt_s + (1 - c) * drive_left + t.device_optimizer_s;
   } else if (t.optimizer_overlapped) {
     // It runs beside the last micro-batch's backward (3/4 of its compute with recomputation,
     // 2/3 without; not beside NVMe reads, which share its drives), and at least the last unit's
@@ -548,9 +560,13 @@ std::string FormatTimeEstimate(const TimeEstimate& t, const Hardware& hw) {
   out += "critical path\n";
   line("forward + backward", t.forward_backward_s, "bound by " + t.bound_by);
   line("optimizer left after backward", t.exposed_optimizer_s,
-       t.shared_cores              ? "shared cores: nothing overlaps (the CPU device)"
-       : t.optimizer_overlapped ? "the CPU optimizer overlaps backward"
-                                : "not overlapped");
+       t.shared_cores
+           ? (t.io_cpu_share >= 1 ? std::string("shared cores: nothing overlaps (the CPU device)")
+                                  : fmt::format("shared cores: only the drive's {:.0f}% of NVMe "
+                                                "time overlaps (the CPU device)",
+                                                100 * (1 - t.io_cpu_share)))
+       : t.optimizer_overlapped ? std::string("the CPU optimizer overlaps backward")
+                                : std::string("not overlapped"));
   line("after the step", t.after_step_s, "end-of-step reductions and gathers");
   line("step", t.step_s, "bottleneck: " + t.bottleneck);
   out += fmt::format("  {:.4g} tokens/s over all ranks, MFU {:.1f}%\n", t.tokens_per_s, t.mfu * 100);
@@ -599,6 +615,7 @@ nlohmann::json TimeEstimateJson(const TimeEstimate& t) {
           {"cpu_optimizer", t.cpu_optimizer},
           {"optimizer_overlapped", t.optimizer_overlapped},
           {"shared_cores", t.shared_cores},
+          {"io_cpu_share", t.io_cpu_share},
           {"forward_backward_s", t.forward_backward_s},
           {"exposed_optimizer_s", t.exposed_optimizer_s},
           {"after_step_s", t.after_step_s},
@@ -641,6 +658,7 @@ nlohmann::json HardwareJson(const Hardware& hw) {
           {"gpu_tflops", hw.gpu_tflops},
           {"gpu_efficiency", hw.gpu_efficiency},
           {"shared_cores", hw.shared_cores},
+          {"io_cpu_share", hw.io_cpu_share},
           {"nvme_tbw_bytes", hw.nvme_tbw}};
 }
 

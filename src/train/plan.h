@@ -57,6 +57,11 @@ struct Hardware {
   // Compute shares the cores with the copies, collectives, CPU optimizer and I/O (the CPU
   // device): nothing overlaps, the step is the sum of its parts.
   bool shared_cores = false;
+  // With shared cores: the share of the cores' compute that NVMe transfers take while they run
+  // (submission, completions, checksums, the kernel's block layer). 1: a transfer's whole time
+  // adds to the step; below 1 the rest of its time can run beside compute. `--measure` measures
+  // it; 1 (the conservative bound) when not measured.
+  double io_cpu_share = 1.0;
 
   int world_size() const { return nodes * gpus_per_node; }
   uint64_t rank_device_budget() const;
@@ -89,6 +94,7 @@ struct TimeEstimate {
   bool cpu_optimizer = false;  // some states are offloaded
   bool optimizer_overlapped = false;  // the CPU optimizer runs during backward
   bool shared_cores = false;          // Hardware::shared_cores: the parts add up
+  double io_cpu_share = 1.0;          // Hardware::io_cpu_share, with shared cores
   // The critical path: forward + backward (compute with the transfers it overlaps), what is
   // left of the optimizer when backward ends, and what runs after it (stages 0-2: reductions
   // at the step's end, the all-gather of updated parameters).

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -68,6 +69,53 @@ double SgemmFlops() {
   return 2.0 * d * d * d / Median(s);
 }
 
+// The share of the CPU device's compute that its NVMe transfers take while they run
+// (Hardware::io_cpu_share): sgemm's time for a fixed amount of work alone, against the same work
+// while the nvme-bench engine writes, then reads, the laid-out file `c` (through the
+// checksumming store, as `strata train` uses it by default). 1 - alone / with is the share lost.
+// The transfers are stopped once the products are done.
+Result<double> IoCpuShare(io::BenchConfig c) {
+  const int d = 1024;
+  std::vector<float> a(static_cast<size_t>(d) * d, 0.01f), b(a), out(a.size());
+  auto gemms = [&](int n) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d, d, d, 1.0f, a.data(), d, b.data(),
+                  d, 0.0f, out.data(), d);
+    }
+    return Seconds(t0);
+  };
+  gemms(2);  // warm-up
+  // About 0.3 s of products per measurement.
+  const int n = std::clamp(static_cast<int>(0.3 / std::max(1e-6, gemms(2) / 2)), 3, 2000);
+  std::vector<double> shares;
+  for (const bool write : {true, false}) {
+    const double alone = gemms(n);
+    io::BenchConfig phase = c;
+    phase.write = write;
+    phase.read = !write;
+    phase.runtime = 60;  // stopped below
+    phase.keep = true;
+    phase.checksums = true;
+    std::atomic<bool> stop{false};
+    Status io_status;
+    std::atomic<bool> started{false};
+    std::thread io([&] {
+      started = true;
+      Result<io::BenchResult> r = io::RunBench(phase, nullptr, &stop);
+      if (!r.ok() && r.status().code() != StatusCode::kCancelled) io_status = r.status();
+    });
+    while (!started) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the transfers under way
+    const double with = gemms(n);
+    stop = true;
+    io.join();
+    STRATA_RETURN_IF_ERROR(io_status);
+    shares.push_back(std::clamp(1.0 - alone / with, 0.0, 1.0));
+  }
+  return (shares[0] + shares[1]) / 2;
+}
+
 }  // namespace
 
 double GpuPeakTflops(const std::string& name) {
@@ -128,7 +176,18 @@ Result<std::vector<std::string>> MeasureHardware(const MeasureOptions& o, Hardwa
     c.paths = {o.nvme_path};
     c.file_name = fmt::format("strata-estimate-measure-{}.dat", ::getpid());
     c.size = o.nvme_bytes;
-    STRATA_ASSIGN_OR_RETURN(const io::BenchResult r, io::RunBench(c));
+    c.keep = o.device == device::DeviceType::kCpu;  // the CPU device measures on it again below
+    Result<io::BenchResult> measured = io::RunBench(c);
+    auto remove = [&] {
+      if (!c.keep) return;
+      Result<io::BenchFile> f = io::ResolveBenchFile(o.nvme_path, c.file_name);
+      if (f.ok() && f->bench_owned) ::unlink(f->path.c_str());
+    };
+    if (!measured.ok()) {
+      remove();
+      return measured.status();
+    }
+    const io::BenchResult& r = *measured;
     for (const auto& p : r.phases) {
       // A phase too short to time keeps the rate as given (a zero rate would make NVMe free).
       if (p.bytes_per_second() > 0) {
@@ -139,6 +198,16 @@ Result<std::vector<std::string>> MeasureHardware(const MeasureOptions& o, Hardwa
                                 "requests, queue depth 32, {}{})",
                                 o.nvme_path, hw->nvme_read / 1e9, hw->nvme_write / 1e9,
                                 FormatBytes(c.size), r.backend, r.direct ? ", O_DIRECT" : ""));
+    if (o.device == device::DeviceType::kCpu) {
+      Result<double> share = IoCpuShare(c);
+      remove();
+      STRATA_RETURN_IF_ERROR(share.status());
+      hw->io_cpu_share = *share;
+      lines.push_back(fmt::format(
+          "NVMe transfers take {:.0f}% of the CPU device's compute while they run (sgemm alone "
+          "and beside nvme-bench's writes and reads, checksummed)",
+          100.0 * *share));
+    }
   } else {
     lines.push_back("NVMe: not measured (no --nvme-path); --nvme-read/--nvme-write as given");
   }

@@ -370,6 +370,56 @@ TEST(TimeModelTest, SharedCoresAddUp) {
   EXPECT_EQ(t.h2d_bytes + t.d2h_bytes, 0u);  // the CPU device's memory is host memory
 }
 
+// Hardware::io_cpu_share: the share of an NVMe transfer's time that takes the shared cores; the
+// rest is the drive's and runs beside compute (the overlapped optimizer's transfers beside
+// backward, less at least the last unit's share).
+TEST(TimeModelTest, SharedCoresOverlapTheDrivesShareOfNvmeTime) {
+  EstimateInput in = Input(
+      R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"},
+          "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x"}})",
+      1);
+  in.device = device::DeviceType::kCpu;
+  Result<MemoryEstimate> m = EstimateMemory(in);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Hardware hw = Big(1);
+  hw.shared_cores = true;
+  hw.nvme_read = 2e9;  // a drive slow enough to matter beside compute
+  hw.nvme_write = 2e9;
+  auto at = [&](double share) {
+    Hardware h = hw;
+    h.io_cpu_share = share;
+    return EstimateTime(in, *m, h);
+  };
+  const TimeEstimate all = at(1.0), none = at(0.0), half = at(0.5);
+  ASSERT_TRUE(all.optimizer_overlapped);
+  EXPECT_DOUBLE_EQ(all.io_cpu_share, 1.0);
+  // Share 1 adds every part (as SharedCoresAddUp), which gives the two NVMe times: the fetches'
+  // in forward and backward (one rank: no collectives, and no PCIe on the CPU device), and the
+  // optimizer's after it.
+  ASSERT_EQ(all.collective_s, 0.0);
+  const double fetch = all.forward_backward_s - all.compute_s;
+  const double states = all.exposed_optimizer_s - all.optimizer_s - all.device_optimizer_s;
+  ASSERT_GT(fetch, 0.0);
+  ASSERT_GT(states, 0.0);
+  EXPECT_NEAR(fetch + states, all.nvme_read_s + all.nvme_write_s, 1e-12);
+  // The last of Input's 2 micro-batches' backward.
+  const double backward = all.compute_s / 2 * (m->checkpointing ? 0.75 : 2.0 / 3.0);
+  const double left = std::max(states - backward, states / m->units);
+  for (const auto& [share, t] : {std::pair{0.0, none}, std::pair{0.5, half}}) {
+    SCOPED_TRACE(share);
+    EXPECT_NEAR(t.forward_backward_s,
+                t.compute_s + share * fetch + std::max(0.0, (1 - share) * fetch - t.compute_s),
+                1e-12);
+    EXPECT_NEAR(t.exposed_optimizer_s,
+                t.optimizer_s + t.device_optimizer_s + share * states + (1 - share) * left, 1e-12);
+    // The bytes and the drive's own times do not change.
+    EXPECT_EQ(t.nvme_read_bytes, all.nvme_read_bytes);
+    EXPECT_DOUBLE_EQ(t.nvme_write_s, all.nvme_write_s);
+  }
+  EXPECT_LT(none.step_s, half.step_s);
+  EXPECT_LT(half.step_s, all.step_s);
+}
+
 TEST(FitTest, EachTierAgainstItsCapacity) {
   const EstimateInput in =
       Input(R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"},
