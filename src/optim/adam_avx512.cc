@@ -67,26 +67,12 @@ inline __attribute__((always_inline)) __m512i Bf16Lanes(__m512 p) {
 // convert::FloatToF16 does (tests/optim check it against that function).
 constexpr int kF16Rounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
-// 2 KiB ahead in each array: measured best of 1, 2, 4 and 8 KiB (docs/benchmarks.md).
-constexpr size_t kPrefetchElements = 512;
-
-inline __attribute__((always_inline)) void Prefetch(const AdamKernelRange& r, size_t i) {
-  _mm_prefetch(reinterpret_cast<const char*>(r.master + i), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(r.grad + i), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(r.m + i), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(r.v + i), _MM_HINT_T0);
-}
-
 // One full vector at index i. kStream: out16 + i is 32-byte aligned (16-bit out) or 64-byte
 // aligned (fp32 out) and is written with a non-temporal store.
 template <DecayMode kDecay, OutKind kOut, bool kStream>
 inline __attribute__((always_inline)) void Full(const Vectors& c, const AdamKernelRange& r,
                                                 size_t i) {
-  // Software prefetch of the four input streams kPrefetchElements ahead: the hardware prefetcher
-  // alone leaves the loop about 10% below the streaming ceiling on one core (2^27 elements,
-  // Intel AVX-512), the arithmetic between loads limiting how many misses stay in flight.
-  // Prefetches never fault, so running past the end is harmless.
-  Prefetch(r, i + kPrefetchElements);
+  PrefetchAdamInputs(r, i + kAdamPrefetchElements);
   __m512 p = _mm512_loadu_ps(r.master + i);
   __m512 m = _mm512_loadu_ps(r.m + i);
   __m512 v = _mm512_loadu_ps(r.v + i);
