@@ -247,6 +247,19 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
                            !cfg.fp16.enabled && cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
   t.shared_cores = hw.shared_cores;
   t.io_cpu_share = std::clamp(hw.io_cpu_share, 0.0, 1.0);
+  // The overlapped optimizer runs beside the last micro-batch's backward (3/4 of its compute
+  // with recomputation, 2/3 without), and at least the last unit's update is left. With a
+  // reduction bucket, the last bucket's units reach the optimizer only at the end of backward:
+  // that share of the work is left, and the window before it shrinks by it (all of it, for a
+  // model whose shard fits one bucket).
+  const double last_bucket =
+      m.engine.trainable_elems == 0
+          ? 0.0
+          : std::min(1.0, static_cast<double>(m.engine.last_bucket_elems) /
+                              static_cast<double>(m.engine.trainable_elems));
+  const double window =
+      t.compute_s / gas * (m.checkpointing ? 0.75 : 2.0 / 3.0) * (1 - last_bucket);
+  const double left_share = std::max(1.0 / std::max(1, m.units), last_bucket);
   if (hw.shared_cores) {
     // The CPU device computes on the cores that also run the collectives' copies, the CPU
     // optimizer, hashing and I/O completions: work overlapped in time takes its time from
@@ -257,21 +270,17 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
     const double c = t.io_cpu_share;
     t.forward_backward_s = t.compute_s + coll_fb_s + pcie_fb_s + c * nvme_fb_s +
                            std::max(0.0, (1 - c) * nvme_fb_s - t.compute_s);
-    const double backward = t.compute_s / gas * (m.checkpointing ? 0.75 : 2.0 / 3.0);
-    const double drive_left =
-        t.optimizer_overlapped
-            ? std::max(nvme_opt_s - backward, nvme_opt_s / std::max(1, m.units))
-            : nvme_opt_s;
+    const double drive_left = t.optimizer_overlapped
+                                  ? std::max(nvme_opt_s - window, nvme_opt_s * left_share)
+                                  : nvme_opt_s;
     t.exposed_optimizer_s =
         t.optimizer_s + c * nvme_opt_s + (1 - c) * drive_left + t.device_optimizer_s;
   } else if (t.optimizer_overlapped) {
-    // It runs beside the last micro-batch's backward (3/4 of its compute with recomputation,
-    // 2/3 without; not beside NVMe reads, which share its drives), and at least the last unit's
-    // update is left. The device's part (the first units, with split states) runs after
-    // backward, beside what is left of it.
-    const double backward = t.compute_s / gas * (m.checkpointing ? 0.75 : 2.0 / 3.0);
-    t.exposed_optimizer_s = std::max(
-        {opt_work - backward, opt_work / std::max(1, m.units), t.device_optimizer_s});
+    // It runs beside backward (`window`; not beside NVMe reads, which share its drives), and
+    // `left_share` of it is left. The device's part (the first units, with split states) runs
+    // after backward, beside what is left of it.
+    t.exposed_optimizer_s =
+        std::max({opt_work - window, opt_work * left_share, t.device_optimizer_s});
   } else {
     // The CPU's part is queued first and runs beside the device's.
     t.exposed_optimizer_s = std::max(opt_work, t.device_optimizer_s);

@@ -191,6 +191,11 @@ struct EngineMemoryPlan {
   // Of those, the elements of trainable units (all, unless strata.freeze / trainable freezes
   // some): the ones whose gradients are reduced and that the optimizer updates.
   uint64_t trainable_elems = 0;
+  // With a reduction bucket (stages 2-3, several ranks): the shard elements of the last bucket a
+  // micro-batch reduces, at the end of its backward (engine_grads.cc FlushBucket). Their
+  // gradients, and so the overlapped CPU optimizer's work on them, wait for the end of backward.
+  // 0 without a bucket.
+  uint64_t last_bucket_elems = 0;
   // Host memory outside every budget while random initialisation builds the largest unit: in
   // fp32 and in the compute dtype, the whole unit at stage 0, else the rank's shard of it.
   uint64_t init_host_bytes = 0;

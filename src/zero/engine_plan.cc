@@ -97,6 +97,20 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     if (cap > 0) {
       add(plan.device, "gradient reduction bucket",
           charged(static_cast<uint64_t>(cap) * static_cast<uint64_t>(world_size) * 4));
+      // Backward lands units from last to first (ReduceGrads): a unit that fits goes into the
+      // bucket, which is reduced first when it would overflow; a unit too large for it is reduced
+      // on its own, after the bucket. What is left at unit 0 is reduced at the end.
+      int64_t fill = 0;
+      for (auto l = layouts.rbegin(); l != layouts.rend(); ++l) {
+        if (frozen[static_cast<size_t>(l->index)]) continue;
+        if (l->shard_numel > cap) {
+          fill = 0;
+          continue;
+        }
+        if (fill + l->shard_numel > cap) fill = 0;
+        fill += l->shard_numel;
+      }
+      plan.last_bucket_elems = static_cast<uint64_t>(fill);
     }
   }
   add(plan.device, "step scalars", charged(16));
