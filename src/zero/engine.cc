@@ -314,16 +314,10 @@ Status Engine::Impl::Init() {
       }
     }
   }
-  // The reduction bucket: as large as reduce_bucket_size, but no larger than the units that fit
-  // in it need together.
-  if (stage >= 2 && world > 1) {
-    const int64_t per_rank = std::max<int64_t>(cfg.zero.reduce_bucket_size / world, 1);
-    int64_t small = 0;
-    for (const auto& l : layouts) {
-      if (!frozen[static_cast<size_t>(l.index)] && l.shard_numel <= per_rank) small += l.shard_numel;
-    }
-    bucket_cap = std::min(per_rank, small);
-    if (bucket_cap > 0 && layouts.size() > 1) {
+  // The reduction bucket (ReduceBucketCapacity).
+  {
+    bucket_cap = ReduceBucketCapacity(cfg, layouts, frozen, world, overlapped_optimizer);
+    if (bucket_cap > 0) {
       STRATA_ASSIGN_OR_RETURN(bucket, dev.Alloc(static_cast<uint64_t>(bucket_cap) * world * 4));
     }
   }

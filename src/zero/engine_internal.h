@@ -127,6 +127,30 @@ inline bool StreamsGradShards(const Config& cfg, int world_size, bool overlap_op
          batch->gradient_accumulation_steps == 1;
 }
 
+// The reduction bucket's capacity per rank, in elements (0: no bucket): stages 2-3 on several
+// ranks, as large as reduce_bucket_size / world_size but no larger than the units that fit in it
+// need together. With the overlapped CPU optimizer it is also at most a quarter of the rank's
+// trainable shard: a unit's update starts when its bucket is reduced, and a bucket that holds
+// the whole shard is reduced only at the end of backward, which would leave every update after it.
+inline int64_t ReduceBucketCapacity(const Config& cfg, const std::vector<UnitLayout>& layouts,
+                                    const std::vector<char>& frozen, int world_size,
+                                    bool overlapped_cpu_optimizer) {
+  if (cfg.zero.stage < 2 || world_size <= 1 || layouts.size() <= 1) return 0;
+  int64_t per_rank = std::max<int64_t>(cfg.zero.reduce_bucket_size / world_size, 1);
+  if (overlapped_cpu_optimizer) {
+    int64_t trainable = 0;
+    for (const UnitLayout& l : layouts) {
+      if (!frozen[static_cast<size_t>(l.index)]) trainable += l.shard_numel;
+    }
+    per_rank = std::min(per_rank, std::max<int64_t>(trainable / 4, 1));
+  }
+  int64_t small = 0;
+  for (const UnitLayout& l : layouts) {
+    if (!frozen[static_cast<size_t>(l.index)] && l.shard_numel <= per_rank) small += l.shard_numel;
+  }
+  return std::min(per_rank, small);
+}
+
 // Whether the parameter tier manager shares host memory (strata.memory.share_host_memory; auto:
 // on for the CPU device).
 inline bool SharesHostMemory(const Config& cfg, device::DeviceType type) {

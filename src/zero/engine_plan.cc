@@ -87,13 +87,11 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
     add(plan.device, "stage-3 parameter shards (homed on the device)", shard_sum * csz);
   }
   // The reduction bucket (engine.cc, "The reduction bucket").
-  if (stage >= 2 && world_size > 1 && layouts.size() > 1) {
-    const int64_t per_rank = std::max<int64_t>(config.zero.reduce_bucket_size / world_size, 1);
-    int64_t small = 0;
-    for (const UnitLayout& l : layouts) {
-      if (!frozen[static_cast<size_t>(l.index)] && l.shard_numel <= per_rank) small += l.shard_numel;
-    }
-    const int64_t cap = std::min(per_rank, small);
+  {
+    // As the engine: the overlap option is on (strata train's default).
+    const bool overlapped = OverlapsOptimizer(config) &&
+                            std::any_of(cpu_unit.begin(), cpu_unit.end(), [](char c) { return c != 0; });
+    const int64_t cap = ReduceBucketCapacity(config, layouts, frozen, world_size, overlapped);
     if (cap > 0) {
       add(plan.device, "gradient reduction bucket",
           charged(static_cast<uint64_t>(cap) * static_cast<uint64_t>(world_size) * 4));
