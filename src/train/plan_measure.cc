@@ -55,18 +55,34 @@ Result<double> AdamRate(int threads) {
   return static_cast<double>(n) / Median(s);
 }
 
-// fp32 sgemm FLOPS at a square size typical of a layer's products (the median of 3).
-double SgemmFlops() {
-  const int d = 1024;
-  std::vector<float> a(static_cast<size_t>(d) * d, 0.01f), b(a), c(a.size());
-  std::vector<double> s;
-  for (int i = 0; i < 4; ++i) {
+// fp32 sgemm products at a square size typical of a layer's, on OpenBLAS's threads.
+class SquareSgemm {
+ public:
+  static constexpr int kDim = 1024;
+  static constexpr double kFlops = 2.0 * kDim * kDim * kDim;  // per product
+
+  // Seconds for n products.
+  double Run(int n) {
     const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d, d, d, 1.0f, a.data(), d, b.data(), d,
-                0.0f, c.data(), d);
-    if (i > 0) s.push_back(Seconds(t0));
+    for (int i = 0; i < n; ++i) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kDim, kDim, kDim, 1.0f, a_.data(), kDim,
+                  b_.data(), kDim, 0.0f, c_.data(), kDim);
+    }
+    return Seconds(t0);
   }
-  return 2.0 * d * d * d / Median(s);
+
+ private:
+  std::vector<float> a_ = std::vector<float>(static_cast<size_t>(kDim) * kDim, 0.01f), b_ = a_,
+                     c_ = std::vector<float>(a_.size());
+};
+
+// fp32 sgemm FLOPS (the median of 3 products after a warm-up).
+double SgemmFlops() {
+  SquareSgemm gemm;
+  gemm.Run(1);
+  std::vector<double> s;
+  for (int i = 0; i < 3; ++i) s.push_back(gemm.Run(1));
+  return SquareSgemm::kFlops / Median(s);
 }
 
 // The share of the CPU device's compute that its NVMe transfers take while they run
@@ -75,22 +91,13 @@ double SgemmFlops() {
 // checksumming store, as `strata train` uses it by default). 1 - alone / with is the share lost.
 // The transfers are stopped once the products are done.
 Result<double> IoCpuShare(io::BenchConfig c) {
-  const int d = 1024;
-  std::vector<float> a(static_cast<size_t>(d) * d, 0.01f), b(a), out(a.size());
-  auto gemms = [&](int n) {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d, d, d, 1.0f, a.data(), d, b.data(),
-                  d, 0.0f, out.data(), d);
-    }
-    return Seconds(t0);
-  };
-  gemms(2);  // warm-up
+  SquareSgemm gemm;
+  gemm.Run(2);  // warm-up
   // About 0.3 s of products per measurement.
-  const int n = std::clamp(static_cast<int>(0.3 / std::max(1e-6, gemms(2) / 2)), 3, 2000);
+  const int n = std::clamp(static_cast<int>(0.3 / std::max(1e-6, gemm.Run(2) / 2)), 3, 2000);
   std::vector<double> shares;
   for (const bool write : {true, false}) {
-    const double alone = gemms(n);
+    const double alone = gemm.Run(n);
     io::BenchConfig phase = c;
     phase.write = write;
     phase.read = !write;
@@ -107,7 +114,7 @@ Result<double> IoCpuShare(io::BenchConfig c) {
     });
     while (!started) std::this_thread::yield();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the transfers under way
-    const double with = gemms(n);
+    const double with = gemm.Run(n);
     stop = true;
     io.join();
     STRATA_RETURN_IF_ERROR(io_status);

@@ -315,11 +315,9 @@ Status Engine::Impl::Init() {
     }
   }
   // The reduction bucket (ReduceBucketCapacity).
-  {
-    bucket_cap = ReduceBucketCapacity(cfg, layouts, frozen, world, overlapped_optimizer);
-    if (bucket_cap > 0) {
-      STRATA_ASSIGN_OR_RETURN(bucket, dev.Alloc(static_cast<uint64_t>(bucket_cap) * world * 4));
-    }
+  bucket_cap = ReduceBucketCapacity(cfg, layouts, frozen, world, overlapped_optimizer);
+  if (bucket_cap > 0) {
+    STRATA_ASSIGN_OR_RETURN(bucket, dev.Alloc(static_cast<uint64_t>(bucket_cap) * world * 4));
   }
   if (cpu_optimizer) {
     int64_t largest_offloaded = 0;

@@ -151,6 +151,26 @@ inline int64_t ReduceBucketCapacity(const Config& cfg, const std::vector<UnitLay
   return std::min(per_rank, small);
 }
 
+// The shard elements of the last bucket a micro-batch reduces, at the end of its backward, for a
+// bucket of `capacity` elements per rank (engine_grads.cc ReduceGrads): backward lands units from
+// last to first; one that fits goes into the bucket, which is reduced first when it would
+// overflow; one too large for it is reduced on its own, after the bucket. What is left when
+// unit 0 lands is reduced at the end.
+inline int64_t LastBucketElems(const std::vector<UnitLayout>& layouts,
+                               const std::vector<char>& frozen, int64_t capacity) {
+  int64_t fill = 0;
+  for (auto l = layouts.rbegin(); l != layouts.rend(); ++l) {
+    if (frozen[static_cast<size_t>(l->index)]) continue;
+    if (l->shard_numel > capacity) {
+      fill = 0;
+      continue;
+    }
+    if (fill + l->shard_numel > capacity) fill = 0;
+    fill += l->shard_numel;
+  }
+  return fill;
+}
+
 // Whether the parameter tier manager shares host memory (strata.memory.share_host_memory; auto:
 // on for the CPU device).
 inline bool SharesHostMemory(const Config& cfg, device::DeviceType type) {

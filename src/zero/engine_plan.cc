@@ -86,30 +86,15 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   if (stage == 3 && param_home == Tier::kDevice) {
     add(plan.device, "stage-3 parameter shards (homed on the device)", shard_sum * csz);
   }
-  // The reduction bucket (engine.cc, "The reduction bucket").
-  {
-    // As the engine: the overlap option is on (strata train's default).
-    const bool overlapped = OverlapsOptimizer(config) &&
-                            std::any_of(cpu_unit.begin(), cpu_unit.end(), [](char c) { return c != 0; });
-    const int64_t cap = ReduceBucketCapacity(config, layouts, frozen, world_size, overlapped);
-    if (cap > 0) {
-      add(plan.device, "gradient reduction bucket",
-          charged(static_cast<uint64_t>(cap) * static_cast<uint64_t>(world_size) * 4));
-      // Backward lands units from last to first (ReduceGrads): a unit that fits goes into the
-      // bucket, which is reduced first when it would overflow; a unit too large for it is reduced
-      // on its own, after the bucket. What is left at unit 0 is reduced at the end.
-      int64_t fill = 0;
-      for (auto l = layouts.rbegin(); l != layouts.rend(); ++l) {
-        if (frozen[static_cast<size_t>(l->index)]) continue;
-        if (l->shard_numel > cap) {
-          fill = 0;
-          continue;
-        }
-        if (fill + l->shard_numel > cap) fill = 0;
-        fill += l->shard_numel;
-      }
-      plan.last_bucket_elems = static_cast<uint64_t>(fill);
-    }
+  // The reduction bucket (ReduceBucketCapacity, as the engine sizes it with the overlap option
+  // on: strata train's default).
+  const bool overlapped = OverlapsOptimizer(config) &&
+                          std::any_of(cpu_unit.begin(), cpu_unit.end(), [](char c) { return c != 0; });
+  const int64_t bucket_cap = ReduceBucketCapacity(config, layouts, frozen, world_size, overlapped);
+  if (bucket_cap > 0) {
+    add(plan.device, "gradient reduction bucket",
+        charged(static_cast<uint64_t>(bucket_cap) * static_cast<uint64_t>(world_size) * 4));
+    plan.last_bucket_elems = static_cast<uint64_t>(LastBucketElems(layouts, frozen, bucket_cap));
   }
   add(plan.device, "step scalars", charged(16));
 
