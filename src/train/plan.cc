@@ -242,9 +242,9 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
   // The NVMe traffic after backward (the optimizer states' and the updated parameters' writes
   // home) runs beside the CPU's update, and happens with the device optimizer too.
   double opt_work = std::max(t.cpu_optimizer ? t.optimizer_s : 0.0, nvme_opt_s);
-  // Stage 1 reduces at the step's end, so its "overlapped" updates start after backward.
-  t.optimizer_overlapped = t.cpu_optimizer && stage >= 2 && cfg.gradient_clipping <= 0.0 &&
-                           !cfg.fp16.enabled && cfg.strata.on_nonfinite != NonFinitePolicy::kSkip;
+  // The engine's own decision (its memory plan); stage 1 reduces at the step's end, so its
+  // "overlapped" updates start after backward.
+  t.optimizer_overlapped = t.cpu_optimizer && stage >= 2 && m.engine.optimizer_overlapped;
   t.shared_cores = hw.shared_cores;
   t.io_cpu_share = std::clamp(hw.io_cpu_share, 0.0, 1.0);
   // The overlapped optimizer runs beside the last micro-batch's backward (3/4 of its compute

@@ -196,6 +196,10 @@ struct EngineMemoryPlan {
   // gradients, and so the overlapped CPU optimizer's work on them, wait for the end of backward.
   // 0 without a bucket.
   uint64_t last_bucket_elems = 0;
+  // Whether the CPU optimizer updates units during backward, as each gradient shard lands (the
+  // engine's own decision, engine_internal.h OverlapsOptimizer, with EngineOptions'
+  // overlap_optimizer on: strata train's default). False without offloaded optimizer states.
+  bool optimizer_overlapped = false;
   // Host memory outside every budget while random initialisation builds the largest unit: in
   // fp32 and in the compute dtype, the whole unit at stage 0, else the rank's shard of it.
   uint64_t init_host_bytes = 0;

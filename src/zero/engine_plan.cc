@@ -88,9 +88,11 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   }
   // The reduction bucket (ReduceBucketCapacity, as the engine sizes it with the overlap option
   // on: strata train's default).
-  const bool overlapped = OverlapsOptimizer(config) &&
-                          std::any_of(cpu_unit.begin(), cpu_unit.end(), [](char c) { return c != 0; });
-  const int64_t bucket_cap = ReduceBucketCapacity(config, layouts, frozen, world_size, overlapped);
+  plan.optimizer_overlapped =
+      OverlapsOptimizer(config) &&
+      std::any_of(cpu_unit.begin(), cpu_unit.end(), [](char c) { return c != 0; });
+  const int64_t bucket_cap =
+      ReduceBucketCapacity(config, layouts, frozen, world_size, plan.optimizer_overlapped);
   if (bucket_cap > 0) {
     add(plan.device, "gradient reduction bucket",
         charged(static_cast<uint64_t>(bucket_cap) * static_cast<uint64_t>(world_size) * 4));
