@@ -400,6 +400,13 @@ struct StrataSettings {
   // strata.lora. kAuto: split only when the run's device plan with whole blocks exceeds the
   // device budget and the plan with split blocks is smaller (train/estimate.h, EstimateMemory).
   Toggle split_blocks = Toggle::kAuto;
+  // Activation checkpoints in host memory (model/llama_model.h, offload_checkpoints): with
+  // checkpointing, every block input but the last two goes to pinned host memory during forward
+  // and comes back during backward, on a copy stream beside the compute; the device keeps three
+  // block inputs instead of L + 1. kAuto: on only when the run's device plan with checkpoints on
+  // the device exceeds the device budget (train/estimate.h, EstimateMemory). kOn with
+  // activation_checkpointing off is an error.
+  Toggle offload_checkpoints = Toggle::kAuto;
   // Threads of the CPU AdamW step (offload_optimizer cpu/nvme). nullopt ("auto"): on a GPU run
   // the host's cores divided among the node's ranks, less one each for I/O and the run's own
   // thread; on the CPU device 1, since the cores compute the model.

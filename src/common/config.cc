@@ -1002,6 +1002,8 @@ class ConfigParser {
          .parse = [&](const Field& v) { return ReadToggle(v, &s.activation_checkpointing); }},
         {.name = "split_blocks",
          .parse = [&](const Field& v) { return ReadToggle(v, &s.split_blocks); }},
+        {.name = "offload_checkpoints",
+         .parse = [&](const Field& v) { return ReadToggle(v, &s.offload_checkpoints); }},
         {.name = "on_nonfinite",
          .parse =
              [&](const Field& v) {
@@ -1233,6 +1235,14 @@ class ConfigParser {
       return InvalidArgumentError(
           "strata.lora and strata.freeze are both given: LoRA freezes every base weight already; "
           "to train some base weights with the adapters, list them in strata.trainable");
+    }
+
+    if (config_.strata.offload_checkpoints == Toggle::kOn &&
+        config_.strata.activation_checkpointing == Toggle::kOff) {
+      return InvalidArgumentError(
+          "strata.offload_checkpoints is on and strata.activation_checkpointing is off: only "
+          "checkpointed block inputs can be offloaded; turn checkpointing on (or \"auto\") or "
+          "drop strata.offload_checkpoints");
     }
 
     if (config_.strata.split_blocks == Toggle::kOn && config_.strata.lora.enabled()) {

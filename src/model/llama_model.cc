@@ -266,7 +266,20 @@ class Carver {
 // Create (under the device budget; nothing is allocated during a step). T = micro_batch * seq.
 struct LlamaActivations {
   int32_t* tokens = nullptr;  // [2T]: the inputs, then the targets
-  float* block_in = nullptr;  // [(L + 1) T H]: block i's input (block L's: the final norm's)
+  // Block i's input (block L's: the final norm's), [T, H] each (In): all L + 1 of them, or with
+  // offloaded checkpoints three slots: blocks 0 .. L - 1 alternate between the first two (the
+  // inputs of blocks 0 .. L - 3 also go to host memory, and come back for backward), block L's
+  // is the third.
+  float* block_in = nullptr;
+  int64_t offloaded = 0;  // LlamaOffloadedCheckpoints
+  int num_layers = 0;
+  size_t th = 0;  // T H
+  float* In(int layer) const {
+    const size_t slot = offloaded == 0        ? static_cast<size_t>(layer)
+                        : layer == num_layers ? 2
+                                              : static_cast<size_t>(layer % 2);
+    return block_in + slot * th;
+  }
   // A block's internals: what its backward reads besides its input. With activation
   // checkpointing one set, recomputed from the input in backward; without, one set per block,
   // kept from its forward.
@@ -294,7 +307,7 @@ struct LlamaActivations {
 
   // Lays the buffers out from `base` (nullptr: only measures); returns the bytes used.
   size_t Layout(char* base, const LlamaConfig& c, size_t batch, size_t seq, const LlamaLora& lora,
-                bool keep) {
+                bool keep, bool offload) {
     const size_t t = batch * seq, h = static_cast<size_t>(c.hidden_size);
     const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
     const size_t vocab = static_cast<size_t>(c.vocab_size);
@@ -302,7 +315,10 @@ struct LlamaActivations {
     const size_t nh = static_cast<size_t>(c.num_attention_heads);
     Carver m(base);
     tokens = m.Take<int32_t>(2 * t);
-    block_in = m.Take<float>((layers + 1) * t * h);
+    offloaded = LlamaOffloadedCheckpoints(c, keep, offload);
+    num_layers = c.num_hidden_layers;
+    th = t * h;
+    block_in = m.Take<float>((layers + 1 - static_cast<size_t>(offloaded)) * t * h);
     blocks.assign(keep ? layers : 1, Internals{});
     for (Internals& i : blocks) {
       i.h1 = m.Take<float>(t * h);
@@ -363,6 +379,15 @@ struct LlamaModel::State {
   bool host_registered = false;
   std::unique_ptr<device::Event> upload_done;  // the last token upload
 
+  // Offloaded activation checkpoints (LlamaModelOptions::offload_checkpoints): the host copies
+  // of the inputs of blocks 0 .. a.offloaded - 1 (registered), the stream that copies them, the
+  // compute point a copy starts after, and per device slot its last copy each way.
+  HostRegion ckpt_host;
+  bool ckpt_registered = false;
+  std::unique_ptr<device::Stream> ckpt_stream;
+  std::unique_ptr<device::Event> ckpt_ready;
+  std::array<std::unique_ptr<device::Event>, 2> ckpt_saved, ckpt_loaded;
+
   // CPU device: the ops run inside HostTasks on the caller's stream.
   std::unique_ptr<LlamaOps> cpu_ops;
   // CUDA device: the ops run on the model's own stream, ordered against the caller's by events.
@@ -388,15 +413,32 @@ LlamaModel::~LlamaModel() {
   State& st = *state_;
   st.cuda_ops.reset();  // waits for the model's stream
   if (st.stream) (void)device_.Synchronize(*st.stream);
+  if (st.ckpt_stream) (void)device_.Synchronize(*st.ckpt_stream);
+  if (st.ckpt_registered) (void)device_.UnregisterHost(st.ckpt_host.data());
   if (st.host_registered) (void)device_.UnregisterHost(st.host.data());
   device_.Free(st.block);
 }
 
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
-                              const LlamaLora& lora, bool keep_activations) {
+                              const LlamaLora& lora, bool keep_activations,
+                              bool offload_checkpoints) {
   LlamaActivations a;
   return a.Layout(nullptr, config, static_cast<size_t>(micro_batch), static_cast<size_t>(seq_len),
-                  lora, keep_activations);
+                  lora, keep_activations, offload_checkpoints);
+}
+
+int64_t LlamaOffloadedCheckpoints(const LlamaConfig& config, bool keep_activations,
+                                  bool offload_checkpoints) {
+  if (!offload_checkpoints || keep_activations) return 0;
+  return std::max<int64_t>(config.num_hidden_layers - 2, 0);
+}
+
+uint64_t LlamaCheckpointHostBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
+                                  bool keep_activations, bool offload_checkpoints) {
+  return static_cast<uint64_t>(
+             LlamaOffloadedCheckpoints(config, keep_activations, offload_checkpoints)) *
+         static_cast<uint64_t>(seq_len) * static_cast<uint64_t>(micro_batch) *
+         static_cast<uint64_t>(config.hidden_size) * sizeof(float);
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
@@ -432,6 +474,11 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
     return InvalidArgumentError(
         "split blocks (strata.split_blocks) and LoRA adapters cannot be combined");
   }
+  if (options.offload_checkpoints && options.keep_activations) {
+    return InvalidArgumentError(
+        "offloaded activation checkpoints (strata.offload_checkpoints) need activation "
+        "checkpointing; every block's internals are kept (strata.activation_checkpointing off)");
+  }
   std::unique_ptr<LlamaModel> m(new LlamaModel(device, config, seq_len, micro_batch, init_seed,
                                                options.lora, options.split_blocks));
   STRATA_RETURN_IF_ERROR(m->SetUp(options));
@@ -442,7 +489,8 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   State& st = *state_;
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   st.tokens = b * s;
-  st.block_bytes = st.a.Layout(nullptr, config_, b, s, lora_, options.keep_activations);
+  st.block_bytes = st.a.Layout(nullptr, config_, b, s, lora_, options.keep_activations,
+                               options.offload_checkpoints);
   Result<void*> block = device_.Alloc(st.block_bytes);
   if (!block.ok()) {
     return block.status().WithContext(fmt::format(
@@ -452,7 +500,8 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
         st.tokens * static_cast<size_t>(config_.vocab_size) * sizeof(float)));
   }
   st.block = *block;
-  st.a.Layout(static_cast<char*>(st.block), config_, b, s, lora_, options.keep_activations);
+  st.a.Layout(static_cast<char*>(st.block), config_, b, s, lora_, options.keep_activations,
+              options.offload_checkpoints);
 
   STRATA_ASSIGN_OR_RETURN(
       st.host, HostRegion::Allocate(2 * st.tokens * sizeof(int32_t) + sizeof(float),
@@ -462,6 +511,25 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   STRATA_RETURN_IF_ERROR(device_.RegisterHost(st.host.data(), st.host.size()));
   st.host_registered = true;
   STRATA_ASSIGN_OR_RETURN(st.upload_done, device_.CreateEvent());
+  if (st.a.offloaded > 0) {
+    const size_t bytes = static_cast<size_t>(st.a.offloaded) * st.a.th * sizeof(float);
+    Result<HostRegion> region = HostRegion::Allocate(bytes, HugePages::kOff);
+    if (!region.ok()) {
+      return region.status().WithContext(
+          fmt::format("model '{}': host memory for {} offloaded activation checkpoints "
+                      "(strata.offload_checkpoints)",
+                      config_.name, st.a.offloaded));
+    }
+    st.ckpt_host = std::move(*region);
+    STRATA_RETURN_IF_ERROR(device_.RegisterHost(st.ckpt_host.data(), st.ckpt_host.size()));
+    st.ckpt_registered = true;
+    STRATA_ASSIGN_OR_RETURN(st.ckpt_stream, device_.CreateStream("llama-checkpoints"));
+    STRATA_ASSIGN_OR_RETURN(st.ckpt_ready, device_.CreateEvent());
+    for (size_t i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(st.ckpt_saved[i], device_.CreateEvent());
+      STRATA_ASSIGN_OR_RETURN(st.ckpt_loaded[i], device_.CreateEvent());
+    }
+  }
 
   // strata train --profile-ops: every op call timed in stream order (OpProfiler).
   auto profiled = [&](std::unique_ptr<LlamaOps> ops) -> std::unique_ptr<LlamaOps> {
@@ -496,6 +564,10 @@ void LlamaModel::ResetOpProfile() {
 uint64_t LlamaModel::activation_bytes() const { return state_->block_bytes; }
 
 uint64_t LlamaModel::workspace_bytes() const { return state_->workspace_bytes; }
+
+uint64_t LlamaModel::checkpoint_host_bytes() const {
+  return static_cast<uint64_t>(state_->a.offloaded) * state_->a.th * sizeof(float);
+}
 
 Status LlamaModel::Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn,
                        std::string_view label) {
@@ -670,14 +742,15 @@ Status LlamaModel::Forward(int unit, const zero::UnitView& params, device::Strea
     return InternalError("llama: a block with LoRA adapters needs its adapter unit (ForwardShared)");
   }
   zero::UnitView p = params;
-  return Run(
+  STRATA_RETURN_IF_ERROR(BeforeForward(where, stream));
+  STRATA_RETURN_IF_ERROR(Run(
       stream,
       [this, where, p](LlamaOps& ops) -> Status {
         State& st = *state_;
         const size_t h = static_cast<size_t>(config_.hidden_size);
         if (where.kind == LlamaUnit::kEmbed) {
           return ops.EmbeddingForward(st.a.tokens, st.tokens, W(p, 0),
-                                      static_cast<size_t>(config_.vocab_size), h, st.a.block_in);
+                                      static_cast<size_t>(config_.vocab_size), h, st.a.In(0));
         }
         if (where.kind == LlamaUnit::kHead) {
           if (config_.tie_word_embeddings) {
@@ -688,7 +761,8 @@ Status LlamaModel::Forward(int unit, const zero::UnitView& params, device::Strea
         return BlockForward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, nullptr),
                             nullptr);
       },
-      "llama forward");
+      "llama forward"));
+  return AfterForward(where, stream);
 }
 
 Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::UnitView& grads,
@@ -700,7 +774,8 @@ Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::
     return InternalError("llama: a block with LoRA adapters needs its adapter unit (BackwardShared)");
   }
   zero::UnitView p = params, g = grads;
-  return Run(
+  STRATA_RETURN_IF_ERROR(BeforeBackward(where, stream));
+  STRATA_RETURN_IF_ERROR(Run(
       stream,
       [this, where, p, g](LlamaOps& ops) -> Status {
         State& st = *state_;
@@ -719,7 +794,8 @@ Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::
         return BlockBackward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, &g),
                              nullptr);
       },
-      "llama backward");
+      "llama backward"));
+  return AfterBackward(where, stream);
 }
 
 std::vector<int> LlamaModel::SharedUnits(int unit) const {
@@ -739,11 +815,11 @@ Status LlamaModel::Recompute(int unit, const zero::UnitView& params, device::Str
     return InternalError(fmt::format("llama: unit {} has nothing to recompute", unit));
   }
   zero::UnitView p = params;
+  STRATA_RETURN_IF_ERROR(BeforeBackward(where, stream));  // the block's input, back on the device
   return Run(
       stream,
       [this, where, p](LlamaOps& ops) {
-        const size_t th = state_->tokens * static_cast<size_t>(config_.hidden_size);
-        const float* x = state_->a.block_in + static_cast<size_t>(where.layer) * th;
+        const float* x = state_->a.In(where.layer);
         return BlockPartForward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, nullptr),
                                 nullptr, x, nullptr);
       },
@@ -758,14 +834,16 @@ Status LlamaModel::ForwardShared(int unit, std::span<const zero::UnitView> param
   }
   zero::UnitView p = params[0], other = params[1];
   if (where.kind == LlamaUnit::kBlock) {
-    return Run(
+    STRATA_RETURN_IF_ERROR(BeforeForward(where, stream));
+    STRATA_RETURN_IF_ERROR(Run(
         stream,
         [this, where, p, other](LlamaOps& ops) {
           const Adapters ad = Adapters::Of(lora_, other, nullptr);
           return BlockForward(ops, where.layer, where.part,
                               BlockWeights::Of(where.part, p, nullptr), &ad);
         },
-        "llama forward");
+        "llama forward"));
+    return AfterForward(where, stream);
   }
   return Run(
       stream, [this, p, other](LlamaOps& ops) { return HeadForward(ops, p, other.param(0)); },
@@ -780,14 +858,16 @@ Status LlamaModel::BackwardShared(int unit, std::span<const zero::UnitView> para
   }
   zero::UnitView p = params[0], other = params[1], g = grads[0], gother = grads[1];
   if (where.kind == LlamaUnit::kBlock) {
-    return Run(
+    STRATA_RETURN_IF_ERROR(BeforeBackward(where, stream));
+    STRATA_RETURN_IF_ERROR(Run(
         stream,
         [this, where, p, other, g, gother](LlamaOps& ops) {
           const Adapters ad = Adapters::Of(lora_, other, &gother);
           return BlockBackward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, &g),
                                &ad);
         },
-        "llama backward");
+        "llama backward"));
+    return AfterBackward(where, stream);
   }
   return Run(
       stream,
@@ -806,6 +886,81 @@ Result<double> LlamaModel::EndMicroBatch(device::Stream& stream) {
   if (st.cuda_ops) STRATA_RETURN_IF_ERROR(st.cuda_ops->CheckDataErrors());
   if (st.profiler != nullptr) STRATA_RETURN_IF_ERROR(st.profiler->Collect());
   return static_cast<double>(*st.host_loss);
+}
+
+// ---- offloaded activation checkpoints -----------------------------------------------------------
+//
+// Block j's input (j < a.offloaded) lives in device slot j % 2 from its writer's forward (the
+// embedding, or block j - 1) to block j + 1's forward, which writes block j + 2's input into the
+// same slot; the copy stream takes it to host memory in between, beside block j's forward. In
+// backward it comes back into the same slot once block j + 2's backward has read its own input
+// there, beside block j + 1's backward. Every copy starts after a point of the caller's stream
+// (ckpt_ready) and the compute that overwrites or reads the slot waits for the copy's event.
+
+Status LlamaModel::SaveCheckpoint(int layer, device::Stream& stream) {
+  State& st = *state_;
+  if (layer < 0 || layer >= st.a.offloaded) return Status::Ok();
+  const size_t slot = static_cast<size_t>(layer % 2);
+  STRATA_RETURN_IF_ERROR(device_.Record(*st.ckpt_ready, stream));
+  STRATA_RETURN_IF_ERROR(device_.Wait(*st.ckpt_stream, *st.ckpt_ready));
+  float* host =
+      reinterpret_cast<float*>(st.ckpt_host.data()) + static_cast<size_t>(layer) * st.a.th;
+  STRATA_RETURN_IF_ERROR(device_.CopyAsync(host, st.a.In(layer), st.a.th * sizeof(float),
+                                           device::CopyKind::kDeviceToHost, *st.ckpt_stream));
+  return device_.Record(*st.ckpt_saved[slot], *st.ckpt_stream);
+}
+
+Status LlamaModel::LoadCheckpoint(int layer, device::Stream& stream) {
+  State& st = *state_;
+  if (layer < 0 || layer >= st.a.offloaded) return Status::Ok();
+  const size_t slot = static_cast<size_t>(layer % 2);
+  STRATA_RETURN_IF_ERROR(device_.Record(*st.ckpt_ready, stream));
+  STRATA_RETURN_IF_ERROR(device_.Wait(*st.ckpt_stream, *st.ckpt_ready));
+  const float* host =
+      reinterpret_cast<const float*>(st.ckpt_host.data()) + static_cast<size_t>(layer) * st.a.th;
+  STRATA_RETURN_IF_ERROR(device_.CopyAsync(st.a.In(layer), host, st.a.th * sizeof(float),
+                                           device::CopyKind::kHostToDevice, *st.ckpt_stream));
+  return device_.Record(*st.ckpt_loaded[slot], *st.ckpt_stream);
+}
+
+Status LlamaModel::WaitCheckpointSaved(int layer, device::Stream& stream) {
+  State& st = *state_;
+  if (layer < 0 || layer >= st.a.offloaded) return Status::Ok();
+  return device_.Wait(stream, *st.ckpt_saved[static_cast<size_t>(layer % 2)]);
+}
+
+Status LlamaModel::WaitCheckpointLoaded(int layer, device::Stream& stream) {
+  State& st = *state_;
+  if (layer < 0 || layer >= st.a.offloaded) return Status::Ok();
+  return device_.Wait(stream, *st.ckpt_loaded[static_cast<size_t>(layer % 2)]);
+}
+
+// The embedding writes block 0's input; a block's whole unit or down part writes the next
+// block's, into the slot of the input two blocks back, which must have reached host memory.
+Status LlamaModel::BeforeForward(const LlamaUnit& where, device::Stream& stream) {
+  if (where.kind != LlamaUnit::kBlock) return Status::Ok();
+  if (where.part != LlamaUnit::kWhole && where.part != LlamaUnit::kMlpDown) return Status::Ok();
+  return WaitCheckpointSaved(where.layer - 1, stream);
+}
+
+Status LlamaModel::AfterForward(const LlamaUnit& where, device::Stream& stream) {
+  if (where.kind == LlamaUnit::kEmbed) return SaveCheckpoint(0, stream);
+  if (where.kind != LlamaUnit::kBlock) return Status::Ok();
+  if (where.part != LlamaUnit::kWhole && where.part != LlamaUnit::kMlpDown) return Status::Ok();
+  return SaveCheckpoint(where.layer + 1, stream);
+}
+
+// A block's backward and recomputation read its input; its whole unit's or attention part's
+// backward is the last to, after which the slot takes the input two blocks down.
+Status LlamaModel::BeforeBackward(const LlamaUnit& where, device::Stream& stream) {
+  if (where.kind != LlamaUnit::kBlock) return Status::Ok();
+  return WaitCheckpointLoaded(where.layer, stream);
+}
+
+Status LlamaModel::AfterBackward(const LlamaUnit& where, device::Stream& stream) {
+  if (where.kind != LlamaUnit::kBlock) return Status::Ok();
+  if (where.part != LlamaUnit::kWhole && where.part != LlamaUnit::kAttn) return Status::Ok();
+  return LoadCheckpoint(where.layer - 2, stream);
 }
 
 // ---- the blocks ---------------------------------------------------------------------------------
@@ -907,11 +1062,8 @@ Status LlamaModel::BlockPartForward(LlamaOps& ops, int layer, LlamaUnit::Part pa
 
 Status LlamaModel::BlockForward(LlamaOps& ops, int layer, LlamaUnit::Part part,
                                 const BlockWeights& w, const Adapters* ad) {
-  State& st = *state_;
-  const size_t th = st.tokens * static_cast<size_t>(config_.hidden_size);
-  const float* x = st.a.block_in + static_cast<size_t>(layer) * th;
-  return BlockPartForward(ops, layer, part, w, ad, x,
-                          st.a.block_in + static_cast<size_t>(layer + 1) * th);
+  const LlamaActivations& a = state_->a;
+  return BlockPartForward(ops, layer, part, w, ad, a.In(layer), a.In(layer + 1));
 }
 
 // One part of a block's backward, from dres (the gradient of the block's output) and the
@@ -976,8 +1128,7 @@ Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, LlamaUnit::Part part,
                                  const BlockWeights& w, const Adapters* ad) {
   State& st = *state_;
   LlamaActivations& a = st.a;
-  const size_t th = st.tokens * static_cast<size_t>(config_.hidden_size);
-  const float* x = a.block_in + static_cast<size_t>(layer) * th;
+  const float* x = a.In(layer);
   // Activation checkpointing (whole blocks only): one set of internals, holding the last block's
   // from forward (the first backward), the others' recomputed from their inputs.
   if (part == LlamaUnit::kWhole && a.blocks.size() == 1 && layer != config_.num_hidden_layers - 1) {
@@ -991,7 +1142,7 @@ Status LlamaModel::HeadForward(LlamaOps& ops, const zero::UnitView& p, const voi
   LlamaActivations& a = st.a;
   const size_t t = st.tokens, h = static_cast<size_t>(config_.hidden_size);
   const size_t v = static_cast<size_t>(config_.vocab_size);
-  const float* x = a.block_in + static_cast<size_t>(config_.num_hidden_layers) * t * h;
+  const float* x = a.In(config_.num_hidden_layers);
   STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, W(p, 0), t, h,
                                             static_cast<float>(config_.rms_norm_eps), a.head_x,
                                             a.head_rstd));
@@ -1011,7 +1162,7 @@ Status LlamaModel::HeadBackward(LlamaOps& ops, const zero::UnitView& p, const ze
   float* dxn = a.dh1;  // free until the next block's backward
   STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.head_x, cpu::Weight{lm, p.dtype}, dlogits, t, h, v,
                                             dxn, Accumulate::kOverwrite, dlm));
-  const float* x = a.block_in + static_cast<size_t>(config_.num_hidden_layers) * t * h;
+  const float* x = a.In(config_.num_hidden_layers);
   return ops.RmsNormBackward(x, W(p, 0), a.head_rstd, dxn, t, h, a.dres, G(g, 0));
 }
 

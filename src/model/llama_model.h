@@ -114,8 +114,19 @@ std::vector<int> LlamaRecomputeUnits(const LlamaConfig& config, int unit, bool s
                                      bool keep_activations);
 // The device memory LlamaModel::Create allocates for activations (without the CUDA workspace),
 // with activation checkpointing or, with keep_activations, without.
+// With offload_checkpoints (LlamaModelOptions) the device holds three block inputs instead of
+// L + 1 (LlamaOffloadedCheckpoints of them live in host memory instead).
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
-                              const LlamaLora& lora = {}, bool keep_activations = false);
+                              const LlamaLora& lora = {}, bool keep_activations = false,
+                              bool offload_checkpoints = false);
+// Activation checkpoints offloaded to host memory (LlamaModelOptions::offload_checkpoints, with
+// checkpointing): the inputs of blocks 0 .. L - 3, as many as this returns (0 for L <= 2 or
+// without checkpointing). The last two blocks' inputs stay on the device: backward starts with
+// them. LlamaCheckpointHostBytes: the registered host memory that holds them (fp32).
+int64_t LlamaOffloadedCheckpoints(const LlamaConfig& config, bool keep_activations,
+                                  bool offload_checkpoints);
+uint64_t LlamaCheckpointHostBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
+                                  bool keep_activations, bool offload_checkpoints);
 
 struct LlamaModelOptions {
   // CUDA: fp32 GEMMs on TF32 tensor cores (strata.tf32). No effect on the CPU device or with
@@ -133,6 +144,12 @@ struct LlamaModelOptions {
   // checkpointing, a block's attention, gate and up parts run their forward again before its
   // down part's backward (RecomputeUnits), each gathered again by the engine.
   bool split_blocks = false;
+  // Activation checkpoints in host memory (strata.offload_checkpoints; needs checkpointing):
+  // each block input but the last two goes to registered host memory on a copy stream of its
+  // own while the block computes, and comes back while the block after it runs backward, so the
+  // device holds three block inputs (a ring of two and the final norm's) instead of L + 1. The
+  // same arithmetic, bit for bit; L - 2 block inputs each way over PCIe per micro-batch.
+  bool offload_checkpoints = false;
 };
 
 class LlamaModel final : public zero::Model {
@@ -174,6 +191,8 @@ class LlamaModel final : public zero::Model {
   // Device memory held since Create: activations, and the CUDA ops' workspace (0 on the CPU).
   uint64_t activation_bytes() const;
   uint64_t workspace_bytes() const;
+  // Registered host memory holding offloaded activation checkpoints (LlamaCheckpointHostBytes).
+  uint64_t checkpoint_host_bytes() const;
   // With LlamaModelOptions::profile_ops: each op's calls and device seconds since the last
   // ResetOpProfile, summed over the micro-batches that ended (EndMicroBatch), largest first.
   std::vector<OpTime> op_profile() const;
@@ -217,6 +236,18 @@ class LlamaModel final : public zero::Model {
   Status HeadForward(LlamaOps& ops, const zero::UnitView& p, const void* lm);
   Status HeadBackward(LlamaOps& ops, const zero::UnitView& p, const zero::UnitView& g,
                       const void* lm, float* dlm);
+  // Offloaded checkpoints (LlamaModelOptions::offload_checkpoints), in the order of `stream`:
+  // block `layer`'s input to host memory once written, back to its device slot for backward, and
+  // the waits before a slot is written or read.
+  Status SaveCheckpoint(int layer, device::Stream& stream);
+  Status LoadCheckpoint(int layer, device::Stream& stream);
+  Status WaitCheckpointSaved(int layer, device::Stream& stream);
+  Status WaitCheckpointLoaded(int layer, device::Stream& stream);
+  // Around a unit's forward and backward: the copies and waits above that it needs.
+  Status BeforeForward(const LlamaUnit& where, device::Stream& stream);
+  Status AfterForward(const LlamaUnit& where, device::Stream& stream);
+  Status BeforeBackward(const LlamaUnit& where, device::Stream& stream);
+  Status AfterBackward(const LlamaUnit& where, device::Stream& stream);
 
   device::Device& device_;
   const LlamaConfig config_;

@@ -103,7 +103,9 @@ Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
       break;
     case Toggle::kAuto:
       e.activations = e.activations_kept;
-      e.checkpointing = in.device_budget == 0 || e.device_peak() > in.device_budget;
+      // Offloading checkpoints (strata.offload_checkpoints on) needs them.
+      e.checkpointing = in.device_budget == 0 || e.device_peak() > in.device_budget ||
+                        in.config.strata.offload_checkpoints == Toggle::kOn;
       break;
   }
   // Split blocks with checkpointing gather a block's first three parts again in backward
@@ -121,6 +123,19 @@ Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
                                                                depth, in.device, recompute));
   }
   e.activations = e.checkpointing ? e.activations_checkpointed : e.activations_kept;
+  // Checkpoints in host memory: "auto" when the device plan with them on the device exceeds
+  // the budget. Nothing to offload with two blocks or fewer.
+  const Toggle offload = in.config.strata.offload_checkpoints;
+  e.offload_checkpoints =
+      e.checkpointing && model::LlamaOffloadedCheckpoints(in.model, false, true) > 0 &&
+      (offload == Toggle::kOn ||
+       (offload == Toggle::kAuto && in.device_budget > 0 && e.device_peak() > in.device_budget));
+  if (e.offload_checkpoints) {
+    e.activations =
+        charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch, lora, false, true));
+    e.checkpoint_host_bytes =
+        model::LlamaCheckpointHostBytes(in.model, e.seq_len, e.micro_batch, false, true);
+  }
   return e;
 }
 
@@ -205,7 +220,12 @@ std::string FormatMemoryEstimate(const MemoryEstimate& e) {
           : std::string(),
       e.world_size, e.micro_batch, e.seq_len);
   out += "device\n";
-  out += e.checkpointing
+  out += e.offload_checkpoints
+             ? Line(e.split_blocks
+                        ? "activations (checkpoints in host memory, recomputed part by part)"
+                        : "activations (checkpoints in host memory, each block recomputed)",
+                    e.activations)
+         : e.checkpointing
              ? Line(e.split_blocks
                         ? "activations (one micro-batch; checkpointed, recomputed part by part)"
                         : "activations (one micro-batch; checkpointed, each block recomputed)",
@@ -222,6 +242,9 @@ std::string FormatMemoryEstimate(const MemoryEstimate& e) {
   out += Line("device peak", e.device_peak());
   out += "pinned host\n";
   out += Line("pinned pool (strata.memory.pinned_pool \"auto\")", e.engine.pinned_pool);
+  if (e.offload_checkpoints) {
+    out += Line("activation checkpoints (strata.offload_checkpoints)", e.checkpoint_host_bytes);
+  }
   out += "NVMe (per rank)\n";
   out += Line("parameter swap file", e.engine.nvme_param_file);
   out += Line("optimizer swap file", e.engine.nvme_optim_file);
@@ -251,6 +274,7 @@ nlohmann::json MemoryEstimateJson(const MemoryEstimate& e) {
             {"activations_bytes", e.activations},
             {"activation_checkpointing", e.checkpointing},
             {"split_blocks", e.split_blocks},
+            {"offload_checkpoints", e.offload_checkpoints},
             {"activations_checkpointed_bytes", e.activations_checkpointed},
             {"activations_kept_bytes", e.activations_kept},
             {"workspace_bytes", e.workspace},
@@ -258,8 +282,10 @@ nlohmann::json MemoryEstimateJson(const MemoryEstimate& e) {
             {"engine", items(e.engine.device)},
             {"step", items(e.engine.device_step)}}},
           {"pinned_pool_bytes", e.engine.pinned_pool},
-          {"nvme", {{"param_file_bytes", e.engine.nvme_param_file},
-                    {"optim_file_bytes", e.engine.nvme_optim_file}}},
+          {"checkpoint_host_bytes", e.checkpoint_host_bytes},
+          {"nvme",
+           {{"param_file_bytes", e.engine.nvme_param_file},
+            {"optim_file_bytes", e.engine.nvme_optim_file}}},
           {"host_init_bytes", e.engine.init_host_bytes},
           {"host_load_bytes", e.load_host_bytes()},
           {"from_weights", e.from_weights},

@@ -48,6 +48,10 @@ struct MemoryEstimate {
   // with it and without (every block's internals kept).
   bool checkpointing = true;
   bool split_blocks = false;  // strata.split_blocks: four units per block
+  // strata.offload_checkpoints, resolved: every block input but the last two in registered host
+  // memory (checkpoint_host_bytes of it, per rank), not on the device.
+  bool offload_checkpoints = false;
+  uint64_t checkpoint_host_bytes = 0;
   uint64_t activations_checkpointed = 0;
   uint64_t activations_kept = 0;
   uint64_t workspace = 0;       // the CUDA ops' workspace (device; 0 on the CPU device)

@@ -190,6 +190,10 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
     }
     // Stage 3 with offloaded parameters: the device optimizer's updated shards go home.
     if (param_dev != OffloadDevice::kNone) d2h_after += csz * (S * T - S_cpu);
+    // Offloaded activation checkpoints: out in forward, back in backward, each micro-batch.
+    const double ckpt = gas * static_cast<double>(m.checkpoint_host_bytes);
+    d2h_fb += ckpt;
+    h2d_fb += ckpt;
   }
   t.h2d_bytes = static_cast<uint64_t>(h2d_fb + h2d_opt);
   t.d2h_bytes = static_cast<uint64_t>(d2h_fb + d2h_after);
@@ -325,7 +329,7 @@ FitCheck CheckFit(const EstimateInput& in, const MemoryEstimate& m, const Hardwa
   const uint64_t g = static_cast<uint64_t>(std::max(1, hw.gpus_per_node));
   f.device_need = m.device_peak();
   f.device_budget = hw.rank_device_budget();
-  f.host_need = g * (m.engine.pinned_pool + m.setup_host_bytes());
+  f.host_need = g * (m.engine.pinned_pool + m.checkpoint_host_bytes + m.setup_host_bytes());
   if (!IsCuda(in)) f.host_need += g * f.device_need;  // the CPU device's memory is host memory
   f.host_budget = hw.host_budget();
   f.nvme_need = g * (m.engine.nvme_param_file + m.engine.nvme_optim_file);

@@ -390,28 +390,34 @@ Status RunTraining(const TrainOptions& o) {
   // every block's internals fit beside the rest).
   bool keep_activations = false;
   bool split_blocks = false;  // strata.split_blocks, resolved
+  bool offload_checkpoints = false;  // strata.offload_checkpoints, resolved
   {
     plan_in.config = config;  // with the placement resolved
-    // Evaluation runs no backward: nothing to keep a block's internals for.
-    if (o.eval_only) plan_in.config.strata.activation_checkpointing = Toggle::kOn;
+    // Evaluation runs no backward: nothing to keep a block's internals for, nor to offload.
+    if (o.eval_only) {
+      plan_in.config.strata.activation_checkpointing = Toggle::kOn;
+      plan_in.config.strata.offload_checkpoints = Toggle::kOff;
+    }
     STRATA_ASSIGN_OR_RETURN(const MemoryEstimate plan, EstimateMemory(plan_in));
     std::string warning;
     STRATA_RETURN_IF_ERROR(CheckDevicePlan(plan, dev->memory_stats().budget, &warning));
     if (!warning.empty() && rank == 0) STRATA_LOG(warn, train, "{}", warning);  // same on every rank
     keep_activations = !plan.checkpointing;
     split_blocks = plan.split_blocks;
+    offload_checkpoints = plan.offload_checkpoints;
   }
 
   // Model, store, pool, engine.
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> llama,
-                          model::LlamaModel::Create(*dev, mcfg, seq_len,
-                                                    batch.train_micro_batch_size_per_gpu,
-                                                    config.strata.seed,
-                                                    {.allow_tf32 = config.strata.tf32,
-                                                     .profile_ops = o.profile_ops,
-                                                     .lora = lora,
-                                                     .keep_activations = keep_activations,
-                                                     .split_blocks = split_blocks}));
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<model::LlamaModel> llama,
+      model::LlamaModel::Create(*dev, mcfg, seq_len, batch.train_micro_batch_size_per_gpu,
+                                config.strata.seed,
+                                {.allow_tf32 = config.strata.tf32,
+                                 .profile_ops = o.profile_ops,
+                                 .lora = lora,
+                                 .keep_activations = keep_activations,
+                                 .split_blocks = split_blocks,
+                                 .offload_checkpoints = offload_checkpoints}));
   say(fmt::format(
       "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
       "parameters on {}, {}{}, {}",
@@ -427,17 +433,21 @@ Status RunTraining(const TrainOptions& o) {
                         config.zero.offload_optimizer.ratio)
           : std::string(),
       PrecisionName(config.precision())));
-  say(fmt::format("  device: {}; device memory budget {}, activations {} ({})",
-                  runtime.choice.reason, FormatBytes(dev->memory_stats().budget),
-                  FormatBytes(llama->activation_bytes() + llama->workspace_bytes()),
-                  o.eval_only         ? "forward only"
-                  : split_blocks && keep_activations
-                      ? "every block's kept; each block as four units, strata.split_blocks"
-                  : split_blocks
-                      ? "checkpointed: each block recomputed part by part in backward, "
-                        "strata.split_blocks"
-                  : keep_activations ? "every block's kept: no recomputation"
-                                     : "checkpointed: each block recomputed in backward"));
+  say(fmt::format(
+      "  device: {}; device memory budget {}, activations {} ({}){}", runtime.choice.reason,
+      FormatBytes(dev->memory_stats().budget),
+      FormatBytes(llama->activation_bytes() + llama->workspace_bytes()),
+      o.eval_only ? "forward only"
+      : split_blocks && keep_activations
+          ? "every block's kept; each block as four units, strata.split_blocks"
+      : split_blocks     ? "checkpointed: each block recomputed part by part in backward, "
+                           "strata.split_blocks"
+      : keep_activations ? "every block's kept: no recomputation"
+                         : "checkpointed: each block recomputed in backward",
+      offload_checkpoints
+          ? fmt::format("; {} of checkpoints in host memory, strata.offload_checkpoints",
+                        FormatBytes(llama->checkpoint_host_bytes()))
+          : std::string()));
   for (const std::string& line : placement_lines) say(line);
   if (lora.enabled()) {
     int64_t adapter_params = 0;

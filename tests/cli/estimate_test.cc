@@ -72,8 +72,8 @@ TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {
       {"stage 3 bf16, layers 0-1 frozen, everything on the device", R"({"stage": 3})",
        R"("bf16": {"enabled": true},)", false, R"("freeze": ["model.layers.[01].*"], )"},
       // LoRA: adapter units between the blocks, every base unit frozen (no gradient buffers).
-      {"stage 3 bf16, LoRA r 16 on every projection, everything on the device",
-       R"({"stage": 3})", R"("bf16": {"enabled": true},)", false,
+      {"stage 3 bf16, LoRA r 16 on every projection, everything on the device", R"({"stage": 3})",
+       R"("bf16": {"enabled": true},)", false,
        R"("lora": {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, )"},
       // The live-buffer limit from the largest unit: a frozen base unit's gathered copy only.
       {"stage 3 bf16, LoRA r 8, parameters on the CPU, live limit from the largest unit",
@@ -86,8 +86,8 @@ TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {
        R"({"stage": 3, "offload_param": {"device": "cpu"},
            "offload_optimizer": {"device": "cpu", "ratio": 0.75}})",
        R"("bf16": {"enabled": true},)", true},
-      {"stage 3 bf16, everything on the device", R"({"stage": 3})",
-       R"("bf16": {"enabled": true},)", false},
+      {"stage 3 bf16, everything on the device", R"({"stage": 3})", R"("bf16": {"enabled": true},)",
+       false},
       {"stage 3 bf16, parameters and optimizer on the CPU",
        R"({"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}})",
        R"("bf16": {"enabled": true},)", true},
@@ -105,6 +105,13 @@ TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {
            "offload_param": {"device": "nvme", "nvme_path": "@DIR@"},
            "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}})",
        R"("bf16": {"enabled": true},)", false, R"("split_blocks": true, )"},
+      // Checkpoints in host memory (strata.offload_checkpoints): two of the four block inputs.
+      {"stage 3 bf16, checkpoints in host memory, parameters and optimizer on NVMe",
+       R"({"stage": 3, "stage3_prefetch_bucket_size": 500000, "stage3_max_live_parameters": 1000000,
+           "sub_group_size": 300000,
+           "offload_param": {"device": "nvme", "nvme_path": "@DIR@"},
+           "offload_optimizer": {"device": "nvme", "nvme_path": "@DIR@"}})",
+       R"("bf16": {"enabled": true},)", false, R"("offload_checkpoints": true, )"},
       {"stage 3 bf16, split blocks recomputed, everything on the device",
        R"({"stage": 3, "stage3_max_live_parameters": 1000})", R"("bf16": {"enabled": true},)",
        false, R"("split_blocks": true, "activation_checkpointing": true, )"},
@@ -140,6 +147,10 @@ TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {
                             "--device", "cpu", "--json"});
       ASSERT_EQ(est.exit_code, 0) << est.err;
       const auto e = nlohmann::json::parse(est.out);
+      // Offloaded checkpoints: blocks 0 and 1's inputs, 2 x 128 tokens x 256 x 4 bytes each.
+      const bool offload = std::string(p.strata).find("offload_checkpoints") != std::string::npos;
+      EXPECT_EQ(e["device"]["offload_checkpoints"].get<bool>(), offload);
+      EXPECT_EQ(e["checkpoint_host_bytes"].get<uint64_t>(), offload ? 2u * 2 * 128 * 256 * 4 : 0u);
       const std::string metrics = dir.file("m" + std::to_string(run++) + ".jsonl");
       auto r = RunStrata({"train", "--config", config, "--model", model, "--data", data,
                           "--seq-len", "128", "--steps", "2", "--device", "cpu", "--metrics",

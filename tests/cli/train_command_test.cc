@@ -858,6 +858,59 @@ TEST(TrainCommandTest, SplitBlocksTrainAsWholeBlocks) {
   EXPECT_EQ(Losses(dir.file("recomputed.jsonl")), want);
 }
 
+// strata.offload_checkpoints: every block input but the last two in host memory, through ZeRO-3
+// with parameters and optimizer on NVMe and two micro-batches a step, with whole blocks and with
+// split blocks: the losses and the weights of checkpoints kept on the device, bit for bit.
+TEST(TrainCommandTest, OffloadedCheckpointsTrainAsOnTheDevice) {
+  TempDir dir;
+  const std::string data = dir.file("tokens.bin");
+  ASSERT_EQ(
+      RunStrata({"data", "synth", "--out", data, "--tokens", "20k", "--vocab", "256"}).exit_code,
+      0);
+  const std::string model = dir.file("model");
+  std::filesystem::create_directories(model);
+  {
+    std::ofstream out(model + "/config.json");
+    out << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
+               "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 5,
+               "num_attention_heads": 4, "num_key_value_heads": 2,
+               "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+               "tie_word_embeddings": false, "hidden_act": "silu"})";
+  }
+  auto run = [&](const std::string& name, const std::string& strata) {
+    const std::string config =
+        WriteConfig(dir, R"(, "gradient_accumulation_steps": 2, "strata": )" + strata);
+    const std::string renamed = dir.file(name + ".json");
+    std::filesystem::rename(config, renamed);
+    auto r = RunStrata({"train", "--config", renamed, "--model", model, "--data", data, "--seq-len",
+                        "32", "--steps", "4", "--device", "cpu", "--metrics",
+                        dir.file(name + ".jsonl"), "--save", dir.file(name)},
+                       std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return r.out;
+  };
+  run("device", R"({"activation_checkpointing": true, "offload_checkpoints": false})");
+  const std::string out = run("host", R"({"offload_checkpoints": true})");
+  // Blocks 0-2's inputs: 3 x 2 sequences x 32 tokens x 64 x 4 bytes.
+  EXPECT_THAT(out,
+              HasSubstr("48.00 KiB of checkpoints in host memory, strata.offload_checkpoints"));
+  const std::vector<double> want = Losses(dir.file("device.jsonl"));
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_EQ(Losses(dir.file("host.jsonl")), want);
+  EXPECT_EQ(FileBytes(dir.file("host/latest/model.safetensors")),
+            FileBytes(dir.file("device/latest/model.safetensors")));
+  run("split", R"({"offload_checkpoints": true, "split_blocks": true})");
+  EXPECT_EQ(Losses(dir.file("split.jsonl")), want);
+  // Only checkpointed block inputs can go to host memory.
+  const std::string bad = WriteConfig(
+      dir, R"(, "strata": {"offload_checkpoints": true, "activation_checkpointing": false})");
+  auto r = RunStrata({"train", "--config", bad, "--model", model, "--data", data, "--seq-len", "32",
+                      "--steps", "1", "--device", "cpu"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("strata.offload_checkpoints is on and "
+                               "strata.activation_checkpointing is off"));
+}
+
 // --profile-ops: a table of every op the decoder runs, per profiled step (the steps after the
 // first), whose op times add up to no more than the step; the losses are those of a plain run.
 TEST(TrainCommandTest, ProfileOpsSaysWhereTheStepWent) {

@@ -522,6 +522,7 @@ TEST(LlamaModelTest, ActivationsComeFromTheDeviceBudget) {
 // (host fp32, converted to `dtype` on the device) and gradients read back to the host.
 struct MicroBatchResult {
   double loss = 0;
+  std::vector<double> more_losses;  // of the `more` micro-batches
   std::vector<std::vector<float>> grads;
 };
 
@@ -530,7 +531,8 @@ Result<MicroBatchResult> RunMicroBatch(device::Device& dev, const LlamaConfig& c
                                        const std::vector<std::vector<float>>& params,
                                        device::DType dtype, const LlamaBatch& b,
                                        const LlamaModelOptions& options = {},
-                                       const std::vector<char>& frozen = {}) {
+                                       const std::vector<char>& frozen = {},
+                                       const std::vector<LlamaBatch>& more = {}) {
   STRATA_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(dev, cfg, seq, batch, 7, options));
   STRATA_ASSIGN_OR_RETURN(auto stream, dev.CreateStream("compute"));
   std::vector<void*> p_dev, g_dev, staging;
@@ -562,30 +564,34 @@ Result<MicroBatchResult> RunMicroBatch(device::Device& dev, const LlamaConfig& c
       const bool f = static_cast<size_t>(u) < frozen.size() && frozen[static_cast<size_t>(u)];
       return zero::UnitView{f ? nullptr : g_dev[u], device::DType::kF32, &layouts[u].slots};
     };
-    STRATA_RETURN_IF_ERROR(model->BeginMicroBatch(b, 1.0f, *stream));
-    for (int u = 0; u < n; ++u) {
-      const std::vector<int> shared = model->SharedUnits(u);
-      if (!shared.empty()) {
-        const zero::UnitView views[2] = {pv(u), pv(shared[0])};
-        STRATA_RETURN_IF_ERROR(model->ForwardShared(u, views, *stream));
-      } else {
-        STRATA_RETURN_IF_ERROR(model->Forward(u, pv(u), *stream));
+    // `b`, then each of `more` (gradient accumulation: the gradients add up).
+    for (size_t mb = 0; mb <= more.size(); ++mb) {
+      STRATA_RETURN_IF_ERROR(model->BeginMicroBatch(mb == 0 ? b : more[mb - 1], 1.0f, *stream));
+      for (int u = 0; u < n; ++u) {
+        const std::vector<int> shared = model->SharedUnits(u);
+        if (!shared.empty()) {
+          const zero::UnitView views[2] = {pv(u), pv(shared[0])};
+          STRATA_RETURN_IF_ERROR(model->ForwardShared(u, views, *stream));
+        } else {
+          STRATA_RETURN_IF_ERROR(model->Forward(u, pv(u), *stream));
+        }
       }
+      for (int u = n - 1; u >= 0; --u) {
+        for (const int r : model->RecomputeUnits(u)) {  // as the engine does
+          STRATA_RETURN_IF_ERROR(model->Recompute(r, pv(r), *stream));
+        }
+        const std::vector<int> shared = model->SharedUnits(u);
+        if (!shared.empty()) {
+          const zero::UnitView views[2] = {pv(u), pv(shared[0])};
+          const zero::UnitView gviews[2] = {gv(u), gv(shared[0])};
+          STRATA_RETURN_IF_ERROR(model->BackwardShared(u, views, gviews, *stream));
+        } else {
+          STRATA_RETURN_IF_ERROR(model->Backward(u, pv(u), gv(u), *stream));
+        }
+      }
+      STRATA_ASSIGN_OR_RETURN(const double loss, model->EndMicroBatch(*stream));
+      (mb == 0 ? out.loss : out.more_losses.emplace_back()) = loss;
     }
-    for (int u = n - 1; u >= 0; --u) {
-      for (const int r : model->RecomputeUnits(u)) {  // as the engine does
-        STRATA_RETURN_IF_ERROR(model->Recompute(r, pv(r), *stream));
-      }
-      const std::vector<int> shared = model->SharedUnits(u);
-      if (!shared.empty()) {
-        const zero::UnitView views[2] = {pv(u), pv(shared[0])};
-        const zero::UnitView gviews[2] = {gv(u), gv(shared[0])};
-        STRATA_RETURN_IF_ERROR(model->BackwardShared(u, views, gviews, *stream));
-      } else {
-        STRATA_RETURN_IF_ERROR(model->Backward(u, pv(u), gv(u), *stream));
-      }
-    }
-    STRATA_ASSIGN_OR_RETURN(out.loss, model->EndMicroBatch(*stream));
     for (size_t u = 0; u < layouts.size(); ++u) {
       out.grads.emplace_back(params[u].size());
       STRATA_RETURN_IF_ERROR(dev.CopyAsync(out.grads.back().data(), g_dev[u],
@@ -855,6 +861,116 @@ TEST(LlamaModelTest, KeptActivationsGiveTheCheckpointedRunBitForBit) {
       }
     }
   }
+}
+
+// strata.offload_checkpoints: every block input but the last two goes to host memory on the
+// model's copy stream in forward and comes back in backward, through a ring of two device slots.
+// The same loss and gradients, bit for bit, as checkpoints on the device: whole blocks and split
+// blocks (recomputed part by part), with LoRA, fp32 and bf16, over three micro-batches of
+// different tokens (accumulated), so a stale or early-overwritten slot would change a number.
+// The device holds L - 2 block inputs less; the host region holds exactly those.
+TEST(LlamaModelTest, OffloadedCheckpointsGiveTheDeviceCheckpointsRunBitForBit) {
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  const int64_t batch = 2, seq = 16;
+  struct Case {
+    const char* name;
+    bool split, lora;
+    device::DType dtype;
+    int layers;
+  };
+  for (const Case& c : {Case{"whole fp32", false, false, device::DType::kF32, 5},
+                        Case{"whole bf16", false, false, device::DType::kBF16, 6},
+                        Case{"split fp32", true, false, device::DType::kF32, 5},
+                        Case{"split bf16", true, false, device::DType::kBF16, 4},
+                        Case{"lora fp32", false, true, device::DType::kF32, 5},
+                        Case{"three layers", false, false, device::DType::kF32, 3}}) {
+    SCOPED_TRACE(c.name);
+    LlamaConfig cfg = TinyConfig();
+    cfg.num_hidden_layers = c.layers;
+    LlamaLora lora;
+    if (c.lora) {
+      lora.rank = 2;
+      lora.alpha = 4;
+      lora.scale = 2.0f;
+      lora.targets.fill(true);
+    }
+    const uint64_t t = batch * seq, h = 32;
+    const uint64_t slot = (4 * t * h + device::kDeviceAlignment - 1) / device::kDeviceAlignment *
+                          device::kDeviceAlignment;
+    EXPECT_EQ(LlamaOffloadedCheckpoints(cfg, false, true), c.layers - 2);
+    EXPECT_EQ(LlamaOffloadedCheckpoints(cfg, true, true), 0) << "nothing without checkpointing";
+    EXPECT_EQ(LlamaActivationBytes(cfg, seq, batch, lora, false, false) -
+                  LlamaActivationBytes(cfg, seq, batch, lora, false, true),
+              static_cast<uint64_t>(c.layers - 2) * 4 * t * h)
+        << "the block inputs are one carve, " << slot << " bytes a slot";
+    const LlamaModelOptions on_device{.lora = lora, .split_blocks = c.split};
+    LlamaModelOptions offloaded = on_device;
+    offloaded.offload_checkpoints = true;
+
+    auto probe = LlamaModel::Create(**cpu, cfg, seq, batch, 7, offloaded);
+    ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+    EXPECT_EQ((*probe)->checkpoint_host_bytes(), static_cast<uint64_t>(c.layers - 2) * 4 * t * h);
+    EXPECT_EQ((*probe)->checkpoint_host_bytes(),
+              LlamaCheckpointHostBytes(cfg, seq, batch, false, true));
+    EXPECT_EQ((*probe)->activation_bytes(),
+              LlamaActivationBytes(cfg, seq, batch, lora, false, true));
+    auto layouts = zero::LayoutModel((*probe)->units(), 1);
+    ASSERT_TRUE(layouts.ok());
+    std::vector<std::vector<float>> params;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 0.1f);
+    for (const auto& l : *layouts) {
+      params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
+      ASSERT_TRUE((*probe)->InitUnit(l.index, l.slots, params.back()).ok());
+      if (LlamaUnitAt(cfg, lora, l.index, c.split).kind == LlamaUnit::kAdapter) {
+        for (float& x : params.back())
+          x = normal(rng);
+      }
+    }
+    probe->reset();
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
+    std::vector<LlamaBatch> batches(3);
+    for (LlamaBatch& b : batches) {
+      for (int64_t i = 0; i < batch * (seq + 1); ++i)
+        b.tokens.push_back(tok(rng));
+    }
+    const std::vector<LlamaBatch> more(batches.begin() + 1, batches.end());
+    auto want = RunMicroBatch(**cpu, cfg, seq, batch, *layouts, params, c.dtype, batches[0],
+                              on_device, {}, more);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    auto got = RunMicroBatch(**cpu, cfg, seq, batch, *layouts, params, c.dtype, batches[0],
+                             offloaded, {}, more);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->loss, want->loss);
+    EXPECT_EQ(got->more_losses, want->more_losses);
+    ASSERT_EQ(want->more_losses.size(), 2u);
+    EXPECT_NE(want->more_losses[0], want->loss) << "the micro-batches differ";
+    ASSERT_EQ(got->grads.size(), want->grads.size());
+    for (size_t u = 0; u < got->grads.size(); ++u) {
+      EXPECT_EQ(got->grads[u], want->grads[u]) << (*layouts)[u].name;
+      EXPECT_TRUE(std::any_of(got->grads[u].begin(), got->grads[u].end(), [](float g) {
+        return g != 0.0f;
+      })) << (*layouts)[u].name;
+    }
+  }
+  // Checkpoints kept on the host need checkpointing; two layers have none to offload.
+  LlamaConfig cfg = TinyConfig();
+  cfg.num_hidden_layers = 3;
+  LlamaModelOptions both;
+  both.keep_activations = true;
+  both.offload_checkpoints = true;
+  auto kept = LlamaModel::Create(**cpu, cfg, seq, batch, 7, both);
+  ASSERT_FALSE(kept.ok());
+  EXPECT_NE(kept.status().message().find("strata.offload_checkpoints"), std::string::npos)
+      << kept.status().ToString();
+  cfg.num_hidden_layers = 2;
+  LlamaModelOptions offload;
+  offload.offload_checkpoints = true;
+  auto two = LlamaModel::Create(**cpu, cfg, seq, batch, 7, offload);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ((*two)->checkpoint_host_bytes(), 0u);
+  EXPECT_EQ((*two)->activation_bytes(), LlamaActivationBytes(cfg, seq, batch));
 }
 
 // strata.split_blocks: each block as four units (attention, gate, up, down). The same initial
