@@ -331,6 +331,8 @@ class ConfigParser {
         {.name = "aio", .parse = [this](const Field& f) { return ParseAio(f); }},
         {.name = "checkpoint", .parse = [this](const Field& f) { return ParseCheckpoint(f); }},
         {.name = "strata", .parse = [this](const Field& f) { return ParseStrata(f); }},
+        {.name = "activation_checkpointing",
+         .parse = [this](const Field& f) { return ParseActivationCheckpointing(f); }},
         {.name = "tensorboard",
          .parse = [this](const Field& f) { return ParseMonitor(f, &config_.tensorboard); }},
         {.name = "csv_monitor",
@@ -344,7 +346,6 @@ class ConfigParser {
              "comet",
              "comms_logger",
              "flops_profiler",
-             "activation_checkpointing",
              "sparse_attention",
              "pipeline",
              "data_efficiency",
@@ -944,6 +945,25 @@ class ConfigParser {
     return WalkObject(f, specs);
   }
 
+  // ---- activation_checkpointing (DeepSpeed's) ----
+
+  // cpu_checkpointing true: the checkpointed block inputs in host memory, as
+  // strata.offload_checkpoints on (applied in Validate, where an explicit strata value that says
+  // otherwise is an error). The model decides what is checkpointed (each decoder block's input),
+  // so the other keys have no effect.
+  Status ParseActivationCheckpointing(const Field& f) {
+    std::vector<KeySpec> specs = {
+        {.name = "cpu_checkpointing",
+         .parse = [this](const Field& v) { return ReadBool(v, &ds_cpu_checkpointing_); }},
+        Ignored("partition_activations"),
+        Ignored("contiguous_memory_optimization"),
+        Ignored("number_checkpoints"),
+        Ignored("synchronize_checkpoint_boundary"),
+        Ignored("profile"),
+    };
+    return WalkObject(f, specs);
+  }
+
   // ---- strata.lora (PEFT's LoraConfig names) ----
 
   Status ParseLora(const Field& f) {
@@ -1237,6 +1257,14 @@ class ConfigParser {
           "to train some base weights with the adapters, list them in strata.trainable");
     }
 
+    if (ds_cpu_checkpointing_) {
+      if (config_.strata.offload_checkpoints == Toggle::kOff) {
+        return InvalidArgumentError(
+            "activation_checkpointing.cpu_checkpointing is true and strata.offload_checkpoints "
+            "is off: give one of the two");
+      }
+      config_.strata.offload_checkpoints = Toggle::kOn;
+    }
     if (config_.strata.offload_checkpoints == Toggle::kOn &&
         config_.strata.activation_checkpointing == Toggle::kOff) {
       return InvalidArgumentError(
@@ -1296,6 +1324,7 @@ class ConfigParser {
   Config& config_;
   ParseState& state_;
   Pending pending_;
+  bool ds_cpu_checkpointing_ = false;  // activation_checkpointing.cpu_checkpointing
 };
 
 // Line and column (1-based) of the byte at `offset`, as an editor shows them.

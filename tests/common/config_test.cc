@@ -96,9 +96,16 @@ TEST(ConfigExamplesTest, NvmeExampleValues) {
   EXPECT_EQ(c.scheduler.type, SchedulerType::kWarmupDecayLR);
   EXPECT_EQ(c.scheduler.total_num_steps, 20000);
   EXPECT_EQ(c.scheduler.warmup_type, WarmupType::kLinear);
+  // cpu_checkpointing: the checkpointed block inputs in host memory; the section's other keys
+  // have no effect (the model checkpoints each decoder block's input).
+  EXPECT_EQ(c.strata.offload_checkpoints, Toggle::kOn);
   EXPECT_THAT(c.diagnostics.ignored_keys,
-              ElementsAre("activation_checkpointing", "wall_clock_breakdown", "memory_breakdown",
-                          "zero_allow_untested_optimizer"));
+              ElementsAre("wall_clock_breakdown", "memory_breakdown",
+                          "zero_allow_untested_optimizer",
+                          "activation_checkpointing.partition_activations",
+                          "activation_checkpointing.contiguous_memory_optimization",
+                          "activation_checkpointing.synchronize_checkpoint_boundary",
+                          "activation_checkpointing.profile"));
 }
 
 TEST(ConfigExamplesTest, StrataSectionExample) {
@@ -965,6 +972,26 @@ TEST(ConfigStrataTest, TogglesAndEnums) {
   EXPECT_THAT(ErrorOf(R"({"strata": {"split_blocks": true, "lora": {"r": 4}}})"),
               HasSubstr("strata.split_blocks and strata.lora are both given"));
   EXPECT_THAT(ErrorOf(R"({"strata": {"split_blocks": 2}})"), HasSubstr("strata.split_blocks"));
+  // Checkpoints in host memory: strata.offload_checkpoints, or DeepSpeed's cpu_checkpointing.
+  EXPECT_EQ(Ok("{}").strata.offload_checkpoints, Toggle::kAuto);
+  EXPECT_EQ(Ok(R"({"strata": {"offload_checkpoints": true}})").strata.offload_checkpoints,
+            Toggle::kOn);
+  EXPECT_EQ(Ok(R"({"activation_checkpointing": {"cpu_checkpointing": true}})")
+                .strata.offload_checkpoints,
+            Toggle::kOn);
+  EXPECT_EQ(Ok(R"({"activation_checkpointing": {"cpu_checkpointing": false}})")
+                .strata.offload_checkpoints,
+            Toggle::kAuto);
+  EXPECT_THAT(ErrorOf(R"({"activation_checkpointing": {"cpu_checkpointing": true},
+                          "strata": {"offload_checkpoints": false}})"),
+              HasSubstr("activation_checkpointing.cpu_checkpointing is true and "
+                        "strata.offload_checkpoints is off"));
+  EXPECT_THAT(ErrorOf(R"({"strata": {"offload_checkpoints": "on",
+                                     "activation_checkpointing": "off"}})"),
+              HasSubstr("strata.offload_checkpoints is on and strata.activation_checkpointing "
+                        "is off"));
+  EXPECT_THAT(ErrorOf(R"({"activation_checkpointing": {"cpu_checkpointing": "yes"}})"),
+              HasSubstr("activation_checkpointing.cpu_checkpointing"));
   EXPECT_FALSE(Ok("{}").strata.tf32);
   EXPECT_TRUE(Ok(R"({"strata": {"tf32": true}})").strata.tf32);
   EXPECT_THAT(ErrorOf(R"({"strata": {"tf32": "yes"}})"), HasSubstr("strata.tf32"));
