@@ -1175,6 +1175,39 @@ TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
   for (size_t u = 0; u < layouts->size(); ++u) {
     EXPECT_EQ(again->grads[u], got->grads[u]) << (*layouts)[u].name;
   }
+  // Checkpoints in host memory (offload_checkpoints) on a four-layer twin, two micro-batches:
+  // the GPU run with them on the device, bit for bit (the copies run on the model's copy stream,
+  // ordered by events against its compute).
+  {
+    LlamaConfig deep = cfg;
+    deep.num_hidden_layers = 4;
+    auto deep_probe = LlamaModel::Create(**cpu, deep, seq, batch, 7, {.lora = options.lora});
+    ASSERT_TRUE(deep_probe.ok()) << deep_probe.status().ToString();
+    auto deep_layouts = zero::LayoutModel((*deep_probe)->units(), 1);
+    ASSERT_TRUE(deep_layouts.ok());
+    std::vector<std::vector<float>> deep_params;
+    for (const auto& l : *deep_layouts) {
+      deep_params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
+      ASSERT_TRUE((*deep_probe)->InitUnit(l.index, l.slots, deep_params.back()).ok());
+    }
+    deep_probe->reset();
+    LlamaBatch b2;
+    for (int64_t i = 0; i < batch * (seq + 1); ++i)
+      b2.tokens.push_back(tok(rng));
+    LlamaModelOptions offloaded = options;
+    offloaded.offload_checkpoints = true;
+    auto on_device = RunMicroBatch(**gpu, deep, seq, batch, *deep_layouts, deep_params, dtype, b,
+                                   options, {}, {b2});
+    ASSERT_TRUE(on_device.ok()) << on_device.status().ToString();
+    auto on_host = RunMicroBatch(**gpu, deep, seq, batch, *deep_layouts, deep_params, dtype, b,
+                                 offloaded, {}, {b2});
+    ASSERT_TRUE(on_host.ok()) << on_host.status().ToString();
+    EXPECT_EQ(on_host->loss, on_device->loss);
+    EXPECT_EQ(on_host->more_losses, on_device->more_losses);
+    for (size_t u = 0; u < deep_layouts->size(); ++u) {
+      EXPECT_EQ(on_host->grads[u], on_device->grads[u]) << (*deep_layouts)[u].name;
+    }
+  }
   // The model's memory came from the GPU's budget, and all of it went back.
   EXPECT_EQ((*gpu)->memory_stats().in_use, 0u);
 }
