@@ -36,8 +36,9 @@
 // Device memory per micro-batch of T = micro_batch * seq_len tokens (fp32): (L + 14) T H for the
 // block inputs and a block's internals and gradients, 4 T kv, 5 T I for the MLP, T V for the
 // logits (their gradient reuses them), plus the attention's log-sum-exp; without checkpointing
-// each block's internals (5 T H + 2 T kv + 3 T I + 2 T + the log-sum-exp) L times, not once
-// (LlamaActivationBytes gives the exact figure; docs/model.md the table). No [seq, seq] score matrix lives in device
+// each block's internals (5 T H + 2 T kv + 3 T I + 2 T + the log-sum-exp) L times, not once;
+// with offload_checkpoints three block inputs instead of L + 1, the others in registered host
+// memory (LlamaActivationBytes gives the exact figure; docs/model.md the table). No [seq, seq] score matrix lives in device
 // memory; the CPU ops keep one row's worth per call (host scratch of up to 8 seq^2 bytes).
 #pragma once
 
