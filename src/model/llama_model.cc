@@ -897,7 +897,9 @@ Result<double> LlamaModel::EndMicroBatch(device::Stream& stream) {
 // there, beside block j + 1's backward. Every copy starts after a point of the caller's stream
 // (ckpt_ready) and the compute that overwrites or reads the slot waits for the copy's event.
 
-Status LlamaModel::SaveCheckpoint(int layer, device::Stream& stream) {
+// Block `layer`'s input between its device slot and host memory (to the host in forward, back
+// for backward), on the copy stream after the work enqueued on `stream` so far.
+Status LlamaModel::CopyCheckpoint(int layer, bool to_host, device::Stream& stream) {
   State& st = *state_;
   if (layer < 0 || layer >= st.a.offloaded) return Status::Ok();
   const size_t slot = static_cast<size_t>(layer % 2);
@@ -905,34 +907,21 @@ Status LlamaModel::SaveCheckpoint(int layer, device::Stream& stream) {
   STRATA_RETURN_IF_ERROR(device_.Wait(*st.ckpt_stream, *st.ckpt_ready));
   float* host =
       reinterpret_cast<float*>(st.ckpt_host.data()) + static_cast<size_t>(layer) * st.a.th;
-  STRATA_RETURN_IF_ERROR(device_.CopyAsync(host, st.a.In(layer), st.a.th * sizeof(float),
-                                           device::CopyKind::kDeviceToHost, *st.ckpt_stream));
-  return device_.Record(*st.ckpt_saved[slot], *st.ckpt_stream);
+  float* dev = st.a.In(layer);
+  STRATA_RETURN_IF_ERROR(
+      device_.CopyAsync(to_host ? static_cast<void*>(host) : dev,
+                        to_host ? static_cast<void*>(dev) : host, st.a.th * sizeof(float),
+                        to_host ? device::CopyKind::kDeviceToHost : device::CopyKind::kHostToDevice,
+                        *st.ckpt_stream));
+  return device_.Record(to_host ? *st.ckpt_saved[slot] : *st.ckpt_loaded[slot], *st.ckpt_stream);
 }
 
-Status LlamaModel::LoadCheckpoint(int layer, device::Stream& stream) {
+// Work enqueued on `stream` from now on waits for block `layer`'s last copy that way.
+Status LlamaModel::WaitCheckpoint(int layer, bool to_host, device::Stream& stream) {
   State& st = *state_;
   if (layer < 0 || layer >= st.a.offloaded) return Status::Ok();
   const size_t slot = static_cast<size_t>(layer % 2);
-  STRATA_RETURN_IF_ERROR(device_.Record(*st.ckpt_ready, stream));
-  STRATA_RETURN_IF_ERROR(device_.Wait(*st.ckpt_stream, *st.ckpt_ready));
-  const float* host =
-      reinterpret_cast<const float*>(st.ckpt_host.data()) + static_cast<size_t>(layer) * st.a.th;
-  STRATA_RETURN_IF_ERROR(device_.CopyAsync(st.a.In(layer), host, st.a.th * sizeof(float),
-                                           device::CopyKind::kHostToDevice, *st.ckpt_stream));
-  return device_.Record(*st.ckpt_loaded[slot], *st.ckpt_stream);
-}
-
-Status LlamaModel::WaitCheckpointSaved(int layer, device::Stream& stream) {
-  State& st = *state_;
-  if (layer < 0 || layer >= st.a.offloaded) return Status::Ok();
-  return device_.Wait(stream, *st.ckpt_saved[static_cast<size_t>(layer % 2)]);
-}
-
-Status LlamaModel::WaitCheckpointLoaded(int layer, device::Stream& stream) {
-  State& st = *state_;
-  if (layer < 0 || layer >= st.a.offloaded) return Status::Ok();
-  return device_.Wait(stream, *st.ckpt_loaded[static_cast<size_t>(layer % 2)]);
+  return device_.Wait(stream, to_host ? *st.ckpt_saved[slot] : *st.ckpt_loaded[slot]);
 }
 
 // The embedding writes block 0's input; a block's whole unit or down part writes the next
@@ -940,27 +929,27 @@ Status LlamaModel::WaitCheckpointLoaded(int layer, device::Stream& stream) {
 Status LlamaModel::BeforeForward(const LlamaUnit& where, device::Stream& stream) {
   if (where.kind != LlamaUnit::kBlock) return Status::Ok();
   if (where.part != LlamaUnit::kWhole && where.part != LlamaUnit::kMlpDown) return Status::Ok();
-  return WaitCheckpointSaved(where.layer - 1, stream);
+  return WaitCheckpoint(where.layer - 1, /*to_host=*/true, stream);
 }
 
 Status LlamaModel::AfterForward(const LlamaUnit& where, device::Stream& stream) {
-  if (where.kind == LlamaUnit::kEmbed) return SaveCheckpoint(0, stream);
+  if (where.kind == LlamaUnit::kEmbed) return CopyCheckpoint(0, /*to_host=*/true, stream);
   if (where.kind != LlamaUnit::kBlock) return Status::Ok();
   if (where.part != LlamaUnit::kWhole && where.part != LlamaUnit::kMlpDown) return Status::Ok();
-  return SaveCheckpoint(where.layer + 1, stream);
+  return CopyCheckpoint(where.layer + 1, /*to_host=*/true, stream);
 }
 
 // A block's backward and recomputation read its input; its whole unit's or attention part's
 // backward is the last to, after which the slot takes the input two blocks down.
 Status LlamaModel::BeforeBackward(const LlamaUnit& where, device::Stream& stream) {
   if (where.kind != LlamaUnit::kBlock) return Status::Ok();
-  return WaitCheckpointLoaded(where.layer, stream);
+  return WaitCheckpoint(where.layer, /*to_host=*/false, stream);
 }
 
 Status LlamaModel::AfterBackward(const LlamaUnit& where, device::Stream& stream) {
   if (where.kind != LlamaUnit::kBlock) return Status::Ok();
   if (where.part != LlamaUnit::kWhole && where.part != LlamaUnit::kAttn) return Status::Ok();
-  return LoadCheckpoint(where.layer - 2, stream);
+  return CopyCheckpoint(where.layer - 2, /*to_host=*/false, stream);
 }
 
 // ---- the blocks ---------------------------------------------------------------------------------

@@ -240,10 +240,8 @@ class LlamaModel final : public zero::Model {
   // Offloaded checkpoints (LlamaModelOptions::offload_checkpoints), in the order of `stream`:
   // block `layer`'s input to host memory once written, back to its device slot for backward, and
   // the waits before a slot is written or read.
-  Status SaveCheckpoint(int layer, device::Stream& stream);
-  Status LoadCheckpoint(int layer, device::Stream& stream);
-  Status WaitCheckpointSaved(int layer, device::Stream& stream);
-  Status WaitCheckpointLoaded(int layer, device::Stream& stream);
+  Status CopyCheckpoint(int layer, bool to_host, device::Stream& stream);
+  Status WaitCheckpoint(int layer, bool to_host, device::Stream& stream);
   // Around a unit's forward and backward: the copies and waits above that it needs.
   Status BeforeForward(const LlamaUnit& where, device::Stream& stream);
   Status AfterForward(const LlamaUnit& where, device::Stream& stream);

@@ -18,9 +18,11 @@
 
 #include <cerrno>
 #include <chrono>
-#include <functional>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -190,6 +192,21 @@ inline CommandResult RunStrataWatching(const std::vector<std::string>& args,
   const char* binary = std::getenv("STRATA_TEST_BINARY");
   return RunCommand(binary != nullptr && *binary != '\0' ? binary : STRATA_BINARY, args, timeout,
                     {}, nullptr, nullptr, watch);
+}
+
+// A model directory `path` holding only a Hugging Face Llama config.json (untied, 4 heads of
+// which 2 for keys and values, silu): strata trains it from random initialisation.
+inline std::string WriteLlamaModelDir(const std::string& path, int vocab, int hidden,
+                                      int intermediate, int layers, int max_positions) {
+  std::filesystem::create_directories(path);
+  std::ofstream out(path + "/config.json");
+  out << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": )" << vocab
+      << R"(, "hidden_size": )" << hidden << R"(, "intermediate_size": )" << intermediate
+      << R"(, "num_hidden_layers": )" << layers
+      << R"(, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": )"
+      << max_positions << R"(, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+             "tie_word_embeddings": false, "hidden_act": "silu"})";
+  return path;
 }
 
 // The non-empty lines of `text`.

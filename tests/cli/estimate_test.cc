@@ -35,15 +35,7 @@ struct Placement {
 // A model small enough for quick runs, with units of several sizes: 5.6M parameters, the
 // embedding and the head (2048 x 256) larger than a layer.
 std::string WriteSmallModel(const TempDir& dir) {
-  const std::string path = dir.file("model");
-  std::filesystem::create_directories(path);
-  std::ofstream out(path + "/config.json");
-  out << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 2048,
-             "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4,
-             "num_attention_heads": 4, "num_key_value_heads": 2,
-             "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-             "tie_word_embeddings": false, "hidden_act": "silu"})";
-  return path;
+  return WriteLlamaModelDir(dir.file("model"), 2048, 256, 704, 4, 256);
 }
 
 TEST(EstimateTest, DevicePeakMatchesWhatTrainingMeasures) {

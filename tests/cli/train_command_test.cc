@@ -867,16 +867,7 @@ TEST(TrainCommandTest, OffloadedCheckpointsTrainAsOnTheDevice) {
   ASSERT_EQ(
       RunStrata({"data", "synth", "--out", data, "--tokens", "20k", "--vocab", "256"}).exit_code,
       0);
-  const std::string model = dir.file("model");
-  std::filesystem::create_directories(model);
-  {
-    std::ofstream out(model + "/config.json");
-    out << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
-               "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 5,
-               "num_attention_heads": 4, "num_key_value_heads": 2,
-               "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-               "tie_word_embeddings": false, "hidden_act": "silu"})";
-  }
+  const std::string model = WriteLlamaModelDir(dir.file("model"), 256, 64, 160, 5, 128);
   auto run = [&](const std::string& name, const std::string& strata) {
     const std::string config =
         WriteConfig(dir, R"(, "gradient_accumulation_steps": 2, "strata": )" + strata);
