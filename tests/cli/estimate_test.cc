@@ -22,6 +22,7 @@ namespace {
 
 using strata::testing::RunStrata;
 using strata::testing::TempDir;
+using strata::testing::WriteLlamaModelDir;
 
 struct Placement {
   const char* name;

@@ -27,6 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 using strata::testing::RunStrata;
 using strata::testing::TempDir;
+using strata::testing::WriteLlamaModelDir;
 
 std::string WriteConfig(const TempDir& dir, const std::string& extra = "") {
   const std::string path = dir.file("ds.json");
