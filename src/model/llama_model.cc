@@ -512,8 +512,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   st.host_registered = true;
   STRATA_ASSIGN_OR_RETURN(st.upload_done, device_.CreateEvent());
   if (st.a.offloaded > 0) {
-    const size_t bytes = static_cast<size_t>(st.a.offloaded) * st.a.th * sizeof(float);
-    Result<HostRegion> region = HostRegion::Allocate(bytes, HugePages::kOff);
+    Result<HostRegion> region = HostRegion::Allocate(checkpoint_host_bytes(), HugePages::kOff);
     if (!region.ok()) {
       return region.status().WithContext(
           fmt::format("model '{}': host memory for {} offloaded activation checkpoints "

@@ -605,6 +605,32 @@ Result<MicroBatchResult> RunMicroBatch(device::Device& dev, const LlamaConfig& c
   return out;
 }
 
+// The parameters LlamaModel::Create(dev, cfg, seq, batch, 7, options) initialises, by unit, with
+// the units' layouts on one rank. LoRA's B starts at zero: with `rng`, every adapter unit is
+// drawn from N(0, 0.1) instead, so that the adapters' gradients matter.
+struct InitialWeights {
+  std::vector<zero::UnitLayout> layouts;
+  std::vector<std::vector<float>> params;
+};
+Result<InitialWeights> InitialParams(device::Device& dev, const LlamaConfig& cfg, int64_t seq,
+                                     int64_t batch, const LlamaModelOptions& options,
+                                     std::mt19937* rng = nullptr) {
+  STRATA_ASSIGN_OR_RETURN(auto probe, LlamaModel::Create(dev, cfg, seq, batch, 7, options));
+  InitialWeights w;
+  STRATA_ASSIGN_OR_RETURN(w.layouts, zero::LayoutModel(probe->units(), 1));
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  for (const auto& l : w.layouts) {
+    w.params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
+    STRATA_RETURN_IF_ERROR(probe->InitUnit(l.index, l.slots, w.params.back()));
+    if (rng != nullptr &&
+        LlamaUnitAt(cfg, options.lora, l.index, options.split_blocks).kind == LlamaUnit::kAdapter) {
+      for (float& x : w.params.back())
+        x = normal(*rng);
+    }
+  }
+  return w;
+}
+
 // The decoder on a GPU against the same micro-batch on the CPU device. fp32 weights (fp32 GEMMs,
 // no TF32): every gradient within 1e-4 of its tensor's largest element, the loss within 1e-5
 // relative. bf16 weights: both devices use the same rounded weights, but the GPU also rounds the
@@ -820,22 +846,11 @@ TEST(LlamaModelTest, KeptActivationsGiveTheCheckpointedRunBitForBit) {
         if (with_lora) block += 7 * piece(t * 2);
         EXPECT_EQ(kept - checkpointed, 2 * block);
 
-        auto probe = LlamaModel::Create(**cpu, cfg, seq, batch, 7, {.lora = lora});
-        ASSERT_TRUE(probe.ok()) << probe.status().ToString();
-        auto layouts = zero::LayoutModel((*probe)->units(), 1);
-        ASSERT_TRUE(layouts.ok());
-        std::vector<std::vector<float>> params;
         std::mt19937 rng(5);
-        std::normal_distribution<float> normal(0.0f, 0.1f);
-        for (const auto& l : *layouts) {
-          params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
-          ASSERT_TRUE((*probe)->InitUnit(l.index, l.slots, params.back()).ok());
-          // LoRA's B starts at zero; random adapters make their gradients matter.
-          if (LlamaUnitAt(cfg, lora, l.index).kind == LlamaUnit::kAdapter) {
-            for (float& x : params.back()) x = normal(rng);
-          }
-        }
-        probe->reset();
+        auto initial = InitialParams(**cpu, cfg, seq, batch, {.lora = lora}, &rng);
+        ASSERT_TRUE(initial.ok()) << initial.status().ToString();
+        const auto* layouts = &initial->layouts;
+        const auto& params = initial->params;
         LlamaBatch b;
         std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
         for (int64_t i = 0; i < batch * (seq + 1); ++i) b.tokens.push_back(tok(rng));
@@ -915,20 +930,12 @@ TEST(LlamaModelTest, OffloadedCheckpointsGiveTheDeviceCheckpointsRunBitForBit) {
               LlamaCheckpointHostBytes(cfg, seq, batch, false, true));
     EXPECT_EQ((*probe)->activation_bytes(),
               LlamaActivationBytes(cfg, seq, batch, lora, false, true));
-    auto layouts = zero::LayoutModel((*probe)->units(), 1);
-    ASSERT_TRUE(layouts.ok());
-    std::vector<std::vector<float>> params;
-    std::mt19937 rng(11);
-    std::normal_distribution<float> normal(0.0f, 0.1f);
-    for (const auto& l : *layouts) {
-      params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
-      ASSERT_TRUE((*probe)->InitUnit(l.index, l.slots, params.back()).ok());
-      if (LlamaUnitAt(cfg, lora, l.index, c.split).kind == LlamaUnit::kAdapter) {
-        for (float& x : params.back())
-          x = normal(rng);
-      }
-    }
     probe->reset();
+    std::mt19937 rng(11);
+    auto initial = InitialParams(**cpu, cfg, seq, batch, on_device, &rng);
+    ASSERT_TRUE(initial.ok()) << initial.status().ToString();
+    const auto* layouts = &initial->layouts;
+    const auto& params = initial->params;
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
     std::vector<LlamaBatch> batches(3);
     for (LlamaBatch& b : batches) {
@@ -1181,16 +1188,10 @@ TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
   {
     LlamaConfig deep = cfg;
     deep.num_hidden_layers = 4;
-    auto deep_probe = LlamaModel::Create(**cpu, deep, seq, batch, 7, {.lora = options.lora});
-    ASSERT_TRUE(deep_probe.ok()) << deep_probe.status().ToString();
-    auto deep_layouts = zero::LayoutModel((*deep_probe)->units(), 1);
-    ASSERT_TRUE(deep_layouts.ok());
-    std::vector<std::vector<float>> deep_params;
-    for (const auto& l : *deep_layouts) {
-      deep_params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
-      ASSERT_TRUE((*deep_probe)->InitUnit(l.index, l.slots, deep_params.back()).ok());
-    }
-    deep_probe->reset();
+    auto deep_initial = InitialParams(**cpu, deep, seq, batch, {.lora = options.lora});
+    ASSERT_TRUE(deep_initial.ok()) << deep_initial.status().ToString();
+    const auto* deep_layouts = &deep_initial->layouts;
+    const auto& deep_params = deep_initial->params;
     LlamaBatch b2;
     for (int64_t i = 0; i < batch * (seq + 1); ++i)
       b2.tokens.push_back(tok(rng));
