@@ -31,6 +31,9 @@ constexpr auto kSilentAfter = std::chrono::seconds(1);
 // heartbeats; one silent for this long is taken for dead and MPI_Finalize is skipped.
 constexpr auto kExitSilence = std::chrono::seconds(30);
 constexpr int kHeartbeatTag = 0x5354;  // "ST"
+// The point-to-point messages of reductions (on the operations' communicator, whose collectives
+// MPI keeps apart from point-to-point traffic).
+constexpr int kReduceTag = 0x5352;  // "SR"
 // How often an operation in progress looks at the heartbeats and the peers' states.
 constexpr auto kCheckInterval = std::chrono::milliseconds(1);
 
@@ -56,6 +59,32 @@ double Seconds(Clock::duration d) {
 
 MPI_Datatype ElementType(device::DType dtype) {
   return dtype == device::DType::kF32 ? MPI_FLOAT : MPI_UINT16_T;
+}
+
+// out[i] = scale * (src[0][i] + src[1][i] + ... + src[world - 1][i]) for i < n, the sources of
+// `dtype` added in fp32 in exactly that order and rounded once. Block by block, so `out` may be
+// one of the sources (each block of the sources is read before that block of out is written).
+void SumInRankOrder(const std::byte* const* src, size_t world, device::DType dtype, float scale,
+                    std::byte* out, size_t n) {
+  constexpr size_t kBlock = 2048;
+  const size_t elem = device::DTypeSize(dtype);
+  alignas(64) float acc[kBlock];
+  alignas(64) float wide[kBlock];
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t len = std::min(kBlock, n - at);
+    WidenToF32(src[0] + at * elem, dtype, acc, len);
+    for (size_t q = 1; q < world; ++q) {
+      const float* add = wide;
+      if (dtype == device::DType::kF32) {
+        add = reinterpret_cast<const float*>(src[q]) + at;
+      } else {
+        WidenToF32(src[q] + at * elem, dtype, wide, len);
+      }
+      for (size_t i = 0; i < len; ++i)
+        acc[i] += add[i];
+    }
+    NarrowFromF32(acc, scale, out + at * elem, dtype, len);
+  }
 }
 
 StatusCode CodeForMpiClass(int error_class) {
@@ -131,9 +160,20 @@ class MpiRuntime::Thread {
 
   // Checks the return code of a call that starts a non-blocking operation.
   Status Started(int rc, std::string_view call, const MpiOp& op);
-  // Polls `request` until it completes, servicing heartbeats in between. Fails when a peer
-  // reports a failure, when the process exits, or when `op.timeout` passes without completion.
-  Status Await(MPI_Request* request, std::string_view call, const MpiOp& op);
+  // Polls the `count` requests until all complete, servicing heartbeats in between. Fails when
+  // a peer reports a failure, when the process exits, or when `op.timeout` passes first.
+  Status Await(MPI_Request* requests, int count, std::string_view call, const MpiOp& op);
+
+  // Reductions are point-to-point, not MPI's reduce-scatter (whose algorithms for large counts
+  // were 2.5-3x slower on shared memory, and whose order of additions is MPI's choice): each rank
+  // sends every peer that peer's part and adds the parts it receives in rank order.
+  // The most elements of one rank's part per exchange (its inbox holds world - 1 of them).
+  size_t ReducePieceMax(const MpiOp& op) const;
+  // One exchange: parts[q] (counts[q] elements of the operation's dtype) goes to rank q, and
+  // out = the operation's scale * (sum over q, in rank order, of rank q's part for this rank),
+  // counts[rank] elements, added in fp32 and rounded once. `out` may be parts[rank].
+  Status ReducePiece(const MpiOp& op, const std::byte* const* parts, const int* counts,
+                     std::byte* out);
 
   void ServiceHeartbeats();
   void ReceiveBeats(Clock::time_point now);
@@ -344,7 +384,8 @@ Status MpiRuntime::Thread::Started(int rc, std::string_view call, const MpiOp& o
   return MpiStatus(rc, call, Context(op));
 }
 
-Status MpiRuntime::Thread::Await(MPI_Request* request, std::string_view call, const MpiOp& op) {
+Status MpiRuntime::Thread::Await(MPI_Request* requests, int count, std::string_view call,
+                                 const MpiOp& op) {
   const auto deadline = Clock::now() + op.timeout;
   auto next_check = Clock::now() + kCheckInterval;
   // Spin briefly (small operations finish in microseconds), then back off so that ranks
@@ -353,7 +394,7 @@ Status MpiRuntime::Thread::Await(MPI_Request* request, std::string_view call, co
   auto nap = std::chrono::microseconds(10);
   for (;;) {
     int done = 0;
-    const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    const int rc = MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) {
       const Status error = MpiStatus(rc, call, Context(op));
       return Status(error.code(), fmt::format("{}; {}", error.message(),
@@ -629,7 +670,7 @@ Status MpiRuntime::Thread::Run(const MpiOp& op) {
 Status MpiRuntime::Thread::RunBarrier(const MpiOp& op) {
   MPI_Request request = MPI_REQUEST_NULL;
   STRATA_RETURN_IF_ERROR(Started(MPI_Ibarrier(ops_, &request), "MPI_Ibarrier", op));
-  return Await(&request, "MPI_Ibarrier", op);
+  return Await(&request, 1, "MPI_Ibarrier", op);
 }
 
 Status MpiRuntime::Thread::RunBroadcast(const MpiOp& op) {
@@ -642,7 +683,7 @@ Status MpiRuntime::Thread::RunBroadcast(const MpiOp& op) {
     STRATA_RETURN_IF_ERROR(Started(
         MPI_Ibcast(buf + offset, static_cast<int>(length), MPI_BYTE, op.desc.root, ops_, &request),
         "MPI_Ibcast", op));
-    STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ibcast", op));
+    STRATA_RETURN_IF_ERROR(Await(&request, 1, "MPI_Ibcast", op));
   }
   return Status::Ok();
 }
@@ -663,7 +704,7 @@ Status MpiRuntime::Thread::RunAllGather(const MpiOp& op) {
     STRATA_RETURN_IF_ERROR(Started(MPI_Iallgather(source, static_cast<int>(n), type, recv,
                                                   static_cast<int>(n), type, ops_, &request),
                                    "MPI_Iallgather", op));
-    return Await(&request, "MPI_Iallgather", op);
+    return Await(&request, 1, "MPI_Iallgather", op);
   }
   // Too many elements for one call: gather piece by piece through scratch, where rank q's piece
   // sits at q * piece (one rank's piece would be strided in recv).
@@ -679,7 +720,7 @@ Status MpiRuntime::Thread::RunAllGather(const MpiOp& op) {
     STRATA_RETURN_IF_ERROR(Started(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, scratch,
                                                   static_cast<int>(piece), type, ops_, &request),
                                    "MPI_Iallgather", op));
-    STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Iallgather", op));
+    STRATA_RETURN_IF_ERROR(Await(&request, 1, "MPI_Iallgather", op));
     for (size_t q = 0; q < world; ++q) {
       std::memcpy(recv + (q * n + offset) * elem, scratch + q * piece * elem, piece * elem);
     }
@@ -694,67 +735,34 @@ Status MpiRuntime::Thread::RunReduceScatter(const MpiOp& op) {
   const auto* send = static_cast<const std::byte*>(d.send);
   auto* recv = static_cast<std::byte*>(d.recv);
   const auto world = static_cast<size_t>(world_);
-  const float scale = d.op == ReduceOp::kAvg ? AvgScale(world_) : 1.0f;
-
-  if (d.dtype == device::DType::kF32 && !IsInPlace(d, rank_) && n <= op.tuning.max_call_elements) {
-    MPI_Request request = MPI_REQUEST_NULL;
-    STRATA_RETURN_IF_ERROR(Started(MPI_Ireduce_scatter_block(d.send, d.recv, static_cast<int>(n),
-                                                             MPI_FLOAT, MPI_SUM, ops_, &request),
-                                   "MPI_Ireduce_scatter_block", op));
-    STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ireduce_scatter_block", op));
-    auto* out = static_cast<float*>(d.recv);
-    if (scale != 1.0f) NarrowFromF32(out, scale, out, device::DType::kF32, n);
-    return Status::Ok();
-  }
-  // Staged through fp32 scratch, piece by piece: every rank's part of the piece is widened into
-  // scratch (rank q's at q * piece), reduced in place (the sum lands at the start), then scaled
-  // and rounded once into recv. Used for 16-bit types (exact fp32 sums, one rounding), for the
-  // in-place form (MPI's own in-place form would overwrite the start of send) and for counts
-  // beyond one MPI call.
-  const size_t piece_max =
-      std::max<size_t>(1, std::min(op.tuning.stage_elements / world, op.tuning.max_call_elements));
-  STRATA_ASSIGN_OR_RETURN(void* scratch_ptr, Scratch(world * piece_max * sizeof(float)));
-  auto* scratch = static_cast<float*>(scratch_ptr);
+  const size_t piece_max = ReducePieceMax(op);
+  std::vector<const std::byte*> parts(world);
+  std::vector<int> counts(world);
   for (size_t offset = 0; offset < n; offset += piece_max) {
     const size_t piece = std::min(piece_max, n - offset);
     for (size_t q = 0; q < world; ++q) {
-      WidenToF32(send + (q * n + offset) * elem, d.dtype, scratch + q * piece, piece);
+      parts[q] = send + (q * n + offset) * elem;
+      counts[q] = static_cast<int>(piece);
     }
-    MPI_Request request = MPI_REQUEST_NULL;
-    STRATA_RETURN_IF_ERROR(
-        Started(MPI_Ireduce_scatter_block(MPI_IN_PLACE, scratch, static_cast<int>(piece), MPI_FLOAT,
-                                          MPI_SUM, ops_, &request),
-                "MPI_Ireduce_scatter_block", op));
-    STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ireduce_scatter_block", op));
-    NarrowFromF32(scratch, scale, recv + offset * elem, d.dtype, piece);
+    STRATA_RETURN_IF_ERROR(ReducePiece(op, parts.data(), counts.data(), recv + offset * elem));
   }
   return Status::Ok();
 }
 
 Status MpiRuntime::Thread::RunAllReduce(const MpiOp& op) {
-  // A reduce-scatter (each element is summed on exactly one rank) followed by an all-gather of
-  // the results: every rank receives the very same bits, whatever algorithms MPI picks.
+  // A reduce-scatter (each element is summed on exactly one rank, in rank order) followed by an
+  // all-gather of the results, round by round: every rank receives the very same bits.
   const OpDesc& d = op.desc;
   const size_t n = d.count;
   const size_t elem = device::DTypeSize(d.dtype);
   const MPI_Datatype type = ElementType(d.dtype);
-  const bool fp32 = d.dtype == device::DType::kF32;
-  const bool in_place = IsInPlace(d, rank_);
   const auto* send = static_cast<const std::byte*>(d.send);
   auto* recv = static_cast<std::byte*>(d.recv);
   const auto world = static_cast<size_t>(world_);
   const auto rank = static_cast<size_t>(rank_);
-  const float scale = d.op == ReduceOp::kAvg ? AvgScale(world_) : 1.0f;
-
-  // fp32 is reduced in recv itself; 16-bit types are widened into fp32 scratch first.
-  const size_t round_max =
-      fp32 ? std::max<size_t>(1, op.tuning.max_call_elements)
-           : std::max<size_t>(1, std::min(op.tuning.stage_elements, op.tuning.max_call_elements));
-  float* scratch = nullptr;
-  if (!fp32) {
-    STRATA_ASSIGN_OR_RETURN(void* scratch_ptr, Scratch(std::min(round_max, n) * sizeof(float)));
-    scratch = static_cast<float*>(scratch_ptr);
-  }
+  // A round gives each rank at most one reduction piece (and the all-gather's counts stay ints).
+  const size_t round_max = ReducePieceMax(op) * world;
+  std::vector<const std::byte*> parts(world);
   std::vector<int> counts(world);
   std::vector<int> displs(world);
   for (size_t offset = 0; offset < n; offset += round_max) {
@@ -765,47 +773,61 @@ Status MpiRuntime::Thread::RunAllReduce(const MpiOp& op) {
     for (size_t q = 0; q < world; ++q) {
       counts[q] = static_cast<int>(length / world + (q < length % world ? 1 : 0));
       displs[q] = static_cast<int>(at);
+      parts[q] = send + (offset + at) * elem;
       at += static_cast<size_t>(counts[q]);
     }
-    const auto mine = static_cast<size_t>(counts[rank]);
-    const auto my_offset = static_cast<size_t>(displs[rank]);
     std::byte* round = recv + offset * elem;
+    STRATA_RETURN_IF_ERROR(ReducePiece(op, parts.data(), counts.data(),
+                                       round + static_cast<size_t>(displs[rank]) * elem));
     MPI_Request request = MPI_REQUEST_NULL;
-    if (fp32) {
-      auto* out = reinterpret_cast<float*>(round);
-      if (!in_place) {
-        STRATA_RETURN_IF_ERROR(
-            Started(MPI_Ireduce_scatter(send + offset * elem, out + my_offset, counts.data(),
-                                        MPI_FLOAT, MPI_SUM, ops_, &request),
-                    "MPI_Ireduce_scatter", op));
-        STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ireduce_scatter", op));
-      } else {
-        // In place, MPI leaves this rank's sums at the start of the round; move them home.
-        STRATA_RETURN_IF_ERROR(Started(MPI_Ireduce_scatter(MPI_IN_PLACE, out, counts.data(),
-                                                           MPI_FLOAT, MPI_SUM, ops_, &request),
-                                       "MPI_Ireduce_scatter", op));
-        STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ireduce_scatter", op));
-        if (my_offset != 0 && mine > 0) {
-          std::memmove(out + my_offset, out, mine * sizeof(float));
-        }
-      }
-      if (scale != 1.0f) {
-        NarrowFromF32(out + my_offset, scale, out + my_offset, device::DType::kF32, mine);
-      }
-    } else {
-      WidenToF32(send + offset * elem, d.dtype, scratch, length);
-      STRATA_RETURN_IF_ERROR(Started(MPI_Ireduce_scatter(MPI_IN_PLACE, scratch, counts.data(),
-                                                         MPI_FLOAT, MPI_SUM, ops_, &request),
-                                     "MPI_Ireduce_scatter", op));
-      STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Ireduce_scatter", op));
-      NarrowFromF32(scratch, scale, round + my_offset * elem, d.dtype, mine);
-    }
     STRATA_RETURN_IF_ERROR(
         Started(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, round, counts.data(),
                                 displs.data(), type, ops_, &request),
                 "MPI_Iallgatherv", op));
-    STRATA_RETURN_IF_ERROR(Await(&request, "MPI_Iallgatherv", op));
+    STRATA_RETURN_IF_ERROR(Await(&request, 1, "MPI_Iallgatherv", op));
   }
+  return Status::Ok();
+}
+
+size_t MpiRuntime::Thread::ReducePieceMax(const MpiOp& op) const {
+  return std::max<size_t>(1, std::min(op.tuning.stage_elements / static_cast<size_t>(world_),
+                                      op.tuning.max_call_elements));
+}
+
+Status MpiRuntime::Thread::ReducePiece(const MpiOp& op, const std::byte* const* parts,
+                                       const int* counts, std::byte* out) {
+  const OpDesc& d = op.desc;
+  const size_t elem = device::DTypeSize(d.dtype);
+  const MPI_Datatype type = ElementType(d.dtype);
+  const auto world = static_cast<size_t>(world_);
+  const auto rank = static_cast<size_t>(rank_);
+  const auto mine = static_cast<size_t>(counts[rank]);
+  STRATA_ASSIGN_OR_RETURN(void* scratch, Scratch((world - 1) * mine * elem));
+  auto* inbox = static_cast<std::byte*>(scratch);
+  // Peer q's piece lands in slot q (q < rank) or q - 1 (q > rank). Receives are posted first;
+  // the k-th exchange goes to rank + k and comes from rank - k, so no rank is everyone's first.
+  std::vector<MPI_Request> requests(2 * (world - 1), MPI_REQUEST_NULL);
+  std::vector<const std::byte*> sources(world);
+  sources[rank] = parts[rank];
+  for (size_t k = 1; k < world; ++k) {
+    const size_t from = (rank + world - k) % world;
+    std::byte* slot = inbox + (from < rank ? from : from - 1) * mine * elem;
+    sources[from] = slot;
+    STRATA_RETURN_IF_ERROR(
+        Started(MPI_Irecv(slot, static_cast<int>(mine), type, static_cast<int>(from), kReduceTag,
+                          ops_, &requests[k - 1]),
+                "MPI_Irecv", op));
+  }
+  for (size_t k = 1; k < world; ++k) {
+    const size_t to = (rank + k) % world;
+    STRATA_RETURN_IF_ERROR(Started(MPI_Isend(parts[to], counts[to], type, static_cast<int>(to),
+                                             kReduceTag, ops_, &requests[world - 1 + k - 1]),
+                                   "MPI_Isend", op));
+  }
+  STRATA_RETURN_IF_ERROR(
+      Await(requests.data(), static_cast<int>(requests.size()), "MPI_Isend/MPI_Irecv", op));
+  const float scale = d.op == ReduceOp::kAvg ? AvgScale(world_) : 1.0f;
+  SumInRankOrder(sources.data(), world, d.dtype, scale, out, mine);
   return Status::Ok();
 }
 

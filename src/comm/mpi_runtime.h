@@ -64,8 +64,9 @@ namespace strata::comm::internal {
 // Sizes of the pieces an operation is cut into. The defaults suit production; tests shrink them
 // to exercise the chunked paths with small buffers.
 struct MpiTuning {
-  // fp32 elements of host scratch one round may use when it stages values through fp32 (16-bit
-  // reductions, in-place reduce-scatter, very large all-gathers): 64 MiB by default.
+  // fp32 elements' worth of host scratch one round may use: a reduction's inbox (the parts the
+  // other ranks send this one, at most (world - 1) / world of it) and the staging of very large
+  // all-gathers. 64 MiB by default.
   size_t stage_elements = size_t{1} << 24;
   // The most elements (bytes for Broadcast) one MPI call is given; MPI counts are ints.
   size_t max_call_elements = INT_MAX;

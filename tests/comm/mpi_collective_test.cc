@@ -1,8 +1,8 @@
 // The MPI backend with several ranks. Every rank runs this whole binary under mpirun (ctest:
 // comm_mpi_np2, comm_mpi_np4), so every test enqueues the same collectives in the same order on
 // every rank. Inputs are functions of (rank, index), so each rank computes the expected result
-// locally; fp32 sums of the inputs are exact, so the expectation does not depend on the order in
-// which MPI adds.
+// locally; fp32 sums of the inputs are exact, so the expectation does not depend on the order of
+// the additions (ReductionsAddInRankOrder checks that order with inputs whose sums round).
 //
 //   mpirun -n 4 --oversubscribe build/<dir>/tests/comm/strata_comm_mpi_tests
 #include "comm/mpi_collective.h"
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/comm_test_util.h"
+#include "comm/op.h"
 #include "strata/collective.h"
 #include "strata/device.h"
 #include "strata/trace.h"
@@ -254,6 +255,70 @@ TEST_F(MpiCollectiveTest, AllReduceGivesEveryRankTheSameBits) {
                             data, kCount * elem),
                 0)
           << "rank " << q << "'s result differs from rank " << rank_ << "'s";
+    }
+  }
+}
+
+TEST_F(MpiCollectiveTest, ReductionsAddInRankOrder) {
+  // Inputs whose sums round, and in which the order of the additions shows: rank q's value at i
+  // is a random number times a random power of two in [2^-12, 2^12] (so the partial sums lose
+  // different low bits depending on which ranks are added first). Every rank regenerates every
+  // rank's inputs and computes the sum in rank order (fp32, one rounding, then the avg scale), and
+  // both reductions must give exactly those bits, whole and in the chunked rounds. With 2 ranks any
+  // order gives the same bits; comm_mpi_np4 is the run that can tell.
+  constexpr size_t kPerRank = 20011;
+  const auto world = static_cast<size_t>(world_);
+  const size_t whole = kPerRank * world;
+  std::vector<std::vector<float>> values(world, std::vector<float>(whole));
+  for (size_t q = 0; q < world; ++q) {
+    std::mt19937 random(977 + static_cast<unsigned>(q));
+    std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> exponent(-12, 12);
+    for (float& v : values[q]) {
+      const float m = mantissa(random);
+      v = std::ldexp(m, exponent(random));
+    }
+  }
+  auto value = [&](size_t q, size_t i) { return values[q][i]; };
+  for (bool chunked : {false, true}) {
+    Close();
+    Open(TuningFor(Size{whole, chunked}));
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        SCOPED_TRACE(fmt::format("{} {}{}", device::DTypeName(dtype), ReduceOpName(op),
+                                 chunked ? " chunked" : ""));
+        const size_t elem = device::DTypeSize(dtype);
+        void* expected = Buffer(whole, dtype);
+        void* probe = Buffer(1, dtype);
+        for (size_t i = 0; i < whole; ++i) {
+          float acc = 0.0f;
+          for (size_t q = 0; q < world; ++q) {  // each input as stored in `dtype`, widened
+            StoreValue(probe, dtype, 0, value(q, i));
+            float widened = 0.0f;
+            internal::WidenToF32(probe, dtype, &widened, 1);
+            acc = q == 0 ? widened : acc + widened;
+          }
+          internal::NarrowFromF32(&acc, op == ReduceOp::kAvg ? internal::AvgScale(world_) : 1.0f,
+                                  static_cast<std::byte*>(expected) + i * elem, dtype, 1);
+        }
+        void* input = Buffer(whole, dtype);
+        for (size_t i = 0; i < whole; ++i)
+          StoreValue(input, dtype, i, value(static_cast<size_t>(rank_), i));
+        void* scattered = Buffer(kPerRank, dtype);
+        void* reduced = Buffer(whole, dtype);
+        ASSERT_OK(collective_->ReduceScatter(input, scattered, kPerRank, dtype, op, *a_));
+        ASSERT_OK(collective_->AllReduce(input, reduced, whole, dtype, op, *a_));
+        ASSERT_OK(device_->Synchronize(*a_));
+        const size_t base = static_cast<size_t>(rank_) * kPerRank;
+        for (size_t i = 0; i < kPerRank; ++i) {
+          ASSERT_EQ(LoadBits(scattered, dtype, i), LoadBits(expected, dtype, base + i))
+              << "reduce-scatter, element " << i << " on rank " << rank_;
+        }
+        for (size_t i = 0; i < whole; ++i) {
+          ASSERT_EQ(LoadBits(reduced, dtype, i), LoadBits(expected, dtype, i))
+              << "all-reduce, element " << i << " on rank " << rank_;
+        }
+      }
     }
   }
 }
