@@ -760,8 +760,8 @@ Status MpiRuntime::Thread::RunAllReduce(const MpiOp& op) {
   auto* recv = static_cast<std::byte*>(d.recv);
   const auto world = static_cast<size_t>(world_);
   const auto rank = static_cast<size_t>(rank_);
-  // A round gives each rank at most one reduction piece (and the all-gather's counts stay ints).
-  const size_t round_max = ReducePieceMax(op) * world;
+  // A round gives each rank at most one reduction piece, and its offsets stay ints.
+  const size_t round_max = std::min<size_t>(ReducePieceMax(op) * world, INT_MAX);
   std::vector<const std::byte*> parts(world);
   std::vector<int> counts(world);
   std::vector<int> displs(world);
