@@ -1,8 +1,9 @@
 // The MPI backend: the Collective of the CPU device over MPI. Operations are checked at enqueue
 // and handed to the process's MPI runtime (mpi_runtime.h), which runs every rank's operations in
 // enqueue order on its own thread, in stream order (a host task on the stream waits for each).
-// Buffers are the CPU device's memory (host memory), read and written by MPI directly, or staged
-// through fp32 scratch for 16-bit reductions (one rounding, see op.h).
+// Buffers are the CPU device's memory (host memory). All-gathers and broadcasts are MPI's own;
+// reductions send each rank its part point to point and add the parts received in rank order in
+// fp32, rounding once to the element type (mpi_runtime.h).
 //
 // The runtime is shared by every MPI Collective of the process, so a failure (a timeout, a dead
 // peer, an MPI error) fails every one of them, and their operations share one sequence of numbers.

@@ -161,8 +161,10 @@ class MpiRuntime::Thread {
   // Checks the return code of a call that starts a non-blocking operation.
   Status Started(int rc, std::string_view call, const MpiOp& op);
   // Polls the `count` requests until all complete, servicing heartbeats in between. Fails when
-  // a peer reports a failure, when the process exits, or when `op.timeout` passes first.
-  Status Await(MPI_Request* requests, int count, std::string_view call, const MpiOp& op);
+  // a peer reports a failure, when the process exits, or when `op.timeout` passes first. Their
+  // statuses go to `statuses` (`count` of them) when given.
+  Status Await(MPI_Request* requests, int count, std::string_view call, const MpiOp& op,
+               MPI_Status* statuses = nullptr);
 
   // Reductions are point-to-point, not MPI's reduce-scatter (whose algorithms for large counts
   // were 2.5-3x slower on shared memory, and whose order of additions is MPI's choice): each rank
@@ -385,7 +387,14 @@ Status MpiRuntime::Thread::Started(int rc, std::string_view call, const MpiOp& o
 }
 
 Status MpiRuntime::Thread::Await(MPI_Request* requests, int count, std::string_view call,
-                                 const MpiOp& op) {
+                                 const MpiOp& op, MPI_Status* statuses) {
+  // MPI_Testall reports a failed request as MPI_ERR_IN_STATUS; the request's own error (e.g. a
+  // truncation: the ranks disagree on a size) is in its status.
+  std::vector<MPI_Status> own;
+  if (statuses == nullptr) {
+    own.resize(static_cast<size_t>(count));
+    statuses = own.data();
+  }
   const auto deadline = Clock::now() + op.timeout;
   auto next_check = Clock::now() + kCheckInterval;
   // Spin briefly (small operations finish in microseconds), then back off so that ranks
@@ -394,7 +403,15 @@ Status MpiRuntime::Thread::Await(MPI_Request* requests, int count, std::string_v
   auto nap = std::chrono::microseconds(10);
   for (;;) {
     int done = 0;
-    const int rc = MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE);
+    int rc = MPI_Testall(count, requests, &done, statuses);
+    if (rc == MPI_ERR_IN_STATUS) {
+      for (int i = 0; i < count; ++i) {
+        if (statuses[i].MPI_ERROR != MPI_SUCCESS && statuses[i].MPI_ERROR != MPI_ERR_PENDING) {
+          rc = statuses[i].MPI_ERROR;
+          break;
+        }
+      }
+    }
     if (rc != MPI_SUCCESS) {
       const Status error = MpiStatus(rc, call, Context(op));
       return Status(error.code(), fmt::format("{}; {}", error.message(),
@@ -824,8 +841,21 @@ Status MpiRuntime::Thread::ReducePiece(const MpiOp& op, const std::byte* const* 
                                              kReduceTag, ops_, &requests[world - 1 + k - 1]),
                                    "MPI_Isend", op));
   }
-  STRATA_RETURN_IF_ERROR(
-      Await(requests.data(), static_cast<int>(requests.size()), "MPI_Isend/MPI_Irecv", op));
+  std::vector<MPI_Status> statuses(requests.size());
+  STRATA_RETURN_IF_ERROR(Await(requests.data(), static_cast<int>(requests.size()),
+                               "MPI_Isend/MPI_Irecv", op, statuses.data()));
+  // A shorter message than expected is no MPI error (a longer one is a truncation).
+  for (size_t k = 1; k < world; ++k) {
+    int received = 0;
+    STRATA_RETURN_IF_ERROR(
+        MpiStatus(MPI_Get_count(&statuses[k - 1], type, &received), "MPI_Get_count", Context(op)));
+    if (received != static_cast<int>(mine)) {
+      return InvalidArgumentError(fmt::format(
+          "{}: rank {} sent {} elements for this rank's part where {} were expected: the ranks "
+          "disagree on the operation's size",
+          Context(op), (rank + world - k) % world, received, mine));
+    }
+  }
   const float scale = d.op == ReduceOp::kAvg ? AvgScale(world_) : 1.0f;
   SumInRankOrder(sources.data(), world, d.dtype, scale, out, mine);
   return Status::Ok();

@@ -20,17 +20,20 @@
 // operations on different streams run in enqueue order. A consequence (as with NCCL): an
 // operation must not depend, through events, on work enqueued after a later operation.
 //
-// Timeouts and dead peers: every MPI call is non-blocking (MPI_Iallgather, ...) and polled with
-// MPI_Test. Between polls the thread exchanges heartbeats with every other rank on a private
-// duplicated communicator (small MPI_Isend / MPI_Irecv, at most one send in flight per peer),
-// carrying the sequence numbers of the operation it last started and completed and whether its
-// runtime failed or is shutting down. A call that makes no progress for the operation's timeout
-// fails with DeadlineExceeded naming the operation, its sequence number and, from the
-// heartbeats, the ranks it waits for: silent ones ("dead or hung") and live ones that have not
-// reached it. A peer whose heartbeat says it failed or shut down makes the operation fail at
+// Reductions: point-to-point exchanges (each rank sends every peer that peer's part) and a sum in
+// rank order on the receiving rank, not MPI's reduce-scatter (docs/comm.md says why).
+//
+// Timeouts and dead peers: every MPI call is non-blocking (MPI_Iallgather, MPI_Isend, ...) and
+// polled with MPI_Test / MPI_Testall. Between polls the thread exchanges heartbeats with every
+// other rank on a private duplicated communicator (small MPI_Isend / MPI_Irecv, at most one send in
+// flight per peer), carrying the sequence numbers of the operation it last started and completed
+// and whether its runtime failed or is shutting down. A call that makes no progress for the
+// operation's timeout fails with DeadlineExceeded naming the operation, its sequence number and,
+// from the heartbeats, the ranks it waits for: silent ones ("dead or hung") and live ones that have
+// not reached it. A peer whose heartbeat says it failed or shut down makes the operation fail at
 // once (Aborted). The first failure is the runtime's sticky failure: every later operation of
 // every MPI Collective fails with it at enqueue, and the runtime skips MPI_Finalize at exit
-// (an MPI_Finalize with a collective still pending, or with a dead peer, may hang).
+// (an MPI_Finalize with an operation still pending, or with a dead peer, may hang).
 //
 // Exit: an atexit handler stops the thread. On a healthy runtime it sends every peer a goodbye,
 // waits for theirs (as long as they keep sending heartbeats; a peer silent for 30 s is taken for

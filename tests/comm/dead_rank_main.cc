@@ -14,6 +14,11 @@
 // within the timeout plus 2 s, and a later operation must fail at once with the same code.
 // Exit codes: 3 for a survivor that saw a correct error, 4 for a wrong one, 5 when no error came.
 //
+// --mode mismatch: nobody dies; at op --die-at every rank runs a reduce-scatter and rank 1 gives
+// it one element more per rank than the others (the ranks disagree on the operation's size).
+// Every rank must fail (InvalidArgument, or Aborted because a peer reported its failure first),
+// and prints "mismatch OK: <error>" (exit 3) or "mismatch BAD: ..." (exit 4).
+//
 // What mpirun itself does (Open MPI 4.1): without --enable-recovery it kills the survivors within
 // about a second of the death and prints its own message, so they never print theirs; with it,
 // the survivors run until Strata's timeout fails them. See tests/comm/CMakeLists.txt.
@@ -61,7 +66,8 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
     }
   }
   return flags->timeout_ms > 0 && flags->die_at >= 1 && flags->ops >= flags->die_at &&
-         (flags->mode == "kill" || flags->mode == "exit" || flags->mode == "leave");
+         (flags->mode == "kill" || flags->mode == "exit" || flags->mode == "leave" ||
+          flags->mode == "mismatch");
 }
 
 void Print(int rank, std::string_view line) {
@@ -80,9 +86,10 @@ int Fail(int rank, std::string_view what, const Status& status) {
 int main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) {
-    std::fprintf(stderr,
-                 "usage: %s [--timeout-ms N] [--ops N] [--die-at N] [--mode kill|exit|leave]\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s [--timeout-ms N] [--ops N] [--die-at N] [--mode kill|exit|leave|mismatch]\n",
+        argv[0]);
     return 2;
   }
   const strata::comm::LaunchInfo launch = strata::comm::DetectLaunch();
@@ -109,6 +116,32 @@ int main(int argc, char** argv) {
   if (!buffer.ok()) return Fail(rank, "Alloc", buffer.status());
   auto* data = static_cast<float*>(*buffer);
   const float expected = static_cast<float>(launch.world_size * (launch.world_size - 1) / 2);
+
+  if (flags.mode == "mismatch") {
+    for (int seq = 1; seq < flags.die_at; ++seq) {
+      Status status = (*collective)
+                          ->AllReduce(data, data, kCount, strata::device::DType::kF32,
+                                      strata::comm::ReduceOp::kSum, **stream);
+      if (status.ok()) status = (*device)->Synchronize(**stream);
+      if (!status.ok()) return Fail(rank, fmt::format("op #{}", seq), status);
+    }
+    const size_t per_rank = kCount / static_cast<size_t>(launch.world_size) - 1 + (rank == 1);
+    Status status =
+        (*collective)
+            ->ReduceScatter(data, data + static_cast<size_t>(rank) * per_rank, per_rank,
+                            strata::device::DType::kF32, strata::comm::ReduceOp::kSum, **stream);
+    if (status.ok()) status = (*device)->Synchronize(**stream);
+    const bool own =
+        status.code() == StatusCode::kInvalidArgument &&
+        (status.message().find("disagree on the operation's size") != std::string_view::npos ||
+         status.message().find("MPI_ERR_TRUNCATE") != std::string_view::npos ||
+         status.message().find("truncat") != std::string_view::npos);
+    const bool peer = status.code() == StatusCode::kAborted &&
+                      status.message().find("reported a failure") != std::string_view::npos;
+    Print(rank, fmt::format("mismatch {}: {}", own || peer ? "OK" : "BAD", status.ToString()));
+    (*device)->Free(data);
+    return own || peer ? 3 : 4;
+  }
 
   int exit_code = 5;
   for (int seq = 1; seq <= flags.ops; ++seq) {

@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "comm/comm_test_util.h"
@@ -264,8 +265,8 @@ TEST_F(MpiCollectiveTest, ReductionsAddInRankOrder) {
   // is a random number times a random power of two in [2^-12, 2^12] (so the partial sums lose
   // different low bits depending on which ranks are added first). Every rank regenerates every
   // rank's inputs and computes the sum in rank order (fp32, one rounding, then the avg scale), and
-  // both reductions must give exactly those bits, whole and in the chunked rounds. With 2 ranks any
-  // order gives the same bits; comm_mpi_np4 is the run that can tell.
+  // both reductions must give exactly those bits (each dtype, in place or not, whole and chunked).
+  // With 2 ranks any order gives the same bits; comm_mpi_np4 is the run that can tell.
   constexpr size_t kPerRank = 20011;
   const auto world = static_cast<size_t>(world_);
   const size_t whole = kPerRank * world;
@@ -283,10 +284,11 @@ TEST_F(MpiCollectiveTest, ReductionsAddInRankOrder) {
   for (bool chunked : {false, true}) {
     Close();
     Open(TuningFor(Size{whole, chunked}));
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
-      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-        SCOPED_TRACE(fmt::format("{} {}{}", device::DTypeName(dtype), ReduceOpName(op),
-                                 chunked ? " chunked" : ""));
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (auto [op, in_place] : {std::pair{ReduceOp::kSum, false}, std::pair{ReduceOp::kAvg, true},
+                                  std::pair{ReduceOp::kSum, true}}) {
+        SCOPED_TRACE(fmt::format("{} {}{}{}", device::DTypeName(dtype), ReduceOpName(op),
+                                 in_place ? " in place" : "", chunked ? " chunked" : ""));
         const size_t elem = device::DTypeSize(dtype);
         void* expected = Buffer(whole, dtype);
         void* probe = Buffer(1, dtype);
@@ -302,12 +304,17 @@ TEST_F(MpiCollectiveTest, ReductionsAddInRankOrder) {
                                   static_cast<std::byte*>(expected) + i * elem, dtype, 1);
         }
         void* input = Buffer(whole, dtype);
-        for (size_t i = 0; i < whole; ++i)
+        void* input_too = Buffer(whole, dtype);  // the all-reduce's (in place, it is its result)
+        for (size_t i = 0; i < whole; ++i) {
           StoreValue(input, dtype, i, value(static_cast<size_t>(rank_), i));
-        void* scattered = Buffer(kPerRank, dtype);
-        void* reduced = Buffer(whole, dtype);
+          StoreValue(input_too, dtype, i, value(static_cast<size_t>(rank_), i));
+        }
+        void* scattered =
+            in_place ? static_cast<std::byte*>(input) + static_cast<size_t>(rank_) * kPerRank * elem
+                     : Buffer(kPerRank, dtype);
+        void* reduced = in_place ? input_too : Buffer(whole, dtype);
         ASSERT_OK(collective_->ReduceScatter(input, scattered, kPerRank, dtype, op, *a_));
-        ASSERT_OK(collective_->AllReduce(input, reduced, whole, dtype, op, *a_));
+        ASSERT_OK(collective_->AllReduce(input_too, reduced, whole, dtype, op, *a_));
         ASSERT_OK(device_->Synchronize(*a_));
         const size_t base = static_cast<size_t>(rank_) * kPerRank;
         for (size_t i = 0; i < kPerRank; ++i) {
