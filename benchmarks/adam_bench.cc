@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "adam_bench_kernels.h"
+#include "bench_stats.h"
 #include "common/host_memory.h"
 #include "optim/adam.h"
 #include "strata/status.h"
@@ -207,12 +208,6 @@ struct Measured {
   double min_s = 0;
   double bytes_per_element = 0;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size() / 2;
-  return v.size() % 2 == 1 ? v[k] : 0.5 * (v[k - 1] + v[k]);
-}
 
 struct Args {
   size_t elements = kDefaultElements;

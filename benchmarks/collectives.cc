@@ -24,13 +24,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "bench_stats.h"
 #include "common/units.h"
 #include "strata/collective.h"
 #include "strata/device.h"
@@ -38,6 +38,7 @@
 namespace {
 
 using namespace strata;
+using bench::Median;
 using device::DType;
 
 enum class Op { kReduceScatter, kAllReduce, kAllGather };
@@ -75,19 +76,14 @@ float Input(int r, size_t i) {
 void Store(void* buffer, DType dtype, size_t i, float v) {
   if (dtype == DType::kF32) {
     static_cast<float*>(buffer)[i] = v;
-  } else {  // bf16: the values are small integers, exact in the top 16 bits
-    uint32_t bits = 0;
-    std::memcpy(&bits, &v, sizeof bits);
-    static_cast<uint16_t*>(buffer)[i] = static_cast<uint16_t>(bits >> 16);
+  } else {
+    static_cast<uint16_t*>(buffer)[i] = device::FloatToBf16(v);
   }
 }
 
 float Load(const void* buffer, DType dtype, size_t i) {
   if (dtype == DType::kF32) return static_cast<const float*>(buffer)[i];
-  const uint32_t bits = uint32_t{static_cast<const uint16_t*>(buffer)[i]} << 16;
-  float v = 0;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
+  return device::Bf16ToFloat(static_cast<const uint16_t*>(buffer)[i]);
 }
 
 struct Case {
@@ -199,12 +195,6 @@ class Bench {
   void* send_;
   void* recv_;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
 
 }  // namespace
 

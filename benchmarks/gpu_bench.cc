@@ -54,11 +54,12 @@
 #include <utility>
 #include <vector>
 
+#include "bench_stats.h"
 #include "common/host_memory.h"
-#include "model/llama_ops.h"
 #include "common/units.h"
 #include "device/gpu_info.h"
 #include "device/pinned_pool.h"
+#include "model/llama_ops.h"
 #include "optim/adam.h"
 #include "optim/device_adam.h"
 #include "strata/device.h"
@@ -76,12 +77,6 @@ using nlohmann::json;
 
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size() / 2;
-  return v.size() % 2 == 1 ? v[k] : 0.5 * (v[k - 1] + v[k]);
 }
 
 double Min(const std::vector<double>& v) {
