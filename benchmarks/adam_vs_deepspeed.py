@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """adam_vs_deepspeed.py: Strata's CPU AdamW against DeepSpeed's CPU Adam, measured in one run.
 
-Run it with the python of deploy/hf-venv.sh (DeepSpeed 0.12.6 from PyPI over Debian's torch):
+Run it with the python of deploy/hf-venv.sh (DeepSpeed 0.19.8 from PyPI over PyPI's torch 2.15):
 
   build/default/hf-venv/bin/python benchmarks/adam_vs_deepspeed.py \\
       --adam-bench build/default/benchmarks/strata_adam_bench [--elements 134217728] [--threads 1 2]

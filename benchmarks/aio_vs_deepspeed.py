@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """aio_vs_deepspeed.py: `strata nvme-bench` against DeepSpeed's async I/O handle, in one run.
 
-Run it with the python of deploy/hf-venv.sh (DeepSpeed 0.12.6 over Debian's torch; its async_io
+Run it with the python of deploy/hf-venv.sh (DeepSpeed 0.19.8 over PyPI's torch 2.15; its async_io
 op is built by DeepSpeed's own op builder against libaio, with -O3 added as for the CPU Adam
 comparison, and cached under ~/.cache/strata-deepspeed/aio):
 

@@ -2,18 +2,23 @@
 share: the prelude of the worker processes that build and load DeepSpeed's ops with its own op
 builder, the check that this python has DeepSpeed, and writing the result.
 
-DeepSpeed 0.12.6 comes from deploy/hf-venv.sh (over Debian's CPU-only torch 1.13).
+DeepSpeed (0.19.8, pinned) comes from deploy/hf-venv.sh, over PyPI's torch 2.15.
 """
 import json
 import sys
+from importlib import metadata
 
-DEEPSPEED_VERSION = "0.12.6"
+try:
+    DEEPSPEED_VERSION = metadata.version("deepspeed")
+except metadata.PackageNotFoundError:  # has_deepspeed() says what to do
+    DEEPSPEED_VERSION = "(not installed)"
 
 
 def worker_prelude(builder, add_o3):
-    """Python source that a worker runs first: torch's CUDA_HOME cleared (Debian's torch has no
-    CUDA, so the op builder must build the CPU op only) and, with add_o3, `builder`'s compiler
-    flags prefixed with -O3 (DeepSpeed 0.12's builders add their -O3 only when torch has CUDA)."""
+    """Python source that a worker runs first: torch's CUDA_HOME cleared (the op builder must
+    build the CPU op only: the comparisons are on the CPU, and a machine without a GPU cannot
+    build DeepSpeed's CUDA variants) and, with add_o3, `builder`'s compiler flags prefixed with
+    -O3 (DeepSpeed's builders add their -O3 only on their CUDA path)."""
     lines = ["import torch.utils.cpp_extension as ce",
              "ce.CUDA_HOME = None",
              f"from deepspeed.ops.op_builder import {builder}"]

@@ -31,8 +31,7 @@ test_packages=(
   fio                   # benchmarks/nvme_vs_fio.py compares against it
   python3               # benchmark scripts
   python3-torch         # the PyTorch reference (oracle) the model tests compare against
-  python3-venv          # deploy/hf-venv.sh: transformers, safetensors and peft for the hf tests
-  libtorch-dev pybind11-dev  # headers DeepSpeed's op builder compiles its CPU Adam against
+  python3-venv          # deploy/hf-venv.sh: torch, transformers, peft and DeepSpeed from PyPI
   libaio-dev            # DeepSpeed's async I/O op (benchmarks/aio_vs_deepspeed.py)
   chromium python3-pil  # the test that renders `strata report` in a headless browser
   slurm-wlm munge       # the test that runs deploy/slurm/strata-train.sbatch on a real Slurm

@@ -104,9 +104,10 @@ Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
 }
 
 Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout, size_t vocab,
-                         size_t hidden, float* dweight) {
+                         size_t hidden, float* dweight, int32_t skip_token) {
   STRATA_RETURN_IF_ERROR(CheckTokens(tokens, num_tokens, vocab, "token id"));
   for (size_t t = 0; t < num_tokens; ++t) {
+    if (tokens[t] == skip_token) continue;
     float* dst = dweight + static_cast<size_t>(tokens[t]) * hidden;
     const float* src = dout + t * hidden;
     for (size_t i = 0; i < hidden; ++i)

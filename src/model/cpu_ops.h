@@ -51,9 +51,10 @@ const float* WeightAsFloat(Weight w, size_t n, std::vector<float>& scratch);
 Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight, size_t vocab,
                         size_t hidden, float* out);
 // dweight[tokens[t], :] += dout[t, :] (a scatter-add: repeated tokens add up).
-// dout [T, H], dweight [V, H] fp32. InvalidArgument when a token is outside [0, V).
+// dout [T, H], dweight [V, H] fp32. InvalidArgument when a token is outside [0, V). Tokens
+// equal to `skip_token` (-1: none) add nothing: nn.Embedding's padding_idx.
 Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout, size_t vocab,
-                         size_t hidden, float* dweight);
+                         size_t hidden, float* dweight, int32_t skip_token = -1);
 
 // ---- RMSNorm ----------------------------------------------------------------------------------
 // y[t, i] = x[t, i] * rstd[t] * w[i], rstd[t] = 1 / sqrt(mean_i(x[t, i]^2) + eps).

@@ -29,9 +29,10 @@ class CudaLlamaOps final : public LlamaOps {
                                                  cuda::ToCudaWeight(weight), vocab, hidden, out));
   }
   Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
-                           size_t vocab, size_t hidden, float* dweight) override {
-    return cuda::ToStatus(
-        cuda::EmbeddingBackward(ctx(), tokens, num_tokens, dout, vocab, hidden, dweight));
+                           size_t vocab, size_t hidden, float* dweight,
+                           int32_t skip_token) override {
+    return cuda::ToStatus(cuda::EmbeddingBackward(ctx(), tokens, num_tokens, dout, vocab, hidden,
+                                                  dweight, skip_token));
   }
   Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden, float eps,
                         float* y, float* rstd) override {

@@ -367,7 +367,8 @@ __global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, size_
 // write one row and no atomics are needed.
 __global__ void EmbeddingBackwardKernel(const int32_t* __restrict__ tokens, size_t num_tokens,
                                         const float* __restrict__ dout, size_t vocab, size_t hidden,
-                                        float* __restrict__ dweight, DeviceDataError* record) {
+                                        float* __restrict__ dweight, int32_t skip_token,
+                                        DeviceDataError* record) {
   __shared__ size_t matches[kBlockThreads];
   __shared__ unsigned warp_counts[kWarpsPerBlock];
   const size_t t = blockIdx.x;
@@ -376,6 +377,7 @@ __global__ void EmbeddingBackwardKernel(const int32_t* __restrict__ tokens, size
     if (threadIdx.x == 0) RecordDataError(record, DataErrorKind::kToken, t, token, vocab);
     return;
   }
+  if (token == skip_token) return;  // padding_idx: uniform over the block
   bool earlier = false;
   for (size_t u = threadIdx.x; u < t; u += blockDim.x)
     earlier = earlier || tokens[u] == token;
@@ -424,12 +426,13 @@ OpError EmbeddingForward(OpsContext* context, const int32_t* tokens, size_t num_
 }
 
 OpError EmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
-                          const float* dout, size_t vocab, size_t hidden, float* dweight) {
+                          const float* dout, size_t vocab, size_t hidden, float* dweight,
+                          int32_t skip_token) {
   constexpr const char* kOp = "EmbeddingBackward";
   if (num_tokens == 0 || hidden == 0) return OpError{};
   if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
   EmbeddingBackwardKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
-      tokens, num_tokens, dout, vocab, hidden, dweight, context->data_error);
+      tokens, num_tokens, dout, vocab, hidden, dweight, skip_token, context->data_error);
   return LaunchResult(kOp);
 }
 

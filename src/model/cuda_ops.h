@@ -151,9 +151,11 @@ OpError TakeMarks(OpsContext* context, std::vector<double>* seconds);
 OpError EmbeddingForward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
                          Weight weight, size_t vocab, size_t hidden, float* out);
 // dweight[tokens[t], :] += dout[t, :], repeated tokens added in position order (bit for bit the
-// CPU's sum). dout [T, H], dweight [V, H] fp32. Bad tokens are skipped and recorded.
+// CPU's sum). dout [T, H], dweight [V, H] fp32. Bad tokens are skipped and recorded; tokens
+// equal to `skip_token` (-1: none) add nothing (padding_idx).
 OpError EmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
-                          const float* dout, size_t vocab, size_t hidden, float* dweight);
+                          const float* dout, size_t vocab, size_t hidden, float* dweight,
+                          int32_t skip_token = -1);
 
 // ---- RMSNorm ------------------------------------------------------------------------------------
 // y = x * rstd * w; x, y [T, H] (y may alias x), weight [H], rstd [T].

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -81,6 +82,111 @@ Result<double> GetDouble(const Json& j, const char* key, std::string_view source
   return it->get<double>();
 }
 
+
+// The RoPE settings, wherever a config keeps them. transformers 5 writes them as
+// `rope_parameters` ({"rope_theta": ..., "rope_type": ...}, no top-level rope_theta); earlier
+// releases wrote a top-level `rope_theta` and a `rope_scaling` object ("type" or "rope_type").
+// Every place is read and they must agree; a scaling Strata does not compute is refused, naming
+// the key and the value, so that no model trains with other positions than transformers gives it.
+Result<double> ParseRope(const Json& j, std::string_view source) {
+  std::optional<double> theta;
+  std::string theta_from;
+  auto take_theta = [&](const Json& obj, const std::string& where) -> Status {
+    auto it = obj.find("rope_theta");
+    if (it == obj.end() || it->is_null()) return Status::Ok();
+    if (!it->is_number()) {
+      return InvalidArgumentError(
+          fmt::format("{}: '{}' must be a number, got {}", source, where, it->dump()));
+    }
+    const double v = it->get<double>();
+    if (theta && *theta != v) {
+      return InvalidArgumentError(fmt::format(
+          "{}: {} is {} but {} is {}; the config states two RoPE bases", source, theta_from,
+          *theta, where, v));
+    }
+    theta = v;
+    theta_from = where;
+    return Status::Ok();
+  };
+  STRATA_RETURN_IF_ERROR(take_theta(j, "rope_theta"));
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_object()) {
+      return InvalidArgumentError(fmt::format("{}: {} is {}; expected an object or null", source,
+                                              key, it->dump()));
+    }
+    for (const auto& [name, value] : it->items()) {
+      if (value.is_object()) {
+        return UnimplementedError(fmt::format(
+            "{}: {}.{} holds RoPE settings per layer type; Strata computes one RoPE for every "
+            "layer",
+            source, key, name));
+      }
+    }
+    STRATA_RETURN_IF_ERROR(take_theta(*it, std::string(key) + ".rope_theta"));
+    for (const char* type_key : {"rope_type", "type"}) {
+      auto t = it->find(type_key);
+      if (t == it->end() || t->is_null()) continue;
+      if (!t->is_string()) {
+        return InvalidArgumentError(fmt::format("{}: {}.{} is {}; expected a string", source,
+                                                key, type_key, t->dump()));
+      }
+      if (*t != "default") {
+        return UnimplementedError(fmt::format(
+            "{}: {}.{} is {}; Strata computes plain rotary embeddings (rope_type \"default\") "
+            "only",
+            source, key, type_key, t->dump()));
+      }
+    }
+    if (auto f = it->find("partial_rotary_factor");
+        f != it->end() && !(f->is_number() && f->get<double>() == 1.0)) {
+      return UnimplementedError(fmt::format(
+          "{}: {}.partial_rotary_factor is {}; Strata rotates the whole head", source, key,
+          f->dump()));
+    }
+  }
+  return theta.value_or(10000.0);
+}
+
+// Keys with which transformers builds a different model than Strata's. Each is accepted at its
+// neutral value (absent and null too) and refused otherwise, naming the key and the value, so a
+// model Strata cannot compute is never trained as plain Llama. Keys transformers' Llama and
+// Mistral do not read are ignored, as transformers ignores them.
+Status RefuseUnimplementedKeys(const Json& j, std::string_view source) {
+  struct Neutral {
+    const char* key;
+    Json value;
+    const char* why;
+  };
+  const Neutral keys[] = {
+      {"attention_bias", false, "Strata's Llama has no bias terms"},
+      {"mlp_bias", false, "Strata's Llama has no bias terms"},
+      {"attention_dropout", 0.0, "Strata trains without dropout"},
+      {"partial_rotary_factor", 1.0, "Strata rotates the whole head"},
+      {"quantization_config", nullptr, "Strata trains unquantized weights"},
+  };
+  for (const Neutral& n : keys) {
+    auto it = j.find(n.key);
+    if (it == j.end() || it->is_null() || *it == n.value) continue;
+    return UnimplementedError(fmt::format("{}: {} is {}; {}", source, n.key, it->dump(), n.why));
+  }
+  // An explicit head_dim that differs from hidden_size / num_attention_heads (Mistral-Nemo, Qwen3)
+  // changes every attention projection's shape.
+  auto hd = j.find("head_dim");
+  auto hidden = j.find("hidden_size");
+  auto heads = j.find("num_attention_heads");
+  if (hd != j.end() && !hd->is_null() && hidden != j.end() && heads != j.end() &&
+      hidden->is_number_integer() && heads->is_number_integer() && heads->get<int64_t>() > 0 &&
+      !(hd->is_number_integer() &&
+        hd->get<int64_t>() == hidden->get<int64_t>() / heads->get<int64_t>())) {
+    return UnimplementedError(fmt::format(
+        "{}: head_dim is {}; Strata's attention uses hidden_size / num_attention_heads = {}",
+        source, hd->dump(), hidden->get<int64_t>() / heads->get<int64_t>()));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 int64_t LlamaConfig::BlockParameters() const {
@@ -140,6 +246,10 @@ Status LlamaConfig::Validate() const {
     return InvalidArgumentError(
         fmt::format("model '{}': rms_norm_eps is {}; expected > 0", name, rms_norm_eps));
   }
+  if (pad_token_id >= vocab_size) {
+    return InvalidArgumentError(fmt::format(
+        "model '{}': pad_token_id {} is not below vocab_size {}", name, pad_token_id, vocab_size));
+  }
   if (!(rope_theta > 0.0)) {
     return InvalidArgumentError(
         fmt::format("model '{}': rope_theta is {}; expected > 0", name, rope_theta));
@@ -173,18 +283,7 @@ Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_vie
         "{}: hidden_act is {}; the Llama MLP Strata implements uses \"silu\"", source,
         it->dump()));
   }
-  // Variants the kernels do not implement: refused rather than silently trained as plain Llama.
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    return UnimplementedError(fmt::format(
-        "{}: rope_scaling is {}; Strata implements plain rotary embeddings (rope_theta) only",
-        source, it->dump()));
-  }
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    if (auto it = j.find(key); it != j.end() && it->is_boolean() && it->get<bool>()) {
-      return UnimplementedError(
-          fmt::format("{}: {} is true; Strata's Llama has no bias terms", source, key));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(RefuseUnimplementedKeys(j, source));
   LlamaConfig c;
   c.name = std::string(source);
   c.model_type = model_type;
@@ -211,7 +310,14 @@ Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_vie
   STRATA_ASSIGN_OR_RETURN(c.max_position_embeddings,
                           GetInt(j, "max_position_embeddings", source, false, 2048));
   STRATA_ASSIGN_OR_RETURN(c.rms_norm_eps, GetDouble(j, "rms_norm_eps", source, 1e-6));
-  STRATA_ASSIGN_OR_RETURN(c.rope_theta, GetDouble(j, "rope_theta", source, 10000.0));
+  STRATA_ASSIGN_OR_RETURN(c.rope_theta, ParseRope(j, source));
+  if (auto it = j.find("pad_token_id"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+      return InvalidArgumentError(fmt::format(
+          "{}: pad_token_id is {}; expected a token id or null", source, it->dump()));
+    }
+    c.pad_token_id = it->get<int64_t>();
+  }
   if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
     if (!it->is_boolean()) {
       return InvalidArgumentError(fmt::format(
@@ -293,6 +399,7 @@ std::string ToHfConfigJson(const LlamaConfig& c, std::string_view torch_dtype) {
     j["sliding_window"] = c.sliding_window > 0 ? Json(c.sliding_window) : Json(nullptr);
     j.erase("attention_bias");
   }
+  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
   j["bos_token_id"] = Json::parse(c.bos_token_id_json, nullptr, false);
   j["eos_token_id"] = Json::parse(c.eos_token_id_json, nullptr, false);
   return j.dump(2) + "\n";

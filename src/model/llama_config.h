@@ -5,12 +5,19 @@
 //
 // The keys read from config.json (Hugging Face's LlamaConfig names): vocab_size, hidden_size,
 // intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default:
-// num_attention_heads), max_position_embeddings, rms_norm_eps, rope_theta (default 10000),
-// tie_word_embeddings (default false), model_type (must be "llama" or "mistral" when present),
-// hidden_act (must be "silu" when present), bos_token_id / eos_token_id (carried through to the
-// configs Strata writes). rope_scaling (non-null), attention_bias or mlp_bias (true) are
-// Unimplemented: the kernels do not have them. Other keys are ignored. Errors name the file and the
-// key, and say what was expected.
+// num_attention_heads), max_position_embeddings, rms_norm_eps, the RoPE base (default 10000) from
+// `rope_theta`, `rope_parameters.rope_theta` (transformers 5) or `rope_scaling.rope_theta`, which
+// must agree where several are given, tie_word_embeddings (default false), model_type (must be
+// "llama" or "mistral" when present), hidden_act (must be "silu" when present), pad_token_id
+// (that row of the embedding gets no gradient from the lookup, as nn.Embedding's padding_idx),
+// bos_token_id / eos_token_id (carried through to the configs Strata writes).
+//
+// Keys with which transformers builds a model Strata does not compute are refused (Unimplemented,
+// naming the key and the value) instead of ignored: a RoPE type other than "default" in
+// `rope_parameters` or `rope_scaling`, RoPE settings per layer type, partial_rotary_factor other
+// than 1, attention_bias or mlp_bias true, attention_dropout other than 0, a quantization_config,
+// and a head_dim other than hidden_size / num_attention_heads. Keys transformers' Llama does not
+// read either are ignored. Errors name the file and the key, and say what was expected.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +44,9 @@ struct LlamaConfig {
   // bos_token_id / eos_token_id as JSON text (a number, a list or null), kept from config.json.
   std::string bos_token_id_json = "1";
   std::string eos_token_id_json = "2";
+  // pad_token_id, -1 when there is none. As transformers' nn.Embedding(padding_idx), the lookup of
+  // this token adds no gradient to its embedding row.
+  int64_t pad_token_id = -1;
   // "llama", or "mistral": the same decoder with sliding-window attention. Strata computes full
   // causal attention, which is Mistral's for sequences of at most `sliding_window` tokens (0: no
   // window); `strata train` refuses longer ones. Written back as it was read (ToHfConfigJson).

@@ -782,7 +782,8 @@ Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::
         if (where.kind == LlamaUnit::kEmbed) {
           if (g.data == nullptr) return Status::Ok();  // frozen: nothing to compute
           return ops.EmbeddingBackward(st.a.tokens, st.tokens, st.a.dres,
-                                       static_cast<size_t>(config_.vocab_size), h, G(g, 0));
+                                       static_cast<size_t>(config_.vocab_size), h, G(g, 0),
+                                       static_cast<int32_t>(config_.pad_token_id));
         }
         if (where.kind == LlamaUnit::kHead) {
           if (config_.tie_word_embeddings) {

@@ -22,8 +22,9 @@ class CpuLlamaOps final : public LlamaOps {
     return cpu::EmbeddingForward(tokens, num_tokens, weight, vocab, hidden, out);
   }
   Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
-                           size_t vocab, size_t hidden, float* dweight) override {
-    return cpu::EmbeddingBackward(tokens, num_tokens, dout, vocab, hidden, dweight);
+                           size_t vocab, size_t hidden, float* dweight,
+                           int32_t skip_token) override {
+    return cpu::EmbeddingBackward(tokens, num_tokens, dout, vocab, hidden, dweight, skip_token);
   }
   Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden, float eps,
                         float* y, float* rstd) override {
@@ -175,9 +176,11 @@ Status OpProfiler::EmbeddingForward(const int32_t* tokens, size_t num_tokens, We
   });
 }
 Status OpProfiler::EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
-                                     size_t vocab, size_t hidden, float* dweight) {
+                                     size_t vocab, size_t hidden, float* dweight,
+                                     int32_t skip_token) {
   return Timed("EmbeddingBackward", [&] {
-    return inner_->EmbeddingBackward(tokens, num_tokens, dout, vocab, hidden, dweight);
+    return inner_->EmbeddingBackward(tokens, num_tokens, dout, vocab, hidden, dweight,
+                                     skip_token);
   });
 }
 Status OpProfiler::RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden,

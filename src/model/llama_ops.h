@@ -43,8 +43,10 @@ class LlamaOps {
 
   virtual Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
                                   size_t vocab, size_t hidden, float* out) = 0;
+  // `skip_token` (-1: none) adds nothing: the padding_idx of the model's pad_token_id.
   virtual Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
-                                   size_t vocab, size_t hidden, float* dweight) = 0;
+                                   size_t vocab, size_t hidden, float* dweight,
+                                   int32_t skip_token) = 0;
   virtual Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden,
                                 float eps, float* y, float* rstd) = 0;
   virtual Status RmsNormBackward(const float* x, Weight weight, const float* rstd,
@@ -111,7 +113,8 @@ class OpProfiler final : public LlamaOps {
   Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight, size_t vocab,
                           size_t hidden, float* out) override;
   Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
-                           size_t vocab, size_t hidden, float* dweight) override;
+                           size_t vocab, size_t hidden, float* dweight,
+                           int32_t skip_token) override;
   Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden, float eps,
                         float* y, float* rstd) override;
   Status RmsNormBackward(const float* x, Weight weight, const float* rstd, const float* dy,

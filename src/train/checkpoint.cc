@@ -585,6 +585,7 @@ Status CheckSameModel(const std::string& step_dir, const model::LlamaConfig& c) 
   STRATA_RETURN_IF_ERROR(differ("tie_word_embeddings", saved.tie_word_embeddings, c.tie_word_embeddings));
   STRATA_RETURN_IF_ERROR(differ("rms_norm_eps", saved.rms_norm_eps, c.rms_norm_eps));
   STRATA_RETURN_IF_ERROR(differ("rope_theta", saved.rope_theta, c.rope_theta));
+  STRATA_RETURN_IF_ERROR(differ("pad_token_id", saved.pad_token_id, c.pad_token_id));
   return differ("max_position_embeddings", saved.max_position_embeddings,
                 c.max_position_embeddings);
 }

@@ -2,7 +2,7 @@
 """hf_roundtrip.py: Strata and Hugging Face transformers, both ways, with the real libraries.
 
 Runs under the environment deploy/hf-venv.sh makes (transformers, safetensors and peft from
-PyPI at pinned versions, Debian's torch). A small Llama with grouped-query attention (4 heads,
+PyPI at pinned versions: transformers 5, torch 2). A small Llama with grouped-query attention (4 heads,
 2 KV heads), tied and untied embeddings:
 
   1. transformers -> Strata: a model written by `save_pretrained` (one file, and sharded with an
@@ -18,6 +18,15 @@ PyPI at pinned versions, Debian's torch). A small Llama with grouped-query atten
   4. Configs transformers writes that Strata does not implement (rope scaling, attention biases,
      another architecture, a Mistral window shorter than the sequence) are refused by
      `strata train` with a message naming the key.
+  5. RoPE settings as transformers 5 writes them (`rope_parameters`, no top-level rope_theta): a
+     model with rope_theta 500000 and query/key weights large enough that attention depends on
+     position (the check first shows that theta 10000 gives another loss) gives transformers'
+     loss in `strata eval`, and the checkpoint Strata writes from it loads in transformers with
+     the same base and the same loss.
+  6. pad_token_id: as nn.Embedding's padding_idx in transformers, the pad token's row of the
+     embedding gets no gradient from its lookups: after 3 steps of training (no weight decay) on
+     data full of that token its row is bit for bit the initial one, while every other row that
+     was looked up has moved; the written config keeps pad_token_id.
 
 Tolerance: both sides compute in fp32 from the same (fp32 or bf16) weights; the loss may differ
 by the order of summation only: relative 1e-5. With bf16 compute in Strata (activations rounded
@@ -45,6 +54,11 @@ MICRO_BATCH = 4
 VOCAB = 256
 RTOL_FP32 = 1e-5
 RTOL_BF16 = 2e-2
+# The RoPE check's weights: drawn with this std (transformers' default 0.02 leaves attention
+# nearly uniform, and a wrong base hides), query and key weights then scaled by QK_SCALE. With
+# these, the bases 500000 and 10000 give losses about 1e-2 apart, 1000 times the tolerance.
+ROPE_INIT_STD = 0.1
+QK_SCALE = 4.0
 
 
 def llama_config(tied, **extra):
@@ -68,7 +82,7 @@ def first_batch(tokens):
 
 def hf_loss(model_dir, rows):
     """transformers' loss of the weights in model_dir on rows, in fp32; and the loading info."""
-    model, info = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32,
+    model, info = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                        output_loading_info=True)
     model.eval()
     with torch.no_grad():
@@ -227,14 +241,24 @@ def main():
     # 4. What Strata does not implement is refused, naming the key.
     print("4. configs Strata does not implement")
     refusals = [
-        ("rope_scaling", llama_config(False, rope_scaling={"type": "linear", "factor": 2.0})),
+        # transformers 5 keeps a scaling in rope_parameters; older configs in rope_scaling.
+        ("rope_parameters.rope_type", llama_config(False, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16})),
+        ("rope_scaling.type", {"model_type": "llama", **shape,
+                               "rope_scaling": {"type": "linear", "factor": 2.0}}),
         ("attention_bias", llama_config(False, attention_bias=True)),
         ("model_type", Qwen2Config(**shape)),
         ("sliding_window", MistralConfig(sliding_window=16, **shape)),
     ]
     for key, cfg in refusals:
         d = os.path.join(work, "refuse-" + key)
-        cfg.save_pretrained(d)
+        if isinstance(cfg, dict):  # a config.json as an older transformers wrote it
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(cfg, f)
+        else:
+            cfg.save_pretrained(d)
         rc, out, err = run([args.strata, "train", "--config", ds_config(os.path.join(work, "ds-r.json")),
                             "--model", d, "--data", data, "--data-dtype", "uint16", "--seq-len",
                             str(SEQ), "--steps", "1", "--device", "cpu"])
@@ -244,6 +268,91 @@ def main():
         results.append({"case": "refuse " + key, "exit": rc, "message": line, "ok": ok})
         if not ok:
             failures.append(f"refuse {key}: exit {rc}, {line}")
+
+    # 5. RoPE settings where transformers 5 writes them.
+    print("5. rope_parameters (transformers 5): rope_theta 500000, attention that depends on position")
+    d = os.path.join(work, "hf-theta")
+    torch.manual_seed(13)
+    model = LlamaForCausalLM(LlamaConfig(**dict(shape, rope_theta=500000.0,
+                                                 initializer_range=ROPE_INIT_STD)))
+    with torch.no_grad():  # attention far from uniform, so that the base moves the loss
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(QK_SCALE)
+            layer.self_attn.k_proj.weight.mul_(QK_SCALE)
+    model.save_pretrained(d)
+    with open(os.path.join(d, "config.json")) as f:
+        saved = json.load(f)
+    where = saved.get("rope_parameters", {}).get("rope_theta")
+    print(f"  config.json: rope_parameters {saved.get('rope_parameters')}, "
+          f"rope_theta {saved.get('rope_theta', '(absent)')}")
+    if where != 500000.0:
+        failures.append(f"hf-theta: transformers wrote rope_parameters {saved.get('rope_parameters')}")
+    theirs, _ = hf_loss(d, windows)
+    # The same weights with the default base: the loss must move well past the tolerance, or
+    # this check could not tell a wrong base from the right one.
+    wrong_dir = os.path.join(work, "hf-theta-10000")
+    model.config.rope_parameters["rope_theta"] = 10000.0
+    model.save_pretrained(wrong_dir)
+    wrong, _ = hf_loss(wrong_dir, windows)
+    gap = abs(wrong - theirs) / abs(theirs)
+    print(f"  transformers: theta 500000 {theirs:.5f}, theta 10000 {wrong:.5f} (rel {gap:.2e})")
+    if gap < 100 * RTOL_FP32:
+        failures.append(f"hf-theta: the base moves the loss only by {gap:.2e}; the check is blind")
+    rc, out_, err = run([args.strata, "eval", "--model", d, "--data", data, "--data-dtype",
+                         "uint16", "--seq-len", str(SEQ), "--sequences", "16", "--micro-batch", "4",
+                         "--device", "cpu", "--json", result])
+    if rc != 0:
+        failures.append(f"strata eval (hf-theta) exited {rc}: {err[-500:]}")
+    else:
+        with open(result) as f:
+            check("hf-theta: strata eval (rope_parameters.rope_theta 500000)",
+                  json.load(f)["loss"], theirs, RTOL_FP32)
+    ckpt = os.path.join(work, "strata-theta")
+    strata_train(args, d, data, work, "theta-train", steps=3, save=ckpt)
+    latest = os.path.join(ckpt, "latest")
+    base = transformers.AutoConfig.from_pretrained(latest).rope_parameters["rope_theta"]
+    if base != 500000.0:
+        failures.append(f"strata-theta: transformers reads rope_theta {base} from Strata's config")
+    theirs, info = hf_loss(latest, rows)
+    if info["missing_keys"] or info["unexpected_keys"]:
+        failures.append(f"strata-theta: loading info {info}")
+    check("strata-theta -> transformers (rope_theta 500000)",
+          strata_train(args, latest, data, work, "theta-eval", steps=1)[0], theirs, RTOL_FP32)
+
+    # 6. pad_token_id, transformers' padding_idx.
+    print("6. pad_token_id: the pad token's embedding row gets no gradient")
+    pad = 3
+    d = os.path.join(work, "hf-pad")
+    torch.manual_seed(14)
+    LlamaForCausalLM(LlamaConfig(**dict(shape, pad_token_id=pad))).save_pretrained(d)
+    ds = os.path.join(work, "ds-pad.json")
+    with open(ds, "w") as f:
+        json.dump({"train_micro_batch_size_per_gpu": MICRO_BATCH,
+                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
+                   "zero_optimization": {"stage": 0}}, f)
+    ckpt = os.path.join(work, "strata-pad")
+    rc, out_, err = run([args.strata, "train", "--config", ds, "--model", d, "--data", data,
+                         "--data-dtype", "uint16", "--seq-len", str(SEQ), "--steps", "3",
+                         "--sampling", "sequential", "--device", "cpu", "--save", ckpt])
+    if rc != 0:
+        failures.append(f"strata train (hf-pad) exited {rc}: {err[-500:]}")
+    else:
+        from safetensors.torch import load_file
+        before = load_file(os.path.join(d, "model.safetensors"))["model.embed_tokens.weight"]
+        after = load_file(os.path.join(ckpt, "latest", "model.safetensors"))["model.embed_tokens.weight"]
+        # The inputs of the 3 steps' sequential windows (a window's last token is only a target).
+        used = torch.from_numpy(tokens[:3 * MICRO_BATCH * SEQ].astype(np.int64)).unique()
+        moved = [int(t) for t in used if t != pad and torch.equal(before[t], after[t])]
+        with open(os.path.join(ckpt, "latest", "config.json")) as f:
+            kept = json.load(f).get("pad_token_id")
+        ok = (pad in used.tolist() and torch.equal(before[pad], after[pad]) and not moved
+              and kept == pad)
+        print(f"  pad row unchanged {torch.equal(before[pad], after[pad])}, "
+              f"{len(used) - 1} other looked-up rows moved (unmoved: {moved}), "
+              f"config pad_token_id {kept}: {'ok' if ok else 'FAIL'}")
+        results.append({"case": "pad_token_id row", "ok": ok})
+        if not ok:
+            failures.append("pad_token_id: the pad row moved, another did not, or the key was lost")
 
     out = {"test": "hf_roundtrip", "transformers": transformers.__version__,
            "torch": torch.__version__, "results": results, "failures": failures}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """lora_peft.py: Strata's LoRA adapters against the real PEFT library, both ways.
 
-Runs under the environment deploy/hf-venv.sh makes (peft, transformers, Debian's torch). A small
+Runs under the environment deploy/hf-venv.sh makes (peft, transformers and torch from PyPI). A small
 Llama with grouped-query attention, written by transformers' save_pretrained:
 
   1. Strata -> PEFT: `strata train` with strata.lora (r 4, alpha 8, all seven projections,

@@ -153,6 +153,28 @@ TEST(CpuOpsOracleTest, Embedding) {
   ExpectClose("embedding dweight", dweight, oracle.Ref("dweight"), 1e-6, 1e-6);
 }
 
+// nn.Embedding's padding_idx: the pad token's lookups add nothing to its row; every other row is
+// what it is without the skip.
+TEST(CpuOpsTest, EmbeddingBackwardSkipsThePadToken) {
+  const size_t T = 13, V = 11, H = 8;
+  const auto tokens = RandomTokens(T, V, 1);
+  const auto dy = RandomVector(T * H, 3);
+  const int32_t pad = tokens[2];
+  std::vector<float> all(V * H, 0.5f), skipped(V * H, 0.5f);
+  ASSERT_TRUE(EmbeddingBackward(tokens.data(), T, dy.data(), V, H, all.data()).ok());
+  ASSERT_TRUE(EmbeddingBackward(tokens.data(), T, dy.data(), V, H, skipped.data(), pad).ok());
+  for (size_t v = 0; v < V; ++v) {
+    for (size_t i = 0; i < H; ++i) {
+      if (static_cast<int32_t>(v) == pad) {
+        EXPECT_EQ(skipped[v * H + i], 0.5f);
+        EXPECT_NE(all[v * H + i], 0.5f);
+      } else {
+        EXPECT_EQ(skipped[v * H + i], all[v * H + i]);
+      }
+    }
+  }
+}
+
 TEST(CpuOpsOracleTest, RmsNorm) {
   STRATA_SKIP_WITHOUT_ORACLE();
   const size_t T = 14, H = 67;

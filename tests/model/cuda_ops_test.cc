@@ -214,6 +214,15 @@ TEST_F(CudaOpsGpuTest, EmbeddingMatchesTheCpuBitForBit) {
     ASSERT_OP_OK(cuda::EmbeddingBackward(context(), d_tokens, s.tokens, Upload(dout), s.vocab,
                                          s.hidden, d_dw));
     ExpectBitEqual("embedding dweight (accumulated)", Download(d_dw, dw_cpu.size()), dw_cpu);
+    // With a padding token (pad_token_id), whose lookups add nothing.
+    std::vector<float> dw_pad_cpu = dw0;
+    ASSERT_OK(cpu::EmbeddingBackward(tokens.data(), s.tokens, dout.data(), s.vocab, s.hidden,
+                                     dw_pad_cpu.data(), tokens[0]));
+    float* d_dw_pad = Upload(dw0);
+    ASSERT_OP_OK(cuda::EmbeddingBackward(context(), d_tokens, s.tokens, Upload(dout), s.vocab,
+                                         s.hidden, d_dw_pad, tokens[0]));
+    ExpectBitEqual("embedding dweight (pad skipped)", Download(d_dw_pad, dw_pad_cpu.size()),
+                   dw_pad_cpu);
     EXPECT_OK(cuda::CheckDataErrors(context()));
   }
 }

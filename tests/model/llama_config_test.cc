@@ -96,7 +96,7 @@ TEST(LlamaConfigTest, BadConfigsNameTheFileAndTheKey) {
       {R"({"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
            "num_hidden_layers": 2, "num_attention_heads": 4,
            "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})",
-       "rope_scaling is"},
+       "rope_scaling.rope_type is \"llama3\""},
       {R"({"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
            "num_hidden_layers": 2, "num_attention_heads": 4, "attention_bias": true})",
        "attention_bias is true"},
@@ -138,6 +138,102 @@ TEST(LlamaConfigTest, MistralKeepsItsTypeAndWindow) {
   EXPECT_NE(std::string(bad.status().message()).find("b.json: sliding_window is -3"),
             std::string::npos)
       << bad.status().ToString();
+}
+
+// transformers 5 writes the RoPE base inside `rope_parameters` and no top-level rope_theta. A
+// config it saved must give its own theta, not the default 10000 (which trains another model).
+TEST(LlamaConfigTest, ReadsTheRopeBaseFromRopeParameters) {
+  const std::string transformers5 = R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 1, "dtype": "float32", "eos_token_id": 2, "head_dim": 16,
+    "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+    "intermediate_size": 128, "max_position_embeddings": 256, "mlp_bias": false,
+    "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2,
+    "num_key_value_heads": 2, "pad_token_id": null, "pretraining_tp": 1, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+    "tie_word_embeddings": false, "transformers_version": "5.24.0", "use_cache": true,
+    "vocab_size": 128})";
+  auto c = ParseLlamaConfig(transformers5, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+  EXPECT_EQ(c->pad_token_id, -1);
+  // What Strata writes reads back with the same base.
+  auto again = ParseLlamaConfig(ToHfConfigJson(*c, "float32"), "again.json");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_DOUBLE_EQ(again->rope_theta, 500000.0);
+
+  // The older keys: a top-level rope_theta, and a base inside rope_scaling.
+  const std::string sizes = R"("vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4)";
+  auto top = ParseLlamaConfig("{" + sizes + R"(, "rope_theta": 1234.0})", "a.json");
+  ASSERT_TRUE(top.ok());
+  EXPECT_DOUBLE_EQ(top->rope_theta, 1234.0);
+  auto scaling = ParseLlamaConfig(
+      "{" + sizes + R"(, "rope_scaling": {"rope_type": "default", "rope_theta": 77.0}})", "b.json");
+  ASSERT_TRUE(scaling.ok()) << scaling.status().ToString();
+  EXPECT_DOUBLE_EQ(scaling->rope_theta, 77.0);
+  // The same base in two places is fine; two different ones are an error naming both.
+  auto same = ParseLlamaConfig(
+      "{" + sizes + R"(, "rope_theta": 5.0, "rope_parameters": {"rope_theta": 5.0}})", "c.json");
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  auto conflict = ParseLlamaConfig(
+      "{" + sizes + R"(, "rope_theta": 5.0, "rope_parameters": {"rope_theta": 6.0}})", "d.json");
+  ASSERT_FALSE(conflict.ok());
+  EXPECT_NE(conflict.status().message().find("rope_theta is 5 but rope_parameters.rope_theta is 6"),
+            std::string::npos)
+      << conflict.status().ToString();
+}
+
+// Keys with which transformers builds another model are refused, naming the key and the value,
+// wherever they sit; at their neutral values they are accepted.
+TEST(LlamaConfigTest, RefusesKeysThatChangeTheModel) {
+  const std::string sizes = R"("vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4)";
+  struct Case {
+    const char* extra;
+    const char* expect;
+  } refused[] = {
+      // Llama 3.1 as transformers 5 saves it: the scaling sits in rope_parameters.
+      {R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
+          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192})",
+       "rope_parameters.rope_type is \"llama3\""},
+      {R"("rope_scaling": {"type": "linear", "factor": 2.0})", "rope_scaling.type is \"linear\""},
+      {R"("rope_parameters": {"full_attention": {"rope_theta": 1.0}})",
+       "rope_parameters.full_attention holds RoPE settings per layer type"},
+      {R"("rope_parameters": {"rope_theta": 1.0, "partial_rotary_factor": 0.5})",
+       "rope_parameters.partial_rotary_factor is 0.5"},
+      {R"("rope_parameters": "yes")", "rope_parameters is \"yes\"; expected an object"},
+      {R"("partial_rotary_factor": 0.25)", "partial_rotary_factor is 0.25"},
+      {R"("mlp_bias": true)", "mlp_bias is true"},
+      {R"("attention_dropout": 0.1)", "attention_dropout is 0.1"},
+      {R"("quantization_config": {"quant_method": "bitsandbytes"})", "quantization_config is"},
+      {R"("head_dim": 16)", "head_dim is 16; Strata's attention uses hidden_size / "
+                            "num_attention_heads = 8"},
+      {R"("pad_token_id": 100)", "pad_token_id 100 is not below vocab_size 100"},
+      {R"("pad_token_id": "x")", "pad_token_id is \"x\""},
+  };
+  for (const Case& c : refused) {
+    auto r = ParseLlamaConfig("{" + sizes + ", " + c.extra + "}", "/m/config.json");
+    ASSERT_FALSE(r.ok()) << c.extra;
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << r.status().ToString();
+  }
+  const char* accepted[] = {
+      R"("rope_scaling": null, "rope_parameters": null)",
+      R"("rope_parameters": {"rope_type": "default", "rope_theta": 10000.0})",
+      R"("attention_bias": false, "mlp_bias": false, "attention_dropout": 0.0)",
+      R"("partial_rotary_factor": 1.0, "quantization_config": null, "head_dim": 8)",
+      R"("pretraining_tp": 1, "use_cache": true, "transformers_version": "5.24.0")",
+  };
+  for (const char* extra : accepted) {
+    auto r = ParseLlamaConfig("{" + sizes + ", " + extra + "}", "/m/config.json");
+    EXPECT_TRUE(r.ok()) << extra << ": " << r.status().ToString();
+  }
+  // pad_token_id is kept and written back.
+  auto pad = ParseLlamaConfig("{" + sizes + R"(, "pad_token_id": 7})", "p.json");
+  ASSERT_TRUE(pad.ok()) << pad.status().ToString();
+  EXPECT_EQ(pad->pad_token_id, 7);
+  EXPECT_NE(ToHfConfigJson(*pad, "float32").find("\"pad_token_id\": 7"), std::string::npos);
 }
 
 TEST(LlamaConfigTest, ResolvesDirectoriesAndPresets) {
