@@ -206,6 +206,10 @@ std::vector<SafetensorsTensorSpec> OptimizerSpecs(const std::vector<zero::UnitLa
 
 }  // namespace
 
+std::string TrainerStateJson(const TrainerState& state) {
+  return StateToJson(state).dump(2) + "\n";
+}
+
 // ---- progress ----------------------------------------------------------------------------------
 
 zero::StateProgress UnitProgress(std::function<void(const std::string&)> print, std::string what) {
@@ -367,7 +371,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
     }
     if (st.ok()) {
       st = WriteFileDurable((fs::path(tmp_dir) / kTrainerStateFile).string(),
-                        StateToJson(state).dump(2) + "\n");
+                        TrainerStateJson(state));
     }
     if (st.ok() && options.lora.enabled()) {
       st = WriteFileDurable((fs::path(tmp_dir) / kAdapterConfigFile).string(),

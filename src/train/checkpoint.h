@@ -94,6 +94,8 @@ Status VerifyCheckpoint(const std::string& step_dir, comm::Collective& comm,
                         device::Device& device,
                         const std::function<void(const std::string&)>& print = {});
 
+// The text of trainer_state.json for `state` (ReadTrainerState reads it back).
+std::string TrainerStateJson(const TrainerState& state);
 // Reads and validates DIR/trainer_state.json.
 Result<TrainerState> ReadTrainerState(const std::string& step_dir);
 
