@@ -316,9 +316,6 @@ train_phase() {
     "$WORK/steps/cpu_adam_rate.json" 2>/dev/null || echo 0)"
   T+=(--cpu-adam-gps "$adam")
   step train_hbm 200 60 "${T[@]}" "${sizes[@]}" --scenarios hbm --json "$WORK/steps/train_hbm.json"
-  # The same with the mma.sync attention kernels (opt-in until they have run: STRATA_ATTENTION=mma).
-  step train_hbm_mma 200 60 env STRATA_ATTENTION=mma "${T[@]}" "${sizes[@]}" --scenarios hbm \
-    --no-estimate --json "$WORK/steps/train_hbm_mma.json"
   step train_cpu_optim 200 60 "${T[@]}" "${sizes[@]}" --scenarios cpu-optim \
     --json "$WORK/steps/train_cpu_optim.json"
   compute="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"]["hbm"]["strata"]["step_s"])' \
@@ -490,9 +487,6 @@ run_check() {
       [ "$QUICK" = 1 ] && att_args=(--batch 1 --seq 256 --heads "$heads" --kv-heads "$kv" --head-dim "$dim" --dtype bf16 --reps 2 --warmup 1)
       step_json "attention_strata_$tag" 60 10 "$WORK/steps/attention_strata_$tag.json" "${S[@]}" "$bin/strata_gpu_bench" attention "${att_args[@]}" --json
       step_json "attention_pytorch_$tag" 60 10 "$WORK/steps/attention_pytorch_$tag.json" python3 "$peers" attention "${att_args[@]}" --json
-      # The mma.sync forward (STRATA_ATTENTION=mma; the backward is the tiled one either way).
-      step_json "attention_strata_mma-$tag" 60 10 "$WORK/steps/attention_strata_mma-$tag.json" "${S[@]}" \
-        STRATA_ATTENTION=mma "$bin/strata_gpu_bench" attention "${att_args[@]}" --json
     done
     # What offload checksums cost on this machine's disk with spare cores (issue 19's < 2% target,
     # which the 2-core development VMs cannot decide): interleaved rounds with and without.
@@ -538,7 +532,6 @@ run --train (the training phase; its own budget, for a second call on the same m
     strata estimate --measure                                     (the CPU AdamW rate, for the estimates)
  2. benchmarks/gpu_train_bench.py --scenarios hbm       llama-1b, bf16, 4 x 2048 tokens per step,
     against PyTorch eager (train_peers.py eager)
- 2b. the same with STRATA_ATTENTION=mma (the mma.sync attention kernels, opt-in until proven)
  3. benchmarks/gpu_train_bench.py --scenarios cpu-optim against FSDP2 + CPUOffloadPolicy
  4. strata nvme-bench --size 2GiB --qd 32 --rw both              (the drive's rates for the floor)
     benchmarks/gpu_train_bench.py --scenarios nvme      against max(compute, PCIe, NVMe read +

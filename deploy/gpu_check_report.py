@@ -291,10 +291,7 @@ def report(args, out):
         for path in sorted(glob.glob(os.path.join(steps_dir, "attention_strata_*.json"))):
             tag = os.path.basename(path)[len("attention_strata_"):-len(".json")]
             st, st_err = load_json(path)
-            # "mma-<shape>": Strata's mma.sync forward (STRATA_ATTENTION=mma), against the same
-            # shape's PyTorch run.
-            peer = tag[len("mma-"):] if tag.startswith("mma-") else tag
-            pt, pt_err = load_json(os.path.join(steps_dir, f"attention_pytorch_{peer}.json"))
+            pt, pt_err = load_json(os.path.join(steps_dir, f"attention_pytorch_{tag}.json"))
             row = {"shape": tag, "errors": {k: v for k, v in (("strata", st_err),
                                                                 ("pytorch", pt_err)) if v}}
             for key in ("forward", "forward_backward"):

@@ -991,19 +991,13 @@ AttentionShape MakeShape(size_t batch, size_t seq, size_t num_heads, size_t num_
                         1.0f / std::sqrt(static_cast<float>(head_dim))};
 }
 
-// STRATA_ATTENTION=exact keeps 16-bit runs on the exact kernels (a diagnostic: it tells a fault
-// of the tensor-core kernels from one elsewhere); STRATA_ATTENTION=mma takes the register-level
-// mma.sync kernels (cuda_attention_mma.cu, not yet the default: they have not run on a GPU)
-// where they apply. Read at every call (a getenv), so that tests can switch.
+// A developer switch, not a setting (docs/gpu.md): STRATA_ATTENTION=exact keeps 16-bit runs on
+// the exact kernels, which tells a fault of the tensor-core kernels from one elsewhere. Read at
+// every call (a getenv), so that tests can switch.
 bool TensorCoresAllowed() {
   const char* v = std::getenv("STRATA_ATTENTION");
   return v == nullptr || std::strcmp(v, "exact") != 0;
 }
-bool MmaChosen() {
-  const char* v = std::getenv("STRATA_ATTENTION");
-  return v != nullptr && std::strcmp(v, "mma") == 0;
-}
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 unsigned AttentionBlocks(size_t rows) {
   return static_cast<unsigned>((rows + kAttentionWarps - 1) / kAttentionWarps);
@@ -1039,10 +1033,6 @@ OpError AttentionForward(OpsContext* context, const float* q, const float* k, co
     return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
   }
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
-  if (MmaChosen() && detail::MmaAttentionSupports(precision, shape) && Aligned16(q) &&
-      Aligned16(k) && Aligned16(v) && Aligned16(out)) {
-    return detail::MmaAttentionForward(context->stream, precision, shape, q, k, v, out, lse);
-  }
   if (TensorCoresAllowed() && detail::TensorCoreAttentionSupports(precision, shape)) {
     return detail::TensorCoreAttentionForward(context->stream, precision, shape, q, k, v, out,
                                               lse);
@@ -1078,12 +1068,6 @@ OpError AttentionBackward(OpsContext* context, const float* q, const float* k, c
   if (!error.ok()) return error;
   float* delta = WorkspaceCarver(context).Take<float>(rows);
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
-  if (MmaChosen() && detail::MmaAttentionSupports(precision, shape) && Aligned16(q) &&
-      Aligned16(k) && Aligned16(v) && Aligned16(dout) && Aligned16(dq) && Aligned16(dk) &&
-      Aligned16(dv)) {
-    return detail::MmaAttentionBackward(context->stream, precision, shape, q, k, v, out, lse,
-                                        dout, delta, dq, dk, dv);
-  }
   if (TensorCoresAllowed() && detail::TensorCoreAttentionSupports(precision, shape)) {
     return detail::TensorCoreAttentionBackward(context->stream, precision, shape, q, k, v, out,
                                                lse, dout, delta, dq, dk, dv);

@@ -1,4 +1,4 @@
-// What the CUDA op files share (cuda_ops.cu, cuda_attention_tc.cu, cuda_attention_mma.cu): error
+// What the CUDA op files share (cuda_ops.cu, cuda_attention_tc.cu): error
 // helpers, warp reductions, the 16-bit attention kernels' dispatch and rounding, and their entry
 // points. Included only by .cu files (nvcc, C++17).
 #pragma once
@@ -55,7 +55,7 @@ __device__ inline float WarpMax(float v) {
   return v;
 }
 
-// ---- tensor-core attention (cuda_attention_tc.cu, cuda_attention_mma.cu) ------------------------
+// ---- tensor-core attention (cuda_attention_tc.cu) -----------------------------------------------
 
 // Rounding to a 16-bit storage dtype (to nearest, ties to even).
 template <typename T>
@@ -113,18 +113,5 @@ OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
                                     const float* v, const float* out, const float* lse,
                                     const float* dout, float* delta, float* dq, float* dk,
                                     float* dv);
-
-// The register-level mma.sync kernels (cuda_attention_mma.cu; STRATA_ATTENTION=mma): the same
-// contracts as TensorCoreAttentionForward / Backward, for head_dim 64 and 128 in bf16 or fp16,
-// with every tensor 16-byte aligned (rows of whole heads). Either forward's lse and out feed
-// either backward.
-bool MmaAttentionSupports(DType dtype, const AttentionShape& shape);
-OpError MmaAttentionForward(cudaStream_t stream, DType dtype, const AttentionShape& shape,
-                            const float* q, const float* k, const float* v, float* out,
-                            float* lse);
-OpError MmaAttentionBackward(cudaStream_t stream, DType dtype, const AttentionShape& shape,
-                             const float* q, const float* k, const float* v, const float* out,
-                             const float* lse, const float* dout, float* delta, float* dq,
-                             float* dk, float* dv);
 
 }  // namespace strata::model::cuda::detail

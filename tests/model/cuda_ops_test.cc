@@ -499,24 +499,6 @@ TEST_F(CudaOpsGpuTest, AttentionOnTensorCoresMatchesTheCpuOnRoundedInputs) {
   }
 }
 
-// STRATA_ATTENTION=mma: the register-level mma.sync kernels (cuda_attention_mma.cu), forward and
-// backward; the same shapes and tolerances, and a longer grouped-query case. The misaligned case
-// falls back to the WMMA kernels (the mma kernels' vector loads need 16-byte rows).
-TEST_F(CudaOpsGpuTest, AttentionMmaKernelsMatchTheCpuOnRoundedInputs) {
-  ASSERT_EQ(setenv("STRATA_ATTENTION", "mma", 1), 0);
-  for (const DType dtype : {DType::kBF16, DType::kF16}) {
-    const double grad_tol = dtype == DType::kBF16 ? 3e-2 : 1e-2;
-    for (const AttentionCase& c :
-         {AttentionCase{1, 64, 2, 2, 64}, AttentionCase{2, 100, 4, 2, 64},
-          AttentionCase{1, 130, 2, 1, 128}, AttentionCase{1, 3, 2, 1, 128},
-          AttentionCase{2, 257, 8, 2, 128}}) {
-      CheckAttention(c, dtype, dtype, 1e-2, grad_tol, 70);
-      if (c.seq == 100) CheckAttention(c, dtype, dtype, 1e-2, grad_tol, 71, /*misalign=*/1);
-    }
-  }
-  unsetenv("STRATA_ATTENTION");
-}
-
 TEST_F(CudaOpsGpuTest, UnsupportedShapesAreInvalidArgument) {
   float* buffer = Alloc<float>(1024);
   EXPECT_EQ(cuda::ToStatus(cuda::AttentionForward(context(), buffer, buffer, buffer, 1, 1, 1, 1,

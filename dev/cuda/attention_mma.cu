@@ -1,6 +1,7 @@
+// OUTSIDE THE BUILD (dev/cuda/README.md): an experimental variant, never run on a GPU.
+//
 // Causal grouped-query attention on the tensor cores through register-level mma.sync (m16n8k16,
-// bf16 or fp16 inputs, fp32 accumulation): the kernels STRATA_ATTENTION=mma selects
-// (cuda_ops.cu). Same contracts as the WMMA kernels of cuda_attention_tc.cu (q, k, v, dO and the
+// bf16 or fp16 inputs, fp32 accumulation). Same contracts as the WMMA kernels of cuda_attention_tc.cu (q, k, v, dO and the
 // probabilities and dS rounded to the dtype, softmax statistics, outputs and gradients fp32),
 // without their shared-memory round trips: score tiles, probabilities and accumulators stay in
 // registers. benchmarks/mma_attention_emulation.py replays their index math lane by lane.
