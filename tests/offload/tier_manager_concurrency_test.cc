@@ -1,5 +1,7 @@
-// Review tests for offload/: each *Review* test below either proves a bug (it fails on the code
-// as reviewed) or is a regression test for a probe that found nothing. See the comment on each.
+// The tier manager under concurrency (threads racing for one shard, flushes during leases,
+// destruction with transfers in flight), stream ordering (a copy is never freed or overwritten
+// while work that uses it is queued), failures that must reach the caller, and odd budgets.
+// Each test's comment says what it guards against.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -67,7 +69,7 @@ constexpr uint64_t k16K = 16 << 10;
 // Device-homed shard written on the host: Acquire(kDevice) must write the host copy back into the
 // home copy. It waits forever instead (the "home is behind a higher tier" branch only looks at
 // tier ti-1, which does not exist for the device tier).
-TEST(TierManagerReviewTest, DeviceHomedAcquireOnDeviceAfterHostWriteDoesNotHang) {
+TEST(TierManagerConcurrencyTest, DeviceHomedAcquireOnDeviceAfterHostWriteDoesNotHang) {
   Rig r = Rig::Make({});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kDevice, "dev")).ok());
@@ -91,7 +93,7 @@ TEST(TierManagerReviewTest, DeviceHomedAcquireOnDeviceAfterHostWriteDoesNotHang)
 // host copy waits for itself (the write-back into the home copy is only started when the device
 // copy is unpinned, although a pinned copy can be a transfer source; an NVMe-homed shard in the
 // same situation is served).
-TEST(TierManagerReviewTest, HostHomedAcquireOnHostWhileHoldingDeviceLeaseDoesNotHang) {
+TEST(TierManagerConcurrencyTest, HostHomedAcquireOnHostWhileHoldingDeviceLeaseDoesNotHang) {
   Rig r = Rig::Make({});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kHost, "h")).ok());
@@ -115,7 +117,7 @@ TEST(TierManagerReviewTest, HostHomedAcquireOnHostWhileHoldingDeviceLeaseDoesNot
 // after re-locking writes that copy back without checking that it is still current. A dirty
 // release on another tier in that window gets overwritten by the stale bytes and the newest
 // version is lost.
-TEST(TierManagerReviewTest, FlushAllRacingDirtyReleaseKeepsNewestVersion) {
+TEST(TierManagerOrderingTest, FlushAllRacingDirtyReleaseKeepsNewestVersion) {
   Rig r = Rig::Make({});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
@@ -151,7 +153,7 @@ TEST(TierManagerReviewTest, FlushAllRacingDirtyReleaseKeepsNewestVersion) {
 // Acquire frees a stale, unpinned copy whose consumer work (Release(..., used_on)) is still
 // running, and refills the memory under it. With a one-shard budget a correct Acquire must wait
 // for that work; here it returns while the work has not run, and the work reads other bytes.
-TEST(TierManagerReviewTest, AcquireDoesNotFreeStaleCopyStillUsedByConsumerWork) {
+TEST(TierManagerOrderingTest, AcquireDoesNotFreeStaleCopyStillUsedByConsumerWork) {
   Rig r = Rig::Make({.device_budget = k16K});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
@@ -186,7 +188,7 @@ TEST(TierManagerReviewTest, AcquireDoesNotFreeStaleCopyStillUsedByConsumerWork) 
 }
 
 // Same through Prefetch: it frees the stale copy without checking its consumer event.
-TEST(TierManagerReviewTest, PrefetchDoesNotFreeStaleCopyStillUsedByConsumerWork) {
+TEST(TierManagerOrderingTest, PrefetchDoesNotFreeStaleCopyStillUsedByConsumerWork) {
   Rig r = Rig::Make({.device_budget = k16K});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
@@ -218,7 +220,7 @@ TEST(TierManagerReviewTest, PrefetchDoesNotFreeStaleCopyStillUsedByConsumerWork)
 // A write-back into the home copy (device-homed shard: host -> device) overwrites the home copy
 // while consumer work released on a stream is still reading it: the transfer does not wait for
 // the destination's consumer event.
-TEST(TierManagerReviewTest, WritebackDoesNotOverwriteCopyStillUsedByConsumerWork) {
+TEST(TierManagerOrderingTest, WritebackDoesNotOverwriteCopyStillUsedByConsumerWork) {
   Rig r = Rig::Make({});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kDevice, "dev")).ok());
@@ -250,7 +252,7 @@ TEST(TierManagerReviewTest, WritebackDoesNotOverwriteCopyStillUsedByConsumerWork
 
 // Same for an NVMe-homed shard: device -> host write-back into a stale host copy that consumer
 // work still reads.
-TEST(TierManagerReviewTest, DeviceToHostWritebackDoesNotOverwriteHostCopyInUse) {
+TEST(TierManagerOrderingTest, DeviceToHostWritebackDoesNotOverwriteHostCopyInUse) {
   Rig r = Rig::Make({});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
@@ -283,7 +285,7 @@ TEST(TierManagerReviewTest, DeviceToHostWritebackDoesNotOverwriteHostCopyInUse) 
 // A host copy released dirty with used_on (the consumer's writes are still queued on its stream)
 // is the source of a host -> device fill that does not wait for those writes: the device copy is
 // marked current with the bytes from before the write.
-TEST(TierManagerReviewTest, HostToDeviceFillWaitsForConsumerWritesOnHostCopy) {
+TEST(TierManagerOrderingTest, HostToDeviceFillWaitsForConsumerWritesOnHostCopy) {
   Rig r = Rig::Make({});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
@@ -316,7 +318,7 @@ TEST(TierManagerReviewTest, HostToDeviceFillWaitsForConsumerWritesOnHostCopy) {
 // device -> host copy. When that fails the error is filed as a write-back error (by direction),
 // not as the fill error Acquire looks at, so Acquire reissues it forever (holding the lock when
 // the failure is synchronous) instead of returning the error. Here the device has a sticky error.
-TEST(TierManagerReviewTest, FailedDeviceToHostFillIsReturnedByAcquire) {
+TEST(TierManagerFailureTest, FailedDeviceToHostFillIsReturnedByAcquire) {
   ExpectReturnsWithin(
       [] {
         Rig r = Rig::Make({});
@@ -341,7 +343,7 @@ TEST(TierManagerReviewTest, FailedDeviceToHostFillIsReturnedByAcquire) {
 // reports OK, EvictOneLocked says a write-back started, but the failed write-back cleared
 // free_after_writeback, so ReserveLocked never sees its error and evicts the same copy again,
 // forever, with the manager's lock held.
-TEST(TierManagerReviewTest, FailedWritebackDuringEvictionIsReturnedNotRetriedForever) {
+TEST(TierManagerFailureTest, FailedWritebackDuringEvictionIsReturnedNotRetriedForever) {
   ExpectReturnsWithin(
       [] {
         Rig r = Rig::Make({.device_budget = k16K});
@@ -366,7 +368,7 @@ TEST(TierManagerReviewTest, FailedWritebackDuringEvictionIsReturnedNotRetriedFor
 // FlushAll gives up on a shard after 1000 loop iterations (every condition-variable wake-up
 // counts) and returns OK without having written it home. Another thread's ordinary activity
 // produces the wake-ups while FlushAll waits for a reader to let go of the write-back target.
-TEST(TierManagerReviewTest, FlushAllNeverReportsSuccessWithoutFlushing) {
+TEST(TierManagerFailureTest, FlushAllNeverReportsSuccessWithoutFlushing) {
   Rig r = Rig::Make({});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
@@ -406,7 +408,7 @@ TEST(TierManagerReviewTest, FlushAllNeverReportsSuccessWithoutFlushing) {
 // When the only copy of a shard is acquired with kOverwrite, FlushAll waits for that lease to
 // end and writes the new version (another thread), or refuses at once (the holder's thread)
 // instead of reporting data loss or deadlocking.
-TEST(TierManagerReviewTest, FlushAllDuringOverwriteLeaseWaitsOrRefuses) {
+TEST(TierManagerConcurrencyTest, FlushAllDuringOverwriteLeaseWaitsOrRefuses) {
   Rig r = Rig::Make({});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
@@ -435,7 +437,7 @@ TEST(TierManagerReviewTest, FlushAllDuringOverwriteLeaseWaitsOrRefuses) {
 // first lease makes the copy non-current and pinned, so the second Acquire waits for the
 // caller itself: a self-deadlock on the unit's first use (and every later kOverwrite Acquire of
 // a persistent unit waits for the persistent lease's pin).
-TEST(TierManagerReviewTest, SchedulerOverwriteOfPersistentUnitDoesNotDeadlock) {
+TEST(TierManagerConcurrencyTest, SchedulerOverwriteOfPersistentUnitDoesNotDeadlock) {
   ExpectReturnsWithin(
       [] {
         Rig r = Rig::Make({});
@@ -460,7 +462,7 @@ TEST(TierManagerReviewTest, SchedulerOverwriteOfPersistentUnitDoesNotDeadlock) {
 // ---- probes that found nothing (regression tests) -------------------------------------------
 
 // A fill overtaken in flight by a dirty release on another tier lands stale and is dropped.
-TEST(TierManagerReviewTest, FillOvertakenByDirtyReleaseLandsStale) {
+TEST(TierManagerOrderingTest, FillOvertakenByDirtyReleaseLandsStale) {
   Rig r = Rig::Make({.faulty = true});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
@@ -479,7 +481,7 @@ TEST(TierManagerReviewTest, FillOvertakenByDirtyReleaseLandsStale) {
 }
 
 // kOverwrite racing with a device prefetch of the same shard (slow NVMe read underneath).
-TEST(TierManagerReviewTest, OverwriteRacingPrefetchOfSameShard) {
+TEST(TierManagerConcurrencyTest, OverwriteRacingPrefetchOfSameShard) {
   Rig r = Rig::Make({.faulty = true});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
@@ -502,7 +504,7 @@ TEST(TierManagerReviewTest, OverwriteRacingPrefetchOfSameShard) {
 
 // A failed host fill while a device fill waits on it: the waiting Acquire gets the error, the
 // next one succeeds.
-TEST(TierManagerReviewTest, HostFillFailureReachesWaitingDeviceAcquireThenRetries) {
+TEST(TierManagerFailureTest, HostFillFailureReachesWaitingDeviceAcquireThenRetries) {
   Rig r = Rig::Make({.faulty = true});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
@@ -521,7 +523,7 @@ TEST(TierManagerReviewTest, HostFillFailureReachesWaitingDeviceAcquireThenRetrie
 
 // Budgets of exactly one shard, shard sizes that are not multiples of 4 KiB, dirty data pushed
 // through every tier.
-TEST(TierManagerReviewTest, OneShardBudgetsAndOddSizes) {
+TEST(TierManagerBudgetTest, OneShardBudgetsAndOddSizes) {
   Rig r = Rig::Make({.device_budget = 8192, .pool_bytes = 64 << 10, .host_budget = 8192});
   TierManager& m = *r.manager;
   for (ShardId id = 0; id < 4; ++id) ASSERT_TRUE(m.Register(Spec(id, 5000 + id, Tier::kNvme)).ok());
@@ -536,7 +538,7 @@ TEST(TierManagerReviewTest, OneShardBudgetsAndOddSizes) {
 }
 
 // Many threads acquiring (and evicting) the same shard in both tiers.
-TEST(TierManagerReviewTest, ManyThreadsAcquireSameShard) {
+TEST(TierManagerConcurrencyTest, ManyThreadsAcquireSameShard) {
   Rig r = Rig::Make({});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, 10'000, Tier::kNvme, "a")).ok());
@@ -563,7 +565,7 @@ TEST(TierManagerReviewTest, ManyThreadsAcquireSameShard) {
 
 // Destroying the manager with slow transfers (and a device fill waiting on its host stage) in
 // flight.
-TEST(TierManagerReviewTest, DestructionWithTransfersInFlight) {
+TEST(TierManagerConcurrencyTest, DestructionWithTransfersInFlight) {
   Rig r = Rig::Make({.faulty = true});
   TierManager& m = *r.manager;
   for (ShardId id = 0; id < 6; ++id) ASSERT_TRUE(m.Register(Spec(id, 12'000, Tier::kNvme)).ok());
@@ -581,7 +583,7 @@ TEST(TierManagerReviewTest, DestructionWithTransfersInFlight) {
 }
 
 // FlushAll from one thread while another acquires, writes and releases.
-TEST(TierManagerReviewTest, FlushAllConcurrentWithAcquireRelease) {
+TEST(TierManagerConcurrencyTest, FlushAllConcurrentWithAcquireRelease) {
   Rig r = Rig::Make({.device_budget = 64 << 10, .pool_bytes = 128 << 10});
   TierManager& m = *r.manager;
   constexpr int kShards = 10;
@@ -623,7 +625,7 @@ TEST(TierManagerReviewTest, FlushAllConcurrentWithAcquireRelease) {
 
 // The scheduler's oracle (scheduler lock) runs under the manager's lock while the scheduler's
 // thread calls the manager, and another thread forces evictions: no lock-order deadlock.
-TEST(TierManagerReviewTest, SchedulerOracleUnderManagerLockWhileOtherThreadsEvict) {
+TEST(TierManagerConcurrencyTest, SchedulerOracleUnderManagerLockWhileOtherThreadsEvict) {
   Rig r = Rig::Make({.device_budget = 64 << 10, .pool_bytes = 256 << 10});
   TierManager& m = *r.manager;
   for (ShardId id = 0; id < 12; ++id) ASSERT_TRUE(m.Register(Spec(id, 16 << 10, Tier::kNvme)).ok());

@@ -1,6 +1,7 @@
-// Review tests for the ZeRO engine (src/zero/engine.cc): persistent units, error paths,
-// background work after a failed step, reduction memory, and configurations the main tests do
-// not cover. Each test that can hang runs its work on a helper thread under a watchdog: on a
+// The ZeRO engine when things go wrong or are unusual: error paths (a failed step frees what it
+// gathered and leaves no background work; corrupted or unreadable states stop the step), non-finite
+// steps, persistent units, reduction memory, timing attribution, and configurations the main
+// tests do not cover (each identical to stage 0). Each test that can hang runs its work on a helper thread under a watchdog: on a
 // timeout it reports the failure and leaks the run (the hung thread keeps it alive), so the rest
 // of the suite still runs.
 #include <gmock/gmock.h>
@@ -162,7 +163,7 @@ std::vector<std::vector<float>> Reference(int steps, int accumulation = 1,
 //   offload cpu / nvme: the CPU optimizer overwrites the host copy; the device copy, still
 //                 leased by the scheduler, becomes stale, and the next step's read of it waits
 //                 forever for that lease (second step).
-TEST(EngineReviewTest, Stage3WithPersistentUnitsDoesNotDeadlock) {
+TEST(EngineConcurrencyTest, Stage3WithPersistentUnitsDoesNotDeadlock) {
   const auto reference = Reference(3);
   ASSERT_FALSE(reference.empty());
   for (const char* where : {"none", "cpu", "nvme"}) {
@@ -203,7 +204,7 @@ TEST(EngineReviewTest, Stage3WithPersistentUnitsDoesNotDeadlock) {
 
 // A step that fails after AcquireParams (here: the model rejects a Forward) leaks the gathered
 // unit buffer (device memory) and its live_bytes charge.
-TEST(EngineReviewTest, FailedStepFreesGatheredBuffers) {
+TEST(EngineFailureTest, FailedStepFreesGatheredBuffers) {
   ToyRun run;
   ToyRun::Options o;
   o.config_json = Config(3, "none", "none", kNoPersistence);
@@ -226,7 +227,7 @@ TEST(EngineReviewTest, FailedStepFreesGatheredBuffers) {
 // The leaked live_bytes never come back: with stage3_max_live_parameters small (the bound is then
 // two of the largest unit) two failed steps leave live_bytes at the bound for good, and the next
 // AcquireParams waits forever.
-TEST(EngineReviewTest, FailedStepsDoNotWedgeTheLiveParameterBound) {
+TEST(EngineFailureTest, FailedStepsDoNotWedgeTheLiveParameterBound) {
   auto run = std::make_shared<ToyRun>();
   ToyRun::Options o;
   o.config_json =
@@ -252,7 +253,7 @@ TEST(EngineReviewTest, FailedStepsDoNotWedgeTheLiveParameterBound) {
 // thread still has (or runs) that step's queued unit updates: the caller sees the master weights
 // change after TrainStep returned (and the next TrainStep races with those jobs on step_hyper
 // and the gradient shards; the updated units also got a step whose number is reused next time).
-TEST(EngineReviewTest, FailedOverlappedStepLeavesNoBackgroundWork) {
+TEST(EngineFailureTest, FailedOverlappedStepLeavesNoBackgroundWork) {
   ToyRun run;
   ToyRun::Options o;
   o.config_json = Config(3, "cpu", "cpu", kNoPersistence);
@@ -283,7 +284,7 @@ TEST(EngineReviewTest, FailedOverlappedStepLeavesNoBackgroundWork) {
 // weights were written. The parameter lease must be released dirty (a clean release lets the
 // tier manager drop the host copy for the old home copy, or read a device copy shared with it as
 // if nothing had changed), and sub-groups k.. keep their old parameters and masters.
-TEST(EngineReviewTest, OptimizerReadErrorLeavesParametersConsistentWithMasters) {
+TEST(EngineFailureTest, OptimizerReadErrorLeavesParametersConsistentWithMasters) {
   const int width = 128;  // 16.5k parameters per unit: 5 sub-groups of 4096 elements
   UnitSpec spec{"u", {{"weight", {width, width}}, {"bias", {width}}}};
   auto layout = LayoutUnit(0, spec, 1);
@@ -339,7 +340,7 @@ TEST(EngineReviewTest, OptimizerReadErrorLeavesParametersConsistentWithMasters) 
 // units' sums from their optimizer jobs, so it waits for those jobs. That wait is optimizer time
 // (here: slow NVMe reads of the optimizer states) and must be reported as exposed optimizer time,
 // not as communication: on one rank there is no communication to expose.
-TEST(EngineReviewTest, WaitingForOverlappedOptimizerJobsIsOptimizerTimeNotCommunication) {
+TEST(EngineTimingTest, WaitingForOverlappedOptimizerJobsIsOptimizerTimeNotCommunication) {
   ToyRun run;
   ToyRun::Options o;
   o.width = 128;  // 5 sub-groups of 4096 elements per unit: more than the pipeline holds
@@ -375,7 +376,7 @@ TEST(EngineReviewTest, WaitingForOverlappedOptimizerJobsIsOptimizerTimeNotCommun
 // nothing, so with compute behind (the normal case: the host runs ahead) all of them are live at
 // once — at stage 2 as much as a full fp32 gradient copy, which stage 2 exists to avoid, and
 // ResourceExhausted under a device budget that fits the bound.
-TEST(EngineReviewTest, ReductionMemoryIsBoundedByAFewUnitGradients) {
+TEST(EngineMemoryTest, ReductionMemoryIsBoundedByAFewUnitGradients) {
   ToyRun run;
   ToyRun::Options o;
   o.layers = 8;
@@ -406,7 +407,7 @@ TEST(EngineReviewTest, ReductionMemoryIsBoundedByAFewUnitGradients) {
 // the driving thread's Acquire fails with ResourceExhausted (the tier manager does not wait for
 // another thread's lease). Whether it fails depends on timing; the engine neither validates the
 // budget against that need (>= 2 shards) nor serializes the two users.
-TEST(EngineReviewTest, OneShardParamHostBudgetWorksWithTheOverlappedOptimizer) {
+TEST(EngineMemoryTest, OneShardParamHostBudgetWorksWithTheOverlappedOptimizer) {
   const uint64_t shard = device::PinnedPool::SizeClass(2048 * 4);
   int failures = 0;
   std::string first;
@@ -429,7 +430,7 @@ TEST(EngineReviewTest, OneShardParamHostBudgetWorksWithTheOverlappedOptimizer) {
 
 // ---- configurations the main tests do not cover (these pass; kept as regression checks) ------
 
-TEST(EngineReviewTest, MoreConfigurationsAreIdenticalToStageZero) {
+TEST(EngineEquivalenceTest, MoreConfigurationsAreIdenticalToStageZero) {
   const auto reference = Reference(4, 3);
   ASSERT_FALSE(reference.empty());
   struct Case {
@@ -490,7 +491,7 @@ TEST(EngineReviewTest, MoreConfigurationsAreIdenticalToStageZero) {
   }
 }
 
-TEST(EngineReviewTest, PrecisionConfigurationsAreIdenticalToStageZero) {
+TEST(EngineEquivalenceTest, PrecisionConfigurationsAreIdenticalToStageZero) {
   for (const std::string& extra :
        {std::string(R"(, "bf16": {"enabled": true}, "gradient_clipping": 0.05)"),
         std::string(R"(, "fp16": {"enabled": true, "initial_scale_power": 12})")}) {
