@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/file_system.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -484,7 +485,7 @@ struct Config {
 Result<Config> ParseConfig(std::string_view json_text, std::string_view source_name);
 
 // Reads `path` and parses it with source_name = path.
-Result<Config> LoadConfigFile(const std::string& path);
+Result<Config> LoadConfigFile(const std::string& path, FileSystem& fs = LocalFileSystem());
 
 // "auto" offload homes (OffloadDevice::kAuto), which the placement planner resolves.
 bool HasAutoOffload(const Config& config);

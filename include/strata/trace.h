@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/file_system.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -64,7 +65,7 @@ class TraceRecorder {
   // to the first event.
   std::string ToChromeJson() const;
   // Writes ToChromeJson() to `path` atomically (temporary name, then rename). Errors name the path.
-  Status WriteChromeJson(const std::string& path) const;
+  Status WriteChromeJson(const std::string& path, FileSystem& fs = LocalFileSystem()) const;
 
  private:
   int process_id_;

@@ -88,8 +88,10 @@ nlohmann::json PlannedConfig(const std::string& path, const train::PlanCandidate
                              const Config& cfg) {
   nlohmann::json j = nlohmann::json::object();
   if (!path.empty()) {
-    std::ifstream in(path);
-    j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+    const Result<std::string> text = ReadFileToString(LocalFileSystem(), path);
+    j = text.ok() ? nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false,
+                                          /*ignore_comments=*/true)
+                  : nlohmann::json(nlohmann::json::value_t::discarded);
     if (j.is_discarded() || !j.is_object()) j = nlohmann::json::object();
   }
   nlohmann::json& z = j["zero_optimization"];

@@ -518,12 +518,9 @@ int Run(NvmeBenchArgs a) {
   if (a.tune && !results.empty()) {
     const BenchResult& best = results[PickBest(results)];
     json tuned = TuneJson(a, best);
-    std::ofstream f(a.tune_file);
-    f << tuned.dump(2) << "\n";
-    f.close();
-    if (!f) {
-      return ReportError("nvme-bench",
-                         ErrnoToStatus(errno, fmt::format("cannot write {}", a.tune_file)));
+    if (Status st = WriteFileAtomic(LocalFileSystem(), a.tune_file, tuned.dump(2) + "\n");
+        !st.ok()) {
+      return ReportError("nvme-bench", st.WithContext("--tune-file"));
     }
     std::fprintf(human,
                  "best: block %s, queue depth %d, threads %d (score %.2f GB/s); wrote %s "

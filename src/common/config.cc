@@ -1506,19 +1506,10 @@ Result<Config> ParseConfig(std::string_view json_text, std::string_view source_n
   return config;
 }
 
-Result<Config> LoadConfigFile(const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
-                                                       &std::fclose);
-  if (!file) return ErrnoToStatus(errno, "open config file " + path);
-  std::string text;
-  char buffer[1 << 16];
-  while (true) {
-    size_t n = std::fread(buffer, 1, sizeof(buffer), file.get());
-    text.append(buffer, n);
-    if (n < sizeof(buffer)) break;
-  }
-  if (std::ferror(file.get())) return ErrnoToStatus(errno, "read config file " + path);
-  return ParseConfig(text, path);
+Result<Config> LoadConfigFile(const std::string& path, FileSystem& fs) {
+  Result<std::string> text = ReadFileToString(fs, path);
+  if (!text.ok()) return text.status().WithContext("config file");
+  return ParseConfig(*text, path);
 }
 
 }  // namespace strata

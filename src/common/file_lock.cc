@@ -16,6 +16,10 @@
 #include "common/errno.h"
 #include "common/log.h"
 
+// Locks stay outside the file seam (strata/file_system.h): flock() belongs to the descriptor,
+// which the seam does not expose, and a lock file's few bytes (who holds it) are a message to
+// the user, not data that must survive a crash.
+
 namespace strata {
 
 namespace {

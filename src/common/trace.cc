@@ -35,18 +35,6 @@ OrderedJson ArgValue(double value) {
   return value;
 }
 
-// Writes all of `data` to `fd`, retrying short writes and EINTR. Returns 0 or an errno value.
-int WriteAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return 0;
-}
 
 // A name for the temporary file next to `path`, unique within this host (pid) and process
 // (counter).
@@ -172,32 +160,20 @@ std::string TraceRecorder::ToChromeJson() const {
   return out;
 }
 
-Status TraceRecorder::WriteChromeJson(const std::string& path) const {
+Status TraceRecorder::WriteChromeJson(const std::string& path, FileSystem& fs) const {
   if (path.empty()) return InvalidArgumentError("trace file: the path is empty");
   const std::string json = ToChromeJson();
   const std::string context = fmt::format("writing trace {}", path);
-  const std::filesystem::path target(path);
-  const std::string tmp = TemporaryName(target);
-
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoToStatus(errno, context);
-  int err = WriteAll(fd, json);
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    return ErrnoToStatus(err, context);
+  const std::string tmp = TemporaryName(std::filesystem::path(path));
+  Status st = WriteFileDurable(fs, tmp, json);
+  if (st.ok()) st = fs.Rename(tmp, path);
+  if (!st.ok()) {
+    (void)fs.RemoveAll(tmp);
+    return st.WithContext(context);
   }
-  // Make the rename itself durable. Best effort: some filesystems refuse fsync on a directory,
+  // Make the rename itself durable. Best effort: some file systems refuse to sync a directory,
   // and the file's contents are already safe.
-  const std::filesystem::path dir =
-      target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
-  }
+  (void)fs.SyncDir(ParentDir(path));
   return Status::Ok();
 }
 

@@ -330,18 +330,15 @@ Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_vie
   return c;
 }
 
-Result<LlamaConfig> LoadLlamaConfig(const std::string& path) {
+Result<LlamaConfig> LoadLlamaConfig(const std::string& path, FileSystem& fs) {
   std::filesystem::path p(path);
-  std::error_code ec;
-  if (std::filesystem::is_directory(p, ec)) p /= "config.json";
-  std::ifstream in(p);
-  if (!in) {
+  if (fs.IsDirectory(path)) p /= "config.json";
+  Result<std::string> text = ReadFileToString(fs, p.string());
+  if (!text.ok()) {
     return NotFoundError(fmt::format(
         "{}: no model config (a Hugging Face model directory holds config.json)", p.string()));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  STRATA_ASSIGN_OR_RETURN(LlamaConfig c, ParseLlamaConfig(text.str(), p.string()));
+  STRATA_ASSIGN_OR_RETURN(LlamaConfig c, ParseLlamaConfig(*text, p.string()));
   c.name = path;
   return c;
 }

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/file_system.h"
 #include "strata/status.h"
 
 namespace strata::model {
@@ -75,7 +76,7 @@ struct LlamaConfig {
 Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_view source);
 // Reads `path`: a config.json file, or a directory holding one. NotFound names the path when
 // there is none.
-Result<LlamaConfig> LoadLlamaConfig(const std::string& path);
+Result<LlamaConfig> LoadLlamaConfig(const std::string& path, FileSystem& fs = LocalFileSystem());
 // A named preset: "llama-tiny" (tests), "llama-20m" (the main job), "llama2-7b", "llama2-13b",
 // "llama2-70b", "llama3-8b", "llama3-70b". NotFound lists the names.
 Result<LlamaConfig> LlamaPreset(std::string_view name);

@@ -13,7 +13,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "common/durable_file.h"
 #include "common/errno.h"
 #include "common/log.h"
 #include "common/units.h"
@@ -230,31 +229,31 @@ zero::StateProgress UnitProgress(std::function<void(const std::string&)> print, 
 
 // ---- saving ------------------------------------------------------------------------------------
 
-Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
-                                   device::Device& device, const model::LlamaConfig& config,
-                                   const TrainerState& state, const std::string& save_dir,
-                                   const SaveOptions& options) {
-  const int rank = comm.rank();
-  const auto& layouts = engine.layouts();
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream,
-                          device.CreateStream("checkpoint"));
-  const std::string final_dir = (fs::path(save_dir) / StepDirName(state.step)).string();
-  const std::string tmp_dir = (fs::path(save_dir) / ("." + StepDirName(state.step) + ".tmp")).string();
-  const std::string what = fmt::format("saving checkpoint {}", final_dir);
-  const auto t0 = std::chrono::steady_clock::now();
-  // A save that fails anywhere leaves no temporary directory behind (rank 0 made it).
-  struct RemoveUnlessPublished {
-    const std::string& dir;
-    bool active;
-    ~RemoveUnlessPublished() {
-      if (!active) return;
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-    }
-  } cleanup{tmp_dir, rank == 0};
-  const zero::StateProgress progress =
-      UnitProgress(rank == 0 ? options.print : nullptr, "saving checkpoint");
+namespace {
 
+// One save: where it goes, the files it writes, and what each rank has opened.
+struct Save {
+  FileSystem& files;
+  std::string save_dir;
+  std::string final_dir;  // SAVE/step-NNNNNNNN
+  std::string tmp_dir;    // SAVE/.step-NNNNNNNN.tmp, renamed to final_dir when complete
+  // The parameters, the optimizer states and, for a LoRA run, the adapters (kParams, kOptim,
+  // kAdapter).
+  std::vector<FileSet> sets;
+  std::vector<std::vector<std::unique_ptr<SafetensorsWriter>>> writers;  // [set][file]
+  static constexpr size_t kParams = 0, kOptim = 1, kAdapter = 2;
+
+  uint64_t Bytes(size_t set) const { return set < sets.size() ? sets[set].total_bytes : 0; }
+
+  std::string TmpPath(const std::string& name) const { return (fs::path(tmp_dir) / name).string(); }
+};
+
+Result<Save> PlanSave(const zero::Engine& engine, const TrainerState& state,
+                      const std::string& save_dir, const SaveOptions& options) {
+  Save save{options.fs ? *options.fs : LocalFileSystem(), save_dir, {}, {}, {}, {}};
+  save.final_dir = (fs::path(save_dir) / StepDirName(state.step)).string();
+  save.tmp_dir = (fs::path(save_dir) / ("." + StepDirName(state.step) + ".tmp")).string();
+  const auto& layouts = engine.layouts();
   const SafetensorsDType param_dtype = ToSafetensorsDType(engine.compute_dtype());
   STRATA_ASSIGN_OR_RETURN(
       FileSet params,
@@ -262,186 +261,213 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
   STRATA_ASSIGN_OR_RETURN(FileSet optim,
                           PlanFiles("optimizer", OptimizerSpecs(layouts, engine.frozen_units()),
                                     options.max_shard_bytes));
+  save.sets.push_back(std::move(params));
+  save.sets.push_back(std::move(optim));
   // A LoRA run's adapters: one adapter_model.safetensors, as PEFT writes it.
   const std::vector<SafetensorsTensorSpec> adapter_specs = ParamSpecs(layouts, param_dtype, true);
-  STRATA_ASSIGN_OR_RETURN(FileSet adapter,
-                          PlanFiles("adapter_model", adapter_specs, ~uint64_t{0}));
-  std::vector<FileSet*> sets = {&params, &optim};
-  if (!adapter_specs.empty()) sets.push_back(&adapter);
-  const int n_sets = static_cast<int>(sets.size());
+  if (!adapter_specs.empty()) {
+    STRATA_ASSIGN_OR_RETURN(FileSet adapter,
+                            PlanFiles("adapter_model", adapter_specs, ~uint64_t{0}));
+    save.sets.push_back(std::move(adapter));
+  }
+  save.writers.resize(save.sets.size());
+  return save;
+}
 
-  // 1. Rank 0 makes the temporary directory and creates every file (header, size).
-  std::vector<std::unique_ptr<SafetensorsWriter>> writers[3];
-  Status st;
-  if (rank == 0) {
-    std::error_code ec;
-    fs::create_directories(save_dir, ec);
-    if (ec) {
-      st = Status(StatusCode::kPermissionDenied,
-                  fmt::format("--save {}: cannot create the directory: {}", save_dir, ec.message()));
-    }
-    if (st.ok()) {
-      fs::remove_all(tmp_dir, ec);  // a save that crashed earlier
-      fs::create_directories(tmp_dir, ec);
-      if (ec) {
-        st = Status(StatusCode::kPermissionDenied,
-                    fmt::format("{}: cannot create the directory: {}", tmp_dir, ec.message()));
-      }
-    }
-    for (int k = 0; k < n_sets && st.ok(); ++k) {
-      for (size_t f = 0; f < sets[k]->files.size() && st.ok(); ++f) {
-        Result<std::unique_ptr<SafetensorsWriter>> w = SafetensorsWriter::Create(
-            (fs::path(tmp_dir) / sets[k]->files[f]).string(), sets[k]->layouts[f]);
-        if (w.ok()) writers[k].push_back(std::move(*w));
-        else st = w.status();
-      }
+// Rank 0: the temporary directory (a save that crashed earlier left one: it goes), and every
+// file created with its header and size.
+Status CreateFiles(Save& save) {
+  Status st = save.files.CreateDirs(save.save_dir);
+  if (!st.ok()) return st.WithContext("--save");
+  STRATA_RETURN_IF_ERROR(save.files.RemoveAll(save.tmp_dir));
+  STRATA_RETURN_IF_ERROR(save.files.CreateDirs(save.tmp_dir));
+  for (size_t k = 0; k < save.sets.size(); ++k) {
+    for (size_t f = 0; f < save.sets[k].files.size(); ++f) {
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> w,
+                              SafetensorsWriter::Create(save.TmpPath(save.sets[k].files[f]),
+                                                        save.sets[k].layouts[f], save.files));
+      save.writers[k].push_back(std::move(w));
     }
   }
-  STRATA_RETURN_IF_ERROR(AgreeOk(comm, device, *stream, st, what));
+  return Status::Ok();
+}
 
-  // 2. Every rank writes its pieces.
-  if (rank != 0) {
-    for (int k = 0; k < n_sets && st.ok(); ++k) {
-      for (size_t f = 0; f < sets[k]->files.size() && st.ok(); ++f) {
-        Result<std::unique_ptr<SafetensorsWriter>> w = SafetensorsWriter::Open(
-            (fs::path(tmp_dir) / sets[k]->files[f]).string(), sets[k]->layouts[f]);
-        if (w.ok()) writers[k].push_back(std::move(*w));
-        else st = w.status();
-      }
+// The other ranks, after rank 0 created them.
+Status OpenFiles(Save& save) {
+  for (size_t k = 0; k < save.sets.size(); ++k) {
+    for (size_t f = 0; f < save.sets[k].files.size(); ++f) {
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> w,
+                              SafetensorsWriter::Open(save.TmpPath(save.sets[k].files[f]),
+                                                      save.sets[k].layouts[f], save.files));
+      save.writers[k].push_back(std::move(w));
     }
   }
-  if (st.ok()) {
-    st = engine.SaveStates(
-        [&](const zero::StatePiece& p, const void* data, device::DType dtype) -> Status {
-          const std::string& pname = layouts[p.unit].slots[p.slot].name;
-          const bool params_kind = p.kind == zero::StateKind::kParams;
-          const int k = !params_kind ? 1 : model::IsLoraParamName(pname) ? 2 : 0;
-          const std::string name = k == 0   ? pname
-                                   : k == 2 ? model::PeftAdapterName(pname)
-                                            : OptimizerName(p.kind, pname);
-          // A checkpoint is the run's durable copy: one with NaN or infinite values is never
-          // written, so `latest` never moves to one.
-          if (const int64_t bad = FirstNonFinite(data, static_cast<uint64_t>(p.count), dtype);
-              bad >= 0) {
-            return Status(StatusCode::kAborted,
-                          fmt::format("tensor '{}' element {} is not finite: not saving a "
-                                      "checkpoint of non-finite weights ({} is unchanged)",
-                                      name, static_cast<int64_t>(p.offset) + bad,
-                                      (fs::path(save_dir) / kLatest).string()));
-          }
-          auto it = sets[k]->file_of.find(name);
-          if (it == sets[k]->file_of.end()) {
-            return InternalError(fmt::format("checkpoint: no file for tensor '{}'", name));
-          }
-          return writers[k][it->second]->WriteRange(name, static_cast<uint64_t>(p.offset),
-                                                    static_cast<uint64_t>(p.count), data, dtype);
-        },
-        progress);
-  }
-  for (int k = 0; k < n_sets; ++k) {
-    for (auto& w : writers[k]) {
+  return Status::Ok();
+}
+
+// Every rank writes its pieces of the engine's states. A checkpoint is the run's durable copy:
+// one with NaN or infinite values is never written, so `latest` never moves to one.
+Status WritePieces(zero::Engine& engine, Save& save, const zero::StateProgress& progress) {
+  const auto& layouts = engine.layouts();
+  return engine.SaveStates(
+      [&](const zero::StatePiece& p, const void* data, device::DType dtype) -> Status {
+        const std::string& pname = layouts[p.unit].slots[p.slot].name;
+        const bool params_kind = p.kind == zero::StateKind::kParams;
+        const size_t k = !params_kind ? 1 : model::IsLoraParamName(pname) ? 2 : 0;
+        const std::string name = k == 0   ? pname
+                                 : k == 2 ? model::PeftAdapterName(pname)
+                                          : OptimizerName(p.kind, pname);
+        if (const int64_t bad = FirstNonFinite(data, static_cast<uint64_t>(p.count), dtype);
+            bad >= 0) {
+          return Status(StatusCode::kAborted,
+                        fmt::format("tensor '{}' element {} is not finite: not saving a "
+                                    "checkpoint of non-finite weights ({} is unchanged)",
+                                    name, static_cast<int64_t>(p.offset) + bad,
+                                    (fs::path(save.save_dir) / kLatest).string()));
+        }
+        auto it = save.sets[k].file_of.find(name);
+        if (it == save.sets[k].file_of.end()) {
+          return InternalError(fmt::format("checkpoint: no file for tensor '{}'", name));
+        }
+        return save.writers[k][it->second]->WriteRange(name, static_cast<uint64_t>(p.offset),
+                                                       static_cast<uint64_t>(p.count), data, dtype);
+      },
+      progress);
+}
+
+// Every rank syncs what it wrote (the first error wins; every file is finished regardless) and,
+// after a good save, leaves the ranges it wrote, hashed as written, for the manifest.
+Status FinishFiles(Save& save, int rank, Status st) {
+  for (auto& writers : save.writers) {
+    for (auto& w : writers) {
       Status f = w->Finish();
       if (st.ok()) st = f;
     }
   }
-  // What this rank wrote, hashed as it was written, for the manifest (checksum_manifest.h).
-  if (st.ok()) {
-    std::map<std::string, std::vector<SafetensorsWriter::WrittenRange>> written;
-    for (int k = 0; k < n_sets; ++k) {
-      for (size_t f = 0; f < writers[k].size(); ++f) {
-        written[sets[k]->files[f]] = writers[k][f]->written();
-      }
+  if (!st.ok()) return st;
+  std::map<std::string, std::vector<SafetensorsWriter::WrittenRange>> written;
+  for (size_t k = 0; k < save.sets.size(); ++k) {
+    for (size_t f = 0; f < save.writers[k].size(); ++f) {
+      written[save.sets[k].files[f]] = save.writers[k][f]->written();
     }
-    st = WriteManifestPart(tmp_dir, rank, written);
   }
-  STRATA_RETURN_IF_ERROR(AgreeOk(comm, device, *stream, st, what));
+  return WriteManifestPart(save.tmp_dir, rank, written, save.files);
+}
 
-  // 3. Rank 0 writes the small files and publishes the directory.
+// Rank 0: the indexes, config.json, trainer_state.json, adapter_config.json and the manifest,
+// then the temporary directory synced.
+Status WriteSmallFiles(Save& save, const zero::Engine& engine, const model::LlamaConfig& config,
+                       const TrainerState& state, const SaveOptions& options, int world) {
+  std::vector<std::string> small = {"config.json", kTrainerStateFile};
+  for (const FileSet& set : save.sets) {
+    if (!set.sharded()) continue;
+    std::map<std::string, std::string> weight_map;
+    for (const auto& [name, f] : set.file_of) weight_map[name] = set.files[f];
+    STRATA_RETURN_IF_ERROR(WriteSafetensorsIndex(save.TmpPath(set.index_name()), set.total_bytes,
+                                                 weight_map, save.files));
+    small.push_back(set.index_name());
+  }
+  STRATA_RETURN_IF_ERROR(
+      WriteFileDurable(save.files, save.TmpPath("config.json"),
+                       model::ToHfConfigJson(config, TorchDtypeName(engine.compute_dtype()))));
+  STRATA_RETURN_IF_ERROR(
+      WriteFileDurable(save.files, save.TmpPath(kTrainerStateFile), TrainerStateJson(state)));
+  if (options.lora.enabled()) {
+    STRATA_RETURN_IF_ERROR(WriteFileDurable(
+        save.files, save.TmpPath(std::string(kAdapterConfigFile)),
+        AdapterConfigJson(options.lora, fs::absolute(save.final_dir).string())));
+    small.emplace_back(kAdapterConfigFile);
+  }
+  STRATA_RETURN_IF_ERROR(WriteManifest(save.tmp_dir, world, small, save.files));
+  return save.files.SyncDir(save.tmp_dir);
+}
+
+// Rank 0: the complete temporary directory becomes SAVE/step-N, then SAVE/latest points at it.
+// An older save of the same step (a resumed run saving again) is moved aside only now, to
+// "<step>.old", which ResolveCheckpoint falls back to while `latest` names a step being replaced.
+Status Publish(Save& save, const TrainerState& state) {
+  FileSystem& files = save.files;
+  const std::string old_dir = save.final_dir + ".old";
+  if (files.Exists(save.final_dir)) {
+    STRATA_RETURN_IF_ERROR(files.RemoveAll(old_dir));
+    Status st = files.Rename(save.final_dir, old_dir);
+    if (!st.ok()) return st.WithContext(fmt::format("move the old {} aside", save.final_dir));
+  }
+  STRATA_RETURN_IF_ERROR(files.Rename(save.tmp_dir, save.final_dir));
+  STRATA_RETURN_IF_ERROR(files.SyncDir(save.save_dir));
+  // The link: a new one beside it, renamed over it (atomic).
+  const std::string link = (fs::path(save.save_dir) / kLatest).string();
+  const std::string link_tmp = (fs::path(save.save_dir) / ".latest.tmp").string();
+  STRATA_RETURN_IF_ERROR(files.RemoveAll(link_tmp));
+  if (files.Exists(link) && !files.IsSymlink(link)) {
+    return FailedPreconditionError(
+        fmt::format("{} exists and is not a symbolic link; not replacing it", link));
+  }
+  Status st = files.Symlink(StepDirName(state.step), link_tmp);
+  if (st.ok()) st = files.Rename(link_tmp, link);
+  if (!st.ok()) return st.WithContext(fmt::format("point {} at {}", link, save.final_dir));
+  STRATA_RETURN_IF_ERROR(files.SyncDir(save.save_dir));
+  return files.RemoveAll(old_dir);
+}
+
+}  // namespace
+
+Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
+                                   device::Device& device, const model::LlamaConfig& config,
+                                   const TrainerState& state, const std::string& save_dir,
+                                   const SaveOptions& options) {
+  const int rank = comm.rank();
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream,
+                          device.CreateStream("checkpoint"));
+  STRATA_ASSIGN_OR_RETURN(Save save, PlanSave(engine, state, save_dir, options));
+  const std::string what = fmt::format("saving checkpoint {}", save.final_dir);
+  const auto t0 = std::chrono::steady_clock::now();
+  // A save that fails anywhere leaves no temporary directory behind (rank 0 made it).
+  struct RemoveUnlessPublished {
+    Save& save;
+    bool active;
+    ~RemoveUnlessPublished() {
+      if (active) (void)save.files.RemoveAll(save.tmp_dir);
+    }
+  } cleanup{save, rank == 0};
+  const zero::StateProgress progress =
+      UnitProgress(rank == 0 ? options.print : nullptr, "saving checkpoint");
+
+  // 1. Rank 0 creates every file; 2. every rank writes its pieces and its manifest part;
+  // 3. rank 0 writes the small files and publishes the directory. The ranks agree after each.
+  STRATA_RETURN_IF_ERROR(
+      AgreeOk(comm, device, *stream, rank == 0 ? CreateFiles(save) : Status::Ok(), what));
+  Status st = rank == 0 ? Status::Ok() : OpenFiles(save);
+  if (st.ok()) st = WritePieces(engine, save, progress);
+  STRATA_RETURN_IF_ERROR(AgreeOk(comm, device, *stream, FinishFiles(save, rank, st), what));
   if (rank == 0) {
-    for (int k = 0; k < n_sets && st.ok(); ++k) {
-      if (!sets[k]->sharded()) continue;
-      std::map<std::string, std::string> weight_map;
-      for (const auto& [name, f] : sets[k]->file_of) weight_map[name] = sets[k]->files[f];
-      st = WriteSafetensorsIndex((fs::path(tmp_dir) / sets[k]->index_name()).string(),
-                                 sets[k]->total_bytes, weight_map);
-    }
-    if (st.ok()) {
-      st = WriteFileDurable((fs::path(tmp_dir) / "config.json").string(),
-                        model::ToHfConfigJson(config, TorchDtypeName(engine.compute_dtype())));
-    }
-    if (st.ok()) {
-      st = WriteFileDurable((fs::path(tmp_dir) / kTrainerStateFile).string(),
-                        TrainerStateJson(state));
-    }
-    if (st.ok() && options.lora.enabled()) {
-      st = WriteFileDurable((fs::path(tmp_dir) / kAdapterConfigFile).string(),
-                            AdapterConfigJson(options.lora, fs::absolute(final_dir).string()));
-    }
-    if (st.ok()) {
-      std::vector<std::string> small = {"config.json", kTrainerStateFile};
-      if (options.lora.enabled()) small.emplace_back(kAdapterConfigFile);
-      for (int k = 0; k < n_sets; ++k) {
-        if (sets[k]->sharded()) small.push_back(sets[k]->index_name());
-      }
-      st = WriteManifest(tmp_dir, comm.world_size(), small);
-    }
-    if (st.ok()) st = FsyncDirectory(tmp_dir);
-    if (st.ok()) {
-      // Replace an older save of the same step (a resumed run saving again) only now.
-      std::error_code ec;
-      const std::string old_dir = final_dir + ".old";
-      if (fs::exists(final_dir, ec)) {
-        fs::remove_all(old_dir, ec);
-        fs::rename(final_dir, old_dir, ec);
-        if (ec) {
-          st = ErrnoToStatus(ec.value(), fmt::format("move the old {} aside", final_dir));
-        }
-      }
-      if (st.ok()) {
-        fs::rename(tmp_dir, final_dir, ec);
-        if (ec) st = ErrnoToStatus(ec.value(), fmt::format("rename {} to {}", tmp_dir, final_dir));
-      }
-      if (st.ok()) st = FsyncDirectory(save_dir);
-      if (st.ok()) {
-        const std::string link = (fs::path(save_dir) / kLatest).string();
-        const std::string link_tmp = (fs::path(save_dir) / ".latest.tmp").string();
-        fs::remove(link_tmp, ec);
-        if (fs::exists(fs::symlink_status(link)) && !fs::is_symlink(fs::symlink_status(link))) {
-          st = Status(StatusCode::kFailedPrecondition,
-                      fmt::format("{} exists and is not a symbolic link; not replacing it", link));
-        } else {
-          fs::create_directory_symlink(StepDirName(state.step), link_tmp, ec);
-          if (!ec) fs::rename(link_tmp, link, ec);
-          if (ec) st = ErrnoToStatus(ec.value(), fmt::format("point {} at {}", link, final_dir));
-        }
-      }
-      if (st.ok()) st = FsyncDirectory(save_dir);
-      fs::remove_all(old_dir, ec);
-    }
+    st = WriteSmallFiles(save, engine, config, state, options, comm.world_size());
+    if (st.ok()) st = Publish(save, state);
   }
   STRATA_RETURN_IF_ERROR(AgreeOk(comm, device, *stream, st, what));
   if (rank == 0 && options.print) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const uint64_t adapter_bytes = adapter_specs.empty() ? 0 : adapter.total_bytes;
-    const double bytes = static_cast<double>(params.total_bytes + optim.total_bytes + adapter_bytes);
+    const uint64_t adapter_bytes = save.Bytes(Save::kAdapter);
+    const double bytes = static_cast<double>(save.Bytes(Save::kParams) +
+                                             save.Bytes(Save::kOptim) + adapter_bytes);
     options.print(fmt::format(
         "saved checkpoint {} ({} parameters{} + {} optimizer states) in {:.1f} s ({:.0f} MB/s)",
-        final_dir, FormatBytes(params.total_bytes),
+        save.final_dir, FormatBytes(save.Bytes(Save::kParams)),
         adapter_bytes > 0 ? fmt::format(" + {} LoRA adapters", FormatBytes(adapter_bytes))
                           : std::string(),
-        FormatBytes(optim.total_bytes), s, bytes / std::max(s, 1e-6) / 1e6));
+        FormatBytes(save.Bytes(Save::kOptim)), s, bytes / std::max(s, 1e-6) / 1e6));
   }
-  return final_dir;
+  return save.final_dir;
 }
 
 // ---- reading -----------------------------------------------------------------------------------
 
 Status VerifyCheckpoint(const std::string& step_dir, comm::Collective& comm,
                         device::Device& device,
-                        const std::function<void(const std::string&)>& print) {
+                        const std::function<void(const std::string&)>& print, FileSystem& files) {
   const int rank = comm.rank();
   const auto t0 = std::chrono::steady_clock::now();
-  Result<Manifest> manifest = ReadManifest(step_dir);
+  Result<Manifest> manifest = ReadManifest(step_dir, files);
   if (manifest.status().code() == StatusCode::kNotFound) {
     if (rank == 0 && print) {
       print(fmt::format("  note: {} has no {} (saved before checkpoints had checksums): not "
@@ -453,7 +479,7 @@ Status VerifyCheckpoint(const std::string& step_dir, comm::Collective& comm,
   Status st = manifest.status();
   VerifyResult result;
   if (st.ok()) {
-    result = VerifyManifest(step_dir, *manifest, rank, comm.world_size());
+    result = VerifyManifest(step_dir, *manifest, rank, comm.world_size(), files);
     if (!result.problems.empty()) {
       std::string lines;
       const size_t shown = std::min<size_t>(result.problems.size(), 3);
@@ -477,36 +503,35 @@ Status VerifyCheckpoint(const std::string& step_dir, comm::Collective& comm,
   return Status::Ok();
 }
 
-bool HasWeights(const std::string& dir) {
-  std::error_code ec;
-  return fs::exists(fs::path(dir) / kSafetensorsModelFile, ec) ||
-         fs::exists(fs::path(dir) / kSafetensorsIndexFile, ec);
+bool HasWeights(const std::string& dir, FileSystem& files) {
+  return files.Exists((fs::path(dir) / kSafetensorsModelFile).string()) ||
+         files.Exists((fs::path(dir) / kSafetensorsIndexFile).string());
 }
 
-std::string ModelDirOf(const std::string& model_arg) {
+std::string ModelDirOf(const std::string& model_arg, FileSystem& files) {
   fs::path dir(model_arg);
-  if (!fs::is_directory(dir) && dir.filename() == "config.json") {
+  if (!files.IsDirectory(model_arg) && dir.filename() == "config.json") {
     dir = dir.parent_path().empty() ? "." : dir.parent_path();
   }
   return dir.string();
 }
 
-Result<std::string> ResolveCheckpoint(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return NotFoundError(fmt::format("--resume {}: no such directory", path));
-  if (!fs::is_directory(path, ec)) {
+Result<std::string> ResolveCheckpoint(const std::string& path, FileSystem& files) {
+  if (!files.Exists(path)) return NotFoundError(fmt::format("--resume {}: no such directory", path));
+  if (!files.IsDirectory(path)) {
     return InvalidArgumentError(fmt::format("--resume {}: not a directory", path));
   }
-  if (fs::exists(fs::path(path) / kTrainerStateFile, ec)) return path;
-  const fs::path latest = fs::path(path) / kLatest;
-  if (fs::exists(latest / kTrainerStateFile, ec)) {
-    const fs::path target = fs::read_symlink(latest, ec);
-    return (ec ? latest : fs::path(path) / target).string();
+  if (files.Exists((fs::path(path) / kTrainerStateFile).string())) return path;
+  const std::string latest = (fs::path(path) / kLatest).string();
+  if (files.Exists((fs::path(latest) / kTrainerStateFile).string())) {
+    const Result<std::string> target = files.ReadLink(latest);
+    return target.ok() ? (fs::path(path) / *target).string() : latest;
   }
   // A crash while an existing step directory was being replaced leaves it as "<step>.old".
-  if (fs::is_symlink(fs::symlink_status(latest, ec))) {
-    const fs::path old = fs::path(path) / (fs::read_symlink(latest, ec).string() + ".old");
-    if (!ec && fs::exists(old / kTrainerStateFile, ec)) return old.string();
+  if (files.IsSymlink(latest)) {
+    const Result<std::string> target = files.ReadLink(latest);
+    const fs::path old = fs::path(path) / ((target.ok() ? *target : std::string()) + ".old");
+    if (target.ok() && files.Exists((old / kTrainerStateFile).string())) return old.string();
   }
   return NotFoundError(fmt::format(
       "--resume {}: not a Strata checkpoint (no {} in it, and no '{}' link to a step directory "
@@ -514,15 +539,13 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
       path, kTrainerStateFile, kLatest));
 }
 
-Result<TrainerState> ReadTrainerState(const std::string& step_dir) {
+Result<TrainerState> ReadTrainerState(const std::string& step_dir, FileSystem& files) {
   const std::string path = (fs::path(step_dir) / kTrainerStateFile).string();
-  std::ifstream in(path);
-  if (!in) return NotFoundError(fmt::format("{}: cannot open", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  Result<std::string> text = ReadFileToString(files, path);
+  if (!text.ok()) return NotFoundError(fmt::format("{}: cannot open", path));
   TrainerState st;
   try {
-    const nlohmann::json j = nlohmann::json::parse(ss.str());
+    const nlohmann::json j = nlohmann::json::parse(*text);
     if (j.value("format", std::string()) != "strata-checkpoint") {
       return InvalidArgumentError(fmt::format("{}: not a Strata trainer state (\"format\" is not "
                                               "\"strata-checkpoint\")", path));
@@ -570,8 +593,8 @@ Result<TrainerState> ReadTrainerState(const std::string& step_dir) {
   return st;
 }
 
-Status CheckSameModel(const std::string& step_dir, const model::LlamaConfig& c) {
-  STRATA_ASSIGN_OR_RETURN(model::LlamaConfig saved, model::LoadLlamaConfig(step_dir));
+Status CheckSameModel(const std::string& step_dir, const model::LlamaConfig& c, FileSystem& files) {
+  STRATA_ASSIGN_OR_RETURN(model::LlamaConfig saved, model::LoadLlamaConfig(step_dir, files));
   auto differ = [&](const char* field, auto a, auto b) -> Status {
     if (a == b) return Status::Ok();
     return InvalidArgumentError(fmt::format(
@@ -662,10 +685,11 @@ StateFiles::~StateFiles() = default;
 
 Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& path,
                                                             const std::vector<zero::UnitSpec>& units,
-                                                            const std::string& adapter_dir) {
+                                                            const std::string& adapter_dir,
+                                                            FileSystem& files) {
   auto impl = std::make_unique<Impl>();
   impl->source = path;
-  STRATA_ASSIGN_OR_RETURN(impl->weights, SafetensorsModel::Open(path));
+  STRATA_ASSIGN_OR_RETURN(impl->weights, SafetensorsModel::Open(path, files));
   // The base weights here; LoRA adapters (units of their own) from the adapter directory.
   std::vector<zero::UnitSpec> base, adapters;
   impl->init_from_model.assign(units.size(), 0);
@@ -682,7 +706,7 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& p
   if (!adapter_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(
         impl->adapter,
-        SafetensorsModel::Open((fs::path(adapter_dir) / kAdapterModelFile).string()));
+        SafetensorsModel::Open((fs::path(adapter_dir) / kAdapterModelFile).string(), files));
     STRATA_RETURN_IF_ERROR(CheckTensors(
         *impl->adapter, adapters, [](const std::string& n) { return model::PeftAdapterName(n); },
         &impl->total_bytes));
@@ -693,27 +717,27 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& p
 
 Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
     const std::string& step_dir, const std::vector<zero::UnitSpec>& units,
-    const std::vector<char>& frozen) {
+    const std::vector<char>& frozen, FileSystem& files) {
   // A LoRA run's checkpoint holds its adapters in PEFT's layout beside the weights.
   bool has_adapters = false;
   for (const auto& u : units) {
     for (const auto& p : u.params) has_adapters = has_adapters || model::IsLoraParamName(p.name);
   }
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StateFiles> files,
-                          OpenWeights(step_dir, units, has_adapters ? step_dir : ""));
-  Impl& impl = *files->impl_;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StateFiles> opened,
+                          OpenWeights(step_dir, units, has_adapters ? step_dir : "", files));
+  Impl& impl = *opened->impl_;
   const fs::path dir(step_dir);
-  std::error_code ec;
-  const fs::path single = dir / "optimizer.safetensors";
-  const fs::path index = dir / "optimizer.safetensors.index.json";
-  if (!fs::exists(single, ec) && !fs::exists(index, ec)) {
+  const std::string single = (dir / "optimizer.safetensors").string();
+  const std::string index = (dir / "optimizer.safetensors.index.json").string();
+  const bool has_single = files.Exists(single);
+  if (!has_single && !files.Exists(index)) {
     return NotFoundError(fmt::format(
         "{}: no optimizer states (optimizer.safetensors or its index); a model directory without "
         "them is loaded with --model, not --resume",
         step_dir));
   }
   STRATA_ASSIGN_OR_RETURN(impl.optimizer,
-                          SafetensorsModel::Open((fs::exists(single, ec) ? single : index).string()));
+                          SafetensorsModel::Open(has_single ? single : index, files));
   impl.total_bytes = 0;  // a resume reads the master weights, not the parameter file
   std::vector<zero::UnitSpec> trained, kept;  // frozen units have no optimizer state
   for (size_t u = 0; u < units.size(); ++u) {
@@ -744,7 +768,7 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
     }
     STRATA_RETURN_IF_ERROR(st);
   }
-  return files;
+  return opened;
 }
 
 zero::InitialStates StateFiles::Initial(zero::StateProgress progress) const {

@@ -15,10 +15,12 @@
 //                                        loss-scaler state, LR-schedule length, batch shape, seed
 //   SAVE/latest -> step-00000300         symlink to the newest complete checkpoint
 //
-// A save is atomic: everything is written under SAVE/.step-00000300.tmp/, every file fsync'ed,
-// then the directory is renamed into place and `latest` is replaced (a new symlink renamed over
-// it); the parent directory is fsync'ed after each. A crash at any point leaves the previous
-// checkpoint and `latest` intact. docs/formats.md describes the files.
+// A save is atomic: everything is written under SAVE/.step-00000300.tmp/, every file synced, then
+// the directory is renamed into place and `latest` is replaced (a new symlink renamed over it);
+// the parent directory is synced after each. A crash at any point leaves the previous checkpoint
+// and `latest` intact (tests/train/checkpoint_crash_test.cc crashes a save at every sync point).
+// Every file goes through the file seam (strata/file_system.h). docs/formats.md describes the
+// files.
 //
 // Loading streams each rank's own pieces (zero::StatePiece) from the files with positioned reads,
 // converting any of F32 / BF16 / F16 to fp32: no rank ever holds more than one piece of the model
@@ -36,6 +38,7 @@
 #include "model/llama_model.h"
 #include "strata/collective.h"
 #include "strata/device.h"
+#include "strata/file_system.h"
 #include "strata/status.h"
 #include "train/data.h"
 #include "zero/engine.h"
@@ -72,6 +75,9 @@ struct SaveOptions {
   // with (trained ones too, under strata.trainable), and transformers' from_pretrained of the
   // directory loads them and then the adapters (lora_files.h).
   model::LlamaLora lora;
+  // Where the files go (the file seam); null: the local file system. Tests pass a
+  // CrashFileSystem (common/crash_file_system.h) to crash the save at each sync point.
+  FileSystem* fs = nullptr;
 };
 
 // Collective (every rank, between steps): writes `state` and the engine's states as
@@ -85,23 +91,26 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
 
 // The step directory `path` names: itself when it holds trainer_state.json, else what its
 // `latest` link points to. NotFound / InvalidArgument naming the path otherwise.
-Result<std::string> ResolveCheckpoint(const std::string& path);
+Result<std::string> ResolveCheckpoint(const std::string& path, FileSystem& fs = LocalFileSystem());
 // Collective: every rank reads back its share of the checkpoint's checksummed ranges
 // (checksum_manifest.h) and all agree. DataLoss listing what differs (at most a few lines, with
 // the count of the rest) when anything does; OK with a note through `print` when the checkpoint
 // has no checksums.json (saved before checkpoints had them). `print`: rank 0's progress lines.
 Status VerifyCheckpoint(const std::string& step_dir, comm::Collective& comm,
                         device::Device& device,
-                        const std::function<void(const std::string&)>& print = {});
+                        const std::function<void(const std::string&)>& print = {},
+                        FileSystem& fs = LocalFileSystem());
 
 // The text of trainer_state.json for `state` (ReadTrainerState reads it back).
 std::string TrainerStateJson(const TrainerState& state);
 // Reads and validates DIR/trainer_state.json.
-Result<TrainerState> ReadTrainerState(const std::string& step_dir);
+Result<TrainerState> ReadTrainerState(const std::string& step_dir,
+                                      FileSystem& fs = LocalFileSystem());
 
 // InvalidArgument naming the checkpoint and the first field that differs when `step_dir` holds a
 // different model than `config` ("hidden_size is 384 in the checkpoint, 512 in the run").
-Status CheckSameModel(const std::string& step_dir, const model::LlamaConfig& config);
+Status CheckSameModel(const std::string& step_dir, const model::LlamaConfig& config,
+                      FileSystem& fs = LocalFileSystem());
 
 // Parameter (and optimizer) tensors opened for loading into an engine.
 class StateFiles {
@@ -113,12 +122,14 @@ class StateFiles {
   // Model::InitUnit (InitialStates::init_from_model).
   static Result<std::unique_ptr<StateFiles>> OpenWeights(const std::string& path,
                                                          const std::vector<zero::UnitSpec>& units,
-                                                         const std::string& adapter_dir = "");
+                                                         const std::string& adapter_dir = "",
+                                                         FileSystem& fs = LocalFileSystem());
   // A checkpoint step directory: weights and optimizer states (those of the units not `frozen`,
   // per unit; none given: every unit's).
   static Result<std::unique_ptr<StateFiles>> OpenCheckpoint(const std::string& step_dir,
                                                             const std::vector<zero::UnitSpec>& units,
-                                                            const std::vector<char>& frozen = {});
+                                                            const std::vector<char>& frozen = {},
+                                                            FileSystem& fs = LocalFileSystem());
   ~StateFiles();
 
   // EngineOptions::initial / Engine::LoadStates for these files (with the optimizer states when
@@ -144,10 +155,10 @@ zero::StateProgress UnitProgress(std::function<void(const std::string&)> print, 
 const char* TorchDtypeName(device::DType dtype);
 
 // True when `dir` holds weights (model.safetensors or model.safetensors.index.json).
-bool HasWeights(const std::string& dir);
+bool HasWeights(const std::string& dir, FileSystem& fs = LocalFileSystem());
 
 // The directory a --model argument names: itself, or the folder of a config.json given directly
 // (the weights sit beside it).
-std::string ModelDirOf(const std::string& model_arg);
+std::string ModelDirOf(const std::string& model_arg, FileSystem& fs = LocalFileSystem());
 
 }  // namespace strata::train

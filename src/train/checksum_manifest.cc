@@ -1,19 +1,11 @@
 #include "train/checksum_manifest.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
-#include "common/durable_file.h"
-#include "common/errno.h"
 #include "io/checksum_store.h"
 
 namespace strata::train {
@@ -27,15 +19,9 @@ constexpr int kVersion = 1;
 
 std::string PartName(int rank) { return fmt::format(".checksums.rank{}.json", rank); }
 
-Result<nlohmann::json> ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return Status(errno == ENOENT ? StatusCode::kNotFound : StatusCode::kPermissionDenied,
-                  fmt::format("{}: cannot open", path));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+Result<nlohmann::json> ReadJson(FileSystem& files, const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(files, path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgumentError(fmt::format("{}: not valid JSON", path));
   return j;
 }
@@ -78,22 +64,15 @@ Status RangesFromJson(const nlohmann::json& j, const std::string& where,
   return Status::Ok();
 }
 
-// The XXH3 of `length` bytes of `fd` from `offset`.
-Result<uint64_t> HashRange(int fd, uint64_t offset, uint64_t length, const std::string& path,
+// The XXH3 of `length` bytes of `file` from `offset`.
+Result<uint64_t> HashRange(const File& file, uint64_t offset, uint64_t length,
                            std::vector<char>& buffer) {
   io::Checksum64Stream hash;
   for (uint64_t done = 0; done < length;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(length - done, buffer.size()));
-    const ssize_t got = ::pread(fd, buffer.data(), n, static_cast<off_t>(offset + done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return ErrnoToStatus(errno, fmt::format("read {} at offset {}", path, offset + done));
-    if (got == 0) {
-      return Status(StatusCode::kDataLoss,
-                    fmt::format("{}: ends at {} bytes, inside bytes [{}, {})", path,
-                                offset + done, offset, offset + length));
-    }
-    hash.Update(buffer.data(), static_cast<size_t>(got));
-    done += static_cast<uint64_t>(got);
+    STRATA_RETURN_IF_ERROR(file.ReadAt(offset + done, buffer.data(), n));
+    hash.Update(buffer.data(), n);
+    done += n;
   }
   return hash.Digest();
 }
@@ -102,18 +81,20 @@ Result<uint64_t> HashRange(int fd, uint64_t offset, uint64_t length, const std::
 
 Status WriteManifestPart(
     const std::string& dir, int rank,
-    const std::map<std::string, std::vector<SafetensorsWriter::WrittenRange>>& written) {
+    const std::map<std::string, std::vector<SafetensorsWriter::WrittenRange>>& written,
+    FileSystem& file_system) {
   nlohmann::json files = nlohmann::json::object();
   for (const auto& [name, ranges] : written) files[name] = RangesToJson(ranges);
-  return WriteFileDurable((fs::path(dir) / PartName(rank)).string(),
+  return WriteFileDurable(file_system, (fs::path(dir) / PartName(rank)).string(),
                      nlohmann::json{{"rank", rank}, {"files", files}}.dump() + "\n");
 }
 
-Status WriteManifest(const std::string& dir, int world, const std::vector<std::string>& whole_files) {
+Status WriteManifest(const std::string& dir, int world, const std::vector<std::string>& whole_files,
+                     FileSystem& file_system) {
   Manifest m;
   for (int r = 0; r < world; ++r) {
     const std::string part = (fs::path(dir) / PartName(r)).string();
-    STRATA_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(part));
+    STRATA_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(file_system, part));
     if (!j.contains("files") || !j["files"].is_object()) {
       return InvalidArgumentError(fmt::format("{}: no \"files\" object", part));
     }
@@ -124,22 +105,18 @@ Status WriteManifest(const std::string& dir, int world, const std::vector<std::s
   std::vector<char> buffer(8 << 20);
   for (const std::string& name : whole_files) {
     const std::string path = (fs::path(dir) / name).string();
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoToStatus(errno, fmt::format("open {}", path));
-    struct stat st {};
-    Result<uint64_t> h = ::fstat(fd, &st) == 0
-                             ? HashRange(fd, 0, static_cast<uint64_t>(st.st_size), path, buffer)
-                             : Result<uint64_t>(ErrnoToStatus(errno, "fstat " + path));
-    ::close(fd);
-    STRATA_RETURN_IF_ERROR(h.status());
-    m[name].ranges = {{0, static_cast<uint64_t>(st.st_size), *h, "file"}};
+    STRATA_ASSIGN_OR_RETURN(const std::unique_ptr<File> file,
+                            file_system.Open(path, OpenMode::kRead));
+    STRATA_ASSIGN_OR_RETURN(const uint64_t size, file->Size());
+    STRATA_ASSIGN_OR_RETURN(const uint64_t h, HashRange(*file, 0, size, buffer));
+    m[name].ranges = {{0, size, h, "file"}};
   }
   nlohmann::json files = nlohmann::json::object();
   for (auto& [name, f] : m) {
     const std::string path = (fs::path(dir) / name).string();
-    std::error_code ec;
-    const uint64_t size = fs::file_size(path, ec);
-    if (ec) return ErrnoToStatus(ec.value(), fmt::format("size of {}", path));
+    STRATA_ASSIGN_OR_RETURN(const std::unique_ptr<File> file,
+                            file_system.Open(path, OpenMode::kRead));
+    STRATA_ASSIGN_OR_RETURN(const uint64_t size, file->Size());
     std::sort(f.ranges.begin(), f.ranges.end(),
               [](const auto& a, const auto& b) { return a.offset < b.offset; });
     uint64_t at = 0;
@@ -159,25 +136,24 @@ Status WriteManifest(const std::string& dir, int world, const std::vector<std::s
     files[name] = {{"size", size}, {"ranges", RangesToJson(f.ranges)}};
   }
   STRATA_RETURN_IF_ERROR(WriteFileDurable(
-      (fs::path(dir) / kChecksumsFile).string(),
+      file_system, (fs::path(dir) / kChecksumsFile).string(),
       nlohmann::json{{"format", kFormat}, {"version", kVersion}, {"algorithm", "xxh3-64"},
                      {"files", files}}
               .dump(1) +
           "\n"));
   for (int r = 0; r < world; ++r) {
-    std::error_code ec;
-    fs::remove(fs::path(dir) / PartName(r), ec);
+    (void)file_system.RemoveAll((fs::path(dir) / PartName(r)).string());
   }
   return Status::Ok();
 }
 
-Result<Manifest> ReadManifest(const std::string& dir) {
+Result<Manifest> ReadManifest(const std::string& dir, FileSystem& file_system) {
   const std::string path = (fs::path(dir) / kChecksumsFile).string();
-  if (!fs::exists(path)) {
+  if (!file_system.Exists(path)) {
     return NotFoundError(fmt::format("{}: no {} (saved before checkpoints had checksums)", dir,
                                      kChecksumsFile));
   }
-  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(path));
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(file_system, path));
   if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("files") ||
       !j["files"].is_object()) {
     return InvalidArgumentError(
@@ -203,29 +179,28 @@ Result<Manifest> ReadManifest(const std::string& dir) {
 }
 
 VerifyResult VerifyManifest(const std::string& dir, const Manifest& manifest, int share,
-                            int shares) {
+                            int shares, FileSystem& file_system) {
   VerifyResult out;
   std::vector<char> buffer(8 << 20);
   size_t index = 0;
   for (const auto& [name, f] : manifest) {
     const std::string path = (fs::path(dir) / name).string();
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (share == 0) out.problems.push_back(fmt::format("{}: {}", name, ErrnoToStatus(errno, "open").message()));
+    Result<std::unique_ptr<File>> file = file_system.Open(path, OpenMode::kRead);
+    if (!file.ok()) {
+      if (share == 0) out.problems.push_back(fmt::format("{}: {}", name, file.status().message()));
       index += f.ranges.size();
       continue;
     }
-    struct stat st {};
-    if (share == 0 && ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) != f.size) {
-      out.problems.push_back(fmt::format("{}: {} bytes, but {} were written", name,
-                                         static_cast<uint64_t>(st.st_size), f.size));
+    const Result<uint64_t> size = (*file)->Size();
+    if (share == 0 && size.ok() && *size != f.size) {
+      out.problems.push_back(fmt::format("{}: {} bytes, but {} were written", name, *size, f.size));
     }
     bool read_any = false;
     for (const auto& r : f.ranges) {
       if (static_cast<int>(index++ % static_cast<size_t>(std::max(shares, 1))) != share) continue;
       read_any = true;
       ++out.ranges;
-      Result<uint64_t> h = HashRange(fd, r.offset, r.length, path, buffer);
+      Result<uint64_t> h = HashRange(**file, r.offset, r.length, buffer);
       if (!h.ok()) {
         out.problems.push_back(fmt::format("{}: {}", name, h.status().message()));
         continue;
@@ -239,7 +214,6 @@ VerifyResult VerifyManifest(const std::string& dir, const Manifest& manifest, in
       }
     }
     if (read_any) ++out.files;
-    ::close(fd);
   }
   return out;
 }

@@ -28,20 +28,22 @@ struct ManifestFile {
 };
 using Manifest = std::map<std::string, ManifestFile>;  // by file name within the directory
 
-// One rank's written ranges, by file name: DIR/.checksums.rank<rank>.json (fsync'ed).
+// One rank's written ranges, by file name: DIR/.checksums.rank<rank>.json (synced).
 Status WriteManifestPart(const std::string& dir, int rank,
                          const std::map<std::string, std::vector<SafetensorsWriter::WrittenRange>>&
-                             written);
+                             written,
+                         FileSystem& fs = LocalFileSystem());
 
 // Rank 0, once every rank's part is in `dir`: merges the parts of ranks 0..world-1, hashes the
 // `whole_files` (small files rank 0 wrote itself), checks that every file's ranges tile it,
-// writes DIR/checksums.json (fsync'ed) and removes the parts. Internal naming the file and the
+// writes DIR/checksums.json (synced) and removes the parts. Internal naming the file and the
 // bytes when a range is missing or two overlap: a save that would not cover its own bytes.
-Status WriteManifest(const std::string& dir, int world, const std::vector<std::string>& whole_files);
+Status WriteManifest(const std::string& dir, int world, const std::vector<std::string>& whole_files,
+                     FileSystem& fs = LocalFileSystem());
 
 // DIR/checksums.json; NotFound when there is none (a checkpoint from before checksums, or a
 // model directory), InvalidArgument naming the file when it is malformed.
-Result<Manifest> ReadManifest(const std::string& dir);
+Result<Manifest> ReadManifest(const std::string& dir, FileSystem& fs = LocalFileSystem());
 
 struct VerifyResult {
   int files = 0;       // files whose ranges (of this share) were read
@@ -55,6 +57,6 @@ struct VerifyResult {
 // Reads back the ranges with index % shares == share (every range when shares is 1) and, for
 // share 0, checks every file's size. I/O errors are problems too, not a failed call.
 VerifyResult VerifyManifest(const std::string& dir, const Manifest& manifest, int share = 0,
-                            int shares = 1);
+                            int shares = 1, FileSystem& fs = LocalFileSystem());
 
 }  // namespace strata::train

@@ -52,40 +52,6 @@ bool HasNpyExtension(const std::string& path) {
   return std::filesystem::path(path).extension() == ".npy";
 }
 
-// pread until `length` bytes are read; a read that ends early means the file shrank.
-Status PreadFull(int fd, const std::string& path, void* buffer, size_t length, uint64_t offset) {
-  auto* p = static_cast<char*>(buffer);
-  size_t done = 0;
-  while (done < length) {
-    ssize_t got = ::pread(fd, p + done, length - done, static_cast<off_t>(offset + done));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, fmt::format("read {} at offset {}", path, offset + done));
-    }
-    if (got == 0) {
-      return DataLossError(
-          fmt::format("{}: file ended at byte {} while reading {} bytes at offset "
-                      "{} (was it truncated after it was opened?)",
-                      path, offset + done, length, offset));
-    }
-    done += static_cast<size_t>(got);
-  }
-  return Status::Ok();
-}
-
-Status WriteFull(int fd, const std::string& path, const char* data, size_t length) {
-  size_t done = 0;
-  while (done < length) {
-    ssize_t put = ::write(fd, data + done, length - done);
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, fmt::format("write {}", path));
-    }
-    done += static_cast<size_t>(put);
-  }
-  return Status::Ok();
-}
-
 // ---- .npy header dictionary: a tiny parser for the Python literal numpy writes ----------------
 
 struct NpyValue {
@@ -206,14 +172,14 @@ struct NpyLayout {
   uint64_t data_offset;
 };
 
-Result<NpyLayout> ParseNpyHeader(int fd, const std::string& path, uint64_t file_size) {
+Result<NpyLayout> ParseNpyHeader(const File& file, const std::string& path, uint64_t file_size) {
   auto bad = [&](std::string_view what) {
     return InvalidArgumentError(fmt::format("{}: not a valid .npy file: {}", path, what));
   };
   if (file_size < 10) return bad(fmt::format("the file is only {} bytes", file_size));
   unsigned char pre[12] = {};
   const size_t pre_len = std::min<uint64_t>(sizeof(pre), file_size);
-  STRATA_RETURN_IF_ERROR(PreadFull(fd, path, pre, pre_len, 0));
+  STRATA_RETURN_IF_ERROR(file.ReadAt(0, pre, pre_len));
   if (std::memcmp(pre, kNpyMagic, kNpyMagicLen) != 0) {
     return bad("it does not start with the magic \"\\x93NUMPY\"");
   }
@@ -241,7 +207,7 @@ Result<NpyLayout> ParseNpyHeader(int fd, const std::string& path, uint64_t file_
                            file_size));
   }
   std::string header(header_len, '\0');
-  STRATA_RETURN_IF_ERROR(PreadFull(fd, path, header.data(), header_len, header_start));
+  STRATA_RETURN_IF_ERROR(file.ReadAt(header_start, header.data(), header_len));
 
   std::vector<std::pair<std::string, NpyValue>> dict;
   NpyDictParser parser(header);
@@ -346,7 +312,7 @@ size_t TokenDtypeSize(TokenDtype dtype) {
 // ---- TokenDataset ------------------------------------------------------------------------------
 
 Result<TokenDataset> TokenDataset::Open(const std::string& path, uint64_t vocab_size,
-                                        TokenDtype bin_dtype) {
+                                        TokenDtype bin_dtype, FileSystem& fs) {
   if (vocab_size == 0 || vocab_size > kMaxVocabSize) {
     return InvalidArgumentError(
         fmt::format("{}: vocab size {} is not in [1, {}]", path, vocab_size, kMaxVocabSize));
@@ -354,17 +320,14 @@ Result<TokenDataset> TokenDataset::Open(const std::string& path, uint64_t vocab_
   TokenDataset d;
   d.path_ = path;
   d.vocab_size_ = vocab_size;
-  d.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (d.fd_ < 0) return ErrnoToStatus(errno, fmt::format("open token file {}", path));
-  struct stat st {};
-  if (::fstat(d.fd_, &st) != 0) return ErrnoToStatus(errno, fmt::format("stat {}", path));
-  if (!S_ISREG(st.st_mode)) {
-    return InvalidArgumentError(fmt::format("{}: not a regular file", path));
-  }
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+  if (fs.IsDirectory(path)) return InvalidArgumentError(fmt::format("{}: not a regular file", path));
+  Result<std::unique_ptr<File>> opened = fs.Open(path, OpenMode::kRead);
+  if (!opened.ok()) return opened.status().WithContext("token file");
+  d.file_ = std::move(opened).value();
+  STRATA_ASSIGN_OR_RETURN(const uint64_t file_size, d.file_->Size());
   d.is_npy_ = HasNpyExtension(path);
   if (d.is_npy_) {
-    STRATA_ASSIGN_OR_RETURN(NpyLayout layout, ParseNpyHeader(d.fd_, path, file_size));
+    STRATA_ASSIGN_OR_RETURN(NpyLayout layout, ParseNpyHeader(*d.file_, path, file_size));
     d.dtype_ = layout.dtype;
     d.num_tokens_ = layout.num_tokens;
     d.data_offset_ = layout.data_offset;
@@ -383,32 +346,9 @@ Result<TokenDataset> TokenDataset::Open(const std::string& path, uint64_t vocab_
   return d;
 }
 
-TokenDataset::TokenDataset(TokenDataset&& other) noexcept
-    : path_(std::move(other.path_)),
-      fd_(std::exchange(other.fd_, -1)),
-      dtype_(other.dtype_),
-      is_npy_(other.is_npy_),
-      vocab_size_(other.vocab_size_),
-      num_tokens_(other.num_tokens_),
-      data_offset_(other.data_offset_) {}
-
-TokenDataset& TokenDataset::operator=(TokenDataset&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    path_ = std::move(other.path_);
-    fd_ = std::exchange(other.fd_, -1);
-    dtype_ = other.dtype_;
-    is_npy_ = other.is_npy_;
-    vocab_size_ = other.vocab_size_;
-    num_tokens_ = other.num_tokens_;
-    data_offset_ = other.data_offset_;
-  }
-  return *this;
-}
-
-TokenDataset::~TokenDataset() {
-  if (fd_ >= 0) ::close(fd_);
-}
+TokenDataset::TokenDataset(TokenDataset&& other) noexcept = default;
+TokenDataset& TokenDataset::operator=(TokenDataset&& other) noexcept = default;
+TokenDataset::~TokenDataset() = default;
 
 Status TokenDataset::Read(uint64_t start, std::span<int32_t> out) const {
   const uint64_t count = out.size();
@@ -435,7 +375,7 @@ Status TokenDataset::Read(uint64_t start, std::span<int32_t> out) const {
   static_assert(std::endian::native == std::endian::little);
   if (dtype_ == TokenDtype::kUint16) {
     std::vector<uint16_t> raw(count);
-    STRATA_RETURN_IF_ERROR(PreadFull(fd_, path_, raw.data(), count * 2, offset));
+    STRATA_RETURN_IF_ERROR(file_->ReadAt(offset, raw.data(), count * 2));
     for (uint64_t i = 0; i < count; ++i) {
       STRATA_RETURN_IF_ERROR(check(i, raw[i]));
       out[i] = static_cast<int32_t>(raw[i]);
@@ -443,7 +383,7 @@ Status TokenDataset::Read(uint64_t start, std::span<int32_t> out) const {
     return Status::Ok();
   }
   // 4-byte tokens are read in place and checked as their own type.
-  STRATA_RETURN_IF_ERROR(PreadFull(fd_, path_, out.data(), count * 4, offset));
+  STRATA_RETURN_IF_ERROR(file_->ReadAt(offset, out.data(), count * 4));
   for (uint64_t i = 0; i < count; ++i) {
     int64_t value = 0;
     if (dtype_ == TokenDtype::kUint32) {
@@ -476,29 +416,31 @@ std::string NpyHeader(TokenDtype dtype, uint64_t num_tokens) {
 }
 
 Result<TokenFileWriter> TokenFileWriter::Create(const std::string& path, TokenDtype dtype,
-                                                uint64_t num_tokens) {
+                                                uint64_t num_tokens, FileSystem& fs) {
   TokenFileWriter w;
+  w.fs_ = &fs;
   w.path_ = path;
   w.temp_path_ = fmt::format("{}.tmp.{}", path, ::getpid());
   w.dtype_ = dtype;
   w.num_tokens_ = num_tokens;
-  w.fd_ = ::open(w.temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w.fd_ < 0) {
-    return ErrnoToStatus(errno,
-                         fmt::format("create {} (temporary file for {})", w.temp_path_, path));
+  Result<std::unique_ptr<File>> opened = fs.Open(w.temp_path_, OpenMode::kCreate);
+  if (!opened.ok()) {
+    return opened.status().WithContext(fmt::format("the temporary file for {}", path));
   }
+  w.file_ = std::move(opened).value();
   if (HasNpyExtension(path)) {
     const std::string header = NpyHeader(dtype, num_tokens);
     w.header_bytes_ = header.size();
-    STRATA_RETURN_IF_ERROR(WriteFull(w.fd_, w.temp_path_, header.data(), header.size()));
+    STRATA_RETURN_IF_ERROR(w.file_->WriteAt(0, header.data(), header.size()));
   }
   return w;
 }
 
 TokenFileWriter::TokenFileWriter(TokenFileWriter&& other) noexcept
-    : path_(std::move(other.path_)),
+    : fs_(other.fs_),
+      path_(std::move(other.path_)),
       temp_path_(std::move(other.temp_path_)),
-      fd_(std::exchange(other.fd_, -1)),
+      file_(std::move(other.file_)),
       dtype_(other.dtype_),
       header_bytes_(other.header_bytes_),
       num_tokens_(other.num_tokens_),
@@ -508,9 +450,10 @@ TokenFileWriter::TokenFileWriter(TokenFileWriter&& other) noexcept
 TokenFileWriter& TokenFileWriter::operator=(TokenFileWriter&& other) noexcept {
   if (this != &other) {
     Abandon();
+    fs_ = other.fs_;
     path_ = std::move(other.path_);
     temp_path_ = std::move(other.temp_path_);
-    fd_ = std::exchange(other.fd_, -1);
+    file_ = std::move(other.file_);
     dtype_ = other.dtype_;
     header_bytes_ = other.header_bytes_;
     num_tokens_ = other.num_tokens_;
@@ -525,10 +468,9 @@ TokenFileWriter::~TokenFileWriter() {
 }
 
 void TokenFileWriter::Abandon() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-    ::unlink(temp_path_.c_str());
+  if (file_) {
+    file_.reset();
+    (void)fs_->RemoveAll(temp_path_);
   }
 }
 
@@ -537,7 +479,7 @@ uint64_t TokenFileWriter::file_bytes() const {
 }
 
 Status TokenFileWriter::Append(std::span<const uint32_t> tokens) {
-  if (fd_ < 0) return FailedPreconditionError(fmt::format("{}: writer is closed", path_));
+  if (!file_) return FailedPreconditionError(fmt::format("{}: writer is closed", path_));
   if (tokens.size() > num_tokens_ - written_) {
     return InvalidArgumentError(fmt::format("{}: appending {} tokens to {} of {} would overflow",
                                             path_, tokens.size(), written_, num_tokens_));
@@ -559,31 +501,27 @@ Status TokenFileWriter::Append(std::span<const uint32_t> tokens) {
       std::memcpy(buffer_.data() + 4 * i, &tokens[i], 4);
     }
   }
-  STRATA_RETURN_IF_ERROR(WriteFull(fd_, temp_path_, buffer_.data(), buffer_.size()));
+  STRATA_RETURN_IF_ERROR(file_->WriteAt(header_bytes_ + written_ * item, buffer_.data(),
+                                        buffer_.size()));
   written_ += tokens.size();
   return Status::Ok();
 }
 
 Status TokenFileWriter::Commit() {
-  if (fd_ < 0) return FailedPreconditionError(fmt::format("{}: writer is closed", path_));
+  if (!file_) return FailedPreconditionError(fmt::format("{}: writer is closed", path_));
   if (written_ != num_tokens_) {
     return FailedPreconditionError(fmt::format("{}: {} of the {} announced tokens were written",
                                                path_, written_, num_tokens_));
   }
-  if (::fsync(fd_) != 0) return ErrnoToStatus(errno, fmt::format("fsync {}", temp_path_));
-  const int fd = std::exchange(fd_, -1);
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(temp_path_.c_str());
-    return ErrnoToStatus(err, fmt::format("close {}", temp_path_));
-  }
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp_path_.c_str());
-    return ErrnoToStatus(err, fmt::format("rename {} to {}", temp_path_, path_));
+  Status st = file_->Sync();
+  file_.reset();
+  if (st.ok()) st = fs_->Rename(temp_path_, path_);
+  if (!st.ok()) {
+    (void)fs_->RemoveAll(temp_path_);
+    return st;
   }
   // The rename is durable only once the directory is synced.
-  return FsyncDirectory(std::filesystem::path(path_).parent_path().string());
+  return fs_->SyncDir(ParentDir(path_));
 }
 
 // ---- Sampling ----------------------------------------------------------------------------------

@@ -21,11 +21,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "strata/file_system.h"
 #include "strata/status.h"
 
 namespace strata::train {
@@ -42,8 +44,8 @@ size_t TokenDtypeSize(TokenDtype dtype);
 // The largest vocabulary a token id (int32_t) can index.
 inline constexpr uint64_t kMaxVocabSize = 0x7fffffff;
 
-// A read-only 1-D token stream in a file. Never loads the whole file: Read() preads the range it
-// is asked for. Move-only; owns the file descriptor.
+// A read-only 1-D token stream in a file. Never loads the whole file: Read() reads the range it
+// is asked for (through the file seam, strata/file_system.h). Move-only; owns the open file.
 class TokenDataset {
  public:
   // Opens `path` and validates its header and size (see the file comment for the formats).
@@ -53,7 +55,8 @@ class TokenDataset {
   // (bad magic or header, unsupported dtype, not 1-D, a size that is not a whole number of
   // tokens, no tokens at all), DataLoss (the file is shorter than its header says).
   static Result<TokenDataset> Open(const std::string& path, uint64_t vocab_size,
-                                   TokenDtype bin_dtype = TokenDtype::kUint16);
+                                   TokenDtype bin_dtype = TokenDtype::kUint16,
+                                   FileSystem& fs = LocalFileSystem());
 
   TokenDataset(TokenDataset&& other) noexcept;
   TokenDataset& operator=(TokenDataset&& other) noexcept;
@@ -80,7 +83,7 @@ class TokenDataset {
   TokenDataset() = default;
 
   std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<File> file_;
   TokenDtype dtype_ = TokenDtype::kUint16;
   bool is_npy_ = false;
   uint64_t vocab_size_ = 0;
@@ -97,7 +100,7 @@ class TokenFileWriter {
  public:
   // `num_tokens` is the exact number of tokens that will be appended (checked by Commit).
   static Result<TokenFileWriter> Create(const std::string& path, TokenDtype dtype,
-                                        uint64_t num_tokens);
+                                        uint64_t num_tokens, FileSystem& fs = LocalFileSystem());
 
   TokenFileWriter(TokenFileWriter&& other) noexcept;
   TokenFileWriter& operator=(TokenFileWriter&& other) noexcept;
@@ -120,9 +123,10 @@ class TokenFileWriter {
   TokenFileWriter() = default;
   void Abandon();
 
+  FileSystem* fs_ = nullptr;
   std::string path_;
   std::string temp_path_;
-  int fd_ = -1;
+  std::unique_ptr<File> file_;  // null once committed or abandoned
   TokenDtype dtype_ = TokenDtype::kUint16;
   uint64_t header_bytes_ = 0;
   uint64_t num_tokens_ = 0;

@@ -5,35 +5,32 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <vector>
 
-#include "common/durable_file.h"
-#include "common/errno.h"
+#include "train/checkpoint.h"
 #include "train/safetensors.h"
 
 namespace strata::train {
 
 namespace fs = std::filesystem;
 
-bool HasAdapter(const std::string& dir) {
-  std::error_code ec;
-  return fs::exists(fs::path(dir) / kAdapterConfigFile, ec);
+bool HasAdapter(const std::string& dir, FileSystem& files) {
+  return files.Exists((fs::path(dir) / kAdapterConfigFile).string());
 }
 
-Result<LoraSettings> ReadAdapterConfig(const std::string& dir, std::string* note) {
+Result<LoraSettings> ReadAdapterConfig(const std::string& dir, std::string* note,
+                                       FileSystem& files) {
   const std::string path = (fs::path(dir) / kAdapterConfigFile).string();
-  std::ifstream in(path);
-  if (!in) return NotFoundError(fmt::format("{}: no such file (a PEFT adapter directory holds it)", path));
-  std::stringstream text;
-  text << in.rdbuf();
+  Result<std::string> text = ReadFileToString(files, path);
+  if (!text.ok()) {
+    return NotFoundError(fmt::format("{}: no such file (a PEFT adapter directory holds it)", path));
+  }
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text.str());
+    j = nlohmann::json::parse(*text);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(fmt::format("{}: not JSON: {}", path, e.what()));
   }
@@ -142,25 +139,22 @@ const SafetensorsTensor* FindAdapter(const SafetensorsModel& adapter, const std:
 
 Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& adapter_dir,
                              const std::string& out_dir,
-                             const std::function<void(const std::string&)>& print) {
-  STRATA_ASSIGN_OR_RETURN(const LoraSettings settings, ReadAdapterConfig(adapter_dir));
+                             const std::function<void(const std::string&)>& print,
+                             FileSystem& files) {
+  STRATA_ASSIGN_OR_RETURN(const LoraSettings settings,
+                          ReadAdapterConfig(adapter_dir, nullptr, files));
   const float scale = static_cast<float>(settings.lora_alpha / settings.r);
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsModel> base, SafetensorsModel::Open(base_dir));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsModel> base,
+                          SafetensorsModel::Open(base_dir, files));
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<SafetensorsModel> adapter,
-      SafetensorsModel::Open((fs::path(adapter_dir) / kAdapterModelFile).string()));
-  std::error_code ec;
-  if (fs::exists(fs::path(out_dir) / kSafetensorsModelFile, ec) ||
-      fs::exists(fs::path(out_dir) / kSafetensorsIndexFile, ec)) {
+      SafetensorsModel::Open((fs::path(adapter_dir) / kAdapterModelFile).string(), files));
+  if (HasWeights(out_dir, files)) {
     return AlreadyExistsError(fmt::format(
         "--out {}: holds model weights already; not overwriting them (choose another directory)",
         out_dir));
   }
-  fs::create_directories(out_dir, ec);
-  if (ec) {
-    return Status(StatusCode::kPermissionDenied,
-                  fmt::format("--out {}: cannot create the directory: {}", out_dir, ec.message()));
-  }
+  if (Status st = files.CreateDirs(out_dir); !st.ok()) return st.WithContext("--out");
 
   // Which base tensors take which adapters; every adapter tensor must be used.
   struct Pair {
@@ -209,16 +203,16 @@ Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& ada
                           SafetensorsLayout::Compute(specs, {{"format", "pt"}}));
   const std::string tmp = (fs::path(out_dir) / ".model.safetensors.tmp").string();
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
-                          SafetensorsWriter::Create(tmp, layout));
+                          SafetensorsWriter::Create(tmp, layout, files));
   // A merge that fails leaves no partial file behind.
   struct RemoveOnFailure {
+    FileSystem& files;
     const std::string& path;
     bool active = true;
     ~RemoveOnFailure() {
-      std::error_code ignored;
-      if (active) fs::remove(path, ignored);
+      if (active) (void)files.RemoveAll(path);
     }
-  } cleanup{tmp};
+  } cleanup{files, tmp};
   MergeStats stats;
   stats.bytes = layout.file_size();
   constexpr uint64_t kBlockElems = uint64_t{16} << 20;  // 64 MiB of fp32 per block
@@ -257,19 +251,20 @@ Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& ada
     if (print && it != pairs.end()) print(fmt::format("  merged {}", spec.name));
   }
   STRATA_RETURN_IF_ERROR(writer->Finish());
-  STRATA_RETURN_IF_ERROR(CommitFile(tmp, (fs::path(out_dir) / kSafetensorsModelFile).string()));
+  STRATA_RETURN_IF_ERROR(files.Rename(tmp, (fs::path(out_dir) / kSafetensorsModelFile).string()));
   cleanup.active = false;
   // The model's other files (config, tokenizer), so OUT loads as it is.
-  const fs::path base_path = fs::is_directory(base_dir, ec) ? fs::path(base_dir) : fs::path(base_dir).parent_path();
+  const fs::path base_path =
+      files.IsDirectory(base_dir) ? fs::path(base_dir) : fs::path(base_dir).parent_path();
   for (const char* name : {"config.json", "generation_config.json", "tokenizer.json",
                            "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"}) {
-    if (!fs::exists(base_path / name, ec)) continue;
-    fs::copy_file(base_path / name, fs::path(out_dir) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) {
-      return ErrnoToStatus(ec.value(), fmt::format("copy {} to {}", (base_path / name).string(), out_dir));
-    }
+    const std::string from = (base_path / name).string();
+    if (!files.Exists(from)) continue;
+    STRATA_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(files, from));
+    Status st = WriteFileDurable(files, (fs::path(out_dir) / name).string(), text);
+    if (!st.ok()) return st.WithContext(fmt::format("copy {} to {}", from, out_dir));
   }
-  STRATA_RETURN_IF_ERROR(FsyncDirectory(out_dir));
+  STRATA_RETURN_IF_ERROR(files.SyncDir(out_dir));
   return stats;
 }
 

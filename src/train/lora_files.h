@@ -15,6 +15,7 @@
 
 #include "model/llama_model.h"
 #include "strata/config.h"
+#include "strata/file_system.h"
 #include "strata/status.h"
 
 namespace strata::train {
@@ -23,13 +24,14 @@ inline constexpr std::string_view kAdapterConfigFile = "adapter_config.json";
 inline constexpr std::string_view kAdapterModelFile = "adapter_model.safetensors";
 
 // True when `dir` holds adapter_config.json.
-bool HasAdapter(const std::string& dir);
+bool HasAdapter(const std::string& dir, FileSystem& fs = LocalFileSystem());
 
 // DIR/adapter_config.json as LoRA settings. InvalidArgument naming the file and key for what
 // Strata does not run: a peft_type other than LORA, DoRA, rsLoRA, fan_in_fan_out, biases,
 // modules_to_save, layers_to_transform, per-module rank or alpha patterns. A non-zero
 // lora_dropout is read as 0 (Strata trains without dropout) and said in `*note`.
-Result<LoraSettings> ReadAdapterConfig(const std::string& dir, std::string* note = nullptr);
+Result<LoraSettings> ReadAdapterConfig(const std::string& dir, std::string* note = nullptr,
+                                       FileSystem& fs = LocalFileSystem());
 
 // With strata.lora on: adds the adapters' names ("*.lora_A.weight", "*.lora_B.weight") to
 // strata.trainable (once), so that they train and every other unit is frozen.
@@ -49,6 +51,7 @@ struct MergeStats {
 };
 Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& adapter_dir,
                              const std::string& out_dir,
-                             const std::function<void(const std::string&)>& print = {});
+                             const std::function<void(const std::string&)>& print = {},
+                             FileSystem& fs = LocalFileSystem());
 
 }  // namespace strata::train

@@ -8,10 +8,10 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "common/errno.h"
+#include "strata/file_system.h"
 
 namespace strata::train {
 namespace {
@@ -96,9 +96,31 @@ std::string Record(std::string_view data) {
   return out;
 }
 
-Status WriteFailed(const std::string& path) {
-  return ErrnoToStatus(errno != 0 ? errno : EIO, fmt::format("monitor: cannot write {}", path));
-}
+// A file the monitor appends to.
+class AppendFile {
+ public:
+  // Creates `path` anew, or (`append`) keeps what it holds.
+  static Result<AppendFile> Open(const std::string& path, bool append) {
+    AppendFile f;
+    Result<std::unique_ptr<File>> file =
+        LocalFileSystem().Open(path, append ? OpenMode::kAppend : OpenMode::kCreate);
+    if (!file.ok()) return file.status().WithContext("monitor");
+    f.file_ = std::move(file).value();
+    STRATA_ASSIGN_OR_RETURN(f.size_, f.file_->Size());
+    return f;
+  }
+  uint64_t size() const { return size_; }
+  Status Append(std::string_view data) {
+    Status st = file_->WriteAt(size_, data.data(), data.size());
+    if (!st.ok()) return st.WithContext("monitor");
+    size_ += data.size();
+    return Status::Ok();
+  }
+
+ private:
+  std::unique_ptr<File> file_;
+  uint64_t size_ = 0;
+};
 
 class TensorBoardWriter final : public MonitorWriter {
  public:
@@ -109,8 +131,7 @@ class TensorBoardWriter final : public MonitorWriter {
         dir / fmt::format("events.out.tfevents.{}.{}",
                           static_cast<int64_t>(WallTime()), host);
     auto w = std::unique_ptr<TensorBoardWriter>(new TensorBoardWriter(path.string()));
-    w->out_.open(w->path_, std::ios::binary | std::ios::trunc);
-    if (!w->out_) return WriteFailed(w->path_);
+    STRATA_ASSIGN_OR_RETURN(w->out_, AppendFile::Open(w->path_, /*append=*/false));
     STRATA_RETURN_IF_ERROR(w->Append(VersionEvent()));
     return std::unique_ptr<MonitorWriter>(std::move(w));
   }
@@ -123,14 +144,10 @@ class TensorBoardWriter final : public MonitorWriter {
 
  private:
   explicit TensorBoardWriter(std::string path) : path_(std::move(path)) {}
-  Status Append(const std::string& event) {
-    out_ << Record(event);
-    out_.flush();
-    return out_ ? Status::Ok() : WriteFailed(path_);
-  }
+  Status Append(const std::string& event) { return out_.Append(Record(event)); }
 
   std::string path_;
-  std::ofstream out_;
+  AppendFile out_;
 };
 
 class CsvWriter final : public MonitorWriter {
@@ -146,30 +163,23 @@ class CsvWriter final : public MonitorWriter {
           if (c == '/') c = '_';
         }
         const std::string path = (dir_ / (name + ".csv")).string();
-        std::ofstream f(path, std::ios::app);
-        if (!f) return WriteFailed(path);
-        if (f.tellp() == 0) {  // a new file (a resumed run appends to its own)
+        STRATA_ASSIGN_OR_RETURN(AppendFile f, AppendFile::Open(path, /*append=*/true));
+        if (f.size() == 0) {  // a new file (a resumed run appends to its own)
           const size_t slash = e.tag.rfind('/');
-          f << "step," << (slash == std::string::npos ? e.tag : e.tag.substr(slash + 1)) << "\n";
+          STRATA_RETURN_IF_ERROR(f.Append(fmt::format(
+              "step,{}\n", slash == std::string::npos ? e.tag : e.tag.substr(slash + 1))));
         }
-        it = files_.emplace(e.tag, File{path, std::move(f)}).first;
+        it = files_.emplace(e.tag, std::move(f)).first;
       }
-      File& file = it->second;
-      file.out << e.step << "," << fmt::format("{}", e.value) << "\n";
-      file.out.flush();
-      if (!file.out) return WriteFailed(file.path);
+      STRATA_RETURN_IF_ERROR(it->second.Append(fmt::format("{},{}\n", e.step, e.value)));
     }
     return Status::Ok();
   }
   std::string where() const override { return dir_.string(); }
 
  private:
-  struct File {
-    std::string path;
-    std::ofstream out;
-  };
   std::filesystem::path dir_;
-  std::map<std::string, File> files_;
+  std::map<std::string, AppendFile> files_;
 };
 
 Result<std::filesystem::path> MonitorDir(const MonitorConfig& m, std::string_view section) {
@@ -182,11 +192,9 @@ Result<std::filesystem::path> MonitorDir(const MonitorConfig& m, std::string_vie
   }
   const std::filesystem::path dir =
       std::filesystem::path(m.output_path.empty() ? "." : m.output_path) / m.job_name;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
+  if (Status st = LocalFileSystem().CreateDirs(dir.string()); !st.ok()) {
     return Status(StatusCode::kFailedPrecondition,
-                  fmt::format("{}: cannot create {}: {}", section, dir.string(), ec.message()));
+                  fmt::format("{}: cannot {}", section, st.message()));
   }
   return dir;
 }

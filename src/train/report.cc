@@ -6,12 +6,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <vector>
 
-#include "common/durable_file.h"
+#include "strata/file_system.h"
 #include "common/units.h"
 
 namespace strata::train {
@@ -190,10 +190,11 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 Result<std::string> RenderReport(const ReportOptions& o) {
-  std::ifstream in(o.metrics_path);
-  if (!in) {
+  Result<std::string> metrics_text = ReadFileToString(LocalFileSystem(), o.metrics_path);
+  if (!metrics_text.ok()) {
     return InvalidArgumentError(fmt::format("{}: cannot open the metrics file", o.metrics_path));
   }
+  std::istringstream in(*metrics_text);
   std::vector<nlohmann::json> rows;
   int line_no = 0;
   for (std::string line; std::getline(in, line);) {
@@ -308,9 +309,10 @@ Result<std::string> RenderReport(const ReportOptions& o) {
           "\n";
 
   if (!o.trace_path.empty()) {
-    std::ifstream t(o.trace_path);
-    nlohmann::json trace = nlohmann::json::parse(t, nullptr, /*allow_exceptions=*/false);
-    if (!t || trace.is_discarded()) {
+    const Result<std::string> t = ReadFileToString(LocalFileSystem(), o.trace_path);
+    const nlohmann::json trace = t.ok() ? nlohmann::json::parse(*t, nullptr, /*allow_exceptions=*/false)
+                                        : nlohmann::json(nlohmann::json::value_t::discarded);
+    if (trace.is_discarded()) {
       return InvalidArgumentError(
           fmt::format("{}: not a Chrome trace (strata train --trace writes one)", o.trace_path));
     }
@@ -344,15 +346,8 @@ Result<std::string> RenderReport(const ReportOptions& o) {
 
 Status WriteReport(const ReportOptions& options, const std::string& out_path) {
   STRATA_ASSIGN_OR_RETURN(const std::string html, RenderReport(options));
-  const std::string tmp = out_path + ".tmp";
-  STRATA_RETURN_IF_ERROR(WriteFileDurable(tmp, html));
-  std::error_code ec;
-  std::filesystem::rename(tmp, out_path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    return Status(StatusCode::kPermissionDenied,
-                  fmt::format("report: cannot write {}: {}", out_path, ec.message()));
-  }
+  Status st = WriteFileAtomic(LocalFileSystem(), out_path, html);
+  if (!st.ok()) return st.WithContext("report");
   return Status::Ok();
 }
 

@@ -1,6 +1,5 @@
 #include "train/run.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -10,11 +9,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <span>
 
-#include "common/errno.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "train/lora_files.h"
@@ -26,29 +23,31 @@ namespace {
 
 // Creates `dir` if needed and proves it writable by creating and removing a file in it.
 Status ProbeDirectory(const std::string& dir, std::string_view what) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    return ErrnoToStatus(ec.value(), fmt::format("{} {}: cannot create the directory", what, dir));
+  FileSystem& fs = LocalFileSystem();
+  if (Status st = fs.CreateDirs(dir); !st.ok()) {
+    return Status(st.code(), fmt::format("{} {}: {}", what, dir, st.message()));
   }
   const std::string probe =
       (std::filesystem::path(dir) / fmt::format(".strata-probe-{}", ::getpid())).string();
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return ErrnoToStatus(errno, fmt::format("{} {}: cannot write in the directory", what, dir));
+  Result<std::unique_ptr<File>> f = fs.Open(probe, OpenMode::kCreate);
+  if (!f.ok()) {
+    return Status(f.status().code(),
+                  fmt::format("{} {}: cannot write in the directory: {}", what, dir,
+                              f.status().message()));
   }
-  ::close(fd);
-  ::unlink(probe.c_str());
-  return Status::Ok();
+  f->reset();
+  return fs.RemoveAll(probe);
 }
 
 // Opens `path` for appending (creating it, never truncating) to prove it can be written.
 Status ProbeFile(const std::string& path, std::string_view what) {
   const std::filesystem::path p(path);
   if (!p.parent_path().empty()) STRATA_RETURN_IF_ERROR(ProbeDirectory(p.parent_path().string(), what));
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("{} {}: cannot open for writing", what, path));
-  ::close(fd);
+  Result<std::unique_ptr<File>> f = LocalFileSystem().Open(path, OpenMode::kAppend);
+  if (!f.ok()) {
+    return Status(f.status().code(), fmt::format("{} {}: cannot open for writing: {}", what, path,
+                                                 f.status().message()));
+  }
   return Status::Ok();
 }
 
@@ -465,12 +464,10 @@ Status WriteEvalJson(const RunPlan& plan, const Run& run, const EvalResult& r) {
                             {"loss", r.loss},
                             {"perplexity", std::exp(r.loss)},
                             {"seconds", r.seconds}};
-  std::ofstream out(o.eval_json, std::ios::trunc);
-  out << j.dump(1) << "\n";
-  if (!out) {
-    return Status(StatusCode::kPermissionDenied,
-                  fmt::format("--json {}: cannot write", o.eval_json));
-  }
+  const std::string text = j.dump(1) + "\n";
+  Result<std::unique_ptr<File>> out = LocalFileSystem().Open(o.eval_json, OpenMode::kCreate);
+  Status st = out.ok() ? (*out)->WriteAt(0, text.data(), text.size()) : out.status();
+  if (!st.ok()) return st.WithContext("--json");
   return Status::Ok();
 }
 

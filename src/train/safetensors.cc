@@ -1,9 +1,6 @@
 #include "train/safetensors.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -15,8 +12,6 @@
 #include <span>
 #include <utility>
 
-#include "common/durable_file.h"
-#include "common/errno.h"
 #include "io/checksum_store.h"
 #include "common/log.h"
 
@@ -52,61 +47,6 @@ constexpr DTypeEntry kDTypes[] = {
     {SafetensorsDType::kU64, "U64", 8},
 };
 
-// Closes a file descriptor on scope exit unless released.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  ~FdCloser() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-// Reads exactly `length` bytes at `offset`; end of file first is DataLoss (the file is shorter
-// than its header says).
-Status PreadFully(int fd, void* buffer, uint64_t length, uint64_t offset, const std::string& path) {
-  auto* out = static_cast<char*>(buffer);
-  uint64_t done = 0;
-  while (done < length) {
-    ssize_t n = ::pread(fd, out + done, length - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, fmt::format("pread {} at offset {}", path, offset + done));
-    }
-    if (n == 0) {
-      return DataLossError(
-          fmt::format("{}: unexpected end of file at offset {} (wanted {} bytes at "
-                      "offset {}); the file is truncated",
-                      path, offset + done, length, offset));
-    }
-    done += static_cast<uint64_t>(n);
-  }
-  return Status::Ok();
-}
-
-Status PwriteFully(int fd, const void* buffer, uint64_t length, uint64_t offset,
-                   const std::string& path) {
-  const auto* in = static_cast<const char*>(buffer);
-  uint64_t done = 0;
-  while (done < length) {
-    ssize_t n = ::pwrite(fd, in + done, length - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, fmt::format("pwrite {} at offset {}", path, offset + done));
-    }
-    if (n == 0) {
-      return DataLossError(
-          fmt::format("pwrite {} at offset {} wrote nothing", path, offset + done));
-    }
-    done += static_cast<uint64_t>(n);
-  }
-  return Status::Ok();
-}
 
 // dst[i] = src[i] for n elements, converting through fp32 (exact from 16-bit formats; one
 // round-to-nearest-even to them).
@@ -308,23 +248,22 @@ std::optional<DType> ToDeviceDType(SafetensorsDType dtype) {
 // ---------------------------------------------------------------------------------------------
 // SafetensorsFile
 
-Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open safetensors file {}", path));
-  FdCloser closer(fd);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, fmt::format("fstat {}", path));
-  if (!S_ISREG(st.st_mode)) {
+Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path,
+                                                               FileSystem& fs) {
+  if (fs.IsDirectory(path)) {
     return InvalidArgumentError(fmt::format("{}: not a regular file", path));
   }
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+  Result<std::unique_ptr<File>> opened = fs.Open(path, OpenMode::kRead);
+  if (!opened.ok()) return opened.status().WithContext("safetensors file");
+  std::unique_ptr<File> f = std::move(opened).value();
+  STRATA_ASSIGN_OR_RETURN(const uint64_t file_size, f->Size());
   if (file_size < 8) {
     return DataLossError(fmt::format(
         "{}: {} bytes long, shorter than the 8-byte header length of a safetensors file", path,
         file_size));
   }
   unsigned char length_bytes[8];
-  STRATA_RETURN_IF_ERROR(PreadFully(fd, length_bytes, 8, 0, path));
+  STRATA_RETURN_IF_ERROR(f->ReadAt(0, length_bytes, 8));
   uint64_t header_length = 0;
   for (int i = 7; i >= 0; --i)
     header_length = (header_length << 8) | length_bytes[i];
@@ -340,7 +279,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string
                     kMaxHeaderBytes));
   }
   std::string text(header_length, '\0');
-  STRATA_RETURN_IF_ERROR(PreadFully(fd, text.data(), header_length, 8, path));
+  STRATA_RETURN_IF_ERROR(f->ReadAt(8, text.data(), header_length));
   STRATA_ASSIGN_OR_RETURN(Json root, ParseHeaderJson(text, path, "the header"));
 
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
@@ -389,15 +328,13 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string
   }
   for (size_t i = 0; i < file->tensors_.size(); ++i)
     file->by_name_.emplace(file->tensors_[i].name, i);
-  file->fd_ = closer.release();
+  file->file_ = std::move(f);
   STRATA_LOG(debug, train, "opened {}: {} tensors, data at offset {}", path, file->tensors_.size(),
              file->data_offset_);
   return file;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const SafetensorsTensor* SafetensorsFile::Find(std::string_view name) const {
   auto it = by_name_.find(name);
@@ -413,13 +350,12 @@ Status SafetensorsFile::ReadRange(std::string_view name, uint64_t element_offset
   STRATA_ASSIGN_OR_RETURN(DType src_dtype, CheckRange(*tensor, element_offset, count, path_));
   const uint64_t src_size = device::DTypeSize(src_dtype);
   const uint64_t offset = tensor->file_offset + element_offset * src_size;
-  if (src_dtype == dst_dtype) return PreadFully(fd_, dst, count * src_size, offset, path_);
+  if (src_dtype == dst_dtype) return file_->ReadAt(offset, dst, count * src_size);
   std::vector<char> bounce(std::min(count, kBounceElements) * src_size);
   const uint64_t dst_size = device::DTypeSize(dst_dtype);
   for (uint64_t done = 0; done < count;) {
     const uint64_t n = std::min(count - done, kBounceElements);
-    STRATA_RETURN_IF_ERROR(
-        PreadFully(fd_, bounce.data(), n * src_size, offset + done * src_size, path_));
+    STRATA_RETURN_IF_ERROR(file_->ReadAt(offset + done * src_size, bounce.data(), n * src_size));
     ConvertElements(bounce.data(), src_dtype, static_cast<char*>(dst) + done * dst_size, dst_dtype,
                     n);
     done += n;
@@ -430,14 +366,14 @@ Status SafetensorsFile::ReadRange(std::string_view name, uint64_t element_offset
 // ---------------------------------------------------------------------------------------------
 // SafetensorsModel
 
-Result<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path source(path);
-  if (fs::is_directory(source, ec)) {
-    if (fs::exists(source / kSafetensorsModelFile, ec)) {
+Result<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::string& path,
+                                                                 FileSystem& fs) {
+  using FsPath = std::filesystem::path;
+  FsPath source(path);
+  if (fs.IsDirectory(source.string())) {
+    if (fs.Exists((source / kSafetensorsModelFile).string())) {
       source /= kSafetensorsModelFile;
-    } else if (fs::exists(source / kSafetensorsIndexFile, ec)) {
+    } else if (fs.Exists((source / kSafetensorsIndexFile).string())) {
       source /= kSafetensorsIndexFile;
     } else {
       return NotFoundError(fmt::format("model directory {} holds neither {} nor {}", path,
@@ -448,7 +384,7 @@ Result<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::stri
   model->source_ = source.string();
   if (source.extension() != ".json") {
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                            SafetensorsFile::Open(model->source_));
+                            SafetensorsFile::Open(model->source_, fs));
     for (const SafetensorsTensor& t : file->tensors())
       model->by_name_.emplace(t.name, file.get());
     model->files_.push_back(std::move(file));
@@ -457,17 +393,15 @@ Result<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::stri
 
   // A sharded model: the index maps each tensor to a file beside it.
   const std::string& index = model->source_;
-  int fd = ::open(index.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open safetensors index {}", index));
-  FdCloser closer(fd);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, fmt::format("fstat {}", index));
-  if (static_cast<uint64_t>(st.st_size) > kMaxHeaderBytes) {
-    return InvalidArgumentError(fmt::format("{}: {} bytes is too large for an index", index,
-                                            static_cast<uint64_t>(st.st_size)));
+  Result<std::unique_ptr<File>> opened = fs.Open(index, OpenMode::kRead);
+  if (!opened.ok()) return opened.status().WithContext("safetensors index");
+  STRATA_ASSIGN_OR_RETURN(const uint64_t index_size, (*opened)->Size());
+  if (index_size > kMaxHeaderBytes) {
+    return InvalidArgumentError(
+        fmt::format("{}: {} bytes is too large for an index", index, index_size));
   }
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  STRATA_RETURN_IF_ERROR(PreadFully(fd, text.data(), text.size(), 0, index));
+  std::string text(static_cast<size_t>(index_size), '\0');
+  STRATA_RETURN_IF_ERROR((*opened)->ReadAt(0, text.data(), text.size()));
   STRATA_ASSIGN_OR_RETURN(Json root, ParseHeaderJson(text, index, "the index"));
   if (!root.contains("weight_map") || !root["weight_map"].is_object()) {
     return InvalidArgumentError(fmt::format(
@@ -482,9 +416,9 @@ Result<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::stri
                       tensor, shard.type_name()));
     }
     std::string name = shard.get<std::string>();
-    fs::path shard_path(name);
+    FsPath shard_path(name);
     bool escapes = name.empty() || shard_path.is_absolute();
-    for (const fs::path& part : shard_path)
+    for (const FsPath& part : shard_path)
       escapes = escapes || part == "..";
     if (escapes) {
       return InvalidArgumentError(fmt::format(
@@ -494,10 +428,11 @@ Result<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::stri
     weight_map.emplace(tensor, name);
     shards.insert(name);
   }
-  const fs::path dir = source.parent_path();
+  const FsPath dir = source.parent_path();
   std::map<std::string, const SafetensorsFile*> by_shard;
   for (const std::string& shard : shards) {
-    Result<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open((dir / shard).string());
+    Result<std::unique_ptr<SafetensorsFile>> file =
+        SafetensorsFile::Open((dir / shard).string(), fs);
     if (!file.ok()) return file.status().WithContext(fmt::format("shard '{}' of {}", shard, index));
     by_shard[shard] = file->get();
     model->files_.push_back(std::move(file).value());
@@ -628,70 +563,54 @@ const SafetensorsTensor* SafetensorsLayout::Find(std::string_view name) const {
 // ---------------------------------------------------------------------------------------------
 // SafetensorsWriter
 
-SafetensorsWriter::SafetensorsWriter(std::string path, SafetensorsLayout layout, int fd)
-    : path_(std::move(path)), layout_(std::move(layout)), fd_(fd) {}
+SafetensorsWriter::SafetensorsWriter(std::string path, SafetensorsLayout layout,
+                                     std::unique_ptr<File> file)
+    : path_(std::move(path)), layout_(std::move(layout)), file_(std::move(file)) {}
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsWriter::~SafetensorsWriter() = default;
 
 Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
-    const std::string& path, const SafetensorsLayout& layout) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("create safetensors file {}", path));
-  FdCloser closer(fd);
-  const auto size = static_cast<off_t>(layout.file_size());
+    const std::string& path, const SafetensorsLayout& layout, FileSystem& fs) {
+  Result<std::unique_ptr<File>> opened = fs.Open(path, OpenMode::kCreate);
+  if (!opened.ok()) return opened.status().WithContext("safetensors file");
+  std::unique_ptr<File> f = std::move(opened).value();
   // Reserving the blocks now turns a full disk into an error here, before any data is written.
-  // fallocate, not posix_fallocate: glibc's emulation writes every block where the filesystem
-  // cannot, which for a checkpoint is gigabytes; a sparse file is the better fallback.
-  if (::fallocate(fd, 0, 0, size) != 0) {
-    const int err = errno;
-    if (err != EOPNOTSUPP && err != ENOSYS) {
-      return ErrnoToStatus(err, fmt::format("reserve {} bytes for {}", layout.file_size(), path));
-    }
-    STRATA_LOG_ONCE(debug, train, "fallocate unsupported for {}; the file will be sparse", path);
-    if (::ftruncate(fd, size) != 0) {
-      return ErrnoToStatus(errno,
-                           fmt::format("ftruncate {} to {} bytes", path, layout.file_size()));
-    }
-  }
-  STRATA_RETURN_IF_ERROR(PwriteFully(fd, layout.header().data(), layout.header().size(), 0, path));
+  STRATA_RETURN_IF_ERROR(f->Reserve(layout.file_size()));
+  STRATA_RETURN_IF_ERROR(f->WriteAt(0, layout.header().data(), layout.header().size()));
   // On a shared filesystem (NFS: close-to-open consistency) the other writers open the file on
   // other nodes after the caller's barrier; make the size and header durable and visible first.
-  if (::fsync(fd) != 0) return ErrnoToStatus(errno, fmt::format("fsync {}", path));
-  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter(path, layout, closer.release()));
+  STRATA_RETURN_IF_ERROR(f->Sync());
+  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter(path, layout, std::move(f)));
   w->written_.push_back({0, layout.header().size(),
                          io::Checksum64(std::as_bytes(std::span(layout.header()))), "header"});
   return w;
 }
 
 Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Open(
-    const std::string& path, const SafetensorsLayout& layout) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0)
-    return ErrnoToStatus(errno, fmt::format("open safetensors file {} for writing", path));
-  FdCloser closer(fd);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, fmt::format("fstat {}", path));
-  if (static_cast<uint64_t>(st.st_size) != layout.file_size()) {
+    const std::string& path, const SafetensorsLayout& layout, FileSystem& fs) {
+  Result<std::unique_ptr<File>> opened = fs.Open(path, OpenMode::kReadWrite);
+  if (!opened.ok()) return opened.status().WithContext("safetensors file, for writing");
+  std::unique_ptr<File> f = std::move(opened).value();
+  STRATA_ASSIGN_OR_RETURN(const uint64_t size, f->Size());
+  if (size != layout.file_size()) {
     return FailedPreconditionError(fmt::format(
         "{}: {} bytes, but the layout needs {}; was it created (SafetensorsWriter::Create) from "
         "the same tensor list?",
-        path, static_cast<uint64_t>(st.st_size), layout.file_size()));
+        path, size, layout.file_size()));
   }
   std::string header(layout.header().size(), '\0');
-  STRATA_RETURN_IF_ERROR(PreadFully(fd, header.data(), header.size(), 0, path));
+  STRATA_RETURN_IF_ERROR(f->ReadAt(0, header.data(), header.size()));
   if (header != layout.header()) {
     return FailedPreconditionError(fmt::format(
         "{}: the header differs from this layout's; the file was created from another tensor list",
         path));
   }
-  return std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter(path, layout, closer.release()));
+  return std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter(path, layout, std::move(f)));
 }
 
 Status SafetensorsWriter::WriteRange(std::string_view name, uint64_t element_offset, uint64_t count,
                                      const void* src, DType src_dtype) {
-  if (fd_ < 0) {
+  if (!file_) {
     return FailedPreconditionError(fmt::format("{}: WriteRange after Finish", path_));
   }
   const SafetensorsTensor* tensor = layout_.Find(name);
@@ -703,7 +622,7 @@ Status SafetensorsWriter::WriteRange(std::string_view name, uint64_t element_off
   const uint64_t offset = tensor->file_offset + element_offset * file_size;
   if (count == 0) return Status::Ok();
   if (src_dtype == file_dtype) {
-    STRATA_RETURN_IF_ERROR(PwriteFully(fd_, src, count * file_size, offset, path_));
+    STRATA_RETURN_IF_ERROR(file_->WriteAt(offset, src, count * file_size));
     written_.push_back({offset, count * file_size,
                         io::Checksum64({static_cast<const std::byte*>(src), count * file_size}),
                         std::string(name)});
@@ -716,8 +635,7 @@ Status SafetensorsWriter::WriteRange(std::string_view name, uint64_t element_off
     const uint64_t n = std::min(count - done, kBounceElements);
     ConvertElements(static_cast<const char*>(src) + done * src_size, src_dtype, bounce.data(),
                     file_dtype, n);
-    STRATA_RETURN_IF_ERROR(
-        PwriteFully(fd_, bounce.data(), n * file_size, offset + done * file_size, path_));
+    STRATA_RETURN_IF_ERROR(file_->WriteAt(offset + done * file_size, bounce.data(), n * file_size));
     hash.Update(bounce.data(), n * file_size);
     done += n;
   }
@@ -726,41 +644,25 @@ Status SafetensorsWriter::WriteRange(std::string_view name, uint64_t element_off
 }
 
 Status SafetensorsWriter::Finish() {
-  if (fd_ < 0) return Status::Ok();
-  const int fd = std::exchange(fd_, -1);
+  if (!file_) return Status::Ok();
   // Closed whatever happens: a failed fsync leaves the page cache state unknown, and retrying
   // on the same descriptor would report success falsely (the error is consumed).
-  Status status;
-  if (::fsync(fd) != 0) status = ErrnoToStatus(errno, fmt::format("fsync {}", path_));
-  if (::close(fd) != 0 && status.ok())
-    status = ErrnoToStatus(errno, fmt::format("close {}", path_));
-  return status;
+  const std::unique_ptr<File> file = std::move(file_);
+  return file->Sync();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Index and commit
 
 Status WriteSafetensorsIndex(const std::string& path, uint64_t total_size,
-                             const std::map<std::string, std::string>& weight_map) {
+                             const std::map<std::string, std::string>& weight_map, FileSystem& fs) {
   OrderedJson index = OrderedJson::object();
   index["metadata"] = OrderedJson{{"total_size", total_size}};
   OrderedJson map = OrderedJson::object();
   for (const auto& [tensor, file] : weight_map)
     map[tensor] = file;
   index["weight_map"] = std::move(map);
-  return WriteFileDurable(path, index.dump(2) + "\n");
-}
-
-Status CommitFile(const std::string& tmp_path, const std::string& final_path) {
-  STRATA_RETURN_IF_ERROR(FsyncPath(tmp_path, O_RDONLY));
-  if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
-    return ErrnoToStatus(errno, fmt::format("rename {} to {}", tmp_path, final_path));
-  }
-  return FsyncDirectory(std::filesystem::path(final_path).parent_path().string());
-}
-
-Status FsyncDirectory(const std::string& dir) {
-  return FsyncPath(dir.empty() ? std::string(".") : dir, O_RDONLY | O_DIRECTORY);
+  return WriteFileDurable(fs, path, index.dump(2) + "\n");
 }
 
 }  // namespace strata::train

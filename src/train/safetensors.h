@@ -6,8 +6,9 @@
 // and then the data section; offsets are relative to its start (byte 8 + N). Tensors are stored
 // row-major, little-endian, without strides.
 //
-// Reading (SafetensorsFile, SafetensorsModel) validates the whole header up front, then reads any
-// element range of any tensor with pread, converting F32 / BF16 / F16 to the caller's dtype. The
+// Every byte goes through the file seam (strata/file_system.h): the local file system unless a
+// caller passes another. Reading (SafetensorsFile, SafetensorsModel) validates the whole header
+// up front, then reads any element range of any tensor with positioned reads, converting F32 / BF16 / F16 to the caller's dtype. The
 // file is never loaded or mapped as a whole, so a rank reads only the slice it owns.
 //
 // Writing is split so that several processes can fill one file: SafetensorsLayout turns a list of
@@ -15,8 +16,8 @@
 // computes it from the same list gets the same bytes). One process calls SafetensorsWriter::Create
 // (create/truncate, size the file, write the header); after the caller's own barrier the others
 // call SafetensorsWriter::Open on the same path; each writes its disjoint element ranges with
-// WriteRange and calls Finish (fsync). One process then publishes the file with CommitFile (fsync,
-// rename the temporary name to the final one, fsync the directory).
+// WriteRange and calls Finish (sync). The caller publishes the files (checkpoint.h: a temporary
+// directory renamed into place).
 //
 // Layout choices (what our writer produces; the reader accepts any valid file):
 //   - The header JSON is padded with spaces so that the data section starts at a multiple of 8.
@@ -47,6 +48,7 @@
 #include <vector>
 
 #include "strata/device.h"
+#include "strata/file_system.h"
 #include "strata/status.h"
 
 namespace strata::train {
@@ -101,7 +103,8 @@ struct SafetensorsTensor {
 class SafetensorsFile {
  public:
   // Opens `path` and validates its header against the file's size. Errors name `path`.
-  static Result<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  static Result<std::unique_ptr<SafetensorsFile>> Open(const std::string& path,
+                                                       FileSystem& fs = LocalFileSystem());
 
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -131,7 +134,7 @@ class SafetensorsFile {
   SafetensorsFile() = default;
 
   std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<File> file_;
   uint64_t file_size_ = 0;
   uint64_t data_offset_ = 0;
   std::vector<SafetensorsTensor> tensors_;
@@ -152,7 +155,8 @@ class SafetensorsModel {
   // index, every shard it names is opened and every tensor it maps must exist in its shard;
   // tensors a shard holds but the index does not map are not part of the model. Errors name the
   // directory, the index file and the shard.
-  static Result<std::unique_ptr<SafetensorsModel>> Open(const std::string& path);
+  static Result<std::unique_ptr<SafetensorsModel>> Open(const std::string& path,
+                                                        FileSystem& fs = LocalFileSystem());
 
   // What was opened: the file or the index.
   const std::string& source() const { return source_; }
@@ -211,7 +215,7 @@ class SafetensorsLayout {
   std::map<std::string, size_t, std::less<>> by_name_;
 };
 
-// Writes element ranges of the tensors of one layout into one file, with pwrite.
+// Writes element ranges of the tensors of one layout into one file, with positioned writes.
 class SafetensorsWriter {
  public:
   // Creates `path` (truncating any existing file), reserves layout.file_size() bytes (fallocate,
@@ -219,11 +223,13 @@ class SafetensorsWriter {
   // writes the header. Exactly one process
   // calls this for a file; the others Open it after it returns.
   static Result<std::unique_ptr<SafetensorsWriter>> Create(const std::string& path,
-                                                           const SafetensorsLayout& layout);
+                                                           const SafetensorsLayout& layout,
+                                                           FileSystem& fs = LocalFileSystem());
   // Opens a file made by Create for the same layout. FailedPrecondition when its size or header
   // differ (not created yet, or created from another tensor list).
   static Result<std::unique_ptr<SafetensorsWriter>> Open(const std::string& path,
-                                                         const SafetensorsLayout& layout);
+                                                         const SafetensorsLayout& layout,
+                                                         FileSystem& fs = LocalFileSystem());
 
   // Closes without fsync when Finish was not called.
   ~SafetensorsWriter();
@@ -254,26 +260,18 @@ class SafetensorsWriter {
   const std::vector<WrittenRange>& written() const { return written_; }
 
  private:
-  SafetensorsWriter(std::string path, SafetensorsLayout layout, int fd);
+  SafetensorsWriter(std::string path, SafetensorsLayout layout, std::unique_ptr<File> file);
 
   std::string path_;
   SafetensorsLayout layout_;
-  int fd_ = -1;
+  std::unique_ptr<File> file_;  // null after Finish
   std::vector<WrittenRange> written_;
 };
 
 // Writes a Hugging Face index ({"metadata": {"total_size": N}, "weight_map": {tensor: file}}) to
-// `path` and fsyncs it. `total_size` is the sum of the tensors' byte sizes over all shards.
-// Publish it with CommitFile like the shards.
+// `path` and syncs it. `total_size` is the sum of the tensors' byte sizes over all shards.
 Status WriteSafetensorsIndex(const std::string& path, uint64_t total_size,
-                             const std::map<std::string, std::string>& weight_map);
-
-// Publishes `tmp_path` as `final_path` atomically: fsync the file, rename it over `final_path`,
-// fsync the directory that holds `final_path`. After a crash either the old or the new file is
-// there, complete.
-Status CommitFile(const std::string& tmp_path, const std::string& final_path);
-
-// fsyncs directory `dir` ("" means "."), making the renames and creations in it durable.
-Status FsyncDirectory(const std::string& dir);
+                             const std::map<std::string, std::string>& weight_map,
+                             FileSystem& fs = LocalFileSystem());
 
 }  // namespace strata::train

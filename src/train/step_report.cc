@@ -32,12 +32,14 @@ Result<std::unique_ptr<StepReporter>> StepReporter::Open(const RunPlan& plan, Ru
   std::unique_ptr<StepReporter> r(new StepReporter(plan, run));
   const TrainOptions& o = plan.options;
   if (!o.metrics_path.empty() && run.rank() == 0) {
-    r->metrics_ = std::make_unique<std::ofstream>(
-        o.metrics_path, plan.resumed ? std::ios::app : std::ios::trunc);
-    if (!*r->metrics_) {
-      return Status(StatusCode::kPermissionDenied,
-                    fmt::format("--metrics {}: cannot open for writing", o.metrics_path));
+    Result<std::unique_ptr<File>> f = LocalFileSystem().Open(
+        o.metrics_path, plan.resumed ? OpenMode::kAppend : OpenMode::kCreate);
+    if (!f.ok()) {
+      return Status(f.status().code(), fmt::format("--metrics {}: cannot open for writing: {}",
+                                                   o.metrics_path, f.status().message()));
     }
+    r->metrics_ = std::move(f).value();
+    STRATA_ASSIGN_OR_RETURN(r->metrics_size_, r->metrics_->Size());
   }
   if (run.rank() == 0 && !plan.eval_only()) {
     STRATA_ASSIGN_OR_RETURN(r->monitors_, CreateMonitors(plan.config));
@@ -84,7 +86,7 @@ std::string StepReporter::Line(int64_t done, const zero::StepResult& r, const Fi
       f.pageable > 0 ? fmt::format(" | {} pageable copies", f.pageable) : "");
 }
 
-void StepReporter::WriteMetrics(int64_t done, const zero::StepResult& r, const Figures& f,
+Status StepReporter::WriteMetrics(int64_t done, const zero::StepResult& r, const Figures& f,
                                 const std::optional<EvalResult>& eval) {
   const device::PinnedPoolStats pool =
       run_.stack.pool ? run_.stack.pool->stats() : device::PinnedPoolStats{};
@@ -119,8 +121,10 @@ void StepReporter::WriteMetrics(int64_t done, const zero::StepResult& r, const F
     j["eval_loss"] = eval->loss;
     j["eval_perplexity"] = std::exp(eval->loss);
   }
-  *metrics_ << j.dump() << "\n";
-  metrics_->flush();
+  const std::string line = j.dump() + "\n";
+  STRATA_RETURN_IF_ERROR(metrics_->WriteAt(metrics_size_, line.data(), line.size()));
+  metrics_size_ += line.size();
+  return Status::Ok();
 }
 
 Status StepReporter::WriteMonitors(int64_t done, const zero::StepResult& r, const Figures& f,
@@ -159,7 +163,7 @@ void StepReporter::SayStep(int64_t done, const zero::StepResult& r) {
 Status StepReporter::Record(int64_t done, const zero::StepResult& r,
                             const std::optional<EvalResult>& eval) {
   if (eval) run_.say(fmt::format("eval at step {}: {}", done, EvalLine(plan_, run_, *eval)));
-  if (metrics_) WriteMetrics(done, r, *current_, eval);
+  if (metrics_) STRATA_RETURN_IF_ERROR(WriteMetrics(done, r, *current_, eval));
   if (!monitors_.empty()) STRATA_RETURN_IF_ERROR(WriteMonitors(done, r, *current_, eval));
   return Status::Ok();
 }

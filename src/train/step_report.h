@@ -5,11 +5,11 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "strata/file_system.h"
 #include "strata/status.h"
 #include "train/monitor.h"
 #include "train/run.h"
@@ -40,8 +40,8 @@ class StepReporter {
   struct Figures;
   void Measure(const zero::StepResult& r);
   std::string Line(int64_t done, const zero::StepResult& r, const Figures& f) const;
-  void WriteMetrics(int64_t done, const zero::StepResult& r, const Figures& f,
-                    const std::optional<EvalResult>& eval);
+  Status WriteMetrics(int64_t done, const zero::StepResult& r, const Figures& f,
+                      const std::optional<EvalResult>& eval);
   Status WriteMonitors(int64_t done, const zero::StepResult& r, const Figures& f,
                        const std::optional<EvalResult>& eval);
 
@@ -52,7 +52,8 @@ class StepReporter {
   zero::EngineStats last_{};
   uint64_t pageable_seen_ = 0;
   std::unique_ptr<Figures> current_;  // the step SayStep measured
-  std::unique_ptr<std::ofstream> metrics_;
+  std::unique_ptr<File> metrics_;  // --metrics (rank 0)
+  uint64_t metrics_size_ = 0;
   std::vector<std::unique_ptr<MonitorWriter>> monitors_;
 };
 

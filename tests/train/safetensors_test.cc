@@ -160,7 +160,7 @@ TEST(SafetensorsTest, RoundTripWithConversion) {
               StatusCode::kFailedPrecondition);
     EXPECT_TRUE((*writer)->Finish().ok());
   }
-  ASSERT_TRUE(CommitFile(tmp, path).ok());
+  ASSERT_TRUE(LocalFileSystem().Rename(tmp, path).ok());
   EXPECT_FALSE(std::filesystem::exists(tmp));
   EXPECT_EQ(std::filesystem::file_size(path), layout->file_size());
 
@@ -275,7 +275,7 @@ TEST(SafetensorsTest, TwoProcessesWriteDisjointHalves) {
   ASSERT_EQ(WEXITSTATUS(wstatus), 0);
 
   const std::string path = dir.file("shared.safetensors");
-  ASSERT_TRUE(CommitFile(tmp, path).ok());
+  ASSERT_TRUE(LocalFileSystem().Rename(tmp, path).ok());
   Result<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   EXPECT_EQ(ReadAll(**file, "a"), a);
@@ -316,7 +316,7 @@ void WriteShard(const std::string& path, const std::vector<SafetensorsTensorSpec
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   WriteAllFromFloat(**w);
   ASSERT_TRUE((*w)->Finish().ok());
-  ASSERT_TRUE(CommitFile(path + ".tmp", path).ok());
+  ASSERT_TRUE(LocalFileSystem().Rename(path + ".tmp", path).ok());
 }
 
 TEST(SafetensorsModelTest, ShardedDirectoryIsOneNamespace) {
@@ -330,7 +330,7 @@ TEST(SafetensorsModelTest, ShardedDirectoryIsOneNamespace) {
                                      {"b", "model-00001-of-00002.safetensors"},
                                      {"c", "model-00002-of-00002.safetensors"}})
                   .ok());
-  ASSERT_TRUE(CommitFile(index + ".tmp", index).ok());
+  ASSERT_TRUE(LocalFileSystem().Rename(index + ".tmp", index).ok());
   nlohmann::json parsed = nlohmann::json::parse(std::ifstream(index));
   EXPECT_EQ(parsed["metadata"]["total_size"], 24);
 
