@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <span>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -88,169 +89,231 @@ Result<double> ParseRate(std::string_view text) {
   return value * mult / bits;
 }
 
-TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, const Hardware& hw) {
-  TimeEstimate t;
+namespace {
+
+// What the parts of EstimateTime read: the run's shape, per rank.
+struct StepShape {
+  StepShape(const EstimateInput& input, const MemoryEstimate& memory, const Hardware& hardware)
+      : in(input), m(memory), hw(hardware), cfg(input.config) {}
+  const EstimateInput& in;
+  const MemoryEstimate& m;
+  const Hardware& hw;
+  const Config& cfg;
+  int W = 1;           // ranks
+  int stage = 0;
+  double csz = 4;      // bytes of a parameter in the compute dtype
+  double gas = 1;      // micro-batches per step
+  double g = 1;        // ranks per node
+  double N = 0;        // a full (gathered) model, padded
+  double S = 0;        // one rank's shard
+  double T = 1;        // the trainable share of the shard
+  double S_cpu = 0;    // the offloaded part of the shard
+  double tokens = 0;   // per rank per step
+  bool copies = false;  // device memory is not host memory: host-device copies happen
+  OffloadDevice param_dev = OffloadDevice::kNone;
+  OffloadDevice optim_dev = OffloadDevice::kNone;
+};
+
+// Bytes and seconds the parts hand on to the critical path: during forward and backward
+// (`_fb`), around the optimizer (`_opt`), and after it.
+struct Traffic {
+  double coll_fb = 0, coll_after = 0, coll_fb_s = 0, coll_after_s = 0;
+  double fetch = 0;  // offloaded parameter shards brought to the device
+  double h2d_fb = 0, d2h_fb = 0, h2d_opt = 0, d2h_after = 0;
+  double read_fb = 0, write_opt = 0;
+  double nvme_fb_s = 0, nvme_opt_s = 0;
+};
+
+StepShape ShapeOf(const EstimateInput& in, const MemoryEstimate& m, const Hardware& hw,
+                  TimeEstimate* t) {
+  StepShape sh(in, m, hw);
   const Config& cfg = in.config;
-  const int W = m.world_size;
-  const int stage = m.stage;
-  const double csz = cfg.precision() == Precision::kFp32 ? 4.0 : 2.0;
-  const double gas = static_cast<double>(
-      std::max<int64_t>(1, ResolveBatchSizes(cfg.batch, W).value_or(BatchSizes{}).gradient_accumulation_steps));
-  const double g = std::max(1, hw.gpus_per_node);
-  const double N = static_cast<double>(m.padded_elems);  // a full (gathered) model, padded
-  const double S = static_cast<double>(m.shard_elems);   // one rank's shard
-  const auto param_dev = stage == 3 ? cfg.zero.offload_param.device : OffloadDevice::kNone;
-  const auto optim_dev = stage == 0 ? OffloadDevice::kNone : cfg.zero.offload_optimizer.device;
+  sh.W = m.world_size;
+  sh.stage = m.stage;
+  sh.csz = cfg.precision() == Precision::kFp32 ? 4.0 : 2.0;
+  sh.gas = static_cast<double>(std::max<int64_t>(
+      1, ResolveBatchSizes(cfg.batch, sh.W).value_or(BatchSizes{}).gradient_accumulation_steps));
+  sh.g = std::max(1, hw.gpus_per_node);
+  sh.N = static_cast<double>(m.padded_elems);
+  sh.S = static_cast<double>(m.shard_elems);
+  sh.param_dev = sh.stage == 3 ? cfg.zero.offload_param.device : OffloadDevice::kNone;
+  sh.optim_dev = sh.stage == 0 ? OffloadDevice::kNone : cfg.zero.offload_optimizer.device;
   // Partial offload (offload_optimizer.ratio): the engine's own split into whole units.
-  t.offloaded_fraction =
-      optim_dev == OffloadDevice::kNone || m.engine.shard_elems == 0
+  t->offloaded_fraction =
+      sh.optim_dev == OffloadDevice::kNone || m.engine.shard_elems == 0
           ? 0.0
           : static_cast<double>(m.engine.offloaded_optim_elems) /
                 static_cast<double>(m.engine.shard_elems);
-  t.cpu_optimizer = t.offloaded_fraction > 0;
+  t->cpu_optimizer = t->offloaded_fraction > 0;
   // Frozen units (strata.freeze): no gradient reduction, no update, nothing written back.
-  t.trainable_fraction = m.engine.shard_elems == 0
-                             ? 1.0
-                             : static_cast<double>(m.engine.trainable_elems) /
-                                   static_cast<double>(m.engine.shard_elems);
-  const double T = t.trainable_fraction;
+  t->trainable_fraction = m.engine.shard_elems == 0
+                              ? 1.0
+                              : static_cast<double>(m.engine.trainable_elems) /
+                                    static_cast<double>(m.engine.shard_elems);
+  sh.T = t->trainable_fraction;
+  sh.S_cpu = t->offloaded_fraction * sh.S;
+  sh.tokens = static_cast<double>(m.micro_batch * m.seq_len) * sh.gas;
+  sh.copies = IsCuda(in) || cfg.strata.memory.share_host_memory == Toggle::kOff;
+  return sh;
+}
 
-  // Compute: 6N + attention per token, plus, with activation checkpointing, the forward of every
-  // block but the last again (each recomputes its internals in backward; the last block's are
-  // still there): blocks' forward = (per-token FLOPs - 6 V H) / 3.
-  const double tokens = static_cast<double>(m.micro_batch * m.seq_len) * gas;
-  const double per_token = in.model.TrainFlopsPerToken(m.seq_len);
-  const double head = 6.0 * static_cast<double>(in.model.vocab_size * in.model.hidden_size);
-  const double layers = static_cast<double>(std::max<int64_t>(1, in.model.num_hidden_layers));
-  t.model_flops = per_token * tokens;
-  t.exec_flops = per_token * tokens;
-  if (m.checkpointing) t.exec_flops += (per_token - head) / 3.0 * (layers - 1) / layers * tokens;
+// Compute: 6N + attention per token, plus, with activation checkpointing, the forward of every
+// block but the last again (each recomputes its internals in backward; the last block's are
+// still there): blocks' forward = (per-token FLOPs - 6 V H) / 3.
+void EstimateCompute(const StepShape& sh, TimeEstimate* t) {
+  const model::LlamaConfig& model = sh.in.model;
+  const double per_token = model.TrainFlopsPerToken(sh.m.seq_len);
+  const double head = 6.0 * static_cast<double>(model.vocab_size * model.hidden_size);
+  const double layers = static_cast<double>(std::max<int64_t>(1, model.num_hidden_layers));
+  t->model_flops = per_token * sh.tokens;
+  t->exec_flops = per_token * sh.tokens;
+  if (sh.m.checkpointing) {
+    t->exec_flops += (per_token - head) / 3.0 * (layers - 1) / layers * sh.tokens;
+  }
   // Frozen units skip their weight-gradient GEMMs (2 FLOPs per matrix parameter and token): the
   // frozen share of the matrices, taken as the frozen share of all elements (LoRA: nearly all).
-  const double matrix = in.model.TrainFlopsPerToken(0) / 6.0;
-  t.exec_flops -= 2.0 * std::min(matrix, (1.0 - T) * N) * tokens;
+  const double matrix = model.TrainFlopsPerToken(0) / 6.0;
+  t->exec_flops -= 2.0 * std::min(matrix, (1.0 - sh.T) * sh.N) * sh.tokens;
   // fp32 runs on a GPU use TF32 at half the 16-bit rate; the CPU device computes in fp32 always.
-  const double tflops =
-      hw.gpu_tflops * (cfg.precision() == Precision::kFp32 && IsCuda(in) ? 0.5 : 1.0);
-  t.compute_s = Div(t.exec_flops, tflops * 1e12 * hw.gpu_efficiency);
+  const double tflops = sh.hw.gpu_tflops *
+                        (sh.cfg.precision() == Precision::kFp32 && IsCuda(sh.in) ? 0.5 : 1.0);
+  t->compute_s = Div(t->exec_flops, tflops * 1e12 * sh.hw.gpu_efficiency);
+}
 
-  // Collectives (engine_grads.cc, engine_step.cc). Gradients are reduced in fp32.
-  double coll_fb = 0, coll_after = 0;
-  // Only trainable units' gradients are reduced and their parameters gathered after the step.
-  switch (stage) {
+// Collectives (engine_grads.cc, engine_step.cc). Gradients are reduced in fp32; only trainable
+// units' gradients are reduced and their parameters gathered after the step.
+void EstimateCollectives(const StepShape& sh, TimeEstimate* t, Traffic* x) {
+  const double N = sh.N, T = sh.T, csz = sh.csz, gas = sh.gas;
+  const int W = sh.W;
+  switch (sh.stage) {
     case 0:  // one all-reduce of the accumulated gradients
-      coll_after = 2 * Ring(4 * N * T, W);
+      x->coll_after = 2 * Ring(4 * N * T, W);
       break;
     case 1:  // reduce-scatter at the step's end, all-gather of the updated parameters
-      coll_after = Ring(4 * N * T, W) + Ring(csz * N * T, W);
+      x->coll_after = Ring(4 * N * T, W) + Ring(csz * N * T, W);
       break;
     case 2:  // reduce-scatter per micro-batch, all-gather of the updated parameters
-      coll_fb = gas * Ring(4 * N * T, W);
-      coll_after = Ring(csz * N * T, W);
+      x->coll_fb = gas * Ring(4 * N * T, W);
+      x->coll_after = Ring(csz * N * T, W);
       break;
     default:  // gather for forward and for backward (and to recompute), reduce-scatter, per micro-batch
-      coll_fb = gas * (2 * Ring(csz * N, W) + Ring(csz * static_cast<double>(m.recompute_padded_elems), W) +
-                       Ring(4 * N * T, W));
+      x->coll_fb = gas * (2 * Ring(csz * N, W) +
+                          Ring(csz * static_cast<double>(sh.m.recompute_padded_elems), W) +
+                          Ring(4 * N * T, W));
       break;
   }
-  const double bus = hw.nodes > 1 ? std::min(hw.nvlink, hw.net) : hw.nvlink;
-  t.collective_bytes = static_cast<uint64_t>(coll_fb + coll_after);
-  const double coll_fb_s = Div(coll_fb, bus), coll_after_s = Div(coll_after, bus);
-  t.collective_s = coll_fb_s + coll_after_s;
+  const double bus = sh.hw.nodes > 1 ? std::min(sh.hw.nvlink, sh.hw.net) : sh.hw.nvlink;
+  t->collective_bytes = static_cast<uint64_t>(x->coll_fb + x->coll_after);
+  x->coll_fb_s = Div(x->coll_fb, bus);
+  x->coll_after_s = Div(x->coll_after, bus);
+  t->collective_s = x->coll_fb_s + x->coll_after_s;
+}
 
-  // Host-device copies: only where device memory is not host memory.
-  const bool copies = IsCuda(in) || cfg.strata.memory.share_host_memory == Toggle::kOff;
-  const double S_cpu = t.offloaded_fraction * S;  // the offloaded part of the shard
-  // Offloaded parameter shards (stage 3): when the device cache holds them all
-  // (zero::OffloadedParamDeviceBudget), only those the CPU optimizer updated in host memory are
-  // fetched again, once a step (frozen units stay cached, and the device optimizer updates its
-  // units' device copies in place); else every shard for forward and for backward of every
-  // micro-batch. Where device copies share host memory, the cache is also bounded by the host
-  // tier's budget (strata.memory.host_budget).
-  double fetch_bytes = 0;
-  if (param_dev != OffloadDevice::kNone) {
-    const double all = csz * S, largest = csz * static_cast<double>(m.max_shard_elems);
-    const double lookahead = csz * static_cast<double>(cfg.zero.stage3_prefetch_bucket_size);
+// Host-device copies, only where device memory is not host memory. Offloaded parameter shards
+// (stage 3): when the device cache holds them all (zero::OffloadedParamDeviceBudget), only those
+// the CPU optimizer updated in host memory are fetched again, once a step (frozen units stay
+// cached, and the device optimizer updates its units' device copies in place); else every shard
+// for forward and for backward of every micro-batch. Where device copies share host memory, the
+// cache is also bounded by the host tier's budget (strata.memory.host_budget).
+void EstimateCopies(const StepShape& sh, TimeEstimate* t, Traffic* x) {
+  const double csz = sh.csz, S = sh.S, gas = sh.gas;
+  if (sh.param_dev != OffloadDevice::kNone) {
+    const double all = csz * S, largest = csz * static_cast<double>(sh.m.max_shard_elems);
+    const double lookahead = csz * static_cast<double>(sh.cfg.zero.stage3_prefetch_bucket_size);
     double cache = std::min(all + largest, std::max(lookahead + 2 * largest, 4 * largest));
-    if (!copies && cfg.strata.memory.host_budget) {
-      cache = std::min(cache, static_cast<double>(*cfg.strata.memory.host_budget));
+    if (!sh.copies && sh.cfg.strata.memory.host_budget) {
+      cache = std::min(cache, static_cast<double>(*sh.cfg.strata.memory.host_budget));
     }
-    fetch_bytes = cache >= all ? csz * S_cpu
-                               : gas * (2.0 * all + csz * static_cast<double>(m.recompute_shard_elems));
+    x->fetch = cache >= all ? csz * sh.S_cpu
+                            : gas * (2.0 * all + csz * static_cast<double>(sh.m.recompute_shard_elems));
   }
-  double h2d_fb = 0, d2h_fb = 0, h2d_opt = 0, d2h_after = 0;
-  if (copies) {
-    h2d_fb = fetch_bytes;
-    if (t.cpu_optimizer) {
+  if (sh.copies) {
+    x->h2d_fb = x->fetch;
+    if (t->cpu_optimizer) {
       // Each micro-batch's gradient shard lands on the host.
-      if (stage >= 2) d2h_fb = gas * 4 * S_cpu;
-      else d2h_after = 4 * S_cpu;
+      if (sh.stage >= 2) {
+        x->d2h_fb = gas * 4 * sh.S_cpu;
+      } else {
+        x->d2h_after = 4 * sh.S_cpu;
+      }
       // Updated parameters go back to the device, unless their home is off the device.
-      if (param_dev == OffloadDevice::kNone) h2d_opt = csz * S_cpu;
+      if (sh.param_dev == OffloadDevice::kNone) x->h2d_opt = csz * sh.S_cpu;
     }
     // Stage 3 with offloaded parameters: the device optimizer's updated shards go home.
-    if (param_dev != OffloadDevice::kNone) d2h_after += csz * (S * T - S_cpu);
+    if (sh.param_dev != OffloadDevice::kNone) x->d2h_after += csz * (S * sh.T - sh.S_cpu);
     // Offloaded activation checkpoints: out in forward, back in backward, each micro-batch.
-    const double ckpt = gas * static_cast<double>(m.checkpoint_host_bytes);
-    d2h_fb += ckpt;
-    h2d_fb += ckpt;
+    const double ckpt = gas * static_cast<double>(sh.m.checkpoint_host_bytes);
+    x->d2h_fb += ckpt;
+    x->h2d_fb += ckpt;
   }
-  t.h2d_bytes = static_cast<uint64_t>(h2d_fb + h2d_opt);
-  t.d2h_bytes = static_cast<uint64_t>(d2h_fb + d2h_after);
-  t.h2d_s = Div(h2d_fb + h2d_opt, hw.pcie);
-  t.d2h_s = Div(d2h_fb + d2h_after, hw.pcie);
+  t->h2d_bytes = static_cast<uint64_t>(x->h2d_fb + x->h2d_opt);
+  t->d2h_bytes = static_cast<uint64_t>(x->d2h_fb + x->d2h_after);
+  t->h2d_s = Div(x->h2d_fb + x->h2d_opt, sh.hw.pcie);
+  t->d2h_s = Div(x->d2h_fb + x->d2h_after, sh.hw.pcie);
+}
 
-  // NVMe, shared by the node's ranks.
-  double read_fb = 0, read_opt = 0, write_opt = 0;
-  if (param_dev == OffloadDevice::kNvme) {
-    read_fb = fetch_bytes;
-    write_opt += csz * S * T;  // the updated shard (frozen ones stay as they are)
+// NVMe, shared by the node's ranks.
+void EstimateNvme(const StepShape& sh, TimeEstimate* t, Traffic* x) {
+  double read_opt = 0;
+  if (sh.param_dev == OffloadDevice::kNvme) {
+    x->read_fb = x->fetch;
+    x->write_opt += sh.csz * sh.S * sh.T;  // the updated shard (frozen ones stay as they are)
   }
-  if (optim_dev == OffloadDevice::kNvme) {
-    read_opt += 12 * S_cpu;  // master, m, v in, and out again
-    write_opt += 12 * S_cpu;
+  if (sh.optim_dev == OffloadDevice::kNvme) {
+    read_opt += 12 * sh.S_cpu;  // master, m, v in, and out again
+    x->write_opt += 12 * sh.S_cpu;
   }
-  t.nvme_read_bytes = static_cast<uint64_t>(read_fb + read_opt);
-  t.nvme_write_bytes = static_cast<uint64_t>(write_opt);
-  t.nvme_read_s = Div(g * (read_fb + read_opt), hw.nvme_read);
-  t.nvme_write_s = Div(g * write_opt, hw.nvme_write);
-  const double nvme_fb_s = Div(g * read_fb, hw.nvme_read);
-  const double nvme_opt_s = t.nvme_read_s + t.nvme_write_s - nvme_fb_s;
+  t->nvme_read_bytes = static_cast<uint64_t>(x->read_fb + read_opt);
+  t->nvme_write_bytes = static_cast<uint64_t>(x->write_opt);
+  t->nvme_read_s = Div(sh.g * (x->read_fb + read_opt), sh.hw.nvme_read);
+  t->nvme_write_s = Div(sh.g * x->write_opt, sh.hw.nvme_write);
+  x->nvme_fb_s = Div(sh.g * x->read_fb, sh.hw.nvme_read);
+  x->nvme_opt_s = t->nvme_read_s + t->nvme_write_s - x->nvme_fb_s;
+}
 
-  // The optimizer: on the CPU, the node's rate shared by its ranks; on the device, bound by HBM
-  // (gradient and states read, states and parameters written).
-  t.optimizer_params = static_cast<uint64_t>((stage == 0 ? N : S) * T);
-  t.optimizer_s = Div(g * S_cpu, hw.cpu_adam);
-  t.device_optimizer_s =
-      Div((static_cast<double>(t.optimizer_params) - S_cpu) * (28 + csz), hw.hbm);
+// The optimizer: on the CPU, the node's rate shared by its ranks; on the device, bound by HBM
+// (gradient and states read, states and parameters written).
+void EstimateOptimizer(const StepShape& sh, TimeEstimate* t) {
+  t->optimizer_params = static_cast<uint64_t>((sh.stage == 0 ? sh.N : sh.S) * sh.T);
+  t->optimizer_s = Div(sh.g * sh.S_cpu, sh.hw.cpu_adam);
+  t->device_optimizer_s =
+      Div((static_cast<double>(t->optimizer_params) - sh.S_cpu) * (28 + sh.csz), sh.hw.hbm);
+}
 
-  // The critical path. Forward and backward overlap the gathers, fetches and gradient copies
-  // with compute; the CPU optimizer (with its NVMe traffic and the parameter upload) overlaps
-  // backward unless an update waits for the global norm (clipping, fp16, skipping non-finite
-  // steps: zero.md, "Overlap with backward").
-  struct Part {
-    const char* name;
-    double s;
-  };
-  const double pcie_fb_s = Div(std::max(h2d_fb, d2h_fb), hw.pcie);
-  const Part fb[] = {{"compute", t.compute_s},
-                     {"collectives", coll_fb_s},
+struct Part {
+  const char* name;
+  double s;
+};
+const Part& Longest(std::span<const Part> parts) {
+  return *std::max_element(parts.begin(), parts.end(),
+                           [](const Part& a, const Part& b) { return a.s < b.s; });
+}
+
+// The critical path. Forward and backward overlap the gathers, fetches and gradient copies with
+// compute; the CPU optimizer (with its NVMe traffic and the parameter upload) overlaps backward
+// unless an update waits for the global norm (clipping, fp16, skipping non-finite steps:
+// zero.md, "Overlap with backward").
+void EstimateCriticalPath(const StepShape& sh, const Traffic& x, TimeEstimate* t) {
+  const MemoryEstimate& m = sh.m;
+  const Hardware& hw = sh.hw;
+  const double pcie_fb_s = Div(std::max(x.h2d_fb, x.d2h_fb), hw.pcie);
+  const Part fb[] = {{"compute", t->compute_s},
+                     {"collectives", x.coll_fb_s},
                      {"PCIe", pcie_fb_s},
-                     {"NVMe", nvme_fb_s}};
-  const Part* top = std::max_element(std::begin(fb), std::end(fb),
-                                     [](const Part& a, const Part& b) { return a.s < b.s; });
-  t.forward_backward_s = top->s;
-  t.bound_by = top->name;
+                     {"NVMe", x.nvme_fb_s}};
+  const Part& top = Longest(fb);
+  t->forward_backward_s = top.s;
+  t->bound_by = top.name;
   // The updated parameters go back to the device after the last update (engine_step.cc), so
-  // their upload follows the optimizer rather than overlapping it.
-  // The NVMe traffic after backward (the optimizer states' and the updated parameters' writes
-  // home) runs beside the CPU's update, and happens with the device optimizer too.
-  double opt_work = std::max(t.cpu_optimizer ? t.optimizer_s : 0.0, nvme_opt_s);
+  // their upload follows the optimizer rather than overlapping it. The NVMe traffic after
+  // backward (the optimizer states' and the updated parameters' writes home) runs beside the
+  // CPU's update, and happens with the device optimizer too.
+  const double opt_work = std::max(t->cpu_optimizer ? t->optimizer_s : 0.0, x.nvme_opt_s);
   // The engine's own decision (its memory plan); stage 1 reduces at the step's end, so its
   // "overlapped" updates start after backward.
-  t.optimizer_overlapped = t.cpu_optimizer && stage >= 2 && m.engine.optimizer_overlapped;
-  t.shared_cores = hw.shared_cores;
-  t.io_cpu_share = std::clamp(hw.io_cpu_share, 0.0, 1.0);
+  t->optimizer_overlapped = t->cpu_optimizer && sh.stage >= 2 && m.engine.optimizer_overlapped;
+  t->shared_cores = hw.shared_cores;
+  t->io_cpu_share = std::clamp(hw.io_cpu_share, 0.0, 1.0);
   // The overlapped optimizer runs beside the last micro-batch's backward (3/4 of its compute
   // with recomputation, 2/3 without), and at least the last unit's update is left. With a
   // reduction bucket, the last bucket's units reach the optimizer only at the end of backward:
@@ -262,7 +325,7 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
           : std::min(1.0, static_cast<double>(m.engine.last_bucket_elems) /
                               static_cast<double>(m.engine.trainable_elems));
   const double window =
-      t.compute_s / gas * (m.checkpointing ? 0.75 : 2.0 / 3.0) * (1 - last_bucket);
+      t->compute_s / sh.gas * (m.checkpointing ? 0.75 : 2.0 / 3.0) * (1 - last_bucket);
   const double left_share = std::max(1.0 / std::max(1, m.units), last_bucket);
   if (hw.shared_cores) {
     // The CPU device computes on the cores that also run the collectives' copies, the CPU
@@ -271,43 +334,59 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
     // transfer takes `io_cpu_share` of its time from the cores; the rest is the drive's, and
     // runs beside compute as on a GPU: parameter fetches beside forward and backward, the
     // overlapped optimizer's reads and writes beside backward (less the last unit's).
-    const double c = t.io_cpu_share;
-    t.forward_backward_s = t.compute_s + coll_fb_s + pcie_fb_s + c * nvme_fb_s +
-                           std::max(0.0, (1 - c) * nvme_fb_s - t.compute_s);
-    const double drive_left = t.optimizer_overlapped
-                                  ? std::max(nvme_opt_s - window, nvme_opt_s * left_share)
-                                  : nvme_opt_s;
-    t.exposed_optimizer_s =
-        t.optimizer_s + c * nvme_opt_s + (1 - c) * drive_left + t.device_optimizer_s;
-  } else if (t.optimizer_overlapped) {
+    const double c = t->io_cpu_share;
+    t->forward_backward_s = t->compute_s + x.coll_fb_s + pcie_fb_s + c * x.nvme_fb_s +
+                            std::max(0.0, (1 - c) * x.nvme_fb_s - t->compute_s);
+    const double drive_left = t->optimizer_overlapped
+                                  ? std::max(x.nvme_opt_s - window, x.nvme_opt_s * left_share)
+                                  : x.nvme_opt_s;
+    t->exposed_optimizer_s =
+        t->optimizer_s + c * x.nvme_opt_s + (1 - c) * drive_left + t->device_optimizer_s;
+  } else if (t->optimizer_overlapped) {
     // It runs beside backward (`window`; not beside NVMe reads, which share its drives), and
     // `left_share` of it is left. The device's part (the first units, with split states) runs
     // after backward, beside what is left of it.
-    t.exposed_optimizer_s =
-        std::max({opt_work - window, opt_work * left_share, t.device_optimizer_s});
+    t->exposed_optimizer_s =
+        std::max({opt_work - window, opt_work * left_share, t->device_optimizer_s});
   } else {
     // The CPU's part is queued first and runs beside the device's.
-    t.exposed_optimizer_s = std::max(opt_work, t.device_optimizer_s);
+    t->exposed_optimizer_s = std::max(opt_work, t->device_optimizer_s);
   }
-  t.after_step_s = coll_after_s + Div(d2h_after + h2d_opt, hw.pcie);
-  t.step_s = t.forward_backward_s + t.exposed_optimizer_s + t.after_step_s;
+  t->after_step_s = x.coll_after_s + Div(x.d2h_after + x.h2d_opt, hw.pcie);
+  t->step_s = t->forward_backward_s + t->exposed_optimizer_s + t->after_step_s;
+}
 
-  const Part all[] = {{"compute", t.compute_s},
-                      {"collectives", t.collective_s},
-                      {"PCIe", std::max(t.h2d_s, t.d2h_s)},
-                      {"NVMe", t.nvme_read_s + t.nvme_write_s},
-                      {"CPU optimizer", t.optimizer_s},
-                      {"device optimizer", t.device_optimizer_s}};
-  t.bottleneck = std::max_element(std::begin(all), std::end(all), [](const Part& a, const Part& b) {
-                   return a.s < b.s;
-                 })->name;
-  t.tokens_per_s = Div(tokens * W, t.step_s);
-  t.mfu = Div(t.model_flops, t.step_s * hw.gpu_tflops * 1e12);
-  t.nvme_node_write_per_step = g * write_opt;
-  t.nvme_node_write_per_day = Div(t.nvme_node_write_per_step * 86400.0, t.step_s);
-  if (hw.nvme_tbw > 0 && t.nvme_node_write_per_day > 0) {
-    t.nvme_days = hw.nvme_tbw / t.nvme_node_write_per_day;
+// What the step time says: the bottleneck, throughput, MFU and NVMe wear.
+void EstimateRates(const StepShape& sh, const Traffic& x, TimeEstimate* t) {
+  const Part all[] = {{"compute", t->compute_s},
+                      {"collectives", t->collective_s},
+                      {"PCIe", std::max(t->h2d_s, t->d2h_s)},
+                      {"NVMe", t->nvme_read_s + t->nvme_write_s},
+                      {"CPU optimizer", t->optimizer_s},
+                      {"device optimizer", t->device_optimizer_s}};
+  t->bottleneck = Longest(all).name;
+  t->tokens_per_s = Div(sh.tokens * sh.W, t->step_s);
+  t->mfu = Div(t->model_flops, t->step_s * sh.hw.gpu_tflops * 1e12);
+  t->nvme_node_write_per_step = sh.g * x.write_opt;
+  t->nvme_node_write_per_day = Div(t->nvme_node_write_per_step * 86400.0, t->step_s);
+  if (sh.hw.nvme_tbw > 0 && t->nvme_node_write_per_day > 0) {
+    t->nvme_days = sh.hw.nvme_tbw / t->nvme_node_write_per_day;
   }
+}
+
+}  // namespace
+
+TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, const Hardware& hw) {
+  TimeEstimate t;
+  const StepShape shape = ShapeOf(in, m, hw, &t);
+  Traffic traffic;
+  EstimateCompute(shape, &t);
+  EstimateCollectives(shape, &t, &traffic);
+  EstimateCopies(shape, &t, &traffic);
+  EstimateNvme(shape, &t, &traffic);
+  EstimateOptimizer(shape, &t);
+  EstimateCriticalPath(shape, traffic, &t);
+  EstimateRates(shape, traffic, &t);
   return t;
 }
 
