@@ -35,29 +35,29 @@ double Sigmoid(double x) {
   return 1.0 / (1.0 + std::exp(-x));
 }
 
-// cos/sin of p * theta^(-2i/d) for i < d/2, one row of `half` entries per position.
-void RopeTables(size_t seq, size_t head_dim, float theta, std::vector<float>& cos_table,
-                std::vector<float>& sin_table) {
+// a cos and a sin of p * inv_freq(i) for i < d/2 (rope.h), one row of `half` entries per
+// position; a = the scaling's attention factor.
+void RopeTables(size_t seq, size_t head_dim, float theta, const RopeScaling& scaling,
+                std::vector<float>& cos_table, std::vector<float>& sin_table) {
   const size_t half = head_dim / 2;
   cos_table.resize(seq * half);
   sin_table.resize(seq * half);
   for (size_t i = 0; i < half; ++i) {
-    const double inv_freq =
-        std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / head_dim);
+    const double inv_freq = RopeInvFreq(static_cast<double>(theta), scaling, i, head_dim);
     for (size_t p = 0; p < seq; ++p) {
       const double angle = static_cast<double>(p) * inv_freq;
-      cos_table[p * half + i] = static_cast<float>(std::cos(angle));
-      sin_table[p * half + i] = static_cast<float>(std::sin(angle));
+      cos_table[p * half + i] = static_cast<float>(scaling.attention_factor * std::cos(angle));
+      sin_table[p * half + i] = static_cast<float>(scaling.attention_factor * std::sin(angle));
     }
   }
 }
 
 // Rotates every head of x by +angle (sign = 1) or -angle (sign = -1).
 void Rotate(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
-            float sign) {
+            const RopeScaling& scaling, float sign) {
   assert(head_dim % 2 == 0);
   std::vector<float> cos_table, sin_table;
-  RopeTables(seq, head_dim, theta, cos_table, sin_table);
+  RopeTables(seq, head_dim, theta, scaling, cos_table, sin_table);
   const size_t half = head_dim / 2;
   for (size_t t = 0; t < batch * seq; ++t) {
     const size_t p = t % seq;
@@ -114,6 +114,29 @@ Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* 
       dst[i] += src[i];
   }
   return Status::Ok();
+}
+
+// ---- Bias ---------------------------------------------------------------------------------------
+
+void BiasForward(float* y, Weight bias, size_t rows, size_t cols) {
+  std::vector<float> scratch;
+  const float* b = WeightAsFloat(bias, cols, scratch);
+  for (size_t t = 0; t < rows; ++t) {
+    float* yr = y + t * cols;
+    for (size_t c = 0; c < cols; ++c)
+      yr[c] += b[c];
+  }
+}
+
+void BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) {
+  std::vector<double> sum(cols, 0.0);
+  for (size_t t = 0; t < rows; ++t) {
+    const float* dyr = dy + t * cols;
+    for (size_t c = 0; c < cols; ++c)
+      sum[c] += dyr[c];
+  }
+  for (size_t c = 0; c < cols; ++c)
+    dbias[c] += static_cast<float>(sum[c]);
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------------------
@@ -193,13 +216,15 @@ void LinearBackward(const float* x, Weight weight, const float* dy, size_t num_t
 
 // ---- Rotary position embedding ------------------------------------------------------------------
 
-void RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta) {
-  Rotate(x, batch, seq, heads, head_dim, theta, 1.0f);
+void RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                 const RopeScaling& scaling) {
+  Rotate(x, batch, seq, heads, head_dim, theta, scaling, 1.0f);
 }
 
-void RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta) {
+void RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                  const RopeScaling& scaling) {
   // The rotation is orthogonal, so its transpose (the backward) is the rotation by -angle.
-  Rotate(dx, batch, seq, heads, head_dim, theta, -1.0f);
+  Rotate(dx, batch, seq, heads, head_dim, theta, scaling, -1.0f);
 }
 
 // ---- Attention ----------------------------------------------------------------------------------

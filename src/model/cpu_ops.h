@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/rope.h"
 #include "strata/device.h"
 #include "strata/status.h"
 
@@ -75,16 +76,26 @@ void LinearBackward(const float* x, Weight weight, const float* dy, size_t num_t
                     size_t in_features, size_t out_features, float* dx, Accumulate dx_mode,
                     float* dweight);
 
+// ---- Bias -------------------------------------------------------------------------------------
+// y[t, c] += bias[c].  y [rows, cols], bias [cols] (in its storage dtype).
+void BiasForward(float* y, Weight bias, size_t rows, size_t cols);
+// dbias[c] += sum over t of dy[t, c] (rows added in order, in double). dy [rows, cols].
+void BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias);
+
 // ---- Rotary position embedding (Hugging Face Llama convention) -------------------------------
 // In place on x [batch * seq, heads * head_dim] (head_dim even). For each token at position
 // p = t mod seq and each head, with half = head_dim / 2, for i < half:
-//   angle = p * theta^(-2i / head_dim)
-//   x'[i]        = x[i] cos(angle) - x[i + half] sin(angle)
-//   x'[i + half] = x[i + half] cos(angle) + x[i] sin(angle)
-// (q * cos + rotate_half(q) * sin). Angles are computed in double.
-void RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta);
-// The backward is the inverse (transposed) rotation, applied in place to the gradient.
-void RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta);
+//   angle = p * RopeInvFreq(theta, scaling, i, head_dim)       (rope.h; theta^(-2i / head_dim)
+//                                                               without scaling)
+//   x'[i]        = a (x[i] cos(angle) - x[i + half] sin(angle))
+//   x'[i + half] = a (x[i + half] cos(angle) + x[i] sin(angle))
+// with a = scaling.attention_factor (q * cos + rotate_half(q) * sin). Angles are computed in
+// double.
+void RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                 const RopeScaling& scaling = {});
+// The backward is the transposed rotation, applied in place to the gradient.
+void RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                  const RopeScaling& scaling = {});
 
 // ---- Causal grouped-query attention ------------------------------------------------------------
 // Per sequence b and head h (using kv head g = h / (nh / nkv)):

@@ -56,13 +56,21 @@ class CudaLlamaOps final : public LlamaOps {
                                                num_tokens, in_features, out_features, dx,
                                                ToCuda(dx_mode), dweight));
   }
+  Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) override {
+    return cuda::ToStatus(cuda::BiasForward(ctx(), y, cuda::ToCudaWeight(bias), rows, cols));
+  }
+  Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) override {
+    return cuda::ToStatus(cuda::BiasBackward(ctx(), dy, rows, cols, dbias));
+  }
   Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                     float theta) override {
-    return cuda::ToStatus(cuda::RopeForward(ctx(), x, batch, seq, heads, head_dim, theta));
+                     float theta, const RopeScaling& scaling) override {
+    return cuda::ToStatus(
+        cuda::RopeForward(ctx(), x, batch, seq, heads, head_dim, theta, scaling));
   }
   Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                      float theta) override {
-    return cuda::ToStatus(cuda::RopeBackward(ctx(), dx, batch, seq, heads, head_dim, theta));
+                      float theta, const RopeScaling& scaling) override {
+    return cuda::ToStatus(
+        cuda::RopeBackward(ctx(), dx, batch, seq, heads, head_dim, theta, scaling));
   }
   Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,

@@ -694,18 +694,18 @@ OpError LinearBackward(OpsContext* context, const float* x, Weight weight, const
 
 namespace {
 
-// cos/sin of p * theta^(-2i/d), in double as the CPU op, rounded to float; [seq, half] each.
-__global__ void RopeTableKernel(size_t seq, size_t head_dim, float theta, float* cos_table,
-                                float* sin_table) {
+// a cos and a sin of p * inv_freq(i) (rope.h), in double as the CPU op, rounded to float;
+// [seq, half] each; a = the scaling's attention factor.
+__global__ void RopeTableKernel(size_t seq, size_t head_dim, float theta, RopeScaling scaling,
+                                float* cos_table, float* sin_table) {
   const size_t half = head_dim / 2;
   for (size_t idx = FirstIndex(); idx < seq * half; idx += GridStride()) {
     const size_t p = idx / half;
     const size_t i = idx - p * half;
-    const double inv_freq = pow(static_cast<double>(theta),
-                                -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    const double inv_freq = RopeInvFreq(static_cast<double>(theta), scaling, i, head_dim);
     const double angle = static_cast<double>(p) * inv_freq;
-    cos_table[idx] = static_cast<float>(cos(angle));
-    sin_table[idx] = static_cast<float>(sin(angle));
+    cos_table[idx] = static_cast<float>(scaling.attention_factor * cos(angle));
+    sin_table[idx] = static_cast<float>(scaling.attention_factor * sin(angle));
   }
 }
 
@@ -730,7 +730,8 @@ __global__ void RopeRotateKernel(float* x, size_t tokens, size_t seq, size_t hea
 }
 
 OpError Rotate(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
-               size_t head_dim, float theta, float sign, const char* op) {
+               size_t head_dim, float theta, const RopeScaling& scaling, float sign,
+               const char* op) {
   if (head_dim % 2 != 0) return ArgumentError("head_dim must be even", op);
   const size_t half = head_dim / 2;
   if (batch == 0 || seq == 0 || heads == 0 || half == 0) return OpError{};
@@ -739,8 +740,8 @@ OpError Rotate(OpsContext* context, float* x, size_t batch, size_t seq, size_t h
   WorkspaceCarver carver(context);
   float* cos_table = carver.Take<float>(seq * half);
   float* sin_table = carver.Take<float>(seq * half);
-  RopeTableKernel<<<GridFor(seq * half), kBlockThreads, 0, context->stream>>>(seq, head_dim, theta,
-                                                                              cos_table, sin_table);
+  RopeTableKernel<<<GridFor(seq * half), kBlockThreads, 0, context->stream>>>(
+      seq, head_dim, theta, scaling, cos_table, sin_table);
   error = LaunchResult(op);
   if (!error.ok()) return error;
   RopeRotateKernel<<<GridFor(batch * seq * heads * half), kBlockThreads, 0, context->stream>>>(
@@ -751,14 +752,56 @@ OpError Rotate(OpsContext* context, float* x, size_t batch, size_t seq, size_t h
 }  // namespace
 
 OpError RopeForward(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
-                    size_t head_dim, float theta) {
-  return Rotate(context, x, batch, seq, heads, head_dim, theta, 1.0f, "RopeForward");
+                    size_t head_dim, float theta, const RopeScaling& scaling) {
+  return Rotate(context, x, batch, seq, heads, head_dim, theta, scaling, 1.0f, "RopeForward");
 }
 
 OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, size_t heads,
-                     size_t head_dim, float theta) {
+                     size_t head_dim, float theta, const RopeScaling& scaling) {
   // The rotation is orthogonal: its transpose is the rotation by -angle.
-  return Rotate(context, dx, batch, seq, heads, head_dim, theta, -1.0f, "RopeBackward");
+  return Rotate(context, dx, batch, seq, heads, head_dim, theta, scaling, -1.0f, "RopeBackward");
+}
+
+// ---- Bias ---------------------------------------------------------------------------------------
+
+namespace {
+
+template <typename E>
+__global__ void BiasForwardKernel(float* y, const typename E::T* __restrict__ bias, size_t rows,
+                                  size_t cols) {
+  const size_t n = rows * cols;
+  for (size_t idx = FirstIndex(); idx < n; idx += GridStride()) {
+    y[idx] = __fadd_rn(y[idx], E::Load(bias[idx % cols]));
+  }
+}
+
+// One thread per column, rows added in order (deterministic).
+__global__ void BiasBackwardKernel(const float* __restrict__ dy, size_t rows, size_t cols,
+                                   float* __restrict__ dbias) {
+  for (size_t c = FirstIndex(); c < cols; c += GridStride()) {
+    float acc = 0.0f;
+    for (size_t t = 0; t < rows; ++t) acc = __fadd_rn(acc, dy[t * cols + c]);
+    dbias[c] = __fadd_rn(dbias[c], acc);
+  }
+}
+
+}  // namespace
+
+OpError BiasForward(OpsContext* context, float* y, Weight bias, size_t rows, size_t cols) {
+  constexpr const char* kOp = "BiasForward";
+  if (rows == 0 || cols == 0) return OpError{};
+  return ForWeightDType(bias.dtype, kOp, [&](auto tag) {
+    using E = decltype(tag);
+    BiasForwardKernel<E><<<GridFor(rows * cols), kBlockThreads, 0, context->stream>>>(
+        y, static_cast<const typename E::T*>(bias.data), rows, cols);
+  });
+}
+
+OpError BiasBackward(OpsContext* context, const float* dy, size_t rows, size_t cols,
+                     float* dbias) {
+  if (rows == 0 || cols == 0) return OpError{};
+  BiasBackwardKernel<<<GridFor(cols), kBlockThreads, 0, context->stream>>>(dy, rows, cols, dbias);
+  return LaunchResult("BiasBackward");
 }
 
 // ---- Attention ----------------------------------------------------------------------------------

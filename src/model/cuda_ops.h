@@ -33,6 +33,7 @@
 // handle and a workspace). Distinct contexts are independent.
 #pragma once
 
+#include "model/rope.h"
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -118,6 +119,7 @@ struct WorkspaceShape {
   size_t batch = 0, seq = 0;  // tokens = batch * seq
   size_t hidden = 0, kv_dim = 0, intermediate = 0, vocab = 0;
   size_t num_heads = 0, head_dim = 0;
+  size_t q_dim = 0;  // num_heads * head_dim (0: hidden)
 };
 // The most workspace any op of such a layer (and the head's loss) needs in one call, with any
 // weight dtype: a caller that gives the context this much (UseWorkspace) never sees it grow.
@@ -177,11 +179,18 @@ OpError LinearBackward(OpsContext* context, const float* x, Weight weight, const
                        size_t num_tokens, size_t in_features, size_t out_features, float* dx,
                        Accumulate dx_mode, float* dweight);
 
+// ---- Bias ---------------------------------------------------------------------------------------
+// y[t, c] += bias[c]; y [rows, cols].
+OpError BiasForward(OpsContext* context, float* y, Weight bias, size_t rows, size_t cols);
+// dbias[c] += sum over rows of dy[t, c] (one thread per column, rows in order).
+OpError BiasBackward(OpsContext* context, const float* dy, size_t rows, size_t cols, float* dbias);
+
 // ---- Rotary position embedding (in place; head_dim even) ----------------------------------------
+// As cpu::RopeForward / RopeBackward, with the same scalings (rope.h).
 OpError RopeForward(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
-                    size_t head_dim, float theta);
+                    size_t head_dim, float theta, const RopeScaling& scaling = {});
 OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, size_t heads,
-                     size_t head_dim, float theta);
+                     size_t head_dim, float theta, const RopeScaling& scaling = {});
 
 // ---- Causal grouped-query attention -------------------------------------------------------------
 // As cpu::AttentionForward / AttentionBackward; no [seq, seq] matrix exists. `precision` is the

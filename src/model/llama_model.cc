@@ -21,8 +21,13 @@ namespace {
 using cpu::Accumulate;
 using cpu::Weight;
 
-// Indices of a block's parameters in its unit.
-enum BlockParam { kInNorm, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown };
+// A block's parameters: the nine of every Llama block, then those of a family's features (biases,
+// Qwen3's q/k norms). A unit holds those its config has, in PartSlots order.
+enum BlockParam {
+  kInNorm, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown,
+  kQBias, kKBias, kVBias, kOBias, kGateBias, kUpBias, kDownBias, kQNorm, kKNorm,
+  kBlockParams
+};
 
 Weight W(const zero::UnitView& p, size_t i) { return Weight{p.param(i), p.dtype}; }
 
@@ -155,12 +160,12 @@ namespace {
 
 // in and out features of projection `p` of a block.
 std::pair<int64_t, int64_t> ProjectionShape(const LlamaConfig& c, int p) {
-  const int64_t h = c.hidden_size, kv = c.kv_dim(), inter = c.intermediate_size;
+  const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), inter = c.intermediate_size;
   switch (p) {
-    case 0: return {h, h};
+    case 0: return {h, q};
     case 1:
     case 2: return {h, kv};
-    case 3: return {h, h};
+    case 3: return {q, h};
     case 4:
     case 5: return {h, inter};
     default: return {inter, h};
@@ -187,23 +192,76 @@ std::vector<int> LlamaRecomputeUnits(const LlamaConfig& c, int unit, bool split_
 
 namespace {
 
-// A block's parameters (BlockParam order) that part `part` holds: [first, first + count).
-std::pair<int, int> PartParams(LlamaUnit::Part part) {
-  switch (part) {
-    case LlamaUnit::kWhole: return {kInNorm, 9};
-    case LlamaUnit::kAttn: return {kInNorm, 5};
-    case LlamaUnit::kMlpGate: return {kPostNorm, 2};
-    case LlamaUnit::kMlpUp: return {kUp, 1};
-    case LlamaUnit::kMlpDown: break;
+// The block parameters part `part` holds, in its unit's order (the whole block: every part's,
+// attention, gate, up, down). Each projection's bias follows its weight.
+std::vector<BlockParam> PartSlots(const LlamaConfig& c, LlamaUnit::Part part) {
+  std::vector<BlockParam> slots;
+  auto add = [&](BlockParam weight, BlockParam bias, bool has_bias) {
+    slots.push_back(weight);
+    if (has_bias) slots.push_back(bias);
+  };
+  const bool whole = part == LlamaUnit::kWhole;
+  if (whole || part == LlamaUnit::kAttn) {
+    slots.push_back(kInNorm);
+    add(kQ, kQBias, c.qkv_bias);
+    add(kK, kKBias, c.qkv_bias);
+    add(kV, kVBias, c.qkv_bias);
+    add(kO, kOBias, c.o_bias);
+    if (c.qk_norm) {
+      slots.push_back(kQNorm);
+      slots.push_back(kKNorm);
+    }
   }
-  return {kDown, 1};
+  if (whole || part == LlamaUnit::kMlpGate) {
+    slots.push_back(kPostNorm);
+    add(kGate, kGateBias, c.mlp_bias);
+  }
+  if (whole || part == LlamaUnit::kMlpUp) add(kUp, kUpBias, c.mlp_bias);
+  if (whole || part == LlamaUnit::kMlpDown) add(kDown, kDownBias, c.mlp_bias);
+  return slots;
+}
+
+// Where part `part`'s parameters start in the whole block's list (PartSlots).
+size_t PartOffset(const LlamaConfig& c, LlamaUnit::Part part) {
+  if (part == LlamaUnit::kWhole) return 0;
+  const std::vector<BlockParam> whole = PartSlots(c, LlamaUnit::kWhole);
+  const BlockParam first = PartSlots(c, part).front();
+  return static_cast<size_t>(std::find(whole.begin(), whole.end(), first) - whole.begin());
+}
+
+// A block parameter's Hugging Face name (after "model.layers.<i>.") and shape.
+zero::ParamSpec SlotSpec(const LlamaConfig& c, const std::string& prefix, BlockParam slot) {
+  const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), inter = c.intermediate_size;
+  const int64_t d = c.head_dim();
+  switch (slot) {
+    case kInNorm: return {prefix + "input_layernorm.weight", {h}};
+    case kQ: return {prefix + "self_attn.q_proj.weight", {q, h}};
+    case kK: return {prefix + "self_attn.k_proj.weight", {kv, h}};
+    case kV: return {prefix + "self_attn.v_proj.weight", {kv, h}};
+    case kO: return {prefix + "self_attn.o_proj.weight", {h, q}};
+    case kPostNorm: return {prefix + "post_attention_layernorm.weight", {h}};
+    case kGate: return {prefix + "mlp.gate_proj.weight", {inter, h}};
+    case kUp: return {prefix + "mlp.up_proj.weight", {inter, h}};
+    case kDown: return {prefix + "mlp.down_proj.weight", {h, inter}};
+    case kQBias: return {prefix + "self_attn.q_proj.bias", {q}};
+    case kKBias: return {prefix + "self_attn.k_proj.bias", {kv}};
+    case kVBias: return {prefix + "self_attn.v_proj.bias", {kv}};
+    case kOBias: return {prefix + "self_attn.o_proj.bias", {h}};
+    case kGateBias: return {prefix + "mlp.gate_proj.bias", {inter}};
+    case kUpBias: return {prefix + "mlp.up_proj.bias", {inter}};
+    case kDownBias: return {prefix + "mlp.down_proj.bias", {h}};
+    case kQNorm: return {prefix + "self_attn.q_norm.weight", {d}};
+    case kKNorm: return {prefix + "self_attn.k_norm.weight", {d}};
+    case kBlockParams: break;
+  }
+  return {};
 }
 
 }  // namespace
 
 std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& c, int unit, const LlamaLora& lora,
                                              bool split_blocks) {
-  const int64_t h = c.hidden_size, kv = c.kv_dim(), inter = c.intermediate_size;
+  const int64_t h = c.hidden_size;
   const LlamaUnit where = LlamaUnitAt(c, lora, unit, split_blocks);
   if (where.kind == LlamaUnit::kEmbed) return {{"model.embed_tokens.weight", {c.vocab_size, h}}};
   if (where.kind == LlamaUnit::kHead) {
@@ -222,19 +280,9 @@ std::vector<zero::ParamSpec> LlamaUnitParams(const LlamaConfig& c, int unit, con
     return out;
   }
   const std::string prefix = fmt::format("model.layers.{}.", where.layer);
-  const std::vector<zero::ParamSpec> block = {
-      {prefix + "input_layernorm.weight", {h}},
-      {prefix + "self_attn.q_proj.weight", {h, h}},
-      {prefix + "self_attn.k_proj.weight", {kv, h}},
-      {prefix + "self_attn.v_proj.weight", {kv, h}},
-      {prefix + "self_attn.o_proj.weight", {h, h}},
-      {prefix + "post_attention_layernorm.weight", {h}},
-      {prefix + "mlp.gate_proj.weight", {inter, h}},
-      {prefix + "mlp.up_proj.weight", {inter, h}},
-      {prefix + "mlp.down_proj.weight", {h, inter}},
-  };
-  const auto [first, count] = PartParams(where.part);
-  return {block.begin() + first, block.begin() + first + count};
+  std::vector<zero::ParamSpec> out;
+  for (BlockParam slot : PartSlots(c, where.part)) out.push_back(SlotSpec(c, prefix, slot));
+  return out;
 }
 
 // ---- buffers ------------------------------------------------------------------------------------
@@ -285,6 +333,9 @@ struct LlamaActivations {
   // kept from its forward.
   struct Internals {
     float *h1 = nullptr, *rstd1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr;
+    // Qwen3's q/k norms: the projections' outputs before them [T, q], [T, kv], and each head's
+    // rstd [T * heads], [T * kv heads] (null without).
+    float *q_pre = nullptr, *k_pre = nullptr, *q_rstd = nullptr, *k_rstd = nullptr;
     float *attn = nullptr, *attn_lse = nullptr, *x2 = nullptr, *h2 = nullptr, *rstd2 = nullptr;
     float *gate = nullptr, *up = nullptr, *hm = nullptr;
     // LoRA: per projection, x A^T scaled [T, r] (what the adapter's backward needs).
@@ -313,6 +364,8 @@ struct LlamaActivations {
     const size_t vocab = static_cast<size_t>(c.vocab_size);
     const size_t layers = static_cast<size_t>(c.num_hidden_layers);
     const size_t nh = static_cast<size_t>(c.num_attention_heads);
+    const size_t nkv = static_cast<size_t>(c.num_key_value_heads);
+    const size_t q = static_cast<size_t>(c.q_dim());
     Carver m(base);
     tokens = m.Take<int32_t>(2 * t);
     offloaded = LlamaOffloadedCheckpoints(c, keep, offload);
@@ -323,10 +376,16 @@ struct LlamaActivations {
     for (Internals& i : blocks) {
       i.h1 = m.Take<float>(t * h);
       i.rstd1 = m.Take<float>(t);
-      i.q = m.Take<float>(t * h);
+      i.q = m.Take<float>(t * q);
       i.k = m.Take<float>(t * kv);
       i.v = m.Take<float>(t * kv);
-      i.attn = m.Take<float>(t * h);
+      if (c.qk_norm) {
+        i.q_pre = m.Take<float>(t * q);
+        i.k_pre = m.Take<float>(t * kv);
+        i.q_rstd = m.Take<float>(t * nh);
+        i.k_rstd = m.Take<float>(t * nkv);
+      }
+      i.attn = m.Take<float>(t * q);
       i.attn_lse = m.Take<float>(batch * nh * seq);
       i.x2 = m.Take<float>(t * h);
       i.h2 = m.Take<float>(t * h);
@@ -344,8 +403,8 @@ struct LlamaActivations {
     dup = m.Take<float>(t * inter);
     dh2 = m.Take<float>(t * h);
     dx2 = m.Take<float>(t * h);
-    dattn = m.Take<float>(t * h);
-    dq = m.Take<float>(t * h);
+    dattn = m.Take<float>(t * q);
+    dq = m.Take<float>(t * q);
     dk = m.Take<float>(t * kv);
     dv = m.Take<float>(t * kv);
     dh1 = m.Take<float>(t * h);
@@ -358,7 +417,9 @@ struct LlamaActivations {
     loss = m.Take<float>(1);
     if (lora.enabled()) {
       lora_dx = m.Take<float>(t * static_cast<size_t>(lora.rank));
-      lora_out = inter >= h ? dup : m.Take<float>(t * h);
+      // The adapter's output of any projection: h, q, kv or inter columns.
+      const size_t widest = std::max({h, q, inter});
+      lora_out = inter >= widest ? dup : m.Take<float>(t * widest);
     }
     return m.bytes();
   }
@@ -620,7 +681,7 @@ Status LlamaModel::InitUnitRange(int unit, const std::vector<zero::ParamSlot>& s
     seed_unit = where.kind == LlamaUnit::kEmbed  ? 0
                 : where.kind == LlamaUnit::kHead ? config_.num_hidden_layers + 1
                                                  : where.layer + 1;
-    seed_slot = static_cast<size_t>(PartParams(where.part).first);
+    seed_slot = where.kind == LlamaUnit::kBlock ? PartOffset(config_, where.part) : 0;
   }
   const int64_t end = std::min(begin + static_cast<int64_t>(out.size()), used_numel);
   std::fill(out.begin(), out.end(), 0.0f);  // alignment gaps and padding
@@ -645,9 +706,10 @@ Status LlamaModel::InitUnitRange(int unit, const std::vector<zero::ParamSlot>& s
       }
       continue;
     }
-    const bool norm = s.shape.size() == 1;
-    if (norm) {
-      std::fill(dst, dst + (hi - lo), 1.0f);
+    // Hugging Face's init: norm weights 1, biases 0, matrices N(0, 0.02).
+    if (s.shape.size() == 1) {
+      const bool bias = s.name.size() > 5 && s.name.compare(s.name.size() - 5, 5, ".bias") == 0;
+      std::fill(dst, dst + (hi - lo), bias ? 0.0f : 1.0f);
       continue;
     }
     FillNormalRange(dst, s.numel, lo, hi, 0.02f, SplitMix64(seed_state));
@@ -712,22 +774,25 @@ struct LlamaModel::Adapters {
   }
 };
 
-// A block's nine parameters (BlockParam order) and their gradients, from its whole unit or from
-// one part's unit (the other parts' entries null). A null gradient: frozen.
+// A block's parameters (BlockParam) and their gradients, from its whole unit or from one part's
+// unit (the other parts' entries null, as those the config does not have). A null gradient:
+// frozen.
 struct LlamaModel::BlockWeights {
-  std::array<const void*, 9> w{};
-  std::array<float*, 9> g{};
+  std::array<const void*, kBlockParams> w{};
+  std::array<float*, kBlockParams> g{};
   device::DType dtype = device::DType::kF32;
 
   Weight W(int i) const { return Weight{w[static_cast<size_t>(i)], dtype}; }
   float* G(int i) const { return g[static_cast<size_t>(i)]; }
-  static BlockWeights Of(LlamaUnit::Part part, const zero::UnitView& p, const zero::UnitView* g) {
+  bool Has(int i) const { return w[static_cast<size_t>(i)] != nullptr; }
+  static BlockWeights Of(const LlamaConfig& c, LlamaUnit::Part part, const zero::UnitView& p,
+                         const zero::UnitView* g) {
     BlockWeights bw;
     bw.dtype = p.dtype;
-    const auto [first, count] = PartParams(part);
-    for (int i = 0; i < count; ++i) {
-      bw.w[static_cast<size_t>(first + i)] = p.param(static_cast<size_t>(i));
-      if (g != nullptr) bw.g[static_cast<size_t>(first + i)] = strata::model::G(*g, static_cast<size_t>(i));
+    const std::vector<BlockParam> slots = PartSlots(c, part);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      bw.w[static_cast<size_t>(slots[i])] = p.param(i);
+      if (g != nullptr) bw.g[static_cast<size_t>(slots[i])] = strata::model::G(*g, i);
     }
     return bw;
   }
@@ -757,7 +822,7 @@ Status LlamaModel::Forward(int unit, const zero::UnitView& params, device::Strea
           }
           return HeadForward(ops, p, p.param(1));
         }
-        return BlockForward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, nullptr),
+        return BlockForward(ops, where.layer, where.part, BlockWeights::Of(config_, where.part, p, nullptr),
                             nullptr);
       },
       "llama forward"));
@@ -791,7 +856,7 @@ Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::
           }
           return HeadBackward(ops, p, g, p.param(1), G(g, 1));
         }
-        return BlockBackward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, &g),
+        return BlockBackward(ops, where.layer, where.part, BlockWeights::Of(config_, where.part, p, &g),
                              nullptr);
       },
       "llama backward"));
@@ -820,7 +885,7 @@ Status LlamaModel::Recompute(int unit, const zero::UnitView& params, device::Str
       stream,
       [this, where, p](LlamaOps& ops) {
         const float* x = state_->a.In(where.layer);
-        return BlockPartForward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, nullptr),
+        return BlockPartForward(ops, where.layer, where.part, BlockWeights::Of(config_, where.part, p, nullptr),
                                 nullptr, x, nullptr);
       },
       "llama recompute");
@@ -840,7 +905,7 @@ Status LlamaModel::ForwardShared(int unit, std::span<const zero::UnitView> param
         [this, where, p, other](LlamaOps& ops) {
           const Adapters ad = Adapters::Of(lora_, other, nullptr);
           return BlockForward(ops, where.layer, where.part,
-                              BlockWeights::Of(where.part, p, nullptr), &ad);
+                              BlockWeights::Of(config_, where.part, p, nullptr), &ad);
         },
         "llama forward"));
     return AfterForward(where, stream);
@@ -863,7 +928,7 @@ Status LlamaModel::BackwardShared(int unit, std::span<const zero::UnitView> para
         stream,
         [this, where, p, other, g, gother](LlamaOps& ops) {
           const Adapters ad = Adapters::Of(lora_, other, &gother);
-          return BlockBackward(ops, where.layer, where.part, BlockWeights::Of(where.part, p, &g),
+          return BlockBackward(ops, where.layer, where.part, BlockWeights::Of(config_, where.part, p, &g),
                                &ad);
         },
         "llama backward"));
@@ -963,7 +1028,11 @@ Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int pro
                            const float* x, const BlockWeights& w, size_t in, size_t out, float* y) {
   const size_t t = state_->tokens;
   const int slot = proj < 4 ? proj + 1 : proj + 2;
-  if (y != nullptr) STRATA_RETURN_IF_ERROR(ops.LinearForward(x, w.W(slot), t, in, out, y));
+  const int bias = kQBias + proj;
+  if (y != nullptr) {
+    STRATA_RETURN_IF_ERROR(ops.LinearForward(x, w.W(slot), t, in, out, y));
+    if (w.Has(bias)) STRATA_RETURN_IF_ERROR(ops.BiasForward(y, w.W(bias), t, out));
+  }
   const size_t k = static_cast<size_t>(proj);
   if (ad == nullptr || ad->a[k] == nullptr) return Status::Ok();
   LlamaActivations& a = state_->a;
@@ -984,9 +1053,13 @@ Status LlamaModel::ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad,
                                    size_t in, size_t out, float* dx, bool dx_add) {
   const size_t t = state_->tokens;
   const int slot = proj < 4 ? proj + 1 : proj + 2;
+  const int bias = kQBias + proj;
   STRATA_RETURN_IF_ERROR(ops.LinearBackward(x, w.W(slot), dy, t, in, out, dx,
                                             dx_add ? Accumulate::kAdd : Accumulate::kOverwrite,
                                             w.G(slot)));
+  if (w.Has(bias) && w.G(bias) != nullptr) {
+    STRATA_RETURN_IF_ERROR(ops.BiasBackward(dy, t, out, w.G(bias)));
+  }
   const size_t k = static_cast<size_t>(proj);
   if (ad == nullptr || ad->a[k] == nullptr) return Status::Ok();
   LlamaActivations& a = state_->a;
@@ -1001,7 +1074,8 @@ Status LlamaModel::ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad,
 
 // One part of a block's forward from the block input x into the activation buffers; kMlpDown
 // also writes the block's output to `out` (null: only what backward needs).
-//   attention: h1 = norm(x), q k v, rope, attention, x2 = x + attn o^T
+//   attention: h1 = norm(x), q k v (with Qwen3's norm of each head of q and k), rope,
+//              attention, x2 = x + attn o^T
 //   gate:      h2 = norm(x2), gate = h2 Wgate^T
 //   up:        up = h2 Wup^T, hm = silu(gate) * up
 //   down:      out = x2 + hm Wdown^T
@@ -1014,9 +1088,10 @@ Status LlamaModel::BlockPartForward(LlamaOps& ops, int layer, LlamaUnit::Part pa
   const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
   const size_t nh = static_cast<size_t>(c.num_attention_heads);
   const size_t nkv = static_cast<size_t>(c.num_key_value_heads);
-  const size_t d = static_cast<size_t>(c.head_dim());
+  const size_t d = static_cast<size_t>(c.head_dim()), q = static_cast<size_t>(c.q_dim());
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope_theta);
+  const RopeScaling& rope = c.rope_scaling;
   switch (part) {
     case LlamaUnit::kWhole:
       for (LlamaUnit::Part p : {LlamaUnit::kAttn, LlamaUnit::kMlpGate, LlamaUnit::kMlpUp,
@@ -1026,14 +1101,24 @@ Status LlamaModel::BlockPartForward(LlamaOps& ops, int layer, LlamaUnit::Part pa
       return Status::Ok();
     case LlamaUnit::kAttn:
       STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, w.W(kInNorm), t, h, eps, bi.h1, bi.rstd1));
-      STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 0, bi.h1, w, h, h, bi.q));
-      STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 1, bi.h1, w, h, kv, bi.k));
+      if (c.qk_norm) {
+        // q_norm(q_proj(h1)) per head, and k's likewise (Qwen3).
+        STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 0, bi.h1, w, h, q, bi.q_pre));
+        STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 1, bi.h1, w, h, kv, bi.k_pre));
+        STRATA_RETURN_IF_ERROR(
+            ops.RmsNormForward(bi.q_pre, w.W(kQNorm), t * nh, d, eps, bi.q, bi.q_rstd));
+        STRATA_RETURN_IF_ERROR(
+            ops.RmsNormForward(bi.k_pre, w.W(kKNorm), t * nkv, d, eps, bi.k, bi.k_rstd));
+      } else {
+        STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 0, bi.h1, w, h, q, bi.q));
+        STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 1, bi.h1, w, h, kv, bi.k));
+      }
       STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 2, bi.h1, w, h, kv, bi.v));
-      STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.q, b, s, nh, d, theta));
-      STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.k, b, s, nkv, d, theta));
+      STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.q, b, s, nh, d, theta, rope));
+      STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.k, b, s, nkv, d, theta, rope));
       STRATA_RETURN_IF_ERROR(ops.AttentionForward(bi.q, bi.k, bi.v, b, s, nh, nkv, d, bi.attn,
                                                   bi.attn_lse, w.dtype));
-      STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 3, bi.attn, w, h, h, bi.x2));
+      STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 3, bi.attn, w, q, h, bi.x2));
       return ops.ResidualAdd(x, bi.x2, t * h, bi.x2);
     case LlamaUnit::kMlpGate:
       STRATA_RETURN_IF_ERROR(ops.RmsNormForward(bi.x2, w.W(kPostNorm), t, h, eps, bi.h2, bi.rstd2));
@@ -1070,9 +1155,10 @@ Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part p
   const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
   const size_t nh = static_cast<size_t>(c.num_attention_heads);
   const size_t nkv = static_cast<size_t>(c.num_key_value_heads);
-  const size_t d = static_cast<size_t>(c.head_dim());
+  const size_t d = static_cast<size_t>(c.head_dim()), q = static_cast<size_t>(c.q_dim());
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float theta = static_cast<float>(c.rope_theta);
+  const RopeScaling& rope = c.rope_scaling;
   LlamaActivations::Internals& bi = a.Of(layer);
   const float* dres = a.dres;  // d out, [T, H]
   float* dgate = a.dhm;
@@ -1095,13 +1181,19 @@ Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part p
                                                  a.dx2, w.G(kPostNorm)));
       return ops.AccumulateGradient(dres, t * h, a.dx2);  // the residual path
     case LlamaUnit::kAttn:
-      STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 3, bi.attn, w, a.dx2, h, h, a.dattn,
+      STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 3, bi.attn, w, a.dx2, q, h, a.dattn,
                                              false));
       STRATA_RETURN_IF_ERROR(ops.AttentionBackward(bi.q, bi.k, bi.v, bi.attn, bi.attn_lse, a.dattn,
                                                    b, s, nh, nkv, d, a.dq, a.dk, a.dv, w.dtype));
-      STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta));
-      STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta));
-      STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 0, bi.h1, w, a.dq, h, h, a.dh1, false));
+      STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta, rope));
+      STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta, rope));
+      if (c.qk_norm) {  // in place: dq, dk become the projections' output gradients
+        STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(bi.q_pre, w.W(kQNorm), bi.q_rstd, a.dq, t * nh,
+                                                   d, a.dq, w.G(kQNorm)));
+        STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(bi.k_pre, w.W(kKNorm), bi.k_rstd, a.dk, t * nkv,
+                                                   d, a.dk, w.G(kKNorm)));
+      }
+      STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 0, bi.h1, w, a.dq, h, q, a.dh1, false));
       STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 1, bi.h1, w, a.dk, h, kv, a.dh1, true));
       STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 2, bi.h1, w, a.dv, h, kv, a.dh1, true));
       STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(x, w.W(kInNorm), bi.rstd1, a.dh1, t, h,

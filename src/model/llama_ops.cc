@@ -48,14 +48,22 @@ class CpuLlamaOps final : public LlamaOps {
                         dweight);
     return Status::Ok();
   }
+  Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) override {
+    cpu::BiasForward(y, bias, rows, cols);
+    return Status::Ok();
+  }
+  Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) override {
+    cpu::BiasBackward(dy, rows, cols, dbias);
+    return Status::Ok();
+  }
   Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                     float theta) override {
-    cpu::RopeForward(x, batch, seq, heads, head_dim, theta);
+                     float theta, const RopeScaling& scaling) override {
+    cpu::RopeForward(x, batch, seq, heads, head_dim, theta, scaling);
     return Status::Ok();
   }
   Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                      float theta) override {
-    cpu::RopeBackward(dx, batch, seq, heads, head_dim, theta);
+                      float theta, const RopeScaling& scaling) override {
+    cpu::RopeBackward(dx, batch, seq, heads, head_dim, theta, scaling);
     return Status::Ok();
   }
   Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
@@ -210,15 +218,23 @@ Status OpProfiler::LinearBackward(const float* x, Weight weight, const float* dy
                                   dx_mode, dweight);
   });
 }
+Status OpProfiler::BiasForward(float* y, Weight bias, size_t rows, size_t cols) {
+  return Timed("BiasForward", [&] { return inner_->BiasForward(y, bias, rows, cols); });
+}
+Status OpProfiler::BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) {
+  return Timed("BiasBackward", [&] { return inner_->BiasBackward(dy, rows, cols, dbias); });
+}
 Status OpProfiler::RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                               float theta) {
-  return Timed("RopeForward",
-               [&] { return inner_->RopeForward(x, batch, seq, heads, head_dim, theta); });
+                               float theta, const RopeScaling& scaling) {
+  return Timed("RopeForward", [&] {
+    return inner_->RopeForward(x, batch, seq, heads, head_dim, theta, scaling);
+  });
 }
 Status OpProfiler::RopeBackward(float* dx, size_t batch, size_t seq, size_t heads,
-                                size_t head_dim, float theta) {
-  return Timed("RopeBackward",
-               [&] { return inner_->RopeBackward(dx, batch, seq, heads, head_dim, theta); });
+                                size_t head_dim, float theta, const RopeScaling& scaling) {
+  return Timed("RopeBackward", [&] {
+    return inner_->RopeBackward(dx, batch, seq, heads, head_dim, theta, scaling);
+  });
 }
 Status OpProfiler::AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                                     size_t seq, size_t num_heads, size_t num_kv_heads,
@@ -293,6 +309,7 @@ LlamaOpsShape LlamaOpsShapeFor(const LlamaConfig& c, int64_t seq_len, int64_t mi
   shape.vocab = static_cast<size_t>(c.vocab_size);
   shape.num_heads = static_cast<size_t>(c.num_attention_heads);
   shape.head_dim = static_cast<size_t>(c.head_dim());
+  shape.q_dim = static_cast<size_t>(c.q_dim());
   return shape;
 }
 

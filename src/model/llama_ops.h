@@ -57,10 +57,12 @@ class LlamaOps {
   virtual Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
                                 size_t in_features, size_t out_features, float* dx,
                                 Accumulate dx_mode, float* dweight) = 0;
+  virtual Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) = 0;
+  virtual Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) = 0;
   virtual Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                             float theta) = 0;
+                             float theta, const RopeScaling& scaling) = 0;
   virtual Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                              float theta) = 0;
+                              float theta, const RopeScaling& scaling) = 0;
   // `precision`: the weights' dtype. The CUDA ops run 16-bit attention on the tensor cores
   // (cuda::AttentionForward); the CPU ops compute in fp32 whatever it is.
   virtual Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
@@ -124,10 +126,12 @@ class OpProfiler final : public LlamaOps {
   Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
                         size_t in_features, size_t out_features, float* dx, Accumulate dx_mode,
                         float* dweight) override;
+  Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) override;
+  Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) override;
   Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                     float theta) override;
+                     float theta, const RopeScaling& scaling) override;
   Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                      float theta) override;
+                      float theta, const RopeScaling& scaling) override;
   Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
                           float* out, float* lse, device::DType precision) override;

@@ -21,7 +21,8 @@ size_t WorkspaceBytes(const WorkspaceShape& s) {
   size_t most = ((t + kRmsNormRowsPerPartial - 1) / kRmsNormRowsPerPartial) * s.hidden *
                 sizeof(float);
   // Linear layers with 16-bit weights: the activations (and output gradients) rounded to 16 bits.
-  const size_t pairs[][2] = {{s.hidden, s.hidden},       {s.hidden, s.kv_dim},
+  const size_t q = s.q_dim > 0 ? s.q_dim : s.hidden;
+  const size_t pairs[][2] = {{s.hidden, q},       {q, s.hidden},   {s.hidden, s.kv_dim},
                              {s.hidden, s.intermediate}, {s.intermediate, s.hidden},
                              {s.hidden, s.vocab}};
   for (const auto& p : pairs) {

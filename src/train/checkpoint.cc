@@ -613,6 +613,17 @@ Status CheckSameModel(const std::string& step_dir, const model::LlamaConfig& c, 
   STRATA_RETURN_IF_ERROR(differ("rms_norm_eps", saved.rms_norm_eps, c.rms_norm_eps));
   STRATA_RETURN_IF_ERROR(differ("rope_theta", saved.rope_theta, c.rope_theta));
   STRATA_RETURN_IF_ERROR(differ("pad_token_id", saved.pad_token_id, c.pad_token_id));
+  STRATA_RETURN_IF_ERROR(differ("model_type", saved.model_type, c.model_type));
+  STRATA_RETURN_IF_ERROR(differ("head_dim", saved.head_dim(), c.head_dim()));
+  STRATA_RETURN_IF_ERROR(differ("q/k/v biases", saved.qkv_bias, c.qkv_bias));
+  STRATA_RETURN_IF_ERROR(differ("o_proj bias", saved.o_bias, c.o_bias));
+  STRATA_RETURN_IF_ERROR(differ("mlp_bias", saved.mlp_bias, c.mlp_bias));
+  STRATA_RETURN_IF_ERROR(differ("q/k norms", saved.qk_norm, c.qk_norm));
+  if (saved.rope_scaling != c.rope_scaling) {
+    return InvalidArgumentError(fmt::format(
+        "checkpoint {} is from a different model: its RoPE scaling differs from this run's",
+        step_dir));
+  }
   return differ("max_position_embeddings", saved.max_position_embeddings,
                 c.max_position_embeddings);
 }

@@ -15,9 +15,10 @@ PyPI at pinned versions: transformers 5, torch 2). A small Llama with grouped-qu
      of those weights on that batch.
      `strata eval` of the model on 16 sequences matches transformers' mean loss on them.
   3. Mistral (the same decoder with sliding-window attention) both ways, within its window.
-  4. Configs transformers writes that Strata does not implement (rope scaling, attention biases,
-     another architecture, a Mistral window shorter than the sequence) are refused by
-     `strata train` with a message naming the key.
+  4. Configs transformers writes that Strata does not implement (a RoPE type it does not compute,
+     attention dropout, another architecture, a Mistral window shorter than the sequence) are
+     refused by `strata train` with a message naming the key. (The families Strata does train
+     are checked against transformers in hf_families.py.)
   5. RoPE settings as transformers 5 writes them (`rope_parameters`, no top-level rope_theta): a
      model with rope_theta 500000 and query/key weights large enough that attention depends on
      position (the check first shows that theta 10000 gives another loss) gives transformers'
@@ -46,8 +47,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config)
+from transformers import (AutoModelForCausalLM, GemmaConfig, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM)
 
 SEQ = 32
 MICRO_BATCH = 4
@@ -241,14 +242,14 @@ def main():
     # 4. What Strata does not implement is refused, naming the key.
     print("4. configs Strata does not implement")
     refusals = [
-        # transformers 5 keeps a scaling in rope_parameters; older configs in rope_scaling.
-        ("rope_parameters.rope_type", llama_config(False, rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16})),
+        # A RoPE type Strata does not compute, in transformers 5's place and in transformers 4's.
+        ("rope_parameters.rope_type", {"model_type": "llama", **shape, "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+            "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}}),
         ("rope_scaling.type", {"model_type": "llama", **shape,
-                               "rope_scaling": {"type": "linear", "factor": 2.0}}),
-        ("attention_bias", llama_config(False, attention_bias=True)),
-        ("model_type", Qwen2Config(**shape)),
+                               "rope_scaling": {"type": "longrope", "factor": 2.0}}),
+        ("attention_dropout", llama_config(False, attention_dropout=0.1)),
+        ("model_type", GemmaConfig(**shape)),
         ("sliding_window", MistralConfig(sliding_window=16, **shape)),
     ]
     for key, cfg in refusals:
@@ -263,7 +264,10 @@ def main():
                             "--model", d, "--data", data, "--data-dtype", "uint16", "--seq-len",
                             str(SEQ), "--steps", "1", "--device", "cpu"])
         line = (err.strip().splitlines() or [""])[-1]
-        ok = rc != 0 and key in err
+        # The key must be named in the message, not only in the directory's name.
+        message = line.split("config.json:", 1)[-1] if "config.json:" in line else line
+        message = message.split(d, 1)[-1]
+        ok = rc != 0 and key in message
         print(f"  {key:<20} exit {rc}: {line[:160]} {'ok' if ok else 'FAIL'}")
         results.append({"case": "refuse " + key, "exit": rc, "message": line, "ok": ok})
         if not ok:

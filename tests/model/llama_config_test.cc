@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "test_support.h"
@@ -19,6 +20,13 @@ TEST(LlamaConfigTest, PresetsAreValidAndHaveTheKnownSizes) {
   EXPECT_EQ(LlamaPreset("llama2-7b")->ParameterCount(), 6'738'415'616);
   EXPECT_EQ(LlamaPreset("llama2-70b")->ParameterCount(), 68'976'648'192);
   EXPECT_EQ(LlamaPreset("llama3-8b")->ParameterCount(), 8'030'261'248);
+  // Llama-3.1-70B and Qwen2.5-72B as published (70.55B, 72.71B: within 0.5%).
+  EXPECT_NEAR(static_cast<double>(LlamaPreset("llama3.1-70b")->ParameterCount()), 70.55e9,
+              0.005 * 70.55e9);
+  EXPECT_NEAR(static_cast<double>(LlamaPreset("qwen2.5-72b")->ParameterCount()), 72.71e9,
+              0.005 * 72.71e9);
+  EXPECT_EQ(LlamaPreset("qwen2.5-7b")->ParameterCount(), 7'615'616'512);
+  EXPECT_EQ(LlamaPreset("qwen3-8b")->ParameterCount(), 8'190'735'360);
   // The main job's model is in the 10-50M range.
   const int64_t main_job = LlamaPreset("llama-20m")->ParameterCount();
   EXPECT_GT(main_job, 10'000'000);
@@ -96,10 +104,19 @@ TEST(LlamaConfigTest, BadConfigsNameTheFileAndTheKey) {
       {R"({"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
            "num_hidden_layers": 2, "num_attention_heads": 4,
            "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})",
-       "rope_scaling.rope_type is \"llama3\""},
+       "rope_scaling.low_freq_factor is missing"},
       {R"({"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "attention_bias": true})",
-       "attention_bias is true"},
+           "num_hidden_layers": 2, "num_attention_heads": 4, "attention_bias": "yes"})",
+       "'attention_bias' must be true or false"},
+      // Sizes that cannot be meant: refused naming the key, before anything is sized from them.
+      {R"({"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 1000000000, "num_attention_heads": 4})",
+       "num_hidden_layers is 1000000000; larger than any model"},
+      {R"({"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 100000})",
+       "head_dim is 100000"},
+      {R"({"model_type": "gemma", "vocab_size": 100})", "model_type is 'gemma'"},
+      {R"({"model_type": "qwen3_moe", "vocab_size": 100})", "model_type is 'qwen3_moe'"},
   };
   for (const Case& c : cases) {
     auto r = ParseLlamaConfig(c.json, "/models/x/config.json");
@@ -129,8 +146,7 @@ TEST(LlamaConfigTest, MistralKeepsItsTypeAndWindow) {
   auto llama = ParseLlamaConfig(R"({"vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
       "num_hidden_layers": 2, "num_attention_heads": 4, "sliding_window": 8})", "l.json");
   ASSERT_TRUE(llama.ok());
-  EXPECT_EQ(llama->sliding_window, 0);
-  EXPECT_EQ(ToHfConfigJson(*llama, "float32").find("sliding_window"), std::string::npos);
+  EXPECT_EQ(llama->sliding_window, 0);  // transformers' Llama does not read it either
   auto bad = ParseLlamaConfig(R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 64,
       "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
       "sliding_window": -3})", "b.json");
@@ -193,25 +209,22 @@ TEST(LlamaConfigTest, RefusesKeysThatChangeTheModel) {
     const char* extra;
     const char* expect;
   } refused[] = {
-      // Llama 3.1 as transformers 5 saves it: the scaling sits in rope_parameters.
-      {R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
-          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 8192})",
-       "rope_parameters.rope_type is \"llama3\""},
-      {R"("rope_scaling": {"type": "linear", "factor": 2.0})", "rope_scaling.type is \"linear\""},
+      {R"("rope_parameters": {"rope_theta": 1.0, "rope_type": "longrope", "factor": 4.0})",
+       "rope_parameters.rope_type is \"longrope\""},
       {R"("rope_parameters": {"full_attention": {"rope_theta": 1.0}})",
        "rope_parameters.full_attention holds RoPE settings per layer type"},
       {R"("rope_parameters": {"rope_theta": 1.0, "partial_rotary_factor": 0.5})",
        "rope_parameters.partial_rotary_factor is 0.5"},
       {R"("rope_parameters": "yes")", "rope_parameters is \"yes\"; expected an object"},
+      {R"("rope_parameters": {"rope_type": "linear", "factor": 2.0},
+          "rope_scaling": {"rope_type": "linear", "factor": 4.0})",
+       "state different RoPE scalings"},
       {R"("partial_rotary_factor": 0.25)", "partial_rotary_factor is 0.25"},
-      {R"("mlp_bias": true)", "mlp_bias is true"},
       {R"("attention_dropout": 0.1)", "attention_dropout is 0.1"},
       {R"("quantization_config": {"quant_method": "bitsandbytes"})", "quantization_config is"},
-      {R"("head_dim": 16)", "head_dim is 16; Strata's attention uses hidden_size / "
-                            "num_attention_heads = 8"},
       {R"("pad_token_id": 100)", "pad_token_id 100 is not below vocab_size 100"},
       {R"("pad_token_id": "x")", "pad_token_id is \"x\""},
+      {R"("hidden_act": "gelu")", "hidden_act is \"gelu\""},
   };
   for (const Case& c : refused) {
     auto r = ParseLlamaConfig("{" + sizes + ", " + c.extra + "}", "/m/config.json");
@@ -234,6 +247,107 @@ TEST(LlamaConfigTest, RefusesKeysThatChangeTheModel) {
   ASSERT_TRUE(pad.ok()) << pad.status().ToString();
   EXPECT_EQ(pad->pad_token_id, 7);
   EXPECT_NE(ToHfConfigJson(*pad, "float32").find("\"pad_token_id\": 7"), std::string::npos);
+}
+
+// The families' features, from the keys each family's config uses.
+TEST(LlamaConfigTest, FamiliesSetTheirFeatures) {
+  const std::string sizes = R"("vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2)";
+  auto llama = ParseLlamaConfig("{" + sizes + R"(, "attention_bias": true, "mlp_bias": true})",
+                                "l.json");
+  ASSERT_TRUE(llama.ok()) << llama.status().ToString();
+  EXPECT_TRUE(llama->qkv_bias && llama->o_bias && llama->mlp_bias && !llama->qk_norm);
+  auto qwen2 = ParseLlamaConfig("{" + sizes + R"(, "model_type": "qwen2", "attention_bias": true})",
+                                "q2.json");
+  ASSERT_TRUE(qwen2.ok()) << qwen2.status().ToString();
+  EXPECT_TRUE(qwen2->qkv_bias && !qwen2->o_bias && !qwen2->mlp_bias && !qwen2->qk_norm);
+  auto qwen3 = ParseLlamaConfig("{" + sizes + R"(, "model_type": "qwen3", "head_dim": 32})",
+                                "q3.json");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status().ToString();
+  EXPECT_TRUE(qwen3->qk_norm && !qwen3->qkv_bias);
+  EXPECT_EQ(qwen3->head_dim(), 32);
+  EXPECT_EQ(qwen3->q_dim(), 128);
+  EXPECT_EQ(qwen3->kv_dim(), 64);
+  // Parameters: q [128, 64], k and v [64, 64], o [64, 128], the MLP, two norms, q/k norms [32].
+  EXPECT_EQ(qwen3->BlockParameters(), 64 * 128 * 2 + 64 * 64 * 2 + 3 * 64 * 96 + 2 * 64 + 2 * 32);
+  // Qwen2 with sliding layers: the window counts only when use_sliding_window is on.
+  auto off = ParseLlamaConfig("{" + sizes + R"(, "model_type": "qwen2", "sliding_window": 16,
+      "max_window_layers": 1})", "w.json");
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->sliding_window, 0);
+  auto on = ParseLlamaConfig("{" + sizes + R"(, "model_type": "qwen2", "sliding_window": 16,
+      "max_window_layers": 1, "use_sliding_window": true})", "w.json");
+  ASSERT_TRUE(on.ok());
+  EXPECT_EQ(on->sliding_window, 16);
+  auto full = ParseLlamaConfig("{" + sizes + R"(, "model_type": "qwen2", "sliding_window": 16,
+      "use_sliding_window": true, "layer_types": ["full_attention", "full_attention"]})", "w.json");
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(full->sliding_window, 0);
+}
+
+// RoPE scaling as transformers computes it (modeling_rope_utils.py), and the keys it reads.
+TEST(LlamaConfigTest, ReadsRopeScalings) {
+  const std::string sizes = R"("vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 256)";
+  auto llama3 = ParseLlamaConfig("{" + sizes + R"(, "rope_parameters": {"rope_theta": 500000.0,
+      "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64}})", "l3.json");
+  ASSERT_TRUE(llama3.ok()) << llama3.status().ToString();
+  EXPECT_EQ(llama3->rope_scaling.kind, RopeScaling::kLlama3);
+  EXPECT_DOUBLE_EQ(llama3->rope_theta, 500000.0);
+  EXPECT_DOUBLE_EQ(llama3->rope_scaling.original_max, 64.0);
+  // Pair 0 (wavelength 2 pi) is kept; the last pairs (longest wavelengths) are divided by 8.
+  const RopeScaling& r = llama3->rope_scaling;
+  EXPECT_DOUBLE_EQ(RopeInvFreq(500000.0, r, 0, 16), 1.0);
+  EXPECT_DOUBLE_EQ(RopeInvFreq(500000.0, r, 7, 16), std::pow(500000.0, -14.0 / 16) / 8.0);
+  // The same in transformers 4's form.
+  auto legacy = ParseLlamaConfig("{" + sizes + R"(, "rope_theta": 500000.0, "rope_scaling": {
+      "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64}})", "l3.json");
+  ASSERT_TRUE(legacy.ok()) << legacy.status().ToString();
+  EXPECT_TRUE(legacy->rope_scaling == llama3->rope_scaling);
+  // Linear: every frequency divided by the factor. Dynamic: the default below the longest
+  // sequence Strata trains. YaRN: its attention factor from the factor (0.1 ln 4 + 1).
+  auto linear = ParseLlamaConfig("{" + sizes + R"(, "rope_scaling": {"type": "linear", "factor": 2.0}})", "x");
+  ASSERT_TRUE(linear.ok());
+  EXPECT_DOUBLE_EQ(RopeInvFreq(10000.0, linear->rope_scaling, 3, 16),
+                   std::pow(10000.0, -6.0 / 16) / 2.0);
+  auto dynamic = ParseLlamaConfig("{" + sizes + R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0}})", "x");
+  ASSERT_TRUE(dynamic.ok());
+  EXPECT_EQ(dynamic->rope_scaling.kind, RopeScaling::kDefault);
+  auto yarn = ParseLlamaConfig("{" + sizes + R"(, "rope_scaling": {"rope_type": "yarn",
+      "factor": 4.0, "original_max_position_embeddings": 64}})", "x");
+  ASSERT_TRUE(yarn.ok()) << yarn.status().ToString();
+  EXPECT_EQ(yarn->rope_scaling.kind, RopeScaling::kYarn);
+  EXPECT_NEAR(yarn->rope_scaling.attention_factor, 0.1 * std::log(4.0) + 1.0, 1e-12);
+  EXPECT_GE(yarn->rope_scaling.yarn_high, yarn->rope_scaling.yarn_low);
+}
+
+// A checkpoint's config.json is the one the model came from, every key kept.
+TEST(LlamaConfigTest, WrittenConfigsKeepTheSourcesKeys) {
+  const std::string text = R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+      "vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 1000000.0,
+      "use_sliding_window": false, "max_window_layers": 21, "custom_key": {"kept": true},
+      "dtype": "bfloat16"})";
+  auto c = ParseLlamaConfig(text, "q.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::string written = ToHfConfigJson(*c, "float32");
+  for (const char* kept : {"\"Qwen2ForCausalLM\"", "\"max_window_layers\": 21",
+                           "\"custom_key\"", "\"dtype\": \"float32\""}) {
+    EXPECT_NE(written.find(kept), std::string::npos) << kept << " in " << written;
+  }
+  auto again = ParseLlamaConfig(written, "again.json");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->SameModel(*c));
+  // A preset writes a complete config of its family.
+  const std::string qwen = ToHfConfigJson(*LlamaPreset("qwen2.5-72b"), "bfloat16");
+  EXPECT_NE(qwen.find("\"Qwen2ForCausalLM\""), std::string::npos) << qwen;
+  const std::string l31 = ToHfConfigJson(*LlamaPreset("llama3.1-70b"), "bfloat16");
+  EXPECT_NE(l31.find("\"llama3\""), std::string::npos) << l31;
+  auto back = ParseLlamaConfig(l31, "l31.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->SameModel(*LlamaPreset("llama3.1-70b")));
 }
 
 TEST(LlamaConfigTest, ResolvesDirectoriesAndPresets) {
