@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Two decoder layers of Llama-3-70B's shape through the real engine (issue 20, section 4).
+"""Two decoder layers of Llama-3-70B's (or Qwen2.5-72B's, --shape qwen72b) shape through the real
+engine (issue 20, section 4; issue 39, section 1).
 
 Builds a model of Llama-3-70B's layer shape (hidden 8192, 64 heads, 8 KV heads, FFN 28672) with
 --layers decoder layers and the vocabulary cut to --vocab (or, with --shape 1t, of the 1T
@@ -42,17 +43,22 @@ import time
 import numpy as np
 
 SHAPE_70B = {"name": "Llama-3-70B", "hidden": 8192, "ffn": 28672, "heads": 64, "kv": 8}
+# Qwen2.5-72B's layer: q, k and v with biases (model_type qwen2).
+SHAPE_QWEN72B = {"name": "Qwen2.5-72B", "hidden": 8192, "ffn": 29568, "heads": 64, "kv": 8,
+                 "model_type": "qwen2", "theta": 1000000.0, "eps": 1e-6}
 SHAPE_1T = {"name": "llama-1t", "hidden": 25600, "ffn": 86016, "heads": 200, "kv": 8}
 SHAPE_SMOKE = {"name": "small", "hidden": 512, "ffn": 1792, "heads": 8, "kv": 2}  # --smoke: the same script, small
 
 
 def model_config(shape, layers, vocab):
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+    qwen = shape.get("model_type") == "qwen2"
+    return {"architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+            "model_type": shape.get("model_type", "llama"), "vocab_size": vocab,
             "hidden_size": shape["hidden"], "intermediate_size": shape["ffn"],
             "num_hidden_layers": layers, "num_attention_heads": shape["heads"],
             "num_key_value_heads": shape["kv"], "max_position_embeddings": 8192,
-            "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
-            "hidden_act": "silu", "torch_dtype": "bfloat16"}
+            "rms_norm_eps": shape.get("eps", 1e-5), "rope_theta": shape.get("theta", 500000.0),
+            "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
 
 
 def tensors_of(cfg):
@@ -65,7 +71,12 @@ def tensors_of(cfg):
         out += [(p + "input_layernorm.weight", (h,), "norm"),
                 (p + "self_attn.q_proj.weight", (h, h), "weight"),
                 (p + "self_attn.k_proj.weight", (kv, h), "weight"),
-                (p + "self_attn.v_proj.weight", (kv, h), "weight"),
+                (p + "self_attn.v_proj.weight", (kv, h), "weight")]
+        if cfg["model_type"] == "qwen2":  # Qwen2's q, k and v biases (zeros, as transformers')
+            out += [(p + "self_attn.q_proj.bias", (h,), "bias"),
+                    (p + "self_attn.k_proj.bias", (kv,), "bias"),
+                    (p + "self_attn.v_proj.bias", (kv,), "bias")]
+        out += [
                 (p + "self_attn.o_proj.weight", (h, h), "weight"),
                 (p + "post_attention_layernorm.weight", (h,), "norm"),
                 (p + "mlp.gate_proj.weight", (f, h), "weight"),
@@ -99,8 +110,9 @@ def write_weights(path, cfg, seed, std=0.02):
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for name, shape, kind in specs:
-            if kind == "norm":
-                f.write(to_bf16(np.ones(shape, np.float32)).tobytes())
+            if kind in ("norm", "bias"):
+                value = np.ones if kind == "norm" else np.zeros
+                f.write(to_bf16(value(shape, np.float32)).tobytes())
                 continue
             cols = shape[1]
             step = max(1, (16 << 20) // cols)
@@ -189,7 +201,7 @@ def main():
                          "steps, different batches' losses differ more than training moves them)")
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed)")
     ap.add_argument("--nvme", help="directory for the swap files (default: DIR/nvme)")
-    ap.add_argument("--shape", choices=["70b", "1t"], default="70b")
+    ap.add_argument("--shape", choices=["70b", "qwen72b", "1t"], default="70b")
     ap.add_argument("--ffn", type=int, default=None,
                     help="cut the FFN width to this (the 1T layer's 86016 does not fit a small host)")
     ap.add_argument("--smoke", action="store_true",
@@ -213,7 +225,8 @@ def main():
     nvme = a.nvme or os.path.join(work, "nvme")
     shutil.rmtree(nvme, ignore_errors=True)
     os.makedirs(nvme)
-    shape = dict(SHAPE_SMOKE if a.smoke else SHAPE_1T if a.shape == "1t" else SHAPE_70B)
+    shape = dict(SHAPE_SMOKE if a.smoke else SHAPE_1T if a.shape == "1t"
+                 else SHAPE_QWEN72B if a.shape == "qwen72b" else SHAPE_70B)
     if a.ffn:
         shape["ffn"] = a.ffn
         shape["name"] += f" (FFN cut to {a.ffn})"
