@@ -14,8 +14,11 @@ void RegisterEnvCommand(CLI::App& app, int* exit_code);
 // `strata nvme-bench`: measures and tunes NVMe paths for offload.
 void RegisterNvmeBenchCommand(CLI::App& app, int* exit_code);
 
-// `strata data`: token data utilities (`strata data synth` writes a synthetic corpus).
+// `strata data`: token data utilities (`strata data synth` writes a synthetic corpus; `strata
+// data prepare` tokenizes datasets with a model's tokenizer).
 void RegisterDataCommand(CLI::App& app, int* exit_code);
+// `strata data prepare`, under `data`.
+void RegisterDataPrepareCommand(CLI::App* data, int* exit_code);
 
 // `strata checkpoint`: checkpoint tools (`strata checkpoint verify DIR` checks its checksums).
 void RegisterCheckpointCommand(CLI::App& app, int* exit_code);

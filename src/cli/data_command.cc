@@ -1,6 +1,6 @@
 // `strata data`: token data utilities. `strata data synth` writes a learnable synthetic token
 // corpus (a sparse Markov chain with noise; see train/data.h) for smoke tests and loss-curve
-// checks without a tokenizer or a download.
+// checks without a tokenizer or a download; `strata data prepare` is data_prepare_command.cc.
 #include <fmt/format.h>
 
 #include <cctype>
@@ -130,7 +130,8 @@ int RunSynth(const SynthArgs& a) {
 }  // namespace
 
 void RegisterDataCommand(CLI::App& app, int* exit_code) {
-  CLI::App* data = app.add_subcommand("data", "Token data for training: write a synthetic corpus");
+  CLI::App* data = app.add_subcommand(
+      "data", "Token data for training: tokenize datasets (prepare), write a synthetic corpus");
   data->require_subcommand(1);
 
   auto args = std::make_shared<SynthArgs>();
@@ -155,6 +156,7 @@ void RegisterDataCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"auto", "uint16", "uint32"}))
       ->capture_default_str();
   synth->callback([args, exit_code] { *exit_code = RunSynth(*args); });
+  RegisterDataPrepareCommand(data, exit_code);
 }
 
 }  // namespace strata::cli

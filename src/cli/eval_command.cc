@@ -20,7 +20,17 @@ void RegisterEvalCommand(CLI::App& app, int* exit_code) {
                   "Hugging Face model directory (config.json + model.safetensors), a checkpoint "
                   "step directory (DIR/latest), or a preset (random weights)")
       ->required();
-  cmd->add_option("--data", o->eval_data, "Token file: FILE.npy or raw FILE.bin")->required();
+  cmd->add_option("--data", o->eval_data,
+                  "Token data: prepared documents (strata data prepare: the loss is over their "
+                  "trained tokens), FILE.npy or raw FILE.bin")
+      ->required();
+  cmd->add_flag_function(
+      "--no-packing", [o = o.get()](int64_t) { o->packing = false; },
+      "Prepared data: one document per sequence instead of packing several");
+  cmd->add_option("--long-docs", o->long_docs,
+                  "Prepared data: a document longer than a sequence is cut into pieces (split, "
+                  "the default) or left out (drop)")
+      ->check(CLI::IsMember({"split", "drop"}));
   cmd->add_option("--adapter", o->adapter_dir,
                   "Apply a PEFT LoRA adapter directory (adapter_config.json + "
                   "adapter_model.safetensors; a LoRA run's checkpoint step directory is one) to "

@@ -36,8 +36,18 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
                   "llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b); a directory with "
                   "model.safetensors (or its index) is fine-tuned from those weights. Optional "
                   "with --resume");
-  cmd->add_option("--data", o->data, "Token file: FILE.npy or raw FILE.bin (see --data-dtype)")
+  cmd->add_option("--data", o->data,
+                  "Token data: prepared documents (strata data prepare), FILE.npy, or raw "
+                  "FILE.bin (see --data-dtype)")
       ->required();
+  cmd->add_flag_function(
+      "--no-packing", [o = o.get()](int64_t) { o->packing = false; },
+      "Prepared data: one document per sequence, padded, instead of packing several "
+      "(default: packed; a resumed run keeps its checkpoint's)");
+  cmd->add_option("--long-docs", o->long_docs,
+                  "Prepared data: a document longer than a sequence is cut into sequence-long "
+                  "pieces (split, the default) or left out (drop)")
+      ->check(CLI::IsMember({"split", "drop"}));
   AddDataShapeAndDeviceOptions(cmd, o.get());
   cmd->add_option("--steps", o->steps,
                   "Training steps to reach (a resumed run continues up to this total)")
@@ -71,7 +81,7 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", o->seed,
                   "Seed of the data order (default 1234; a resumed run keeps its checkpoint's)");
   cmd->add_option("--eval-data", o->eval_data,
-                  "Token file for validation loss (same format and --data-dtype as --data)");
+                  "Token data for validation loss (prepared, or a token file with --data-dtype)");
   cmd->add_option("--eval-every", o->eval_every,
                   "Report the validation loss on --eval-data every N steps and after the last")
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000'000'000}));

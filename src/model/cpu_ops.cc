@@ -54,13 +54,14 @@ void RopeTables(size_t seq, size_t head_dim, float theta, const RopeScaling& sca
 
 // Rotates every head of x by +angle (sign = 1) or -angle (sign = -1).
 void Rotate(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
-            const RopeScaling& scaling, float sign) {
+            const RopeScaling& scaling, const int32_t* positions, float sign) {
   assert(head_dim % 2 == 0);
   std::vector<float> cos_table, sin_table;
   RopeTables(seq, head_dim, theta, scaling, cos_table, sin_table);
   const size_t half = head_dim / 2;
   for (size_t t = 0; t < batch * seq; ++t) {
-    const size_t p = t % seq;
+    // A position is below seq (a document's tokens within its sequence).
+    const size_t p = positions != nullptr ? static_cast<size_t>(positions[t]) : t % seq;
     const float* c = &cos_table[p * half];
     const float* s = &sin_table[p * half];
     for (size_t h = 0; h < heads; ++h) {
@@ -217,14 +218,14 @@ void LinearBackward(const float* x, Weight weight, const float* dy, size_t num_t
 // ---- Rotary position embedding ------------------------------------------------------------------
 
 void RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
-                 const RopeScaling& scaling) {
-  Rotate(x, batch, seq, heads, head_dim, theta, scaling, 1.0f);
+                 const RopeScaling& scaling, const int32_t* positions) {
+  Rotate(x, batch, seq, heads, head_dim, theta, scaling, positions, 1.0f);
 }
 
 void RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
-                  const RopeScaling& scaling) {
+                  const RopeScaling& scaling, const int32_t* positions) {
   // The rotation is orthogonal, so its transpose (the backward) is the rotation by -angle.
-  Rotate(dx, batch, seq, heads, head_dim, theta, scaling, -1.0f);
+  Rotate(dx, batch, seq, heads, head_dim, theta, scaling, positions, -1.0f);
 }
 
 // ---- Attention ----------------------------------------------------------------------------------
@@ -235,7 +236,7 @@ void RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head
 
 void AttentionForward(const float* q, const float* k, const float* v, size_t batch, size_t seq,
                       size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out,
-                      float* lse) {
+                      float* lse, const int32_t* key_start) {
   assert(num_kv_heads > 0 && num_heads % num_kv_heads == 0);
   if (batch == 0 || seq == 0 || num_heads == 0) return;
   const size_t group = num_heads / num_kv_heads;
@@ -256,17 +257,20 @@ void AttentionForward(const float* q, const float* k, const float* v, size_t bat
                   I(q_stride), kg, I(kv_stride), 0.0f, probs.data(), I(seq));
       for (size_t i = 0; i < seq; ++i) {
         float* row = &probs[i * seq];
-        float max = row[0];
-        for (size_t j = 1; j <= i; ++j)
+        const size_t first = key_start != nullptr ? static_cast<size_t>(key_start[b * seq + i]) : 0;
+        float max = row[first];
+        for (size_t j = first + 1; j <= i; ++j)
           max = std::max(max, row[j]);
         double sum = 0.0;
-        for (size_t j = 0; j <= i; ++j) {
+        for (size_t j = first; j <= i; ++j) {
           row[j] = std::exp(row[j] - max);
           sum += row[j];
         }
         const float inv = static_cast<float>(1.0 / sum);
-        for (size_t j = 0; j <= i; ++j)
+        for (size_t j = first; j <= i; ++j)
           row[j] *= inv;
+        for (size_t j = 0; j < first; ++j)
+          row[j] = 0.0f;
         for (size_t j = i + 1; j < seq; ++j)
           row[j] = 0.0f;
         lse_h[i] = max + static_cast<float>(std::log(sum));
@@ -281,7 +285,7 @@ void AttentionForward(const float* q, const float* k, const float* v, size_t bat
 void AttentionBackward(const float* q, const float* k, const float* v, const float* out,
                        const float* lse, const float* dout, size_t batch, size_t seq,
                        size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq, float* dk,
-                       float* dv) {
+                       float* dv, const int32_t* key_start) {
   assert(num_kv_heads > 0 && num_heads % num_kv_heads == 0);
   const size_t group = num_heads / num_kv_heads;
   const size_t q_stride = num_heads * head_dim;
@@ -303,7 +307,10 @@ void AttentionBackward(const float* q, const float* k, const float* v, const flo
                   q + q_off, I(q_stride), k + kv_off, I(kv_stride), 0.0f, probs.data(), I(seq));
       for (size_t i = 0; i < seq; ++i) {
         float* row = &probs[i * seq];
-        for (size_t j = 0; j <= i; ++j)
+        const size_t first = key_start != nullptr ? static_cast<size_t>(key_start[b * seq + i]) : 0;
+        for (size_t j = 0; j < first; ++j)
+          row[j] = 0.0f;
+        for (size_t j = first; j <= i; ++j)
           row[j] = std::exp(row[j] - lse_h[i]);
         for (size_t j = i + 1; j < seq; ++j)
           row[j] = 0.0f;

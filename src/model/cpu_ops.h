@@ -83,8 +83,9 @@ void BiasForward(float* y, Weight bias, size_t rows, size_t cols);
 void BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias);
 
 // ---- Rotary position embedding (Hugging Face Llama convention) -------------------------------
-// In place on x [batch * seq, heads * head_dim] (head_dim even). For each token at position
-// p = t mod seq and each head, with half = head_dim / 2, for i < half:
+// In place on x [batch * seq, heads * head_dim] (head_dim even). For each token t at position
+// p = positions[t] (null: t mod seq; packed documents restart their positions) and each head,
+// with half = head_dim / 2, for i < half:
 //   angle = p * RopeInvFreq(theta, scaling, i, head_dim)       (rope.h; theta^(-2i / head_dim)
 //                                                               without scaling)
 //   x'[i]        = a (x[i] cos(angle) - x[i + half] sin(angle))
@@ -92,10 +93,10 @@ void BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias);
 // with a = scaling.attention_factor (q * cos + rotate_half(q) * sin). Angles are computed in
 // double.
 void RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
-                 const RopeScaling& scaling = {});
+                 const RopeScaling& scaling = {}, const int32_t* positions = nullptr);
 // The backward is the transposed rotation, applied in place to the gradient.
 void RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
-                  const RopeScaling& scaling = {});
+                  const RopeScaling& scaling = {}, const int32_t* positions = nullptr);
 
 // ---- Causal grouped-query attention ------------------------------------------------------------
 // Per sequence b and head h (using kv head g = h / (nh / nkv)):
@@ -103,15 +104,18 @@ void RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head
 // q, out [batch * seq, nh * d]; k, v [batch * seq, nkv * d]; nh a multiple of nkv.
 // lse [batch, nh, seq]: the log-sum-exp of each row of the masked, scaled scores, saved so the
 // backward recomputes the probabilities without a second max/sum pass.
+// Packed documents: key_start [batch * seq] (null: all 0) gives each query the first key of its
+// document within the sequence; query i attends to keys [key_start[i], i] only, so attention
+// never crosses a document boundary. A document's keys are contiguous and key_start[i] <= i.
 void AttentionForward(const float* q, const float* k, const float* v, size_t batch, size_t seq,
                       size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out,
-                      float* lse);
+                      float* lse, const int32_t* key_start = nullptr);
 // dq [batch * seq, nh * d], dk, dv [batch * seq, nkv * d], all overwritten; dk and dv sum over the
 // nh / nkv query heads sharing each kv head. `out` and `lse` are the forward's.
 void AttentionBackward(const float* q, const float* k, const float* v, const float* out,
                        const float* lse, const float* dout, size_t batch, size_t seq,
                        size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq, float* dk,
-                       float* dv);
+                       float* dv, const int32_t* key_start = nullptr);
 
 // ---- SwiGLU's elementwise part -----------------------------------------------------------------
 // h = silu(gate) * up, silu(g) = g / (1 + exp(-g)); gate, up, h [n] (h may alias gate or up).

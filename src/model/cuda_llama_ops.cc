@@ -63,29 +63,32 @@ class CudaLlamaOps final : public LlamaOps {
     return cuda::ToStatus(cuda::BiasBackward(ctx(), dy, rows, cols, dbias));
   }
   Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                     float theta, const RopeScaling& scaling) override {
+                     float theta, const RopeScaling& scaling, const int32_t* positions) override {
     return cuda::ToStatus(
-        cuda::RopeForward(ctx(), x, batch, seq, heads, head_dim, theta, scaling));
+        cuda::RopeForward(ctx(), x, batch, seq, heads, head_dim, theta, scaling, positions));
   }
   Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                      float theta, const RopeScaling& scaling) override {
+                      float theta, const RopeScaling& scaling,
+                      const int32_t* positions) override {
     return cuda::ToStatus(
-        cuda::RopeBackward(ctx(), dx, batch, seq, heads, head_dim, theta, scaling));
+        cuda::RopeBackward(ctx(), dx, batch, seq, heads, head_dim, theta, scaling, positions));
   }
   Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* out, float* lse, device::DType precision) override {
+                          float* out, float* lse, device::DType precision,
+                          const int32_t* key_start) override {
     return cuda::ToStatus(cuda::AttentionForward(ctx(), q, k, v, batch, seq, num_heads,
                                                  num_kv_heads, head_dim, out, lse,
-                                                 cuda::ToCudaDType(precision)));
+                                                 cuda::ToCudaDType(precision), key_start));
   }
   Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
                            const float* lse, const float* dout, size_t batch, size_t seq,
                            size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
-                           float* dk, float* dv, device::DType precision) override {
+                           float* dk, float* dv, device::DType precision,
+                           const int32_t* key_start) override {
     return cuda::ToStatus(cuda::AttentionBackward(ctx(), q, k, v, out, lse, dout, batch, seq,
                                                   num_heads, num_kv_heads, head_dim, dq, dk, dv,
-                                                  cuda::ToCudaDType(precision)));
+                                                  cuda::ToCudaDType(precision), key_start));
   }
   Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) override {
     return cuda::ToStatus(cuda::SiluMulForward(ctx(), gate, up, n, h));

@@ -712,13 +712,15 @@ __global__ void RopeTableKernel(size_t seq, size_t head_dim, float theta, RopeSc
 // Rotates every head of x by +angle (sign = 1) or -angle (sign = -1), one thread per pair.
 __global__ void RopeRotateKernel(float* x, size_t tokens, size_t seq, size_t heads, size_t head_dim,
                                  const float* __restrict__ cos_table,
-                                 const float* __restrict__ sin_table, float sign) {
+                                 const float* __restrict__ sin_table,
+                                 const int32_t* __restrict__ positions, float sign) {
   const size_t half = head_dim / 2;
   const size_t n = tokens * heads * half;
   for (size_t idx = FirstIndex(); idx < n; idx += GridStride()) {
     const size_t pair_row = idx / half;  // t * heads + h
     const size_t i = idx - pair_row * half;
-    const size_t p = (pair_row / heads) % seq;
+    const size_t t = pair_row / heads;
+    const size_t p = positions != nullptr ? static_cast<size_t>(positions[t]) : t % seq;
     float* row = x + pair_row * head_dim;
     const float c = cos_table[p * half + i];
     const float s = sign * sin_table[p * half + i];
@@ -730,8 +732,8 @@ __global__ void RopeRotateKernel(float* x, size_t tokens, size_t seq, size_t hea
 }
 
 OpError Rotate(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
-               size_t head_dim, float theta, const RopeScaling& scaling, float sign,
-               const char* op) {
+               size_t head_dim, float theta, const RopeScaling& scaling,
+               const int32_t* positions, float sign, const char* op) {
   if (head_dim % 2 != 0) return ArgumentError("head_dim must be even", op);
   const size_t half = head_dim / 2;
   if (batch == 0 || seq == 0 || heads == 0 || half == 0) return OpError{};
@@ -745,21 +747,25 @@ OpError Rotate(OpsContext* context, float* x, size_t batch, size_t seq, size_t h
   error = LaunchResult(op);
   if (!error.ok()) return error;
   RopeRotateKernel<<<GridFor(batch * seq * heads * half), kBlockThreads, 0, context->stream>>>(
-      x, batch * seq, seq, heads, head_dim, cos_table, sin_table, sign);
+      x, batch * seq, seq, heads, head_dim, cos_table, sin_table, positions, sign);
   return LaunchResult(op);
 }
 
 }  // namespace
 
 OpError RopeForward(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
-                    size_t head_dim, float theta, const RopeScaling& scaling) {
-  return Rotate(context, x, batch, seq, heads, head_dim, theta, scaling, 1.0f, "RopeForward");
+                    size_t head_dim, float theta, const RopeScaling& scaling,
+                    const int32_t* positions) {
+  return Rotate(context, x, batch, seq, heads, head_dim, theta, scaling, positions, 1.0f,
+                "RopeForward");
 }
 
 OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, size_t heads,
-                     size_t head_dim, float theta, const RopeScaling& scaling) {
+                     size_t head_dim, float theta, const RopeScaling& scaling,
+                     const int32_t* positions) {
   // The rotation is orthogonal: its transpose is the rotation by -angle.
-  return Rotate(context, dx, batch, seq, heads, head_dim, theta, scaling, -1.0f, "RopeBackward");
+  return Rotate(context, dx, batch, seq, heads, head_dim, theta, scaling, positions, -1.0f,
+                "RopeBackward");
 }
 
 // ---- Bias ---------------------------------------------------------------------------------------
@@ -860,6 +866,7 @@ __device__ inline float WarpDot(const float (&a)[R], const float* b, size_t head
 template <int R>
 __global__ void AttentionForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
                                        const float* __restrict__ v, AttentionShape shape,
+                                       const int32_t* __restrict__ key_start,
                                        float* __restrict__ out, float* __restrict__ lse) {
   QueryRow row;
   if (!WarpQueryRow(shape, &row)) return;  // the whole warp
@@ -875,7 +882,8 @@ __global__ void AttentionForwardKernel(const float* __restrict__ q, const float*
     acc[r] = 0.0f;
   float m = -INFINITY;
   float l = 0.0f;
-  for (size_t j = 0; j <= i; ++j) {
+  const size_t first = key_start != nullptr ? static_cast<size_t>(key_start[b * shape.seq + i]) : 0;
+  for (size_t j = first; j <= i; ++j) {
     const float s = WarpDot<R>(qi, kg + j * shape.kv_stride, d, lane) * shape.scale;
     if (s > m) {  // uniform: every lane holds the same s
       const float correction = expf(m - s);
@@ -912,7 +920,8 @@ template <int R>
 __global__ void AttentionBackwardQueryKernel(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ out, const float* __restrict__ lse, const float* __restrict__ dout,
-    AttentionShape shape, float* __restrict__ dq, float* __restrict__ delta) {
+    AttentionShape shape, const int32_t* __restrict__ key_start, float* __restrict__ dq,
+    float* __restrict__ delta) {
   QueryRow row;
   if (!WarpQueryRow(shape, &row)) return;  // the whole warp
   const unsigned lane = threadIdx.x & 31;
@@ -935,7 +944,8 @@ __global__ void AttentionBackwardQueryKernel(
   const float di = WarpSum(dot);
   if (lane == 0) delta[stat] = di;
   const float lse_i = lse[stat];
-  for (size_t j = 0; j <= i; ++j) {
+  const size_t first = key_start != nullptr ? static_cast<size_t>(key_start[b * shape.seq + i]) : 0;
+  for (size_t j = first; j <= i; ++j) {
     const float* kj = kg + j * shape.kv_stride;
     const float s = WarpDot<R>(qi, kj, d, lane) * shape.scale;
     const float p = expf(s - lse_i);
@@ -963,6 +973,7 @@ __global__ void AttentionBackwardKeyKernel(const float* __restrict__ q, const fl
                                            const float* __restrict__ lse,
                                            const float* __restrict__ delta,
                                            const float* __restrict__ dout, AttentionShape shape,
+                                           const int32_t* __restrict__ key_start,
                                            float* __restrict__ dk, float* __restrict__ dv) {
   const size_t row = static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= shape.batch * shape.num_kv_heads * shape.seq) return;
@@ -983,6 +994,9 @@ __global__ void AttentionBackwardKeyKernel(const float* __restrict__ q, const fl
   for (size_t h = g * shape.group; h < (g + 1) * shape.group; ++h) {
     const size_t stat_base = (b * shape.num_heads + h) * shape.seq;
     for (size_t i = j; i < shape.seq; ++i) {
+      // Packed documents: the queries that see key j are those of its document, from j on
+      // (key starts do not decrease along a sequence).
+      if (key_start != nullptr && static_cast<size_t>(key_start[b * shape.seq + i]) > j) break;
       const size_t q_off = (b * shape.seq + i) * shape.q_stride + h * d;
       const float* qi = q + q_off;
       const float* doi = dout + q_off;
@@ -1065,7 +1079,8 @@ void ForLanesPerHead(size_t head_dim, Fn&& fn) {
 
 OpError AttentionForward(OpsContext* context, const float* q, const float* k, const float* v,
                          size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
-                         size_t head_dim, float* out, float* lse, DType precision) {
+                         size_t head_dim, float* out, float* lse, DType precision,
+                         const int32_t* key_start) {
   constexpr const char* kOp = "AttentionForward";
   OpError error = CheckAttentionShape(num_heads, num_kv_heads, head_dim, kOp);
   if (!error.ok()) return error;
@@ -1076,14 +1091,16 @@ OpError AttentionForward(OpsContext* context, const float* q, const float* k, co
     return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
   }
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
-  if (TensorCoresAllowed() && detail::TensorCoreAttentionSupports(precision, shape)) {
+  // Packed documents take the exact kernels (the tiled ones mask causally only).
+  if (key_start == nullptr && TensorCoresAllowed() &&
+      detail::TensorCoreAttentionSupports(precision, shape)) {
     return detail::TensorCoreAttentionForward(context->stream, precision, shape, q, k, v, out,
                                               lse);
   }
   ForLanesPerHead(head_dim, [&](auto lanes) {
     constexpr int R = decltype(lanes)::value;
     AttentionForwardKernel<R><<<AttentionBlocks(rows), kAttentionWarps * 32, 0, context->stream>>>(
-        q, k, v, shape, out, lse);
+        q, k, v, shape, key_start, out, lse);
   });
   return LaunchResult(kOp);
 }
@@ -1091,7 +1108,8 @@ OpError AttentionForward(OpsContext* context, const float* q, const float* k, co
 OpError AttentionBackward(OpsContext* context, const float* q, const float* k, const float* v,
                           const float* out, const float* lse, const float* dout, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* dq, float* dk, float* dv, DType precision) {
+                          float* dq, float* dk, float* dv, DType precision,
+                          const int32_t* key_start) {
   constexpr const char* kOp = "AttentionBackward";
   OpError error = CheckAttentionShape(num_heads, num_kv_heads, head_dim, kOp);
   if (!error.ok()) return error;
@@ -1111,7 +1129,8 @@ OpError AttentionBackward(OpsContext* context, const float* q, const float* k, c
   if (!error.ok()) return error;
   float* delta = WorkspaceCarver(context).Take<float>(rows);
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
-  if (TensorCoresAllowed() && detail::TensorCoreAttentionSupports(precision, shape)) {
+  if (key_start == nullptr && TensorCoresAllowed() &&
+      detail::TensorCoreAttentionSupports(precision, shape)) {
     return detail::TensorCoreAttentionBackward(context->stream, precision, shape, q, k, v, out,
                                                lse, dout, delta, dq, dk, dv);
   }
@@ -1120,10 +1139,10 @@ OpError AttentionBackward(OpsContext* context, const float* q, const float* k, c
     constexpr int R = decltype(lanes)::value;
     AttentionBackwardQueryKernel<R>
         <<<AttentionBlocks(rows), kAttentionWarps * 32, 0, context->stream>>>(
-            q, k, v, out, lse, dout, shape, dq, delta);
+            q, k, v, out, lse, dout, shape, key_start, dq, delta);
     AttentionBackwardKeyKernel<R>
         <<<AttentionBlocks(kv_rows), kAttentionWarps * 32, 0, context->stream>>>(
-            q, k, v, lse, delta, dout, shape, dk, dv);
+            q, k, v, lse, delta, dout, shape, key_start, dk, dv);
   });
   return LaunchResult(kOp);
 }

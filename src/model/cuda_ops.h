@@ -187,10 +187,13 @@ OpError BiasBackward(OpsContext* context, const float* dy, size_t rows, size_t c
 
 // ---- Rotary position embedding (in place; head_dim even) ----------------------------------------
 // As cpu::RopeForward / RopeBackward, with the same scalings (rope.h).
+// positions [batch * seq] in device memory (null: t mod seq).
 OpError RopeForward(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
-                    size_t head_dim, float theta, const RopeScaling& scaling = {});
+                    size_t head_dim, float theta, const RopeScaling& scaling = {},
+                    const int32_t* positions = nullptr);
 OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, size_t heads,
-                     size_t head_dim, float theta, const RopeScaling& scaling = {});
+                     size_t head_dim, float theta, const RopeScaling& scaling = {},
+                     const int32_t* positions = nullptr);
 
 // ---- Causal grouped-query attention -------------------------------------------------------------
 // As cpu::AttentionForward / AttentionBackward; no [seq, seq] matrix exists. `precision` is the
@@ -204,17 +207,20 @@ OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, s
 //                fp32, softmax statistics and outputs are fp32. Other head dims take the exact
 //                kernels.
 // STRATA_ATTENTION=exact in the environment keeps every run on the exact kernels (a diagnostic).
+// Packed documents (key_start [batch * seq] in device memory, as cpu::AttentionForward's) run on
+// the exact kernels at any precision: a query sees keys [key_start, i] only.
 // Both are deterministic (no atomics). The backward uses batch * num_heads * seq floats of the
 // workspace.
 inline constexpr size_t kMaxAttentionHeadDim = 256;
 OpError AttentionForward(OpsContext* context, const float* q, const float* k, const float* v,
                          size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
                          size_t head_dim, float* out, float* lse,
-                         DType precision = DType::kF32);
+                         DType precision = DType::kF32, const int32_t* key_start = nullptr);
 OpError AttentionBackward(OpsContext* context, const float* q, const float* k, const float* v,
                           const float* out, const float* lse, const float* dout, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* dq, float* dk, float* dv, DType precision = DType::kF32);
+                          float* dq, float* dk, float* dv, DType precision = DType::kF32,
+                          const int32_t* key_start = nullptr);
 
 // ---- SwiGLU's element-wise part -----------------------------------------------------------------
 OpError SiluMulForward(OpsContext* context, const float* gate, const float* up, size_t n, float* h);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numbers>
 #include <thread>
+#include <tuple>
 
 #include "common/host_memory.h"
 #include "common/parallel_blocks.h"
@@ -313,7 +314,12 @@ class Carver {
 // Every buffer a micro-batch uses, in device memory, carved out of one allocation made at
 // Create (under the device budget; nothing is allocated during a step). T = micro_batch * seq.
 struct LlamaActivations {
-  int32_t* tokens = nullptr;  // [2T]: the inputs, then the targets
+  // [4T]: the inputs, the targets, and for packed documents each token's position and the first
+  // key of its document within its sequence (LlamaBatch).
+  int32_t* tokens = nullptr;
+  int32_t* positions() const { return tokens + 2 * t_; }
+  int32_t* key_start() const { return tokens + 3 * t_; }
+  size_t t_ = 0;
   // Block i's input (block L's: the final norm's), [T, H] each (In): all L + 1 of them, or with
   // offloaded checkpoints three slots: blocks 0 .. L - 1 alternate between the first two (the
   // inputs of blocks 0 .. L - 3 also go to host memory, and come back for backward), block L's
@@ -367,7 +373,8 @@ struct LlamaActivations {
     const size_t nkv = static_cast<size_t>(c.num_key_value_heads);
     const size_t q = static_cast<size_t>(c.q_dim());
     Carver m(base);
-    tokens = m.Take<int32_t>(2 * t);
+    tokens = m.Take<int32_t>(4 * t);
+    t_ = t;
     offloaded = LlamaOffloadedCheckpoints(c, keep, offload);
     num_layers = c.num_hidden_layers;
     th = t * h;
@@ -430,12 +437,14 @@ struct LlamaModel::State {
   void* block = nullptr;  // the device allocation holding `a`
   size_t block_bytes = 0;
   size_t workspace_bytes = 0;  // the CUDA ops' (allocated by CreateCudaLlamaOps)
-  float loss_scale = 1.0f;  // the head's dloss
+  float loss_scale = 1.0f;  // the head's dloss (LlamaBatch::loss_weight included)
+  double loss_weight = 1.0;  // the micro-batch's LlamaBatch::loss_weight
+  bool packed = false;       // the micro-batch has positions and key starts (packed documents)
   size_t tokens = 0;        // T
 
   // Host staging for the uploads and the loss, registered with the device.
   HostRegion host;
-  int32_t* host_tokens = nullptr;  // [2T], in `host`
+  int32_t* host_tokens = nullptr;  // [4T] (LlamaActivations::tokens), in `host`
   float* host_loss = nullptr;      // after them
   bool host_registered = false;
   std::unique_ptr<device::Event> upload_done;  // the last token upload
@@ -565,10 +574,10 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
               options.offload_checkpoints);
 
   STRATA_ASSIGN_OR_RETURN(
-      st.host, HostRegion::Allocate(2 * st.tokens * sizeof(int32_t) + sizeof(float),
+      st.host, HostRegion::Allocate(4 * st.tokens * sizeof(int32_t) + sizeof(float),
                                     HugePages::kOff));
   st.host_tokens = reinterpret_cast<int32_t*>(st.host.data());
-  st.host_loss = reinterpret_cast<float*>(st.host_tokens + 2 * st.tokens);
+  st.host_loss = reinterpret_cast<float*>(st.host_tokens + 4 * st.tokens);
   STRATA_RETURN_IF_ERROR(device_.RegisterHost(st.host.data(), st.host.size()));
   st.host_registered = true;
   STRATA_ASSIGN_OR_RETURN(st.upload_done, device_.CreateEvent());
@@ -722,10 +731,37 @@ Status LlamaModel::BeginMicroBatch(const zero::Batch& batch, float loss_scale,
   const auto* b = dynamic_cast<const LlamaBatch*>(&batch);
   if (b == nullptr) return InvalidArgumentError("LlamaModel: the batch is not a LlamaBatch");
   const size_t row = static_cast<size_t>(seq_len_) + 1;
+  const size_t t = static_cast<size_t>(micro_batch_) * static_cast<size_t>(seq_len_);
   if (b->tokens.size() != row * static_cast<size_t>(micro_batch_)) {
     return InvalidArgumentError(fmt::format(
         "LlamaModel: a micro-batch holds {} tokens; expected {} sequences of {} (seq_len + 1)",
         b->tokens.size(), micro_batch_, row));
+  }
+  const bool packed = !b->positions.empty();
+  const std::tuple<const char*, const std::vector<int32_t>*, bool> fields[] = {
+      {"targets", &b->targets, !b->targets.empty()},
+      {"positions", &b->positions, packed},
+      {"key_start", &b->key_start, packed || !b->key_start.empty()}};
+  for (const auto& [what, v, needed] : fields) {
+    if (needed && v->size() != t) {
+      return InvalidArgumentError(fmt::format(
+          "LlamaModel: a micro-batch's {} hold {} entries; expected {} (one per input token)",
+          what, v->size(), t));
+    }
+  }
+  if (packed) {
+    for (size_t i = 0; i < t; ++i) {
+      const size_t in_seq = i % static_cast<size_t>(seq_len_);
+      if (b->positions[i] < 0 || b->positions[i] >= seq_len_ || b->key_start[i] < 0 ||
+          static_cast<size_t>(b->key_start[i]) > in_seq ||
+          (in_seq > 0 && b->key_start[i] < b->key_start[i - 1])) {
+        return InvalidArgumentError(fmt::format(
+            "LlamaModel: token {} of a micro-batch has position {} and key start {}; expected a "
+            "position below {} and key starts that do not decrease along a sequence and do not "
+            "pass the token",
+            i, b->positions[i], b->key_start[i], seq_len_));
+      }
+    }
   }
   State& st = *state_;
   // The staging buffer is free once the previous upload has run (long ago, normally).
@@ -737,14 +773,23 @@ Status LlamaModel::BeginMicroBatch(const zero::Batch& batch, float loss_scale,
     std::memcpy(inputs + s * seq_len_, seq, static_cast<size_t>(seq_len_) * sizeof(int32_t));
     std::memcpy(targets + s * seq_len_, seq + 1, static_cast<size_t>(seq_len_) * sizeof(int32_t));
   }
-  STRATA_RETURN_IF_ERROR(device_.CopyAsync(st.a.tokens, st.host_tokens,
-                                           2 * st.tokens * sizeof(int32_t),
+  if (!b->targets.empty()) std::memcpy(targets, b->targets.data(), t * sizeof(int32_t));
+  size_t upload = 2 * st.tokens;
+  if (packed) {
+    std::memcpy(st.host_tokens + 2 * t, b->positions.data(), t * sizeof(int32_t));
+    std::memcpy(st.host_tokens + 3 * t, b->key_start.data(), t * sizeof(int32_t));
+    upload = 4 * st.tokens;
+  }
+  STRATA_RETURN_IF_ERROR(device_.CopyAsync(st.a.tokens, st.host_tokens, upload * sizeof(int32_t),
                                            device::CopyKind::kHostToDevice, stream));
   STRATA_RETURN_IF_ERROR(device_.Record(*st.upload_done, stream));
+  const double weight = b->loss_weight;
   return Run(
       stream,
-      [this, loss_scale](LlamaOps&) {
-        state_->loss_scale = loss_scale;
+      [this, loss_scale, weight, packed](LlamaOps&) {
+        state_->loss_scale = static_cast<float>(loss_scale * weight);
+        state_->loss_weight = weight;
+        state_->packed = packed;
         return Status::Ok();
       },
       "llama begin");
@@ -950,7 +995,7 @@ Result<double> LlamaModel::EndMicroBatch(device::Stream& stream) {
   STRATA_RETURN_IF_ERROR(device_.Synchronize(stream));
   if (st.cuda_ops) STRATA_RETURN_IF_ERROR(st.cuda_ops->CheckDataErrors());
   if (st.profiler != nullptr) STRATA_RETURN_IF_ERROR(st.profiler->Collect());
-  return static_cast<double>(*st.host_loss);
+  return static_cast<double>(*st.host_loss) * st.loss_weight;
 }
 
 // ---- offloaded activation checkpoints -----------------------------------------------------------
@@ -1092,6 +1137,8 @@ Status LlamaModel::BlockPartForward(LlamaOps& ops, int layer, LlamaUnit::Part pa
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope_theta);
   const RopeScaling& rope = c.rope_scaling;
+  const int32_t* positions = state_->packed ? state_->a.positions() : nullptr;
+  const int32_t* key_start = state_->packed ? state_->a.key_start() : nullptr;
   switch (part) {
     case LlamaUnit::kWhole:
       for (LlamaUnit::Part p : {LlamaUnit::kAttn, LlamaUnit::kMlpGate, LlamaUnit::kMlpUp,
@@ -1114,10 +1161,10 @@ Status LlamaModel::BlockPartForward(LlamaOps& ops, int layer, LlamaUnit::Part pa
         STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 1, bi.h1, w, h, kv, bi.k));
       }
       STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 2, bi.h1, w, h, kv, bi.v));
-      STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.q, b, s, nh, d, theta, rope));
-      STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.k, b, s, nkv, d, theta, rope));
+      STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.q, b, s, nh, d, theta, rope, positions));
+      STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.k, b, s, nkv, d, theta, rope, positions));
       STRATA_RETURN_IF_ERROR(ops.AttentionForward(bi.q, bi.k, bi.v, b, s, nh, nkv, d, bi.attn,
-                                                  bi.attn_lse, w.dtype));
+                                                  bi.attn_lse, w.dtype, key_start));
       STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 3, bi.attn, w, q, h, bi.x2));
       return ops.ResidualAdd(x, bi.x2, t * h, bi.x2);
     case LlamaUnit::kMlpGate:
@@ -1159,6 +1206,8 @@ Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part p
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   const float theta = static_cast<float>(c.rope_theta);
   const RopeScaling& rope = c.rope_scaling;
+  const int32_t* positions = st.packed ? a.positions() : nullptr;
+  const int32_t* key_start = st.packed ? a.key_start() : nullptr;
   LlamaActivations::Internals& bi = a.Of(layer);
   const float* dres = a.dres;  // d out, [T, H]
   float* dgate = a.dhm;
@@ -1184,9 +1233,10 @@ Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part p
       STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 3, bi.attn, w, a.dx2, q, h, a.dattn,
                                              false));
       STRATA_RETURN_IF_ERROR(ops.AttentionBackward(bi.q, bi.k, bi.v, bi.attn, bi.attn_lse, a.dattn,
-                                                   b, s, nh, nkv, d, a.dq, a.dk, a.dv, w.dtype));
-      STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta, rope));
-      STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta, rope));
+                                                   b, s, nh, nkv, d, a.dq, a.dk, a.dv, w.dtype,
+                                                   key_start));
+      STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta, rope, positions));
+      STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta, rope, positions));
       if (c.qk_norm) {  // in place: dq, dk become the projections' output gradients
         STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(bi.q_pre, w.W(kQNorm), bi.q_rstd, a.dq, t * nh,
                                                    d, a.dq, w.G(kQNorm)));

@@ -59,6 +59,17 @@ namespace strata::model {
 
 struct LlamaBatch : zero::Batch {
   std::vector<int32_t> tokens;  // micro_batch * (seq_len + 1)
+  // Prepared data (train/packing.h), one entry per input token (micro_batch * seq_len); empty:
+  // the targets are the next tokens, positions run 0..seq_len-1 in every sequence, and attention
+  // is causal over the whole sequence.
+  std::vector<int32_t> targets;  // kIgnoreIndex (-100): not trained
+  // Packed documents: each token's position within its document, and the index (within its
+  // sequence) of its document's first token: attention sees keys [key_start, i] only. Key
+  // starts do not decrease along a sequence.
+  std::vector<int32_t> positions, key_start;
+  // The micro-batch's loss and gradient are scaled by this: the trainer makes the step's loss
+  // the mean over the trained tokens of the whole global batch (train/packing.h LossWeights).
+  double loss_weight = 1.0;
 };
 
 class LlamaOps;

@@ -57,27 +57,31 @@ class CpuLlamaOps final : public LlamaOps {
     return Status::Ok();
   }
   Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                     float theta, const RopeScaling& scaling) override {
-    cpu::RopeForward(x, batch, seq, heads, head_dim, theta, scaling);
+                     float theta, const RopeScaling& scaling, const int32_t* positions) override {
+    cpu::RopeForward(x, batch, seq, heads, head_dim, theta, scaling, positions);
     return Status::Ok();
   }
   Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                      float theta, const RopeScaling& scaling) override {
-    cpu::RopeBackward(dx, batch, seq, heads, head_dim, theta, scaling);
+                      float theta, const RopeScaling& scaling,
+                      const int32_t* positions) override {
+    cpu::RopeBackward(dx, batch, seq, heads, head_dim, theta, scaling, positions);
     return Status::Ok();
   }
   Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* out, float* lse, device::DType /*precision*/) override {
-    cpu::AttentionForward(q, k, v, batch, seq, num_heads, num_kv_heads, head_dim, out, lse);
+                          float* out, float* lse, device::DType /*precision*/,
+                          const int32_t* key_start) override {
+    cpu::AttentionForward(q, k, v, batch, seq, num_heads, num_kv_heads, head_dim, out, lse,
+                          key_start);
     return Status::Ok();
   }
   Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
                            const float* lse, const float* dout, size_t batch, size_t seq,
                            size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
-                           float* dk, float* dv, device::DType /*precision*/) override {
+                           float* dk, float* dv, device::DType /*precision*/,
+                           const int32_t* key_start) override {
     cpu::AttentionBackward(q, k, v, out, lse, dout, batch, seq, num_heads, num_kv_heads, head_dim,
-                           dq, dk, dv);
+                           dq, dk, dv, key_start);
     return Status::Ok();
   }
   Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) override {
@@ -225,34 +229,37 @@ Status OpProfiler::BiasBackward(const float* dy, size_t rows, size_t cols, float
   return Timed("BiasBackward", [&] { return inner_->BiasBackward(dy, rows, cols, dbias); });
 }
 Status OpProfiler::RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                               float theta, const RopeScaling& scaling) {
+                               float theta, const RopeScaling& scaling,
+                               const int32_t* positions) {
   return Timed("RopeForward", [&] {
-    return inner_->RopeForward(x, batch, seq, heads, head_dim, theta, scaling);
+    return inner_->RopeForward(x, batch, seq, heads, head_dim, theta, scaling, positions);
   });
 }
 Status OpProfiler::RopeBackward(float* dx, size_t batch, size_t seq, size_t heads,
-                                size_t head_dim, float theta, const RopeScaling& scaling) {
+                                size_t head_dim, float theta, const RopeScaling& scaling,
+                                const int32_t* positions) {
   return Timed("RopeBackward", [&] {
-    return inner_->RopeBackward(dx, batch, seq, heads, head_dim, theta, scaling);
+    return inner_->RopeBackward(dx, batch, seq, heads, head_dim, theta, scaling, positions);
   });
 }
 Status OpProfiler::AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                                     size_t seq, size_t num_heads, size_t num_kv_heads,
                                     size_t head_dim, float* out, float* lse,
-                                    device::DType precision) {
+                                    device::DType precision, const int32_t* key_start) {
   return Timed("AttentionForward", [&] {
     return inner_->AttentionForward(q, k, v, batch, seq, num_heads, num_kv_heads, head_dim, out,
-                                    lse, precision);
+                                    lse, precision, key_start);
   });
 }
 Status OpProfiler::AttentionBackward(const float* q, const float* k, const float* v,
                                      const float* out, const float* lse, const float* dout,
                                      size_t batch, size_t seq, size_t num_heads,
                                      size_t num_kv_heads, size_t head_dim, float* dq, float* dk,
-                                     float* dv, device::DType precision) {
+                                     float* dv, device::DType precision,
+                                     const int32_t* key_start) {
   return Timed("AttentionBackward", [&] {
     return inner_->AttentionBackward(q, k, v, out, lse, dout, batch, seq, num_heads, num_kv_heads,
-                                     head_dim, dq, dk, dv, precision);
+                                     head_dim, dq, dk, dv, precision, key_start);
   });
 }
 Status OpProfiler::SiluMulForward(const float* gate, const float* up, size_t n, float* h) {

@@ -59,21 +59,25 @@ class LlamaOps {
                                 Accumulate dx_mode, float* dweight) = 0;
   virtual Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) = 0;
   virtual Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) = 0;
+  // `positions` (device memory, [batch * seq]; null: t mod seq): packed documents' positions.
   virtual Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                             float theta, const RopeScaling& scaling) = 0;
+                             float theta, const RopeScaling& scaling,
+                             const int32_t* positions) = 0;
   virtual Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                              float theta, const RopeScaling& scaling) = 0;
+                              float theta, const RopeScaling& scaling,
+                              const int32_t* positions) = 0;
   // `precision`: the weights' dtype. The CUDA ops run 16-bit attention on the tensor cores
   // (cuda::AttentionForward); the CPU ops compute in fp32 whatever it is.
   virtual Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                                   size_t seq, size_t num_heads, size_t num_kv_heads,
                                   size_t head_dim, float* out, float* lse,
-                                  device::DType precision) = 0;
+                                  device::DType precision, const int32_t* key_start) = 0;
   virtual Status AttentionBackward(const float* q, const float* k, const float* v,
                                    const float* out, const float* lse, const float* dout,
                                    size_t batch, size_t seq, size_t num_heads,
                                    size_t num_kv_heads, size_t head_dim, float* dq, float* dk,
-                                   float* dv, device::DType precision) = 0;
+                                   float* dv, device::DType precision,
+                                   const int32_t* key_start) = 0;
   virtual Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) = 0;
   virtual Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
                                  float* dgate, float* dup) = 0;
@@ -129,16 +133,19 @@ class OpProfiler final : public LlamaOps {
   Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) override;
   Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) override;
   Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                     float theta, const RopeScaling& scaling) override;
+                     float theta, const RopeScaling& scaling, const int32_t* positions) override;
   Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                      float theta, const RopeScaling& scaling) override;
+                      float theta, const RopeScaling& scaling,
+                      const int32_t* positions) override;
   Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                           size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* out, float* lse, device::DType precision) override;
+                          float* out, float* lse, device::DType precision,
+                          const int32_t* key_start) override;
   Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
                            const float* lse, const float* dout, size_t batch, size_t seq,
                            size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
-                           float* dk, float* dv, device::DType precision) override;
+                           float* dk, float* dv, device::DType precision,
+                           const int32_t* key_start) override;
   Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) override;
   Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
                          float* dgate, float* dup) override;

@@ -167,6 +167,9 @@ nlohmann::json StateToJson(const TrainerState& st) {
   j["seed"] = st.seed;
   j["compute_dtype"] = st.compute_dtype;
   j["data"] = {{"path", st.data_path}, {"tokens", st.data_tokens}};
+  if (st.data_prepared) {
+    j["data"]["prepared"] = {{"packed", st.data_packed}, {"long_docs", st.data_long_docs}};
+  }
   return j;
 }
 
@@ -378,6 +381,15 @@ Status WriteSmallFiles(Save& save, const zero::Engine& engine, const model::Llam
         AdapterConfigJson(options.lora, fs::absolute(save.final_dir).string())));
     small.emplace_back(kAdapterConfigFile);
   }
+  if (!options.tokenizer_dir.empty()) {
+    for (const char* name : kTokenizerFiles) {
+      const std::string from = (fs::path(options.tokenizer_dir) / name).string();
+      if (!save.files.Exists(from)) continue;
+      STRATA_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(save.files, from));
+      STRATA_RETURN_IF_ERROR(WriteFileDurable(save.files, save.TmpPath(name), text));
+      small.emplace_back(name);
+    }
+  }
   STRATA_RETURN_IF_ERROR(WriteManifest(save.tmp_dir, world, small, save.files));
   return save.files.SyncDir(save.tmp_dir);
 }
@@ -583,6 +595,12 @@ Result<TrainerState> ReadTrainerState(const std::string& step_dir, FileSystem& f
     st.compute_dtype = j.at("compute_dtype").get<std::string>();
     st.data_path = j.at("data").at("path").get<std::string>();
     st.data_tokens = j.at("data").at("tokens").get<uint64_t>();
+    if (j.at("data").contains("prepared")) {
+      const auto& pj = j.at("data").at("prepared");
+      st.data_prepared = true;
+      st.data_packed = pj.at("packed").get<bool>();
+      st.data_long_docs = pj.at("long_docs").get<std::string>();
+    }
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(fmt::format("{}: {}", path, e.what()));
   }

@@ -61,7 +61,17 @@ struct TrainerState {
   std::string compute_dtype;          // "float32", "bfloat16", "float16"
   std::string data_path;
   uint64_t data_tokens = 0;
+  // Prepared data (train/training_data.h): how its documents became rows, which the data order
+  // depends on. Absent from the JSON for a token stream.
+  bool data_prepared = false;
+  bool data_packed = true;
+  std::string data_long_docs = "split";
 };
+
+// The files SaveOptions::tokenizer_dir contributes to a checkpoint.
+inline constexpr const char* kTokenizerFiles[] = {
+    "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+    "generation_config.json", "tokenizer.model"};
 
 struct SaveOptions {
   // Parameter and optimizer files are split into shards of at most this many bytes of tensor
@@ -75,6 +85,10 @@ struct SaveOptions {
   // with (trained ones too, under strata.trainable), and transformers' from_pretrained of the
   // directory loads them and then the adapters (lora_files.h).
   model::LlamaLora lora;
+  // A model directory whose tokenizer and generation files (kTokenizerFiles: those present) are
+  // copied into every step directory, so that a checkpoint is a whole model for transformers'
+  // pipelines and for `strata data prepare`; empty: none.
+  std::string tokenizer_dir;
   // Where the files go (the file seam); null: the local file system. Tests pass a
   // CrashFileSystem (common/crash_file_system.h) to crash the save at each sync point.
   FileSystem* fs = nullptr;

@@ -575,20 +575,34 @@ Result<SequenceSampler> SequenceSampler::Create(const TokenDataset* data,
                                                 const SamplerOptions& options) {
   if (data == nullptr) return InvalidArgumentError("sequence sampler: no dataset");
   if (options.seq_len == 0) return InvalidArgumentError("sequence sampler: seq_len must be >= 1");
-  if (options.global_batch == 0) {
-    return InvalidArgumentError("sequence sampler: global batch must be >= 1 sequence");
-  }
-  SequenceSampler s;
-  s.data_ = data;
-  s.options_ = options;
-  s.num_windows_ = data->size() > 0 ? (data->size() - 1) / options.seq_len : 0;
-  if (s.num_windows_ < options.global_batch) {
+  const uint64_t windows = data->size() > 0 ? (data->size() - 1) / options.seq_len : 0;
+  if (options.global_batch > 0 && windows < options.global_batch) {
     return InvalidArgumentError(fmt::format(
         "{}: {} tokens hold {} sequences of {}+1 tokens, fewer than the global batch of {} "
         "sequences (needs at least {} tokens)",
-        data->path(), data->size(), s.num_windows_, options.seq_len, options.global_batch,
+        data->path(), data->size(), windows, options.seq_len, options.global_batch,
         options.global_batch * options.seq_len + 1));
   }
+  STRATA_ASSIGN_OR_RETURN(SequenceSampler s, Create(windows, data->path(), options));
+  s.data_ = data;
+  return s;
+}
+
+Result<SequenceSampler> SequenceSampler::Create(uint64_t num_windows, std::string name,
+                                                const SamplerOptions& options) {
+  if (options.seq_len == 0) return InvalidArgumentError("sequence sampler: seq_len must be >= 1");
+  if (options.global_batch == 0) {
+    return InvalidArgumentError("sequence sampler: global batch must be >= 1 sequence");
+  }
+  if (num_windows < options.global_batch) {
+    return InvalidArgumentError(
+        fmt::format("{}: {} rows of {}+1 tokens, fewer than the global batch of {} sequences",
+                    name, num_windows, options.seq_len, options.global_batch));
+  }
+  SequenceSampler s;
+  s.name_ = std::move(name);
+  s.options_ = options;
+  s.num_windows_ = num_windows;
   return s;
 }
 
@@ -615,6 +629,10 @@ Result<std::vector<uint64_t>> SequenceSampler::GlobalBatchWindows(uint64_t step)
 }
 
 Status SequenceSampler::ReadGlobalBatch(uint64_t step, std::span<int32_t> out) const {
+  if (data_ == nullptr) {
+    return FailedPreconditionError(fmt::format("{}: this sampler orders rows it does not read",
+                                               name_));
+  }
   const uint64_t row = tokens_per_sequence();
   if (out.size() != options_.global_batch * row) {
     return InvalidArgumentError(fmt::format("ReadGlobalBatch: buffer holds {} tokens, expected {}",
@@ -628,8 +646,9 @@ Status SequenceSampler::ReadGlobalBatch(uint64_t step, std::span<int32_t> out) c
   return Status::Ok();
 }
 
-Status SequenceSampler::ReadRankBatch(uint64_t step, const BatchLayout& layout, int rank,
-                                      int accum_index, std::span<int32_t> out) const {
+Result<std::vector<uint64_t>> SequenceSampler::RankWindows(uint64_t step,
+                                                           const BatchLayout& layout, int rank,
+                                                           int accum_index) const {
   STRATA_RETURN_IF_ERROR(ValidateBatchLayout(layout));
   if (layout.global_batch() != options_.global_batch) {
     return InvalidArgumentError(fmt::format(
@@ -645,17 +664,30 @@ Status SequenceSampler::ReadRankBatch(uint64_t step, const BatchLayout& layout, 
                     "micro-steps",
                     rank, accum_index, layout.world_size, layout.grad_accum));
   }
-  const uint64_t row = tokens_per_sequence();
-  const auto micro = static_cast<uint64_t>(layout.micro_batch);
-  if (out.size() != micro * row) {
-    return InvalidArgumentError(
-        fmt::format("ReadRankBatch: buffer holds {} tokens, expected {}", out.size(), micro * row));
-  }
   STRATA_ASSIGN_OR_RETURN(StepStart start, StartOf(step));
-  for (uint64_t i = 0; i < micro; ++i) {
+  std::vector<uint64_t> windows(static_cast<size_t>(layout.micro_batch));
+  for (size_t i = 0; i < windows.size(); ++i) {
     const uint64_t b = GlobalBatchIndex(layout, rank, accum_index, static_cast<int>(i));
-    const uint64_t w = SampleWindow(start.epoch, start.position + b);
-    STRATA_RETURN_IF_ERROR(data_->Read(w * options_.seq_len, out.subspan(i * row, row)));
+    windows[i] = SampleWindow(start.epoch, start.position + b);
+  }
+  return windows;
+}
+
+Status SequenceSampler::ReadRankBatch(uint64_t step, const BatchLayout& layout, int rank,
+                                      int accum_index, std::span<int32_t> out) const {
+  if (data_ == nullptr) {
+    return FailedPreconditionError(fmt::format("{}: this sampler orders rows it does not read",
+                                               name_));
+  }
+  STRATA_ASSIGN_OR_RETURN(const std::vector<uint64_t> windows,
+                          RankWindows(step, layout, rank, accum_index));
+  const uint64_t row = tokens_per_sequence();
+  if (out.size() != windows.size() * row) {
+    return InvalidArgumentError(fmt::format("ReadRankBatch: buffer holds {} tokens, expected {}",
+                                            out.size(), windows.size() * row));
+  }
+  for (size_t i = 0; i < windows.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(data_->Read(windows[i] * options_.seq_len, out.subspan(i * row, row)));
   }
   return Status::Ok();
 }
@@ -688,12 +720,12 @@ Status SequenceSampler::Restore(const SamplerState& state) {
   }
   if (!mismatch.empty()) {
     return FailedPreconditionError(fmt::format(
-        "{}: cannot resume the data order: the saved state has {}", data_->path(), mismatch));
+        "{}: cannot resume the data order: the saved state has {}", name_, mismatch));
   }
   if (state.position >= num_windows_) {
     return FailedPreconditionError(
         fmt::format("{}: saved data position {} is past the {} sequences of an epoch",
-                    data_->path(), state.position, num_windows_));
+                    name_, state.position, num_windows_));
   }
   origin_step_ = state.step;
   // A saved position with too few sequences left for the (possibly new) global batch starts the

@@ -238,6 +238,11 @@ class SequenceSampler {
   // stream holds fewer than global_batch windows of seq_len + 1 tokens (the message names the
   // file, its token count and what is needed).
   static Result<SequenceSampler> Create(const TokenDataset* data, const SamplerOptions& options);
+  // A sampler over `num_windows` rows that something else reads (train/training_data.h: packed
+  // documents); `name` (the data's path) is what its errors name. ReadGlobalBatch and
+  // ReadRankBatch are FailedPrecondition on it: read RankWindows' rows instead.
+  static Result<SequenceSampler> Create(uint64_t num_windows, std::string name,
+                                        const SamplerOptions& options);
 
   uint64_t seq_len() const { return options_.seq_len; }
   uint64_t global_batch() const { return options_.global_batch; }
@@ -255,6 +260,11 @@ class SequenceSampler {
   uint64_t SampleWindow(uint64_t epoch, uint64_t position) const;
   // The G windows of `step`, in global batch order b.
   Result<std::vector<uint64_t>> GlobalBatchWindows(uint64_t step) const;
+
+  // Rank `rank`'s micro-step `accum_index` of `step`: the windows of its micro_batch rows, in
+  // order (the contract above).
+  Result<std::vector<uint64_t>> RankWindows(uint64_t step, const BatchLayout& layout, int rank,
+                                            int accum_index) const;
 
   // The whole global batch of `step`: G rows of seq_len + 1 tokens, row b at
   // out[b * (seq_len + 1)]. `out` must hold exactly G * (seq_len + 1) tokens.
@@ -279,7 +289,8 @@ class SequenceSampler {
  private:
   SequenceSampler() = default;
 
-  const TokenDataset* data_ = nullptr;
+  const TokenDataset* data_ = nullptr;  // null: rows someone else reads
+  std::string name_;                     // the data's path, for messages
   SamplerOptions options_;
   uint64_t num_windows_ = 0;
   // The step the order is anchored at (0, or the restored step) and where it starts.

@@ -112,15 +112,33 @@ Status OpenRuntimeOf(const RunPlan& plan, Run* run) {
   return Status::Ok();
 }
 
+// Prepared data names the tokenizer it was made with; the model directory's must be the same
+// one (a different tokenizer's ids would train silently on the wrong text).
+Status CheckTokenizer(const RunPlan& plan, const TrainingData& data, const std::string& flag) {
+  const PreparedTokens* p = data.prepared_tokens();
+  if (p == nullptr || plan.model_dir.empty()) return Status::Ok();
+  Result<std::string> hash = TokenizerHash(plan.model_dir);
+  if (!hash.ok()) return Status::Ok();  // no tokenizer.json: a preset or a bare config
+  if (*hash != p->tokenizer_hash()) {
+    return InvalidArgumentError(fmt::format(
+        "{} {}: prepared with a tokenizer whose hash is {}, but {}'s tokenizer hashes to {}: the "
+        "token ids would mean other text. Prepare the data again with this model (strata data "
+        "prepare --model {} ...)",
+        flag, data.path(), p->tokenizer_hash(), plan.model_dir, *hash, plan.model_dir));
+  }
+  return Status::Ok();
+}
+
 Status OpenData(const RunPlan& plan, Run* run) {
-  STRATA_ASSIGN_OR_RETURN(TokenDataset data,
-                          TokenDataset::Open(plan.options.data,
-                                             static_cast<uint64_t>(plan.model.vocab_size),
-                                             plan.token_dtype));
-  run->data = std::make_unique<TokenDataset>(std::move(data));
+  STRATA_ASSIGN_OR_RETURN(run->data, TrainingData::Open(plan.options.data, plan.data));
+  STRATA_RETURN_IF_ERROR(
+      CheckTokenizer(plan, *run->data, "--data"));
   if (!plan.eval_only()) {
-    STRATA_ASSIGN_OR_RETURN(SequenceSampler s,
-                            SequenceSampler::Create(run->data.get(), plan.sampler));
+    STRATA_ASSIGN_OR_RETURN(
+        SequenceSampler s,
+        run->data->prepared()
+            ? SequenceSampler::Create(run->data->rows(), run->data->path(), plan.sampler)
+            : SequenceSampler::Create(run->data->stream(), plan.sampler));
     run->sampler.emplace(std::move(s));
   }
   return Status::Ok();
@@ -267,13 +285,13 @@ std::string DataLine(const RunPlan& plan, const Run& run) {
   const TrainOptions& o = plan.options;
   const BatchLayout& layout = plan.layout;
   if (plan.eval_only()) {
-    return fmt::format("  data {} ({} tokens), sequences of {} tokens, {} per rank per pass",
-                       o.data, run.data->size(), plan.seq_len, layout.micro_batch);
+    return fmt::format("  data {} ({}), sequences of {} tokens, {} per rank per pass", o.data,
+                       run.data->Describe(), plan.seq_len, layout.micro_batch);
   }
   return fmt::format(
-      "  data {} ({} tokens), sequence {} x global batch {} ({} per rank x {} accumulation), {} "
+      "  data {} ({}), sequence {} x global batch {} ({} per rank x {} accumulation), {} "
       "steps{}",
-      o.data, run.data->size(), plan.seq_len, layout.global_batch(), layout.micro_batch,
+      o.data, run.data->Describe(), plan.seq_len, layout.global_batch(), layout.micro_batch,
       layout.grad_accum, o.steps,
       o.eval_every > 0
           ? fmt::format("; validation on {} every {} steps", o.eval_data, o.eval_every)
@@ -364,11 +382,9 @@ Status LoadRun(const RunPlan& plan, Run* run) {
                          static_cast<double>(run->files->total_bytes()) / std::max(s, 1e-6) / 1e6));
   }
   if (!plan.options.eval_data.empty()) {
-    STRATA_ASSIGN_OR_RETURN(TokenDataset d,
-                            TokenDataset::Open(plan.options.eval_data,
-                                               static_cast<uint64_t>(plan.model.vocab_size),
-                                               plan.token_dtype));
-    run->eval_data = std::make_unique<TokenDataset>(std::move(d));
+    STRATA_ASSIGN_OR_RETURN(run->eval_data,
+                            TrainingData::Open(plan.options.eval_data, plan.data));
+    STRATA_RETURN_IF_ERROR(CheckTokenizer(plan, *run->eval_data, "--eval-data"));
   }
   return Status::Ok();
 }
@@ -398,42 +414,54 @@ Result<bool> ResumeRun(const RunPlan& plan, Run* run) {
 
 Result<EvalResult> Evaluate(const RunPlan& plan, Run& run) {
   const TrainOptions& o = plan.options;
-  const TokenDataset& data = *run.eval_data;
+  const TrainingData& data = *run.eval_data;
   const uint64_t seq = static_cast<uint64_t>(plan.seq_len);
-  const uint64_t windows = data.size() > seq ? (data.size() - 1) / seq : 0;
+  const uint64_t rows = data.rows();
   const uint64_t wanted =
-      o.eval_sequences > 0 ? std::min<uint64_t>(windows, static_cast<uint64_t>(o.eval_sequences))
-                           : windows;
+      o.eval_sequences > 0 ? std::min<uint64_t>(rows, static_cast<uint64_t>(o.eval_sequences))
+                           : rows;
   const uint64_t per_rank = static_cast<uint64_t>(plan.layout.micro_batch);
   const uint64_t global = per_rank * static_cast<uint64_t>(run.world());
   const uint64_t batches = wanted / global;
   if (batches == 0) {
     return InvalidArgumentError(fmt::format(
-        "{} {}: {} tokens hold {} sequence(s) of {} + 1 tokens{}; one evaluation batch needs {} "
+        "{} {} ({}): {} sequence(s) of {} + 1 tokens{}; one evaluation batch needs {} "
         "({} rank(s) x {} per rank)",
-        o.eval_only ? "--data" : "--eval-data", o.eval_data, data.size(), windows, seq,
-        wanted < windows
+        o.eval_only ? "--data" : "--eval-data", o.eval_data, data.Describe(), rows, seq,
+        wanted < rows
             ? fmt::format(" ({} {})", o.eval_only ? "--sequences" : "--eval-sequences", wanted)
             : "",
         global, run.world(), per_rank));
   }
   const auto t0 = std::chrono::steady_clock::now();
   model::LlamaBatch mb;
-  mb.tokens.resize(static_cast<size_t>(per_rank * (seq + 1)));
+  std::vector<uint64_t> mine(per_rank), all(global);
+  // Each batch's loss is the mean over its trained targets (LossWeights with one micro-batch);
+  // the batches are then weighted by their targets, so the result is the mean over all of them.
   double sum = 0;
+  uint64_t targets = 0;
   for (uint64_t b = 0; b < batches; ++b) {
+    for (uint64_t s = 0; s < global; ++s) all[s] = b * global + s;
     for (uint64_t s = 0; s < per_rank; ++s) {
-      const uint64_t w = b * global + static_cast<uint64_t>(run.rank()) * per_rank + s;
-      STRATA_RETURN_IF_ERROR(
-          data.Read(w * seq, std::span<int32_t>(mb.tokens.data() + s * (seq + 1), seq + 1)));
+      mine[s] = b * global + static_cast<uint64_t>(run.rank()) * per_rank + s;
+    }
+    STRATA_ASSIGN_OR_RETURN(const uint64_t n, data.Read(mine, &mb));
+    uint64_t batch_targets = n * static_cast<uint64_t>(run.world());
+    if (data.prepared()) {
+      STRATA_ASSIGN_OR_RETURN(batch_targets, data.TrainedTargets(all));
+      const uint64_t one[1] = {n};
+      mb.loss_weight = LossWeights(one, batch_targets, run.world())[0];
     }
     const zero::Batch* one[1] = {&mb};
     STRATA_ASSIGN_OR_RETURN(double loss, run.engine().EvalLoss(one));
-    sum += loss;
+    sum += data.prepared() ? loss * static_cast<double>(batch_targets) : loss;
+    targets += batch_targets;
   }
   EvalResult r;
-  r.loss = sum / static_cast<double>(batches);
+  r.loss = data.prepared() ? (targets > 0 ? sum / static_cast<double>(targets) : 0.0)
+                           : sum / static_cast<double>(batches);
   r.sequences = batches * global;
+  r.targets = targets;
   r.dropped = wanted - r.sequences;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
@@ -458,6 +486,7 @@ Status WriteEvalJson(const RunPlan& plan, const Run& run, const EvalResult& r) {
                             {"seq_len", plan.seq_len},
                             {"sequences", r.sequences},
                             {"tokens", r.sequences * static_cast<uint64_t>(plan.seq_len)},
+                            {"targets", r.targets},
                             {"left_out", r.dropped},
                             {"ranks", run.world()},
                             {"micro_batch", plan.layout.micro_batch},

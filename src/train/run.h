@@ -29,6 +29,7 @@
 #include "strata/trace.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/training_data.h"
 #include "train/rank_gather.h"
 #include "train/run_plan.h"
 #include "train/runtime.h"
@@ -43,8 +44,8 @@ struct Run {
   FileLock save_lock;                   // rank 0 with --save: one run per save directory
   std::unique_ptr<TraceRecorder> trace;  // --trace
   Runtime runtime;
-  std::unique_ptr<TokenDataset> data;
-  std::optional<SequenceSampler> sampler;  // the training order (none for an evaluation)
+  std::unique_ptr<TrainingData> data;
+  std::optional<SequenceSampler> sampler;  // the training order of data's rows (none for eval)
   std::unique_ptr<RankGather> agreement;   // several ranks: agreement between steps
   std::vector<std::string> placement_lines;
   MemoryChoice memory;
@@ -52,7 +53,7 @@ struct Run {
   std::vector<char> frozen;  // per unit
   std::unique_ptr<StateFiles> files;
   EngineStack stack;
-  std::unique_ptr<TokenDataset> eval_data;  // --eval-data (--data for `strata eval`)
+  std::unique_ptr<TrainingData> eval_data;  // --eval-data (--data for `strata eval`)
   int64_t first_step = 0;                   // the resumed checkpoint's step, else 0
 
   // Rank 0's lines (the other ranks say nothing).
@@ -81,12 +82,14 @@ Result<bool> ResumeRun(const RunPlan& plan, Run* run);
 struct EvalResult {
   double loss = 0;
   uint64_t sequences = 0;  // evaluated: whole global batches of them
+  uint64_t targets = 0;    // trained targets in them (the loss's mean is over these)
   uint64_t dropped = 0;    // wanted but not a whole batch
   double seconds = 0;
 };
 
-// Forward only on the evaluation data's sequential windows of seq_len + 1 tokens: each rank
-// reads its micro-batch of every global batch. InvalidArgument when they do not fill one batch.
+// Forward only on the evaluation data's rows in order (windows of seq_len + 1 tokens, or packed
+// documents): each rank reads its micro-batch of every global batch. The loss is the mean over
+// every trained token evaluated. InvalidArgument when the rows do not fill one batch.
 Result<EvalResult> Evaluate(const RunPlan& plan, Run& run);
 // "loss 3.1234, perplexity 22.8 over ... in 1.20 s (1234 tok/s)".
 std::string EvalLine(const RunPlan& plan, const Run& run, const EvalResult& result);

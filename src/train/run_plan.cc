@@ -167,6 +167,36 @@ Status ResolveBatches(RunPlan* plan) {
   return Status::Ok();
 }
 
+// How the data is read: the vocabulary bound, the rows, and for prepared data the packing (a
+// resumed run keeps the checkpoint's, since its data order depends on it).
+Status ResolveData(RunPlan* plan) {
+  const TrainOptions& o = plan->options;
+  const std::optional<TrainerState>& resumed = plan->resumed;
+  DataOptions& d = plan->data;
+  d.vocab_size = static_cast<uint64_t>(plan->model.vocab_size);
+  d.seq_len = static_cast<uint64_t>(plan->seq_len);
+  d.stream_dtype = plan->token_dtype;
+  const bool keep = resumed && resumed->data_prepared;
+  d.pack = o.packing.value_or(keep ? resumed->data_packed : true);
+  STRATA_ASSIGN_OR_RETURN(
+      d.long_documents,
+      ParseLongDocuments(o.long_docs.empty() ? (keep ? resumed->data_long_docs : "split")
+                                             : o.long_docs));
+  if (keep && d.pack != resumed->data_packed) {
+    return InvalidArgumentError(fmt::format(
+        "{}: the checkpoint {} was trained {} packing; resuming keeps the data order",
+        d.pack ? "packing" : "--no-packing", plan->resume_dir,
+        resumed->data_packed ? "with" : "without"));
+  }
+  if (keep && LongDocumentsName(d.long_documents) != resumed->data_long_docs) {
+    return InvalidArgumentError(fmt::format(
+        "--long-docs {}: the checkpoint {} was trained with --long-docs {}; resuming keeps the "
+        "data order",
+        LongDocumentsName(d.long_documents), plan->resume_dir, resumed->data_long_docs));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<RunPlan> ResolveRun(const TrainOptions& options, const comm::LaunchInfo& launch) {
@@ -191,6 +221,7 @@ Result<RunPlan> ResolveRun(const TrainOptions& options, const comm::LaunchInfo& 
   if (plan.resumed) STRATA_RETURN_IF_ERROR(CheckSameModel(plan.resume_dir, plan.model));
   STRATA_RETURN_IF_ERROR(ResolveSequence(&plan));
   STRATA_RETURN_IF_ERROR(ResolveBatches(&plan));
+  STRATA_RETURN_IF_ERROR(ResolveData(&plan));
   return plan;
 }
 

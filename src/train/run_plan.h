@@ -32,6 +32,7 @@
 #include "train/data.h"
 #include "train/plan.h"
 #include "train/trainer.h"
+#include "train/training_data.h"
 
 namespace strata::train {
 
@@ -62,6 +63,7 @@ struct RunPlan {
   int64_t scheduler_total_steps = 0;  // the LR schedule's length when derived from --steps
   SamplerOptions sampler;
   TokenDtype token_dtype = TokenDtype::kUint16;
+  DataOptions data;  // how --data (and --eval-data) are read: vocabulary, rows, packing
 
   bool eval_only() const { return options.eval_only; }
   int world() const { return launch.world_size; }

@@ -97,24 +97,29 @@ class StopPoll {
   const pid_t launcher_pid_;
 };
 
-// The step's micro-batches, this rank's rows of each.
+// The step's micro-batches, this rank's rows of each. With prepared data each micro-batch's
+// loss weight makes the step's loss the mean over the global batch's trained tokens
+// (training_data.h LossWeights), which needs the trained-token count of every rank's rows.
 class StepBatches {
  public:
   explicit StepBatches(const RunPlan& plan) : mbs_(static_cast<size_t>(plan.layout.grad_accum)) {
-    const size_t rows = (static_cast<size_t>(plan.seq_len) + 1) *
-                        static_cast<size_t>(plan.layout.micro_batch);
-    for (auto& mb : mbs_) {
-      mb.tokens.resize(rows);
-      ptrs_.push_back(&mb);
-    }
+    for (auto& mb : mbs_) ptrs_.push_back(&mb);
   }
 
   Status Read(const RunPlan& plan, const Run& run, int64_t step) {
+    const auto s = static_cast<uint64_t>(step);
+    std::vector<uint64_t> mine(mbs_.size());
     for (size_t a = 0; a < mbs_.size(); ++a) {
-      STRATA_RETURN_IF_ERROR(run.sampler->ReadRankBatch(
-          static_cast<uint64_t>(step), plan.layout, run.rank(), static_cast<int>(a),
-          mbs_[a].tokens));
+      STRATA_ASSIGN_OR_RETURN(const std::vector<uint64_t> rows,
+                              run.sampler->RankWindows(s, plan.layout, run.rank(),
+                                                       static_cast<int>(a)));
+      STRATA_ASSIGN_OR_RETURN(mine[a], run.data->Read(rows, &mbs_[a]));
     }
+    if (!run.data->prepared()) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(const std::vector<uint64_t> all, run.sampler->GlobalBatchWindows(s));
+    STRATA_ASSIGN_OR_RETURN(const uint64_t global, run.data->TrainedTargets(all));
+    const std::vector<double> weights = LossWeights(mine, global, run.world());
+    for (size_t a = 0; a < mbs_.size(); ++a) mbs_[a].loss_weight = weights[a];
     return Status::Ok();
   }
   std::span<const zero::Batch* const> batches() const { return ptrs_; }
@@ -136,7 +141,10 @@ TrainerState StateAfter(const RunPlan& plan, const Run& run, int64_t done_steps)
   ts.seed = plan.seed;
   ts.compute_dtype = TorchDtypeName(run.engine().compute_dtype());
   ts.data_path = plan.options.data;
-  ts.data_tokens = run.data->size();
+  ts.data_tokens = run.data->tokens();
+  ts.data_prepared = run.data->prepared();
+  ts.data_packed = plan.data.pack;
+  ts.data_long_docs = std::string(LongDocumentsName(plan.data.long_documents));
   return ts;
 }
 
@@ -145,6 +153,7 @@ Result<std::string> Save(const RunPlan& plan, Run& run, int64_t done) {
   options.max_shard_bytes = plan.options.max_shard_bytes;
   options.lora = plan.lora;
   options.print = run.say;
+  options.tokenizer_dir = plan.model_dir;
   return SaveCheckpoint(run.engine(), run.comm(), run.device(), plan.model,
                         StateAfter(plan, run, done), plan.options.save_dir, options);
 }

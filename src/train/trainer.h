@@ -1,4 +1,5 @@
-// The trainer behind `strata train`: a Llama-family model, a DeepSpeed config and a token file,
+// The trainer behind `strata train`: a Llama-family model, a DeepSpeed config and token data (a
+// token stream, or documents prepared by `strata data prepare`: train/training_data.h),
 // trained with the ZeRO engine on the ranks mpirun / srun started (or one process).
 //
 //   mpirun -np 2 strata train --config ds.json --model llama-20m --data tokens.bin --steps 300
@@ -34,8 +35,13 @@ struct TrainOptions {
   // A Hugging Face model directory (config.json, and weights when model.safetensors or its index
   // is there) or a preset. May be empty with resume_dir (the checkpoint's config is used).
   std::string model;
-  std::string data;              // token file (.npy, or raw .bin with data_dtype)
+  std::string data;  // token file (.npy, raw .bin with data_dtype, or prepared data)
   std::string data_dtype = "uint16";
+  // Prepared data (`strata data prepare`): several documents per row (packing, the default) or
+  // one (false); what to do with a document longer than a row: "split" (the default) or "drop".
+  // Unset: the default, or what a resumed checkpoint used.
+  std::optional<bool> packing;
+  std::string long_docs;
   int64_t seq_len = 0;           // 0: min(256, max_position_embeddings)
   int64_t steps = 100;
   std::string save_dir;          // empty: no checkpoint

@@ -24,11 +24,14 @@
 #include "strata/block_store.h"
 #include "test_support.h"
 #include "train/runtime.h"
+#include "train/training_data.h"
 #include "zero/engine.h"
 #include "zero/partition.h"
 
 namespace strata::model {
 namespace {
+
+constexpr int32_t kIgnoreIndexForTests = -100;  // cpu::kIgnoreIndex
 
 LlamaConfig TinyConfig() {
   LlamaConfig c;
@@ -666,6 +669,181 @@ std::map<std::string, NamedParam> ByName(const std::vector<zero::UnitLayout>& la
 // projections, the loss is the merged model's (W + scale B A); each base weight's gradient is
 // the merged weight's dW, and the adapters' are dB = scale dW A^T and dA = scale B^T dW. With the
 // base units frozen (null gradient views) the adapters' gradients are the same, bit for bit.
+// Two packed documents, A (7 tokens, its first 3 a prompt) and B (6 tokens, all trained), then
+// 4 pads, in one sequence of 16 inputs; and the same documents each alone at the start of its
+// own sequence (the rest of it ignored). The packed micro-batch's targets, positions and key
+// starts as train/packing.h makes them.
+struct PackedPair {
+  LlamaBatch packed, alone;
+};
+PackedPair MakePackedPair(const LlamaConfig& cfg, std::mt19937& rng) {
+  const int64_t seq = 16;
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
+  std::vector<int32_t> a(7), b(6);
+  for (auto& t : a) t = tok(rng);
+  for (auto& t : b) t = tok(rng);
+  const int prompt = 3;  // A's tokens 0..2 are not trained as targets
+  PackedPair p;
+  LlamaBatch& k = p.packed;
+  k.tokens = a;
+  k.tokens.insert(k.tokens.end(), b.begin(), b.end());
+  while (k.tokens.size() < static_cast<size_t>(seq + 1)) k.tokens.push_back(tok(rng));  // pads
+  for (int64_t i = 0; i < seq; ++i) {
+    const bool in_a = i < 7, in_b = i >= 7 && i < 13;
+    k.positions.push_back(static_cast<int32_t>(in_a ? i : in_b ? i - 7 : 0));
+    k.key_start.push_back(static_cast<int32_t>(in_a ? 0 : in_b ? 7 : i));
+    const bool trains = (in_a && i + 1 < 7 && i + 1 >= prompt) || (in_b && i + 1 < 13);
+    k.targets.push_back(trains ? k.tokens[static_cast<size_t>(i) + 1] : kIgnoreIndexForTests);
+  }
+  LlamaBatch& l = p.alone;  // two sequences, causal over each, positions 0.. (the plain path)
+  for (const auto* doc : {&a, &b}) {
+    const size_t base = l.tokens.size();
+    l.tokens.insert(l.tokens.end(), doc->begin(), doc->end());
+    while (l.tokens.size() < base + static_cast<size_t>(seq + 1)) l.tokens.push_back(tok(rng));
+    for (int64_t i = 0; i < seq; ++i) {
+      const bool trains = i + 1 < static_cast<int64_t>(doc->size()) && (doc == &b || i + 1 >= prompt);
+      l.targets.push_back(trains ? l.tokens[base + static_cast<size_t>(i) + 1]
+                                 : kIgnoreIndexForTests);
+    }
+  }
+  return p;
+}
+
+// Relative gap between two runs' gradients: the worst over tensors of max |g - h| / max |h|.
+double WorstGradGap(const std::vector<zero::UnitLayout>& layouts,
+                    const std::vector<std::vector<float>>& got,
+                    const std::vector<std::vector<float>>& want, double scale_got = 1.0) {
+  double worst = 0;
+  for (size_t u = 0; u < layouts.size(); ++u) {
+    for (const auto& s : layouts[u].slots) {
+      double top = 0, gap = 0;
+      for (int64_t i = 0; i < s.numel; ++i) {
+        const double w = want[u][static_cast<size_t>(s.offset + i)];
+        top = std::max(top, std::fabs(w));
+        gap = std::max(gap, std::fabs(scale_got * got[u][static_cast<size_t>(s.offset + i)] - w));
+      }
+      if (top > 0) worst = std::max(worst, gap / top);
+    }
+  }
+  return worst;
+}
+
+// Packed documents train as if each were alone: the same loss and gradients (fp32; only the
+// order of summation differs, 1e-5 relative), in the plain Llama and in the Qwen3 shape (q, k,
+// v biases and q/k norms), kept and recomputed activations. What the pads hold changes nothing,
+// bit for bit. Weights are drawn with std 0.1 so attention is far from uniform and a document
+// seeing the other would show (the check that the test can fail: causal attention over the whole
+// packed sequence, no key starts, is over 100 times the tolerance away).
+TEST(LlamaModelTest, PackedDocumentsTrainAsIfEachWereAlone) {
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  const int64_t seq = 16;
+  for (const bool qwen : {false, true}) {
+    for (const bool keep : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (qwen ? "qwen3 shape" : "llama") << " keep " << keep);
+      LlamaConfig cfg = TinyConfig();
+      cfg.qkv_bias = qwen;
+      cfg.qk_norm = qwen;
+      std::mt19937 rng(11);
+      auto one = InitialParams(**cpu, cfg, seq, 1, {});
+      ASSERT_TRUE(one.ok()) << one.status().ToString();
+      std::normal_distribution<float> noise(0.0f, 0.1f);
+      for (auto& p : one->params) {
+        for (float& x : p) x += noise(rng);
+      }
+      const PackedPair pair = MakePackedPair(cfg, rng);
+      LlamaModelOptions options;
+      options.keep_activations = keep;
+      auto packed = RunMicroBatch(**cpu, cfg, seq, 1, one->layouts, one->params,
+                                  device::DType::kF32, pair.packed, options);
+      ASSERT_TRUE(packed.ok()) << packed.status().ToString();
+      auto alone = RunMicroBatch(**cpu, cfg, seq, 2, one->layouts, one->params,
+                                 device::DType::kF32, pair.alone, options);
+      ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+      EXPECT_NEAR(packed->loss, alone->loss, 1e-5 * std::fabs(alone->loss));
+      EXPECT_LE(WorstGradGap(one->layouts, packed->grads, alone->grads), 1e-5);
+
+      // Other pads: bit for bit.
+      LlamaBatch repadded = pair.packed;
+      for (size_t i = 13; i < repadded.tokens.size(); ++i) {
+        repadded.tokens[i] = (repadded.tokens[i] + 5) % static_cast<int32_t>(cfg.vocab_size);
+      }
+      auto again = RunMicroBatch(**cpu, cfg, seq, 1, one->layouts, one->params,
+                                 device::DType::kF32, repadded, options);
+      ASSERT_TRUE(again.ok());
+      EXPECT_EQ(again->loss, packed->loss);
+      for (size_t u = 0; u < again->grads.size(); ++u) {
+        EXPECT_EQ(again->grads[u], packed->grads[u]) << one->layouts[u].name;
+      }
+
+      // Without key starts B sees A: far from the documents alone.
+      LlamaBatch leaky = pair.packed;
+      leaky.positions.clear();
+      leaky.key_start.clear();
+      auto leaked = RunMicroBatch(**cpu, cfg, seq, 1, one->layouts, one->params,
+                                  device::DType::kF32, leaky, options);
+      ASSERT_TRUE(leaked.ok());
+      EXPECT_GT(WorstGradGap(one->layouts, leaked->grads, alone->grads), 1e-3);
+    }
+  }
+}
+
+// Gradient accumulation over micro-batches with different numbers of trained tokens: with the
+// trainer's loss weights (train/training_data.h LossWeights: micro-batch a scaled by
+// micro-batches x n_a / N) the accumulated loss and gradients, divided by the number of
+// micro-batches as the engine does, are one big batch's: the mean over all N trained tokens.
+// Unweighted (each micro-batch's own mean, averaged) they are not.
+TEST(LlamaModelTest, WeightedUnevenMicroBatchesAreOneBigBatch) {
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  const int64_t seq = 16;
+  LlamaConfig cfg = TinyConfig();
+  std::mt19937 rng(4);
+  auto init = InitialParams(**cpu, cfg, seq, 1, {});
+  ASSERT_TRUE(init.ok());
+  std::normal_distribution<float> noise(0.0f, 0.1f);
+  for (auto& p : init->params) {
+    for (float& x : p) x += noise(rng);
+  }
+  // Micro-batch 1: the packed pair (9 trained targets); micro-batch 2: a plain sequence with
+  // all 16 targets trained.
+  const PackedPair pair = MakePackedPair(cfg, rng);
+  LlamaBatch first = pair.packed;
+  LlamaBatch second;
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
+  for (int64_t i = 0; i <= seq; ++i) second.tokens.push_back(tok(rng));
+  for (int64_t i = 0; i < seq; ++i) {
+    second.targets.push_back(second.tokens[static_cast<size_t>(i) + 1]);
+    second.positions.push_back(static_cast<int32_t>(i));
+    second.key_start.push_back(0);
+  }
+  // The big batch: both sequences in one micro-batch.
+  LlamaBatch big = first;
+  for (auto v : {&LlamaBatch::tokens, &LlamaBatch::targets, &LlamaBatch::positions,
+                 &LlamaBatch::key_start}) {
+    (big.*v).insert((big.*v).end(), (second.*v).begin(), (second.*v).end());
+  }
+  auto want = RunMicroBatch(**cpu, cfg, seq, 2, init->layouts, init->params, device::DType::kF32,
+                            big);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+
+  const uint64_t n[2] = {9, 16};
+  const std::vector<double> w = train::LossWeights(n, 25, 1);
+  first.loss_weight = w[0];
+  second.loss_weight = w[1];
+  auto got = RunMicroBatch(**cpu, cfg, seq, 1, init->layouts, init->params, device::DType::kF32,
+                           first, {}, {}, {second});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_NEAR((got->loss + got->more_losses[0]) / 2, want->loss, 1e-5 * want->loss);
+  EXPECT_LE(WorstGradGap(init->layouts, got->grads, want->grads, 0.5), 1e-5);
+
+  first.loss_weight = second.loss_weight = 1.0;
+  auto unweighted = RunMicroBatch(**cpu, cfg, seq, 1, init->layouts, init->params,
+                                  device::DType::kF32, first, {}, {}, {second});
+  ASSERT_TRUE(unweighted.ok());
+  EXPECT_GT(WorstGradGap(init->layouts, unweighted->grads, want->grads, 0.5), 1e-3);
+}
+
 TEST(LlamaModelTest, LoraMatchesTheMergedModel) {
   auto cpu = device::CreateDevice({});
   ASSERT_TRUE(cpu.ok());
@@ -1222,6 +1400,45 @@ INSTANTIATE_TEST_SUITE_P(
                       GpuCase{device::DType::kF32, false, 1e-4, 1e-5, "fp32_lora", false, true},
                       GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16_lora", false, true}),
     [](const auto& p) { return std::string(p.param.name); });
+
+// Packed documents on a GPU (positions into RoPE, key starts into attention: the exact
+// attention kernels, since the tensor-core ones take no key starts) against the CPU device, fp32
+// and bf16 (head_dim 64, where bf16 would otherwise take the tensor-core attention), with the
+// Qwen3 shape's biases and q/k norms; the tolerances of MicroBatchMatchesTheCpuDevice.
+TEST(LlamaModelGpuPackedTest, PackedMicroBatchMatchesTheCpuDevice) {
+  device::DeviceOptions gopt;
+  gopt.type = device::DeviceType::kCuda;
+  auto gpu = device::CreateDevice(gopt);
+  if (!gpu.ok()) GTEST_SKIP() << "no CUDA device: " << gpu.status().ToString();
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  const int64_t seq = 16;
+  for (const device::DType dtype : {device::DType::kF32, device::DType::kBF16}) {
+    SCOPED_TRACE(device::DTypeName(dtype));
+    LlamaConfig cfg = TinyConfig();
+    cfg.hidden_size = 128;
+    cfg.intermediate_size = 192;
+    cfg.num_attention_heads = 2;
+    cfg.num_key_value_heads = 1;
+    cfg.qkv_bias = true;
+    cfg.qk_norm = true;
+    std::mt19937 rng(8);
+    auto init = InitialParams(**cpu, cfg, seq, 1, {});
+    ASSERT_TRUE(init.ok()) << init.status().ToString();
+    std::normal_distribution<float> noise(0.0f, 0.05f);
+    for (auto& p : init->params) {
+      for (float& x : p) x += noise(rng);
+    }
+    const PackedPair pair = MakePackedPair(cfg, rng);
+    auto want = RunMicroBatch(**cpu, cfg, seq, 1, init->layouts, init->params, dtype, pair.packed);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    auto got = RunMicroBatch(**gpu, cfg, seq, 1, init->layouts, init->params, dtype, pair.packed);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    const bool bf16 = dtype == device::DType::kBF16;
+    EXPECT_NEAR(got->loss, want->loss, (bf16 ? 1e-2 : 1e-5) * std::fabs(want->loss));
+    EXPECT_LE(WorstGradGap(init->layouts, got->grads, want->grads), bf16 ? 3e-2 : 1e-4);
+  }
+}
 
 }  // namespace
 }  // namespace strata::model
