@@ -994,11 +994,12 @@ Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
   }
 
   auto forward = [&]() {
-    return ops->AttentionForward(q, k, v, b, sq, h, kvh, d, out, lse, dtype);
+    return ops->AttentionForward(q, k, v, b, sq, h, kvh, d, out, lse, dtype, nullptr);
   };
   auto forward_backward = [&]() -> Status {
     STRATA_RETURN_IF_ERROR(forward());
-    return ops->AttentionBackward(q, k, v, out, lse, dout, b, sq, h, kvh, d, dq, dk, dv, dtype);
+    return ops->AttentionBackward(q, k, v, out, lse, dout, b, sq, h, kvh, d, dq, dk, dv, dtype,
+                                  nullptr);
   };
   auto timed = [&](auto&& enqueue) -> Result<std::vector<double>> {
     std::vector<double> per;
