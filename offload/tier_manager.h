@@ -311,6 +311,42 @@ class TierManager {
   void AdvancePendingLocked(Shard& s);
   void FailPendingLocked(Shard& s, Tier t, const Status& st);
 
+  // Acquire's transitions (one pass of its loop takes one; see tier_manager.cc). All hold the
+  // lock; those given `lock` may drop it while they wait, after which the caller looks again.
+  // An Acquire call's bookkeeping across its waits.
+  struct AcquireWait {
+    int64_t start_ns = 0;  // when it first had to wait; 0: it has not
+    bool counted_miss = false;
+  };
+  // Acquire's argument and state checks, in the order it reports them.
+  Status CheckAcquireLocked(ShardId id, Tier t) const;
+  // Whether `access` may take s's copy in t now. *drain is set when consumer work still using
+  // the bytes must finish first.
+  bool GrantableLocked(Shard& s, Tier t, Access access, std::shared_ptr<device::Event>* drain);
+  // Pins the copy for the lease and counts the hit or the stall.
+  Lease GrantLocked(Shard& s, Tier t, Access access, std::string_view owner,
+                    const AcquireWait& wait);
+  void CountGrantLocked(const Shard& s, Tier t, const AcquireWait& wait);
+  void CountMissLocked(Tier t, AcquireWait& wait);
+  // A writer of a host copy that a device copy shares: drops the device copy once it is idle.
+  // True when it dropped or waited (look again); FailedPrecondition when the caller holds the
+  // device copy itself.
+  Result<bool> UnshareForWriterLocked(Shard& s, Tier t, Access access,
+                                      std::unique_lock<std::mutex>& lock);
+  // One step toward a grantable copy: waits for a busy copy to settle, drops or refreshes a
+  // stale one, or makes room for an absent one and starts its fill (an overwrite: room only).
+  Status AdvanceCopyLocked(Shard& s, Tier t, Access access, std::string_view owner,
+                           std::unique_lock<std::mutex>& lock);
+  // kReady but not grantable: frees it (after its consumer work), or refreshes a home copy.
+  Status DropStaleLocked(Shard& s, Tier t, Access access, std::unique_lock<std::mutex>& lock);
+  // A stale home copy: writes a neighbouring tier's current copy back into it, or waits.
+  Status RefreshHomeLocked(Shard& s, Tier t, std::unique_lock<std::mutex>& lock);
+  // kOverwrite of an absent copy: reserves memory and makes it a ready copy of no version.
+  Status ReserveForOverwriteLocked(Shard& s, Tier t, std::string_view owner,
+                                   std::unique_lock<std::mutex>& lock);
+  // "acquiring shard '<name>' (<bytes>) in the <tier> tier for <owner>".
+  std::string AcquireContextLocked(ShardId id, Tier t, std::string_view owner) const;
+
   void ChargeLocked(Tier t, uint64_t bytes);
   void UnchargeLocked(Tier t, uint64_t bytes);
   uint64_t AllocBytes(const Shard& s, Tier t) const;
