@@ -61,32 +61,6 @@ MPI_Datatype ElementType(device::DType dtype) {
   return dtype == device::DType::kF32 ? MPI_FLOAT : MPI_UINT16_T;
 }
 
-// out[i] = scale * (src[0][i] + src[1][i] + ... + src[world - 1][i]) for i < n, the sources of
-// `dtype` added in fp32 in exactly that order and rounded once. Block by block, so `out` may be
-// one of the sources (each block of the sources is read before that block of out is written).
-void SumInRankOrder(const std::byte* const* src, size_t world, device::DType dtype, float scale,
-                    std::byte* out, size_t n) {
-  constexpr size_t kBlock = 2048;
-  const size_t elem = device::DTypeSize(dtype);
-  alignas(64) float acc[kBlock];
-  alignas(64) float wide[kBlock];
-  for (size_t at = 0; at < n; at += kBlock) {
-    const size_t len = std::min(kBlock, n - at);
-    WidenToF32(src[0] + at * elem, dtype, acc, len);
-    for (size_t q = 1; q < world; ++q) {
-      const float* add = wide;
-      if (dtype == device::DType::kF32) {
-        add = reinterpret_cast<const float*>(src[q]) + at;
-      } else {
-        WidenToF32(src[q] + at * elem, dtype, wide, len);
-      }
-      for (size_t i = 0; i < len; ++i)
-        acc[i] += add[i];
-    }
-    NarrowFromF32(acc, scale, out + at * elem, dtype, len);
-  }
-}
-
 StatusCode CodeForMpiClass(int error_class) {
   switch (error_class) {
     case MPI_ERR_BUFFER:
