@@ -15,7 +15,8 @@
 
 namespace strata::io {
 
-FaultInjector::FaultInjector(uint64_t seed) : rng_(seed) {}
+FaultInjector::FaultInjector(uint64_t seed, Clock* clock)
+    : clock_(clock != nullptr ? clock : &RealClock()), rng_(seed) {}
 
 size_t FaultInjector::AddRule(FaultRule rule) {
   std::lock_guard lock(mu_);
@@ -157,7 +158,7 @@ class FaultInjectingStore final : public internal::StoreWrapper {
         return st;
       }
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    const Clock::TimePoint t0 = faults_->clock().Now();
     for (size_t i : later) {
       Action a;
       a.deadline = t0 + decisions[i].latency;
@@ -177,7 +178,7 @@ class FaultInjectingStore final : public internal::StoreWrapper {
 
  private:
   struct Action {
-    std::chrono::steady_clock::time_point deadline;
+    Clock::TimePoint deadline;
     IoRequest request;
     Status error;  // non-OK: complete with it instead of forwarding
     bool corrupt = false;
@@ -231,8 +232,8 @@ class FaultInjectingStore final : public internal::StoreWrapper {
         continue;
       }
       auto next = scheduled_.top();
-      if (std::chrono::steady_clock::now() < next->deadline) {
-        cv_.wait_until(lock, next->deadline);
+      if (faults_->clock().Now() < next->deadline) {
+        faults_->clock().WaitUntil(cv_, lock, next->deadline);
         continue;
       }
       scheduled_.pop();

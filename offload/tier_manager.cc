@@ -120,7 +120,8 @@ void Lease::Release(bool dirty, device::Stream* used_on) {
 
 // ---- construction --------------------------------------------------------------------------------
 
-TierManager::TierManager(const TierManagerOptions& options) : options_(options) {}
+TierManager::TierManager(const TierManagerOptions& options)
+    : options_(options), clock_(options.clock != nullptr ? *options.clock : RealClock()) {}
 
 Result<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOptions& options) {
   if (options.device_budget > 0 && options.device == nullptr) {
@@ -786,7 +787,7 @@ Status TierManager::StartTransferLocked(Shard& s, Tier from, Tier to) {
   in_flight_++;
   const ShardId id = s.id;
   const uint64_t version = src.version;
-  const int64_t start = options_.trace != nullptr ? TraceRecorder::NowNs() : 0;
+  const int64_t start = options_.trace != nullptr ? clock_.NowNs() : 0;
   Status issued;
   if (from == Tier::kNvme || to == Tier::kNvme) {
     const bool read = from == Tier::kNvme;
@@ -860,10 +861,10 @@ void TierManager::TransferDone(ShardId id, Tier to, uint64_t version, int64_t st
   const bool writeback = std::exchange(dst.writeback, false);
   const int ti = static_cast<int>(to);
   if (options_.trace != nullptr && (from == Tier::kNvme || to == Tier::kNvme)) {
-    options_.trace->Complete(from == Tier::kNvme ? io_track_read_ : io_track_write_, s.name,
-                             "io", start_ns, TraceRecorder::NowNs(),
-                             {{"bytes", static_cast<double>(s.bytes)},
-                              {"shard", static_cast<double>(id)}});
+    options_.trace->Complete(
+        from == Tier::kNvme ? io_track_read_ : io_track_write_, s.name, "io", start_ns,
+        clock_.NowNs(),
+        {{"bytes", static_cast<double>(s.bytes)}, {"shard", static_cast<double>(id)}});
   }
   if (st.ok()) {
     dst.state = Copy::State::kReady;
@@ -1037,7 +1038,7 @@ void TierManager::CountGrantLocked(const Shard& s, Tier t, const AcquireWait& wa
     if (!wait.counted_miss) stats_[ti].hits++;
     return;
   }
-  const int64_t end = TraceRecorder::NowNs();
+  const int64_t end = clock_.NowNs();
   stats_[ti].stalls++;
   stats_[ti].stall_ns += static_cast<uint64_t>(end - wait.start_ns);
   if (options_.trace != nullptr) {
@@ -1051,7 +1052,7 @@ void TierManager::CountMissLocked(Tier t, AcquireWait& wait) {
     wait.counted_miss = true;
     stats_[static_cast<int>(t)].misses++;
   }
-  if (wait.start_ns == 0) wait.start_ns = TraceRecorder::NowNs();
+  if (wait.start_ns == 0) wait.start_ns = clock_.NowNs();
 }
 
 Result<bool> TierManager::UnshareForWriterLocked(Shard& s, Tier t, Access access,

@@ -74,6 +74,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/clock.h"
 #include "device/pinned_pool.h"
 #include "offload/nvme_layout.h"
 #include "strata/block_store.h"
@@ -114,6 +115,9 @@ struct TierManagerOptions {
   uint64_t host_budget = 0;              // bytes of the pool it may hold; 0 = the pool's size
   NvmeLayoutOptions nvme;                // paths, stripe unit, rank, ... for kNvme shards
   TraceRecorder* trace = nullptr;        // I/O transfers and consumer stalls, when set
+  // Times consumer stalls (TierStats::stall_ns) and the trace's events; RealClock() when null.
+  // Must outlive the manager.
+  Clock* clock = nullptr;
   // Device copies read from host memory in place instead of copying it (see the header comment).
   // Only for a device whose memory is host memory (DeviceType::kCpu); InvalidArgument otherwise.
   bool share_host_memory = false;
@@ -352,6 +356,7 @@ class TierManager {
   uint64_t AllocBytes(const Shard& s, Tier t) const;
 
   TierManagerOptions options_;
+  Clock& clock_;
   std::unique_ptr<device::Stream> h2d_stream_, d2h_stream_;
   std::unique_ptr<NvmeLayout> layout_;
   uint32_t io_track_read_ = 0, io_track_write_ = 0, stall_track_ = 0;
