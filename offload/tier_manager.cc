@@ -992,8 +992,7 @@ bool TierManager::GrantableLocked(Shard& s, Tier t, Access access,
   const bool idle = c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback &&
                     !(c.shares_host && access != Access::kRead);
   const bool ready_now = current && access == Access::kRead;
-  const bool take_over =
-      access == Access::kOverwrite && c.state == Copy::State::kReady && idle;
+  const bool take_over = access == Access::kOverwrite && c.state == Copy::State::kReady && idle;
   const bool exclusive_ready = access == Access::kReadWrite && current && idle;
   if (ready_now && c.shares_host) {
     // The host copy's bytes may still be being written by device work released with a stream
@@ -1072,9 +1071,8 @@ Result<bool> TierManager::UnshareForWriterLocked(Shard& s, Tier t, Access access
     FreeCopyLocked(s, Tier::kDevice);
     return true;
   }
-  if (std::any_of(dev.holders.begin(), dev.holders.end(), [](const Copy::Holder& h) {
-        return h.thread == std::this_thread::get_id();
-      })) {
+  if (std::any_of(dev.holders.begin(), dev.holders.end(),
+                  [](const Copy::Holder& h) { return h.thread == std::this_thread::get_id(); })) {
     // Waiting for the device readers would wait for ourselves.
     return Status(StatusCode::kFailedPrecondition,
                   "shard '" + s.name + "': the calling thread holds a device read lease on " +

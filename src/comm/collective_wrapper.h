@@ -35,8 +35,8 @@ class CollectiveWrapper : public Collective {
                    device::Stream& stream) override {
     return inner_->AllGather(send, recv, count, dtype, stream);
   }
-  Status ReduceScatter(const void* send, void* recv, size_t count, device::DType dtype,
-                       ReduceOp op, device::Stream& stream) override {
+  Status ReduceScatter(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
+                       device::Stream& stream) override {
     return inner_->ReduceScatter(send, recv, count, dtype, op, stream);
   }
   Status AllReduce(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,

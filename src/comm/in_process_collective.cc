@@ -27,7 +27,8 @@ enum class Stage : uint8_t {
 
 // Operation k of every rank: the arguments each rank brought, and how far the ranks got.
 struct Meeting {
-  explicit Meeting(int world) : descs(static_cast<size_t>(world)), departed(static_cast<size_t>(world)) {}
+  explicit Meeting(int world)
+      : descs(static_cast<size_t>(world)), departed(static_cast<size_t>(world)) {}
   std::vector<std::optional<internal::OpDesc>> descs;  // per rank, once it arrived
   std::vector<char> departed;                          // per rank: finished reading
   int arrived = 0;
@@ -151,8 +152,8 @@ Status InProcessCollective::Run(const internal::OpDesc& desc, device::Stream& st
   {
     std::lock_guard lock(s_->mu);
     if (!s_->failure.ok()) {
-      return FailureLocked(fmt::format("{} {} on rank {}", kBackend,
-                                       internal::OpKindName(desc.kind), rank_));
+      return FailureLocked(
+          fmt::format("{} {} on rank {}", kBackend, internal::OpKindName(desc.kind), rank_));
     }
   }
   // An empty operation is empty on every rank (the counts must agree): nothing to run.
@@ -174,10 +175,10 @@ void InProcessCollective::AfterTask(Op& op, const Status& device_status) {
   std::lock_guard lock(s_->mu);
   if (op.ran) return;
   op.ran = true;  // (AfterTask may be called twice: by Run and by the device)
-  s_->FailLocked(rank_, AbortedError(fmt::format(
-                            "{}: not run: its stream failed first: {}", op.name,
-                            device_status.ok() ? "its host task did not run"
-                                               : device_status.ToString())));
+  s_->FailLocked(rank_,
+                 AbortedError(fmt::format(
+                     "{}: not run: its stream failed first: {}", op.name,
+                     device_status.ok() ? "its host task did not run" : device_status.ToString())));
 }
 
 Status InProcessCollective::Execute(Op& op) {
@@ -199,7 +200,8 @@ Status InProcessCollective::Execute(Op& op) {
       WaitLocked(lock, op, Stage::kArrive, deadline, [&] { return m.arrived == s.world; }));
   // 3. Agree.
   std::vector<internal::OpDesc> descs;
-  for (const auto& d : m.descs) descs.push_back(*d);
+  for (const auto& d : m.descs)
+    descs.push_back(*d);
   for (int q = 1; q < s.world; ++q) {
     if (!SameOperation(descs[0], descs[static_cast<size_t>(q)])) {
       Status error = InvalidArgumentError(fmt::format(
@@ -306,13 +308,14 @@ void InProcessCollective::Compute(const std::vector<internal::OpDesc>& descs,
       return;
     case OpKind::kReduceScatter:
       for (size_t q = 0; q < world; ++q) {
-        sources[q] = static_cast<const std::byte*>(descs[q].send) +
-                     static_cast<size_t>(rank_) * n * elem;
+        sources[q] =
+            static_cast<const std::byte*>(descs[q].send) + static_cast<size_t>(rank_) * n * elem;
       }
       internal::SumInRankOrder(sources.data(), world, mine.dtype, scale, recv, n);
       return;
     case OpKind::kAllReduce: {
-      for (size_t q = 0; q < world; ++q) sources[q] = static_cast<const std::byte*>(descs[q].send);
+      for (size_t q = 0; q < world; ++q)
+        sources[q] = static_cast<const std::byte*>(descs[q].send);
       std::byte* out = recv;
       if (internal::IsInPlace(mine, rank_)) {  // the others read this buffer until departure
         scratch->resize(n * elem);
@@ -343,13 +346,16 @@ Result<std::shared_ptr<InProcessWorld>> InProcessWorld::Create(const InProcessOp
         fmt::format("in-process world: world size must be at least 1, got {}", options.world_size));
   }
   if (options.timeout.count() <= 0) {
-    return InvalidArgumentError(fmt::format(
-        "in-process world: collective timeout must be positive, got {} ms", options.timeout.count()));
+    return InvalidArgumentError(
+        fmt::format("in-process world: collective timeout must be positive, got {} ms",
+                    options.timeout.count()));
   }
   return std::shared_ptr<InProcessWorld>(new InProcessWorld(std::make_shared<State>(options)));
 }
 
-int InProcessWorld::world_size() const { return state_->world; }
+int InProcessWorld::world_size() const {
+  return state_->world;
+}
 
 Status InProcessWorld::failure() const {
   std::lock_guard lock(state_->mu);
@@ -365,8 +371,8 @@ Result<std::unique_ptr<Collective>> InProcessWorld::Join(int rank, device::Devic
   }
   std::lock_guard lock(state_->mu);
   if (rank < 0 || rank >= state_->world) {
-    return InvalidArgumentError(fmt::format("in-process world: rank {} is not a rank of a world of {}",
-                                            rank, state_->world));
+    return InvalidArgumentError(fmt::format(
+        "in-process world: rank {} is not a rank of a world of {}", rank, state_->world));
   }
   State::Rank& r = state_->ranks[static_cast<size_t>(rank)];
   if (r.joined) {

@@ -73,8 +73,7 @@ class DeviceWrapper : public Device {
   Status Scale(void* x, DType dtype, float alpha, size_t n, Stream& stream) override {
     return inner_->Scale(x, dtype, alpha, n, stream);
   }
-  Status Axpy(float alpha, const void* x, void* y, DType dtype, size_t n,
-              Stream& stream) override {
+  Status Axpy(float alpha, const void* x, void* y, DType dtype, size_t n, Stream& stream) override {
     return inner_->Axpy(alpha, x, y, dtype, n, stream);
   }
   Status Fill(void* x, DType dtype, float value, size_t n, Stream& stream) override {

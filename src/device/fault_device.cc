@@ -53,8 +53,7 @@ bool Considers(const DeviceFaultRule& r, DeviceOp op, std::optional<CopyKind> co
 }  // namespace
 
 DeviceFaultDecision DeviceFaultInjector::Decide(DeviceOp op, std::optional<CopyKind> copy_kind,
-                                                std::string_view stream,
-                                                std::string_view label) {
+                                                std::string_view stream, std::string_view label) {
   DeviceFaultDecision d;
   std::lock_guard lock(mu_);
   d.ordinal = seen_[static_cast<int>(op)]++;
@@ -88,7 +87,8 @@ uint64_t DeviceFaultInjector::hits(size_t index) const {
 uint64_t DeviceFaultInjector::total_hits() const {
   std::lock_guard lock(mu_);
   uint64_t total = 0;
-  for (const RuleState& rs : rules_) total += rs.hits;
+  for (const RuleState& rs : rules_)
+    total += rs.hits;
   return total;
 }
 
@@ -117,26 +117,24 @@ class FaultInjectingDevice final : public DeviceWrapper {
   Status CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
                    Stream& stream) override {
     const std::string op = fmt::format("{} copy", CopyKindName(kind));
-    return Faulted(DeviceOp::kCopy, kind, stream, op, fmt::format("{} B", bytes), [&] {
-      return DeviceWrapper::CopyAsync(dst, src, bytes, kind, stream);
-    });
+    return Faulted(DeviceOp::kCopy, kind, stream, op, fmt::format("{} B", bytes),
+                   [&] { return DeviceWrapper::CopyAsync(dst, src, bytes, kind, stream); });
   }
 
   Status HostTask(Stream& stream, std::function<Status()> fn, std::string_view label) override {
-    return Faulted(DeviceOp::kHostTask, std::nullopt, stream, label, "", [&] {
-      return DeviceWrapper::HostTask(stream, std::move(fn), label);
-    });
+    return Faulted(DeviceOp::kHostTask, std::nullopt, stream, label, "",
+                   [&] { return DeviceWrapper::HostTask(stream, std::move(fn), label); });
   }
 
   Status Cast(const void* x, DType from, void* y, DType to, size_t n, Stream& stream) override {
-    return Elementwise("cast", n, stream, [&] { return DeviceWrapper::Cast(x, from, y, to, n, stream); });
+    return Elementwise("cast", n, stream,
+                       [&] { return DeviceWrapper::Cast(x, from, y, to, n, stream); });
   }
   Status Scale(void* x, DType dtype, float alpha, size_t n, Stream& stream) override {
     return Elementwise("scale", n, stream,
                        [&] { return DeviceWrapper::Scale(x, dtype, alpha, n, stream); });
   }
-  Status Axpy(float alpha, const void* x, void* y, DType dtype, size_t n,
-              Stream& stream) override {
+  Status Axpy(float alpha, const void* x, void* y, DType dtype, size_t n, Stream& stream) override {
     return Elementwise("axpy", n, stream,
                        [&] { return DeviceWrapper::Axpy(alpha, x, y, dtype, n, stream); });
   }
@@ -152,8 +150,8 @@ class FaultInjectingDevice final : public DeviceWrapper {
  private:
   template <typename Enqueue>
   Status Elementwise(std::string_view op, size_t n, Stream& stream, Enqueue&& enqueue) {
-    return Faulted(DeviceOp::kElementwise, std::nullopt, stream, op,
-                   fmt::format("{} elements", n), std::forward<Enqueue>(enqueue));
+    return Faulted(DeviceOp::kElementwise, std::nullopt, stream, op, fmt::format("{} elements", n),
+                   std::forward<Enqueue>(enqueue));
   }
 
   // Asks the injector about one piece of work `op` (a copy's direction, a task's label) on

@@ -60,7 +60,7 @@ struct DeviceFaultRule {
   // Work on streams whose name contains this ("" = any; an Alloc, which has no stream, is
   // considered only when this is empty).
   std::string stream_contains;
-  std::string label_contains;         // kHostTask: tasks whose label contains this ("" = any)
+  std::string label_contains;  // kHostTask: tasks whose label contains this ("" = any)
   // Among the considered calls, which get the fault: the listed ordinals (0-based, in the order
   // the injector saw them), or every one when the list is empty.
   std::vector<uint64_t> ordinals;

@@ -59,7 +59,8 @@ struct Rank {
     comm.reset();
     a.reset();
     b.reset();
-    for (void* p : buffers) device->Free(p);
+    for (void* p : buffers)
+      device->Free(p);
   }
 };
 
@@ -85,12 +86,14 @@ void RunRanks(int world, const std::function<void(Rank&)>& body, InProcessOption
       body(rank);
     });
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
 }
 
 // Element j of `buffer` = InputValue(rank, index_base + j) for j < n.
 void FillInput(void* buffer, DType dtype, size_t n, int rank, size_t index_base = 0) {
-  for (size_t j = 0; j < n; ++j) StoreValue(buffer, dtype, j, InputValue(rank, index_base + j));
+  for (size_t j = 0; j < n; ++j)
+    StoreValue(buffer, dtype, j, InputValue(rank, index_base + j));
 }
 
 // ---- each operation, each dtype and op, in place or not ---------------------------------------
@@ -135,8 +138,9 @@ TEST_P(InProcessOpTest, ReduceScatterGivesEachRankItsPartOfTheExactSums) {
     const size_t elem = device::DTypeSize(dtype);
     void* send = r.Buffer(whole, dtype);
     FillInput(send, dtype, whole, r.rank);
-    void* recv = in_place ? static_cast<std::byte*>(send) + static_cast<size_t>(r.rank) * kCount * elem
-                          : r.Buffer(kCount, dtype);
+    void* recv = in_place
+                     ? static_cast<std::byte*>(send) + static_cast<size_t>(r.rank) * kCount * elem
+                     : r.Buffer(kCount, dtype);
     ASSERT_OK(r.comm->ReduceScatter(send, recv, kCount, dtype, op, *r.a));
     ASSERT_OK(r.device->Synchronize(*r.a));
     const size_t base = static_cast<size_t>(r.rank) * kCount;
@@ -176,8 +180,9 @@ TEST_P(InProcessAllGatherTest, AllGatherPutsEachRanksPartAtItsOffset) {
   RunRanks(world, [&](Rank& r) {
     const size_t elem = device::DTypeSize(dtype);
     void* recv = r.Buffer(kCount * static_cast<size_t>(world), dtype);
-    void* send = in_place ? static_cast<std::byte*>(recv) + static_cast<size_t>(r.rank) * kCount * elem
-                          : r.Buffer(kCount, dtype);
+    void* send = in_place
+                     ? static_cast<std::byte*>(recv) + static_cast<size_t>(r.rank) * kCount * elem
+                     : r.Buffer(kCount, dtype);
     FillInput(send, dtype, kCount, r.rank, static_cast<size_t>(r.rank) * kCount);
     ASSERT_OK(r.comm->AllGather(send, recv, kCount, dtype, *r.a));
     ASSERT_OK(r.device->Synchronize(*r.a));
@@ -211,7 +216,8 @@ TEST(InProcessCollectiveTest, ReductionsAddInRankOrderAsTheMpiBackendDoes) {
     std::mt19937 random(977 + static_cast<unsigned>(q));
     std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
     std::uniform_int_distribution<int> exponent(-12, 12);
-    for (float& v : values[q]) v = std::ldexp(mantissa(random), exponent(random));
+    for (float& v : values[q])
+      v = std::ldexp(mantissa(random), exponent(random));
   }
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
@@ -262,7 +268,8 @@ TEST(InProcessCollectiveTest, BroadcastFromEveryRoot) {
         }
         ASSERT_OK(r.comm->Broadcast(buffer, bytes, root, *r.a));
         ASSERT_OK(r.device->Synchronize(*r.a));
-        for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(buffer[i], static_cast<uint8_t>(i * 7 + root * 13));
+        for (size_t i = 0; i < bytes; ++i)
+          ASSERT_EQ(buffer[i], static_cast<uint8_t>(i * 7 + root * 13));
         EXPECT_EQ(buffer[bytes], 0) << "a byte past the broadcast changed";
       }
     }
@@ -304,7 +311,8 @@ TEST(InProcessCollectiveTest, OperationsOnTwoStreamsRunInEnqueueOrder) {
   std::latch enqueued(kWorld);
   RunRanks(kWorld, [&](Rank& r) {
     std::vector<float*> buffers;
-    for (int k = 0; k < kOps; ++k) buffers.push_back(static_cast<float*>(r.Buffer(kElems, DType::kF32)));
+    for (int k = 0; k < kOps; ++k)
+      buffers.push_back(static_cast<float*>(r.Buffer(kElems, DType::kF32)));
     ASSERT_OK(r.device->HostTask(
         *r.a,
         [&] {
@@ -324,7 +332,8 @@ TEST(InProcessCollectiveTest, OperationsOnTwoStreamsRunInEnqueueOrder) {
     ASSERT_OK(r.device->Synchronize(*r.b));
     for (int k = 0; k < kOps; ++k) {
       float sum = 0.0f;
-      for (int q = 0; q < kWorld; ++q) sum += static_cast<float>(k * 16 + q);
+      for (int q = 0; q < kWorld; ++q)
+        sum += static_cast<float>(k * 16 + q);
       const float expected = k % 3 == 0 ? sum * (1.0f / static_cast<float>(kWorld)) : sum;
       ASSERT_EQ(buffers[k][0], expected) << "operation " << k;
       ASSERT_EQ(buffers[k][kElems - 1], expected) << "operation " << k;

@@ -343,7 +343,8 @@ TEST_F(MpiCollectiveTest, TheInProcessBackendGivesTheSameBits) {
     std::mt19937 random(4711 + static_cast<unsigned>(q));
     std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
     std::uniform_int_distribution<int> exponent(-12, 12);
-    for (float& x : v) x = std::ldexp(mantissa(random), exponent(random));
+    for (float& x : v)
+      x = std::ldexp(mantissa(random), exponent(random));
     return v;
   };
   for (DType dtype : {DType::kF32, DType::kBF16}) {
@@ -352,7 +353,8 @@ TEST_F(MpiCollectiveTest, TheInProcessBackendGivesTheSameBits) {
       const size_t elem = device::DTypeSize(dtype);
       const std::vector<float> mine = inputs(static_cast<size_t>(rank_));
       void* input = Buffer(whole, dtype);
-      for (size_t i = 0; i < whole; ++i) StoreValue(input, dtype, i, mine[i]);
+      for (size_t i = 0; i < whole; ++i)
+        StoreValue(input, dtype, i, mine[i]);
       void* scattered = Buffer(kPerRank, dtype);
       void* reduced = Buffer(whole, dtype);
       ASSERT_OK(collective_->ReduceScatter(input, scattered, kPerRank, dtype, op, *a_));
@@ -371,7 +373,8 @@ TEST_F(MpiCollectiveTest, TheInProcessBackendGivesTheSameBits) {
           ASSERT_OK_AND_ASSIGN(void* in, dev->Alloc(whole * elem));
           ASSERT_OK_AND_ASSIGN(void* out_scattered, dev->Alloc(kPerRank * elem));
           ASSERT_OK_AND_ASSIGN(void* out_reduced, dev->Alloc(whole * elem));
-          for (size_t i = 0; i < whole; ++i) StoreValue(in, dtype, i, theirs[i]);
+          for (size_t i = 0; i < whole; ++i)
+            StoreValue(in, dtype, i, theirs[i]);
           ASSERT_OK(comm->ReduceScatter(in, out_scattered, kPerRank, dtype, op, *stream));
           ASSERT_OK(comm->AllReduce(in, out_reduced, whole, dtype, op, *stream));
           ASSERT_OK(dev->Synchronize(*stream));
@@ -381,10 +384,12 @@ TEST_F(MpiCollectiveTest, TheInProcessBackendGivesTheSameBits) {
           }
           comm.reset();
           stream.reset();
-          for (void* p : {in, out_scattered, out_reduced}) dev->Free(p);
+          for (void* p : {in, out_scattered, out_reduced})
+            dev->Free(p);
         });
       }
-      for (auto& t : threads) t.join();
+      for (auto& t : threads)
+        t.join();
       EXPECT_EQ(std::memcmp(threads_scattered.data(), scattered, kPerRank * elem), 0)
           << "reduce-scatter on rank " << rank_;
       EXPECT_EQ(std::memcmp(threads_reduced.data(), reduced, whole * elem), 0)

@@ -29,10 +29,10 @@ TEST(ClockTest, ManualClockStandsStillUntilAdvanced) {
   EXPECT_EQ(clock.Now(), start);
   clock.Advance(seconds(3));
   EXPECT_EQ(clock.Now(), start + seconds(3));
-  EXPECT_EQ(clock.NowNs() - std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                start.time_since_epoch())
-                                .count(),
-            3'000'000'000);
+  EXPECT_EQ(
+      clock.NowNs() -
+          std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count(),
+      3'000'000'000);
   clock.Advance(-seconds(1));  // the time never goes back
   EXPECT_EQ(clock.Now(), start + seconds(3));
 }
@@ -65,7 +65,8 @@ TEST(ClockTest, ATimedWaitOnTheManualClockEndsOnlyOnceItsDeadlineIsReached) {
   std::thread waiter([&] {
     std::unique_lock lock(mu);
     const Clock::TimePoint deadline = clock.Now() + seconds(60);
-    while (!notified && clock.Now() < deadline) clock.WaitUntil(cv, lock, deadline);
+    while (!notified && clock.Now() < deadline)
+      clock.WaitUntil(cv, lock, deadline);
     timed_out = !notified;
   });
   ASSERT_TRUE(clock.AwaitTimedWaits(waits));
@@ -84,7 +85,8 @@ TEST(ClockTest, ATimedWaitOnTheManualClockEndsWhenNotified) {
   std::thread waiter([&] {
     std::unique_lock lock(mu);
     const Clock::TimePoint deadline = clock.Now() + seconds(60);
-    while (!notified && clock.Now() < deadline) clock.WaitUntil(cv, lock, deadline);
+    while (!notified && clock.Now() < deadline)
+      clock.WaitUntil(cv, lock, deadline);
     EXPECT_TRUE(notified);
   });
   {

@@ -46,7 +46,8 @@ struct Fixture {
   ~Fixture() {
     if (stream != nullptr) (void)device->Synchronize(*stream);
     stream.reset();
-    for (void* p : memory) device->Free(p);
+    for (void* p : memory)
+      device->Free(p);
   }
   void* Alloc(size_t bytes) {
     auto p = device->Alloc(bytes);
@@ -69,12 +70,12 @@ TEST(DeviceWrapperTest, ForwardsEveryCallAndATestOverridesOne) {
   auto* x = static_cast<float*>(f.Alloc(64 * sizeof(float)));
   auto* y = static_cast<float*>(f.Alloc(64 * sizeof(float)));
   std::vector<float> host(64, 2.0f), back(64, 0.0f);
-  ASSERT_OK(f.device->CopyAsync(x, host.data(), 64 * sizeof(float), CopyKind::kHostToDevice,
-                                *f.stream));
+  ASSERT_OK(
+      f.device->CopyAsync(x, host.data(), 64 * sizeof(float), CopyKind::kHostToDevice, *f.stream));
   ASSERT_OK(f.device->Fill(y, DType::kF32, 1.0f, 64, *f.stream));
   ASSERT_OK(f.device->Axpy(3.0f, x, y, DType::kF32, 64, *f.stream));  // y = 1 + 3 * 2
-  ASSERT_OK(f.device->CopyAsync(back.data(), y, 64 * sizeof(float), CopyKind::kDeviceToHost,
-                                *f.stream));
+  ASSERT_OK(
+      f.device->CopyAsync(back.data(), y, 64 * sizeof(float), CopyKind::kDeviceToHost, *f.stream));
   bool ran = false;
   ASSERT_OK(f.device->HostTask(
       *f.stream,
@@ -111,7 +112,8 @@ TEST(FaultDeviceTest, FailsTheNthAllocationWithResourceExhaustedNamingIt) {
   }
   EXPECT_EQ(faults->hits(rule), 1u);
   EXPECT_EQ(faults->seen(DeviceOp::kAlloc), 4u);
-  for (void* p : got) device->Free(p);
+  for (void* p : got)
+    device->Free(p);
 }
 
 TEST(FaultDeviceTest, AFailedCopyIsTheStickyErrorNamingTheCopyAndItsStream) {
@@ -149,9 +151,8 @@ TEST(FaultDeviceTest, AFailedCopyIsTheStickyErrorNamingTheCopyAndItsStream) {
 
 TEST(FaultDeviceTest, FailWhenEnqueuedReturnsTheErrorAndEnqueuesNothing) {
   auto faults = std::make_shared<DeviceFaultInjector>();
-  faults->AddRule({.op = DeviceOp::kElementwise,
-                   .code = StatusCode::kUnavailable,
-                   .when = FailWhen::kEnqueue});
+  faults->AddRule(
+      {.op = DeviceOp::kElementwise, .code = StatusCode::kUnavailable, .when = FailWhen::kEnqueue});
   Fixture f(CreateFaultInjectingDevice(CpuDevice(), faults));
   auto* x = static_cast<float*>(f.Alloc(64));
   const Status st = f.device->Fill(x, DType::kF32, 1.0f, 16, *f.stream);
@@ -200,9 +201,8 @@ TEST(FaultDeviceTest, OnlyStreamsWhoseNameMatchesAreConsidered) {
 TEST(FaultDeviceTest, ASlowCopyHoldsItsStreamUntilTheClockPassesTheDelay) {
   ManualClock clock;
   auto faults = std::make_shared<DeviceFaultInjector>(&clock);
-  faults->AddRule({.op = DeviceOp::kCopy,
-                   .kind = DeviceFaultKind::kSlow,
-                   .delay = std::chrono::seconds(5)});
+  faults->AddRule(
+      {.op = DeviceOp::kCopy, .kind = DeviceFaultKind::kSlow, .delay = std::chrono::seconds(5)});
   Fixture f(CreateFaultInjectingDevice(CpuDevice(), faults));
   auto* x = static_cast<uint8_t*>(f.Alloc(64));
   std::vector<uint8_t> host(64, 9);
