@@ -20,13 +20,12 @@ FaultInjector::FaultInjector(uint64_t seed, Clock* clock)
 
 size_t FaultInjector::AddRule(FaultRule rule) {
   std::lock_guard lock(mu_);
-  rules_.push_back({std::move(rule), 0, 0});
-  return rules_.size() - 1;
+  return rules_.Add(std::move(rule));
 }
 
 void FaultInjector::Clear() {
   std::lock_guard lock(mu_);
-  rules_.clear();
+  rules_.Clear();
 }
 
 FaultDecision FaultInjector::Decide(IoOp op, std::string_view path, uint64_t offset,
@@ -34,7 +33,7 @@ FaultDecision FaultInjector::Decide(IoOp op, std::string_view path, uint64_t off
   FaultDecision d;
   d.length = length;
   std::lock_guard lock(mu_);
-  for (RuleState& rs : rules_) {
+  for (auto& rs : rules_.entries()) {
     const FaultRule& r = rs.rule;
     if (r.op && *r.op != op) continue;
     if (!r.path_contains.empty() && path.find(r.path_contains) == std::string_view::npos) continue;
@@ -84,15 +83,12 @@ FaultDecision FaultInjector::Decide(IoOp op, std::string_view path, uint64_t off
 
 uint64_t FaultInjector::hits(size_t index) const {
   std::lock_guard lock(mu_);
-  return index < rules_.size() ? rules_[index].hits : 0;
+  return rules_.hits(index);
 }
 
 uint64_t FaultInjector::total_hits() const {
   std::lock_guard lock(mu_);
-  uint64_t total = 0;
-  for (const RuleState& rs : rules_)
-    total += rs.hits;
-  return total;
+  return rules_.total_hits();
 }
 
 namespace {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/fault_rules.h"
 #include "strata/block_store.h"
 #include "strata/status.h"
 
@@ -94,14 +95,9 @@ class FaultInjector {
   Clock& clock() const { return *clock_; }
 
  private:
-  struct RuleState {
-    FaultRule rule;
-    uint64_t seen = 0;  // transfers this rule considered
-    uint64_t hits = 0;
-  };
   Clock* const clock_;
   mutable std::mutex mu_;
-  std::vector<RuleState> rules_;
+  FaultRules<FaultRule> rules_;
   std::mt19937_64 rng_;
 };
 

@@ -546,6 +546,19 @@ Result<TierManager::Reservation> TierManager::TryAllocLocked(Tier t, uint64_t ne
   return r;
 }
 
+bool TierManager::AttachLocked(Shard& s, Tier t, Reservation& r, bool ready) {
+  Copy& c = s.at(t);
+  if (c.state != Copy::State::kAbsent) {
+    UnreserveLocked(t, r);
+    return false;
+  }
+  c.data = r.data;
+  c.block = r.block;
+  c.reserved = r.reserved;
+  c.state = ready ? Copy::State::kReady : Copy::State::kFilling;
+  return true;
+}
+
 void TierManager::UnreserveLocked(Tier t, Reservation& r) {
   if (t == Tier::kHost && r.block) {
     options_.pool->Free(r.block);
@@ -710,15 +723,8 @@ Status TierManager::EnsureFillLocked(Shard& s, Tier t, bool blocking,
   if (!r.ok()) return r.status().WithContext(std::string(TierName(t)) + " copy of shard '" +
                                              s.name + "'");
   Shard* sp = &s;
+  if (!AttachLocked(*sp, t, *r, /*ready=*/false)) return Status::Ok();  // someone was first
   Copy& c = sp->at(t);
-  if (c.state != Copy::State::kAbsent) {  // someone else got there first
-    UnreserveLocked(t, *r);
-    return Status::Ok();
-  }
-  c.data = r->data;
-  c.block = r->block;
-  c.reserved = r->reserved;
-  c.state = Copy::State::kFilling;
   c.version = sp->version;
   c.transfer_started = false;
   c.shares_host = share;
@@ -1142,16 +1148,8 @@ Status TierManager::ReserveForOverwriteLocked(Shard& s, Tier t, std::string_view
   Result<Reservation> r = ReserveLocked(t, AllocBytes(s, t), /*blocking=*/true,
                                         /*future_aware=*/false, s.id, lock, &no_room);
   if (!r.ok()) return r.status().WithContext(AcquireContextLocked(s.id, t, owner));
-  Copy& c = s.at(t);
-  if (c.state != Copy::State::kAbsent) {  // filled by someone else while this call waited
-    UnreserveLocked(t, *r);
-    return Status::Ok();
-  }
-  c.data = r->data;
-  c.block = r->block;
-  c.reserved = r->reserved;
-  c.state = Copy::State::kReady;
-  c.version = kInvalidVersion;
+  // (Filled by someone else while this call waited: nothing to do.)
+  if (AttachLocked(s, t, *r, /*ready=*/true)) s.at(t).version = kInvalidVersion;
   return Status::Ok();
 }
 

@@ -284,6 +284,9 @@ class TierManager {
   // `allocate` false: charge the budget only (a device copy that will share the host copy).
   Result<Reservation> TryAllocLocked(Tier t, uint64_t need, bool allocate = true);
   void UnreserveLocked(Tier t, Reservation& r);
+  // Makes `r` s's copy in t, kReady or kFilling (its version is the caller's to set); false, and
+  // `r` given back, when another caller made that copy while this one waited for the room.
+  bool AttachLocked(Shard& s, Tier t, Reservation& r, bool ready);
   void FreeCopyLocked(Shard& s, Tier t);
   bool EvictOneLocked(Tier t, uint64_t target_distance, bool future_aware, ShardId for_shard,
                       std::optional<ShardId>* started_writeback, Status* failure = nullptr);

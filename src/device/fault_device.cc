@@ -29,13 +29,12 @@ DeviceFaultInjector::DeviceFaultInjector(Clock* clock)
 
 size_t DeviceFaultInjector::AddRule(DeviceFaultRule rule) {
   std::lock_guard lock(mu_);
-  rules_.push_back({std::move(rule), 0, 0});
-  return rules_.size() - 1;
+  return rules_.Add(std::move(rule));
 }
 
 void DeviceFaultInjector::Clear() {
   std::lock_guard lock(mu_);
-  rules_.clear();
+  rules_.Clear();
 }
 
 namespace {
@@ -57,7 +56,7 @@ DeviceFaultDecision DeviceFaultInjector::Decide(DeviceOp op, std::optional<CopyK
   DeviceFaultDecision d;
   std::lock_guard lock(mu_);
   d.ordinal = seen_[static_cast<int>(op)]++;
-  for (RuleState& rs : rules_) {
+  for (auto& rs : rules_.entries()) {
     const DeviceFaultRule& r = rs.rule;
     if (!Considers(r, op, copy_kind, stream, label)) continue;
     if (r.max_hits >= 0 && rs.hits >= static_cast<uint64_t>(r.max_hits)) continue;
@@ -81,15 +80,12 @@ DeviceFaultDecision DeviceFaultInjector::Decide(DeviceOp op, std::optional<CopyK
 
 uint64_t DeviceFaultInjector::hits(size_t index) const {
   std::lock_guard lock(mu_);
-  return index < rules_.size() ? rules_[index].hits : 0;
+  return rules_.hits(index);
 }
 
 uint64_t DeviceFaultInjector::total_hits() const {
   std::lock_guard lock(mu_);
-  uint64_t total = 0;
-  for (const RuleState& rs : rules_)
-    total += rs.hits;
-  return total;
+  return rules_.total_hits();
 }
 
 uint64_t DeviceFaultInjector::seen(DeviceOp op) const {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/fault_rules.h"
 #include "strata/device.h"
 #include "strata/status.h"
 
@@ -56,14 +57,14 @@ struct DeviceFaultRule {
   DeviceOp op = DeviceOp::kCopy;
   DeviceFaultKind kind = DeviceFaultKind::kFail;
   // Which calls the rule considers (all must hold):
-  std::optional<CopyKind> copy_kind;  // kCopy: only this direction
+  std::optional<CopyKind> copy_kind{};  // kCopy: only this direction
   // Work on streams whose name contains this ("" = any; an Alloc, which has no stream, is
   // considered only when this is empty).
-  std::string stream_contains;
-  std::string label_contains;  // kHostTask: tasks whose label contains this ("" = any)
+  std::string stream_contains{};
+  std::string label_contains{};  // kHostTask: tasks whose label contains this ("" = any)
   // Among the considered calls, which get the fault: the listed ordinals (0-based, in the order
   // the injector saw them), or every one when the list is empty.
-  std::vector<uint64_t> ordinals;
+  std::vector<uint64_t> ordinals{};
   int64_t max_hits = -1;  // stop after this many injections (-1 = no limit)
   // kFail: the error's code (Alloc: always ResourceExhausted) and when work reports it.
   StatusCode code = StatusCode::kInternal;
@@ -104,14 +105,9 @@ class DeviceFaultInjector {
   Clock& clock() const { return *clock_; }
 
  private:
-  struct RuleState {
-    DeviceFaultRule rule;
-    uint64_t seen = 0;  // calls this rule considered
-    uint64_t hits = 0;
-  };
   Clock* const clock_;
   mutable std::mutex mu_;
-  std::vector<RuleState> rules_;
+  FaultRules<DeviceFaultRule> rules_;
   uint64_t seen_[4] = {0, 0, 0, 0};
 };
 

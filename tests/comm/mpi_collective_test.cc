@@ -475,18 +475,15 @@ TEST_F(MpiCollectiveTest, ManyOperationsOnTwoStreamsFollowEnqueueOrder) {
           },
           "delay"));
     }
-    ASSERT_OK(
-        device_->Fill(buffers[k], DType::kF32, static_cast<float>(k * 16 + rank_), kCount, stream));
-    const ReduceOp op = k % 3 == 0 ? ReduceOp::kAvg : ReduceOp::kSum;
-    ASSERT_OK(collective_->AllReduce(buffers[k], buffers[k], kCount, DType::kF32, op, stream));
+    ASSERT_OK(device_->Fill(buffers[k], DType::kF32, testing::OrderingInput(k, rank_), kCount,
+                            stream));
+    ASSERT_OK(collective_->AllReduce(buffers[k], buffers[k], kCount, DType::kF32,
+                                     testing::OrderingOp(k), stream));
   }
   ASSERT_OK(device_->Synchronize(*a_));
   ASSERT_OK(device_->Synchronize(*b_));
   for (int k = 0; k < kOps; ++k) {
-    float sum = 0.0f;
-    for (int r = 0; r < world_; ++r)
-      sum += static_cast<float>(k * 16 + r);
-    const float expected = k % 3 == 0 ? sum * (1.0f / static_cast<float>(world_)) : sum;
+    const float expected = testing::OrderingResult(k, world_);
     ASSERT_EQ(buffers[k][0], expected) << "operation " << k;
     ASSERT_EQ(buffers[k][kCount - 1], expected) << "operation " << k;
   }
