@@ -128,10 +128,11 @@ class InProcessCollective final : public internal::OpCollective {
   template <typename Ready>
   Status WaitLocked(std::unique_lock<std::mutex>& lock, const Op& op, Stage stage,
                     Clock::TimePoint deadline, Ready&& ready);
+  // Whether a rank `op` waits for at `stage` has left the world (it never will arrive).
+  bool AwaitedRankLeft(const Op& op, Stage stage) const;
   // What `op` waits for at `stage`, for messages: this rank's previous operation, or the ranks
-  // that have not arrived (departed) with why; *one_left when one of them left the world (it
-  // never will).
-  std::string Awaited(const Op& op, Stage stage, bool* one_left) const;
+  // that have not arrived (departed) with why.
+  std::string Awaited(const Op& op, Stage stage) const;
   // The world's failure as this rank reports it, for operation `what`: its own error, or Aborted
   // naming the rank that failed.
   Status FailureLocked(std::string_view what) const;
@@ -238,15 +239,15 @@ Status InProcessCollective::WaitLocked(std::unique_lock<std::mutex>& lock, const
   for (;;) {
     if (!s_->failure.ok()) return FailureLocked(op.name);
     if (ready()) return Status::Ok();
-    bool one_left = false;
-    const std::string awaited = Awaited(op, stage, &one_left);
     Status error;
-    if (one_left) {
-      error = AbortedError(fmt::format(
-          "{}: waiting for {}: the ranks did not enqueue the same collectives", op.name, awaited));
+    if (AwaitedRankLeft(op, stage)) {
+      error = AbortedError(
+          fmt::format("{}: waiting for {}: the ranks did not enqueue the same collectives",
+                      op.name, Awaited(op, stage)));
     } else if (s_->clock->Now() >= deadline) {
       error = DeadlineExceededError(fmt::format("{}: no progress within {} ms: waiting for {}",
-                                                op.name, s_->options.timeout.count(), awaited));
+                                                op.name, s_->options.timeout.count(),
+                                                Awaited(op, stage)));
     } else {
       s_->clock->WaitUntil(s_->cv, lock, deadline);
       continue;
@@ -256,7 +257,17 @@ Status InProcessCollective::WaitLocked(std::unique_lock<std::mutex>& lock, const
   }
 }
 
-std::string InProcessCollective::Awaited(const Op& op, Stage stage, bool* one_left) const {
+bool InProcessCollective::AwaitedRankLeft(const Op& op, Stage stage) const {
+  if (stage != Stage::kArrive) return false;  // a rank leaves only after its last operation
+  const Meeting& m = s_->meetings.at(op.seq);
+  for (int q = 0; q < s_->world; ++q) {
+    const auto at = static_cast<size_t>(q);
+    if (!m.descs[at].has_value() && s_->ranks[at].left) return true;
+  }
+  return false;
+}
+
+std::string InProcessCollective::Awaited(const Op& op, Stage stage) const {
   if (stage == Stage::kTurn) {
     return fmt::format("this rank's previous operation #{} (its stream has not reached it)",
                        op.seq - 1);
@@ -274,7 +285,6 @@ std::string InProcessCollective::Awaited(const Op& op, Stage stage, bool* one_le
       why = "never joined the world";
     } else if (peer.left) {
       why = fmt::format("left the world after completing #{}", peer.completed);
-      *one_left = true;
     } else {
       why = fmt::format("has not reached this operation: it completed #{}", peer.completed);
     }

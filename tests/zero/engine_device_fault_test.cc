@@ -194,7 +194,7 @@ TEST(EngineDeviceFaultTest, AFailedElementwiseOperationIsReturnedByTheStepNaming
   }
 }
 
-TEST(EngineDeviceFaultTest, SlowCopiesChangeNoBitOfTheResult) {
+TEST(EngineDeviceFaultTest, DelayedCopiesChangeNoBitOfTheResult) {
   // Every copy waits 1 ms on its stream first: the streams reach each other's events at other
   // times than usual, and a missing wait would show as other bits (or a TSan report).
   for (const std::string& json : Configs()) {
