@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/collective_wrapper.h"
 #include "comm/comm_test_util.h"
 #include "comm/op.h"
 #include "common/clock.h"
@@ -454,6 +455,56 @@ TEST(InProcessCollectiveTest, RanksThatDisagreeOnAnOperationFailWithInvalidArgum
     EXPECT_NE(st.message().find("the ranks disagree on the operation"), std::string_view::npos)
         << st.ToString();
   });
+}
+
+// A wrapper that counts all-reduces and makes rank 1's barrier fail at enqueue.
+class CountingCollective final : public CollectiveWrapper {
+ public:
+  using CollectiveWrapper::CollectiveWrapper;
+  Status AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                   device::Stream& stream) override {
+    ++all_reduces;
+    return CollectiveWrapper::AllReduce(send, recv, count, dtype, op, stream);
+  }
+  Status Barrier(device::Stream& stream) override {
+    if (rank() == 1) return UnavailableError("rank 1's barrier is refused by the test");
+    return CollectiveWrapper::Barrier(stream);
+  }
+  int all_reduces = 0;
+};
+
+TEST(CollectiveWrapperTest, ForwardsEveryCallAndATestOverridesOne) {
+  ManualClock clock;  // never moves: only rank 1's departure ends rank 0's barrier
+  InProcessOptions options;
+  options.clock = &clock;
+  RunRanks(
+      2,
+      [&](Rank& r) {
+        auto counting = std::make_unique<CountingCollective>(std::move(r.comm));
+        CountingCollective& c = *counting;
+        r.comm = std::move(counting);
+        EXPECT_EQ(c.backend(), Backend::kInProcess);
+        EXPECT_EQ(c.rank(), r.rank);
+        EXPECT_EQ(c.world_size(), 2);
+        auto* x = static_cast<float*>(r.Buffer(8, DType::kF32));
+        auto* all = static_cast<float*>(r.Buffer(16, DType::kF32));
+        ASSERT_OK(r.device->Fill(x, DType::kF32, static_cast<float>(r.rank + 1), 8, *r.a));
+        ASSERT_OK(c.AllReduce(x, x, 8, DType::kF32, ReduceOp::kSum, *r.a));
+        ASSERT_OK(c.AllGather(x, all, 8, DType::kF32, *r.a));
+        ASSERT_OK(r.device->Synchronize(*r.a));
+        EXPECT_EQ(c.all_reduces, 1);
+        EXPECT_EQ(x[7], 3.0f);
+        EXPECT_EQ(all[15], 3.0f);
+        if (r.rank == 1) {
+          EXPECT_EQ(c.Barrier(*r.a).code(), StatusCode::kUnavailable);
+          r.comm.reset();  // leaves: rank 0's barrier must not wait for it
+          return;
+        }
+        Status st = c.Barrier(*r.a);
+        if (st.ok()) st = r.device->Synchronize(*r.a);
+        EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+      },
+      options);
 }
 
 TEST(InProcessCollectiveTest, JoinChecksTheRankAndTheDevice) {
