@@ -179,27 +179,19 @@ Status ValidateFileSpec(const FileSpec& spec) {
   return Status::Ok();
 }
 
-namespace {
-int64_t SteadyNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
 void BusyClock::Enter() {
   std::lock_guard lock(mu_);
-  if (active_++ == 0) since_ns_ = SteadyNowNs();
+  if (active_++ == 0) since_ns_ = clock_->NowNs();
 }
 
 void BusyClock::Leave() {
   std::lock_guard lock(mu_);
-  if (--active_ == 0) busy_ns_ += static_cast<uint64_t>(SteadyNowNs() - since_ns_);
+  if (--active_ == 0) busy_ns_ += static_cast<uint64_t>(clock_->NowNs() - since_ns_);
 }
 
 uint64_t BusyClock::TotalNs() const {
   std::lock_guard lock(mu_);
-  return busy_ns_ + (active_ > 0 ? static_cast<uint64_t>(SteadyNowNs() - since_ns_) : 0);
+  return busy_ns_ + (active_ > 0 ? static_cast<uint64_t>(clock_->NowNs() - since_ns_) : 0);
 }
 
 }  // namespace internal

@@ -15,17 +15,17 @@
 
 namespace strata::io {
 
-FaultInjector::FaultInjector(uint64_t seed) : rng_(seed) {}
+FaultInjector::FaultInjector(uint64_t seed, Clock* clock)
+    : clock_(clock != nullptr ? clock : &RealClock()), rng_(seed) {}
 
 size_t FaultInjector::AddRule(FaultRule rule) {
   std::lock_guard lock(mu_);
-  rules_.push_back({std::move(rule), 0, 0});
-  return rules_.size() - 1;
+  return rules_.Add(std::move(rule));
 }
 
 void FaultInjector::Clear() {
   std::lock_guard lock(mu_);
-  rules_.clear();
+  rules_.Clear();
 }
 
 FaultDecision FaultInjector::Decide(IoOp op, std::string_view path, uint64_t offset,
@@ -33,7 +33,7 @@ FaultDecision FaultInjector::Decide(IoOp op, std::string_view path, uint64_t off
   FaultDecision d;
   d.length = length;
   std::lock_guard lock(mu_);
-  for (RuleState& rs : rules_) {
+  for (auto& rs : rules_.entries()) {
     const FaultRule& r = rs.rule;
     if (r.op && *r.op != op) continue;
     if (!r.path_contains.empty() && path.find(r.path_contains) == std::string_view::npos) continue;
@@ -83,15 +83,12 @@ FaultDecision FaultInjector::Decide(IoOp op, std::string_view path, uint64_t off
 
 uint64_t FaultInjector::hits(size_t index) const {
   std::lock_guard lock(mu_);
-  return index < rules_.size() ? rules_[index].hits : 0;
+  return rules_.hits(index);
 }
 
 uint64_t FaultInjector::total_hits() const {
   std::lock_guard lock(mu_);
-  uint64_t total = 0;
-  for (const RuleState& rs : rules_)
-    total += rs.hits;
-  return total;
+  return rules_.total_hits();
 }
 
 namespace {
@@ -157,7 +154,7 @@ class FaultInjectingStore final : public internal::StoreWrapper {
         return st;
       }
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    const Clock::TimePoint t0 = faults_->clock().Now();
     for (size_t i : later) {
       Action a;
       a.deadline = t0 + decisions[i].latency;
@@ -177,7 +174,7 @@ class FaultInjectingStore final : public internal::StoreWrapper {
 
  private:
   struct Action {
-    std::chrono::steady_clock::time_point deadline;
+    Clock::TimePoint deadline;
     IoRequest request;
     Status error;  // non-OK: complete with it instead of forwarding
     bool corrupt = false;
@@ -231,8 +228,8 @@ class FaultInjectingStore final : public internal::StoreWrapper {
         continue;
       }
       auto next = scheduled_.top();
-      if (std::chrono::steady_clock::now() < next->deadline) {
-        cv_.wait_until(lock, next->deadline);
+      if (faults_->clock().Now() < next->deadline) {
+        faults_->clock().WaitUntil(cv_, lock, next->deadline);
         continue;
       }
       scheduled_.pop();

@@ -11,6 +11,10 @@
 //     Submit. Errors complete the request with that error without reaching the inner store;
 //     latency delays the request before it is passed on. Short-transfer rules do not apply here.
 //
+// Latency is timed on the injector's Clock (common/clock.h): the real one by default; with a
+// test's ManualClock a delayed request stays held until the test advances the clock past its
+// deadline — no sleeping, and the order of events is the test's, not the scheduler's.
+//
 // Thread safety: all methods may be called from any thread.
 #pragma once
 
@@ -26,6 +30,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
+#include "common/fault_rules.h"
 #include "strata/block_store.h"
 #include "strata/status.h"
 
@@ -70,7 +76,9 @@ struct FaultDecision {
 
 class FaultInjector {
  public:
-  explicit FaultInjector(uint64_t seed = 1);
+  // `clock` times kLatency rules (RealClock() when null); it must outlive every store that uses
+  // this injector.
+  explicit FaultInjector(uint64_t seed = 1, Clock* clock = nullptr);
 
   // Adds a rule; returns its index (for hits()).
   size_t AddRule(FaultRule rule);
@@ -84,14 +92,12 @@ class FaultInjector {
   uint64_t hits(size_t index) const;
   uint64_t total_hits() const;
 
+  Clock& clock() const { return *clock_; }
+
  private:
-  struct RuleState {
-    FaultRule rule;
-    uint64_t seen = 0;  // transfers this rule considered
-    uint64_t hits = 0;
-  };
+  Clock* const clock_;
   mutable std::mutex mu_;
-  std::vector<RuleState> rules_;
+  FaultRules<FaultRule> rules_;
   std::mt19937_64 rng_;
 };
 

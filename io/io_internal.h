@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/clock.h"
 #include "strata/block_store.h"
 
 namespace strata::io::internal {
@@ -33,12 +34,15 @@ Status ValidateFileSpec(const FileSpec& spec);
 // two threads cannot lose or double-count an interval.
 class BusyClock {
  public:
+  // Times on `clock` (RealClock() when null), which must outlive it.
+  explicit BusyClock(Clock* clock = nullptr) : clock_(clock != nullptr ? clock : &RealClock()) {}
   void Enter();
   void Leave();
   // Closed intervals plus the open one, if a request is outstanding now.
   uint64_t TotalNs() const;
 
  private:
+  Clock* const clock_;
   mutable std::mutex mu_;
   int64_t active_ = 0;
   int64_t since_ns_ = 0;

@@ -17,12 +17,10 @@
 namespace strata::io {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // One accepted request: it completes once both its paced service has ended (the timer thread saw
 // its deadline pass) and the inner store has finished it; whichever comes second runs the callback.
 struct Entry {
-  Clock::time_point deadline;
+  Clock::TimePoint deadline;
   FileId file = 0;
   IoCallback done;
   Status status;
@@ -35,10 +33,12 @@ struct Entry {
 // the inner store. Deadlines never decrease in submission order, so the timer's queue is a FIFO.
 class PacedStore final : public internal::StoreWrapper {
  public:
-  PacedStore(std::unique_ptr<BlockStore> inner, double bytes_per_second)
+  PacedStore(std::unique_ptr<BlockStore> inner, double bytes_per_second, Clock& clock)
       : StoreWrapper(std::move(inner), "paced",
                      FormatBytes(static_cast<uint64_t>(bytes_per_second)) + "/s", "request(s)"),
         ns_per_byte_(1e9 / bytes_per_second),
+        clock_(clock),
+        busy_(&clock),
         timer_([this] { TimerLoop(); }) {}
 
   ~PacedStore() override {
@@ -75,13 +75,13 @@ class PacedStore final : public internal::StoreWrapper {
       forwarded.push_back(std::move(copy));
       entries.push_back(std::move(e));
     }
-    Clock::time_point before;
+    Clock::TimePoint before;
     uint64_t batch = 0;
     {
       std::lock_guard lock(mu_);
       before = horizon_;
       batch = ++batches_;
-      Clock::time_point t = std::max(Clock::now(), horizon_);
+      Clock::TimePoint t = std::max(clock_.Now(), horizon_);
       for (size_t i = 0; i < requests.size(); ++i) {
         t += std::chrono::nanoseconds(
             std::llround(static_cast<double>(requests[i].length) * ns_per_byte_));
@@ -148,8 +148,8 @@ class PacedStore final : public internal::StoreWrapper {
         continue;
       }
       std::shared_ptr<Entry> next = queue_.front();
-      if (Clock::now() < next->deadline) {
-        cv_.wait_until(lock, next->deadline);
+      if (clock_.Now() < next->deadline) {
+        clock_.WaitUntil(cv_, lock, next->deadline);
         continue;
       }
       queue_.pop_front();
@@ -162,13 +162,14 @@ class PacedStore final : public internal::StoreWrapper {
   }
 
   const double ns_per_byte_;
+  Clock& clock_;
   internal::BusyClock busy_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::condition_variable idle_cv_;
   std::deque<std::shared_ptr<Entry>> queue_;
-  Clock::time_point horizon_{};  // when the last queued request's service ends
+  Clock::TimePoint horizon_{};   // when the last queued request's service ends
   uint64_t batches_ = 0;         // batches paced so far (a refused batch rolls back only if last)
   int64_t outstanding_ = 0;
   bool stop_ = false;
@@ -178,15 +179,15 @@ class PacedStore final : public internal::StoreWrapper {
 }  // namespace
 
 Result<std::unique_ptr<BlockStore>> CreatePacedStore(std::unique_ptr<BlockStore> inner,
-                                                     double bytes_per_second) {
+                                                     double bytes_per_second, Clock* clock) {
   if (inner == nullptr) return InvalidArgumentError("paced store: no inner store");
   if (!std::isfinite(bytes_per_second) || bytes_per_second < 1024.0 * 1024.0) {
     return InvalidArgumentError(fmt::format(
         "paced store: bandwidth {} bytes/s is not a finite rate of at least 1 MiB/s",
         bytes_per_second));
   }
-  return std::unique_ptr<BlockStore>(
-      std::make_unique<PacedStore>(std::move(inner), bytes_per_second));
+  return std::unique_ptr<BlockStore>(std::make_unique<PacedStore>(
+      std::move(inner), bytes_per_second, clock != nullptr ? *clock : RealClock()));
 }
 
 }  // namespace strata::io

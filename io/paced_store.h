@@ -16,16 +16,22 @@
 //
 // StoreStats come from the inner store, except busy_ns, which is the paced disk's: the time with
 // at least one request between Submit and the return of its callback.
+//
+// Time is read from, and waited on, a Clock (common/clock.h): the real one by default; a test's
+// ManualClock makes every deadline exact and lets it move time instead of sleeping.
 #pragma once
 
 #include <memory>
 
+#include "common/clock.h"
 #include "strata/block_store.h"
 
 namespace strata::io {
 
-// InvalidArgument unless bytes_per_second is finite and at least 1 MiB/s.
+// InvalidArgument unless bytes_per_second is finite and at least 1 MiB/s. `clock`: RealClock()
+// when null; it must outlive the store.
 Result<std::unique_ptr<BlockStore>> CreatePacedStore(std::unique_ptr<BlockStore> inner,
-                                                     double bytes_per_second);
+                                                     double bytes_per_second,
+                                                     Clock* clock = nullptr);
 
 }  // namespace strata::io

@@ -26,6 +26,7 @@ PrefetchScheduler::PrefetchScheduler(TierManager& manager, PrefetchOptions optio
     : manager_(manager),
       options_(std::move(options)),
       host_budget_(manager.stats(Tier::kHost).budget) {
+  if (options_.clock == nullptr) options_.clock = &RealClock();
   if (options_.trace != nullptr) track_ = options_.trace->Track("prefetch");
   manager_.SetEvictionOracle([this](ShardId shard) {
     std::lock_guard lock(mu_);
@@ -226,7 +227,7 @@ Status PrefetchScheduler::IssuePlan(const std::vector<Candidate>& plan, uint64_t
       }
       Result<PrefetchOutcome> r = manager_.Prefetch(s, c.tier);
       if (!r.ok()) return r.status();
-      const int64_t now = options_.trace != nullptr ? TraceRecorder::NowNs() : 0;
+      const int64_t now = options_.trace != nullptr ? options_.clock->NowNs() : 0;
       if (options_.trace != nullptr && *r == PrefetchOutcome::kIssued) {
         options_.trace->Complete(track_, "prefetch " + std::string(TierName(c.tier)), "prefetch",
                                  now, now, {{"shard", static_cast<double>(s)}});

@@ -42,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/clock.h"
 #include "offload/tier_manager.h"
 #include "strata/config.h"
 
@@ -58,6 +59,9 @@ struct PrefetchOptions {
   uint64_t max_reuse_distance_bytes = 2'000'000'000;
   uint64_t persistence_threshold_bytes = 200'000;
   TraceRecorder* trace = nullptr;            // prefetch decisions, when set
+  // Times the trace's events (the scheduler's decisions depend on the access sequence and the
+  // budgets, never on time); RealClock() when null. Must outlive the scheduler.
+  Clock* clock = nullptr;
 
   // From zero_optimization.stage3_* (elements, times `bytes_per_element` of the compute dtype)
   // and strata.prefetch.host_lookahead (bytes; default 4x the device lookahead).

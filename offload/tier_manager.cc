@@ -120,7 +120,8 @@ void Lease::Release(bool dirty, device::Stream* used_on) {
 
 // ---- construction --------------------------------------------------------------------------------
 
-TierManager::TierManager(const TierManagerOptions& options) : options_(options) {}
+TierManager::TierManager(const TierManagerOptions& options)
+    : options_(options), clock_(options.clock != nullptr ? *options.clock : RealClock()) {}
 
 Result<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOptions& options) {
   if (options.device_budget > 0 && options.device == nullptr) {
@@ -545,6 +546,19 @@ Result<TierManager::Reservation> TierManager::TryAllocLocked(Tier t, uint64_t ne
   return r;
 }
 
+bool TierManager::AttachLocked(Shard& s, Tier t, Reservation& r, bool ready) {
+  Copy& c = s.at(t);
+  if (c.state != Copy::State::kAbsent) {
+    UnreserveLocked(t, r);
+    return false;
+  }
+  c.data = r.data;
+  c.block = r.block;
+  c.reserved = r.reserved;
+  c.state = ready ? Copy::State::kReady : Copy::State::kFilling;
+  return true;
+}
+
 void TierManager::UnreserveLocked(Tier t, Reservation& r) {
   if (t == Tier::kHost && r.block) {
     options_.pool->Free(r.block);
@@ -709,15 +723,8 @@ Status TierManager::EnsureFillLocked(Shard& s, Tier t, bool blocking,
   if (!r.ok()) return r.status().WithContext(std::string(TierName(t)) + " copy of shard '" +
                                              s.name + "'");
   Shard* sp = &s;
+  if (!AttachLocked(*sp, t, *r, /*ready=*/false)) return Status::Ok();  // someone was first
   Copy& c = sp->at(t);
-  if (c.state != Copy::State::kAbsent) {  // someone else got there first
-    UnreserveLocked(t, *r);
-    return Status::Ok();
-  }
-  c.data = r->data;
-  c.block = r->block;
-  c.reserved = r->reserved;
-  c.state = Copy::State::kFilling;
   c.version = sp->version;
   c.transfer_started = false;
   c.shares_host = share;
@@ -786,7 +793,7 @@ Status TierManager::StartTransferLocked(Shard& s, Tier from, Tier to) {
   in_flight_++;
   const ShardId id = s.id;
   const uint64_t version = src.version;
-  const int64_t start = options_.trace != nullptr ? TraceRecorder::NowNs() : 0;
+  const int64_t start = options_.trace != nullptr ? clock_.NowNs() : 0;
   Status issued;
   if (from == Tier::kNvme || to == Tier::kNvme) {
     const bool read = from == Tier::kNvme;
@@ -860,10 +867,10 @@ void TierManager::TransferDone(ShardId id, Tier to, uint64_t version, int64_t st
   const bool writeback = std::exchange(dst.writeback, false);
   const int ti = static_cast<int>(to);
   if (options_.trace != nullptr && (from == Tier::kNvme || to == Tier::kNvme)) {
-    options_.trace->Complete(from == Tier::kNvme ? io_track_read_ : io_track_write_, s.name,
-                             "io", start_ns, TraceRecorder::NowNs(),
-                             {{"bytes", static_cast<double>(s.bytes)},
-                              {"shard", static_cast<double>(id)}});
+    options_.trace->Complete(
+        from == Tier::kNvme ? io_track_read_ : io_track_write_, s.name, "io", start_ns,
+        clock_.NowNs(),
+        {{"bytes", static_cast<double>(s.bytes)}, {"shard", static_cast<double>(id)}});
   }
   if (st.ok()) {
     dst.state = Copy::State::kReady;
@@ -941,14 +948,38 @@ void TierManager::FailPendingLocked(Shard& s, Tier t, const Status& st) {
 
 // ---- the consumer API ----------------------------------------------------------------------------
 
+// Acquire walks the copy's state diagram (tier_manager.h) until it can grant a lease. Each pass
+// looks at the copy once and takes one transition — grant it; wait for the copy to settle; clear
+// a shared device copy out of a writer's way; drop or refresh a stale copy; make room and start
+// a fill (or, for an overwrite, only make room) — then looks again, since any wait drops the lock.
 Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::string_view owner) {
+  std::unique_lock lock(mu_);
+  STRATA_RETURN_IF_ERROR(CheckAcquireLocked(id, t));
+  AcquireWait wait;
+  for (;;) {
+    Shard& s = *FindLocked(id);
+    if (access != Access::kOverwrite && !s.fill_error.ok()) {
+      return std::exchange(s.fill_error, Status::Ok());
+    }
+    std::shared_ptr<device::Event> drain;
+    if (GrantableLocked(s, t, access, &drain)) {
+      if (!drain) return GrantLocked(s, t, access, owner, wait);
+      STRATA_RETURN_IF_ERROR(WaitDrainedLocked(std::move(drain), lock));
+      continue;
+    }
+    CountMissLocked(t, wait);
+    STRATA_ASSIGN_OR_RETURN(const bool unshared, UnshareForWriterLocked(s, t, access, lock));
+    if (!unshared) STRATA_RETURN_IF_ERROR(AdvanceCopyLocked(s, t, access, owner, lock));
+  }
+}
+
+Status TierManager::CheckAcquireLocked(ShardId id, Tier t) const {
   if (t == Tier::kNvme) {
     return Status(StatusCode::kInvalidArgument, "NVMe copies cannot be acquired; use host");
   }
   if (t == Tier::kDevice && options_.device == nullptr) {
     return Status(StatusCode::kFailedPrecondition, "the tier manager has no device");
   }
-  std::unique_lock lock(mu_);
   if (!started_) return Status(StatusCode::kFailedPrecondition, "tier manager not started");
   if (FindLocked(id) == nullptr) {
     return Status(StatusCode::kNotFound, "shard " + std::to_string(id) + " is not registered");
@@ -956,177 +987,176 @@ Result<Lease> TierManager::Acquire(ShardId id, Tier t, Access access, std::strin
   if (t == Tier::kHost && options_.pool == nullptr) {
     return Status(StatusCode::kFailedPrecondition, "the tier manager has no pinned pool");
   }
-  const int ti = static_cast<int>(t);
-  int64_t wait_start = 0;
-  bool counted_miss = false;
-  for (;;) {
-    Shard& s = *FindLocked(id);
-    Copy& c = s.at(t);
-    if (access != Access::kOverwrite && !s.fill_error.ok()) {
-      Status e = std::exchange(s.fill_error, Status::Ok());
-      return e;
-    }
-    const bool ready_now = IsCurrentLocked(s, t) && access == Access::kRead;
-    // A writer never gets a device copy that shares the host copy (it would write both).
-    const bool shared_here = c.shares_host && access != Access::kRead;
-    const bool take_over = access == Access::kOverwrite && c.state == Copy::State::kReady &&
-                           c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback &&
-                           !shared_here;
-    const bool exclusive_ready = access == Access::kReadWrite && IsCurrentLocked(s, t) &&
-                                 c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback &&
-                                 !shared_here;
-    if (ready_now && c.shares_host) {
-      // The host copy's bytes may still be being written by device work released with a stream
-      // (the copy path waits for it on the h2d stream): a reader of the shared bytes waits here.
-      Copy& host = s.at(Tier::kHost);
-      if (host.in_use_pending && !DrainedLocked(options_.device, host.in_use, &host.in_use_pending)) {
-        STRATA_RETURN_IF_ERROR(WaitDrainedLocked(host.in_use, lock));
-        continue;
-      }
-    }
-    if ((take_over || exclusive_ready) && c.in_use_pending) {
-      // Consumer work may still read the bytes about to be overwritten.
-      STRATA_RETURN_IF_ERROR(WaitDrainedLocked(c.in_use, lock));
-      continue;
-    }
-    if (ready_now || take_over || exclusive_ready) {
-      if (access != Access::kRead) {
-        c.overwrite = true;
-        c.overwriter = std::this_thread::get_id();
-      }
-      c.pins++;
-      c.holders.push_back({std::string(owner), std::this_thread::get_id()});
-      c.last_use = ++tick_;
-      if (wait_start != 0) {
-        const int64_t end = TraceRecorder::NowNs();
-        stats_[ti].stalls++;
-        stats_[ti].stall_ns += static_cast<uint64_t>(end - wait_start);
-        if (options_.trace != nullptr) {
-          options_.trace->Complete(stall_track_, "wait " + s.name, "stall", wait_start, end,
-                                   {{"tier", static_cast<double>(ti)}});
-        }
-      } else if (!counted_miss) {
-        stats_[ti].hits++;
-      }
-      Lease lease;
-      lease.manager_ = this;
-      lease.shard_ = id;
-      lease.tier_ = t;
-      lease.data_ = c.data;
-      lease.bytes_ = s.bytes;
-      lease.overwrite_ = access == Access::kOverwrite;
-      lease.writer_ = access != Access::kRead;
-      lease.owner_ = std::string(owner);
-      lease.acquirer_ = std::this_thread::get_id();
-      return lease;
-    }
-    if (!counted_miss) {
-      counted_miss = true;
-      stats_[ti].misses++;
-    }
-    if (wait_start == 0) wait_start = TraceRecorder::NowNs();
-    if (access != Access::kRead && t == Tier::kHost && c.shared_with_device && c.pins == 0 &&
-        c.source_pins == 1) {
-      // A writer of the host copy: the device copy that shares it goes first (once idle).
-      Copy& dev = s.at(Tier::kDevice);
-      if (dev.pins == 0 && dev.source_pins == 0) {
-        if (dev.in_use_pending) {
-          STRATA_RETURN_IF_ERROR(WaitDrainedLocked(dev.in_use, lock));
-          continue;
-        }
-        stats_[static_cast<int>(Tier::kDevice)].drops++;
-        FreeCopyLocked(s, Tier::kDevice);
-        continue;
-      }
-      if (std::any_of(dev.holders.begin(), dev.holders.end(), [](const Copy::Holder& h) {
-            return h.thread == std::this_thread::get_id();
-          })) {
-        // Waiting for the device readers would wait for ourselves.
-        return Status(StatusCode::kFailedPrecondition,
-                      "shard '" + s.name + "': the calling thread holds a device read lease on " +
-                          "it, and that device copy shares the host copy's memory "
-                          "(share_host_memory): release the device lease before writing the "
-                          "host copy");
-      }
-    }
-    if (c.state == Copy::State::kFilling || c.free_after_writeback || c.pins > 0 ||
-        c.source_pins > 0) {
-      // In flight, being written back, or (stale and) still held by another lease: wait for it
-      // to settle.
-      cv_.wait(lock);
-      continue;
-    }
-    if (c.state == Copy::State::kReady) {
-      if (shared_here) {
-        // Current, but shared with the host copy: drop it and fill a copy of the writer's own.
-        if (c.in_use_pending) {
-          STRATA_RETURN_IF_ERROR(WaitDrainedLocked(c.in_use, lock));
-          continue;
-        }
-        stats_[ti].drops++;
-        FreeCopyLocked(s, t);
-        continue;
-      }
-      // Stale (or garbage) and unpinned.
-      if (IsHome(s, t)) {
-        // The home copy is behind another tier: write that copy back into it (readers of the
-        // source may keep reading while it is copied).
-        int src = -1;
-        for (int o : {ti - 1, ti + 1}) {
-          if (o >= 0 && o < kNumTiers && WritebackTarget(s, static_cast<Tier>(o)) == t &&
-              IsCurrentLocked(s, static_cast<Tier>(o))) {
-            src = o;
-          }
-        }
-        if (src >= 0) {
-          Status wb = StartWritebackLocked(s, static_cast<Tier>(src), /*free_after=*/false);
-          if (wb.ok()) continue;
-          if (wb.code() != StatusCode::kUnavailable) return wb;
-          STRATA_RETURN_IF_ERROR(DrainAnyLocked(s, lock));
-        }
-        cv_.wait(lock);
-        continue;
-      }
-      if (c.in_use_pending) {
-        STRATA_RETURN_IF_ERROR(WaitDrainedLocked(c.in_use, lock));
-        continue;
-      }
-      FreeCopyLocked(s, t);
-      continue;
-    }
-    // Absent.
-    if (access == Access::kOverwrite) {
-      bool no_room = false;
-      Result<Reservation> r = ReserveLocked(t, AllocBytes(s, t), /*blocking=*/true,
-                                            /*future_aware=*/false, id, lock, &no_room);
-      if (!r.ok()) {
-        return r.status().WithContext("acquiring shard '" + s.name + "' (" +
-                                      FormatBytes(s.bytes) + ") in the " +
-                                      std::string(TierName(t)) + " tier for " +
-                                      std::string(owner.empty() ? "?" : owner));
-      }
-      Copy& c2 = s.at(t);
-      if (c2.state != Copy::State::kAbsent) {
-        UnreserveLocked(t, *r);
-        continue;
-      }
-      c2.data = r->data;
-      c2.block = r->block;
-      c2.reserved = r->reserved;
-      c2.state = Copy::State::kReady;
-      c2.version = kInvalidVersion;
-      continue;
-    }
-    bool no_room = false;
-    Status st = EnsureFillLocked(s, t, /*blocking=*/true, lock, &no_room,
-                                 /*may_share=*/access == Access::kRead);
-    if (!st.ok()) {
-      Shard& s2 = *FindLocked(id);
-      return st.WithContext("acquiring shard '" + s2.name + "' (" + FormatBytes(s2.bytes) +
-                            ") in the " + std::string(TierName(t)) + " tier for " +
-                            std::string(owner.empty() ? "?" : owner));
+  return Status::Ok();
+}
+
+bool TierManager::GrantableLocked(Shard& s, Tier t, Access access,
+                                  std::shared_ptr<device::Event>* drain) {
+  Copy& c = s.at(t);
+  const bool current = IsCurrentLocked(s, t);
+  // A writer never gets a device copy that shares the host copy (it would write both).
+  const bool idle = c.pins == 0 && c.source_pins == 0 && !c.free_after_writeback &&
+                    !(c.shares_host && access != Access::kRead);
+  const bool ready_now = current && access == Access::kRead;
+  const bool take_over = access == Access::kOverwrite && c.state == Copy::State::kReady && idle;
+  const bool exclusive_ready = access == Access::kReadWrite && current && idle;
+  if (ready_now && c.shares_host) {
+    // The host copy's bytes may still be being written by device work released with a stream
+    // (the copy path waits for it on the h2d stream): a reader of the shared bytes waits here.
+    Copy& host = s.at(Tier::kHost);
+    if (host.in_use_pending && !DrainedLocked(options_.device, host.in_use, &host.in_use_pending)) {
+      *drain = host.in_use;
     }
   }
+  // Consumer work may still read the bytes a writer is about to overwrite.
+  if ((take_over || exclusive_ready) && c.in_use_pending) *drain = c.in_use;
+  return ready_now || take_over || exclusive_ready;
+}
+
+Lease TierManager::GrantLocked(Shard& s, Tier t, Access access, std::string_view owner,
+                               const AcquireWait& wait) {
+  Copy& c = s.at(t);
+  if (access != Access::kRead) {
+    c.overwrite = true;
+    c.overwriter = std::this_thread::get_id();
+  }
+  c.pins++;
+  c.holders.push_back({std::string(owner), std::this_thread::get_id()});
+  c.last_use = ++tick_;
+  CountGrantLocked(s, t, wait);
+  Lease lease;
+  lease.manager_ = this;
+  lease.shard_ = s.id;
+  lease.tier_ = t;
+  lease.data_ = c.data;
+  lease.bytes_ = s.bytes;
+  lease.overwrite_ = access == Access::kOverwrite;
+  lease.writer_ = access != Access::kRead;
+  lease.owner_ = std::string(owner);
+  lease.acquirer_ = std::this_thread::get_id();
+  return lease;
+}
+
+void TierManager::CountGrantLocked(const Shard& s, Tier t, const AcquireWait& wait) {
+  const int ti = static_cast<int>(t);
+  if (wait.start_ns == 0) {
+    if (!wait.counted_miss) stats_[ti].hits++;
+    return;
+  }
+  const int64_t end = clock_.NowNs();
+  stats_[ti].stalls++;
+  stats_[ti].stall_ns += static_cast<uint64_t>(end - wait.start_ns);
+  if (options_.trace != nullptr) {
+    options_.trace->Complete(stall_track_, "wait " + s.name, "stall", wait.start_ns, end,
+                             {{"tier", static_cast<double>(ti)}});
+  }
+}
+
+void TierManager::CountMissLocked(Tier t, AcquireWait& wait) {
+  if (!wait.counted_miss) {
+    wait.counted_miss = true;
+    stats_[static_cast<int>(t)].misses++;
+  }
+  if (wait.start_ns == 0) wait.start_ns = clock_.NowNs();
+}
+
+Result<bool> TierManager::UnshareForWriterLocked(Shard& s, Tier t, Access access,
+                                                 std::unique_lock<std::mutex>& lock) {
+  Copy& c = s.at(t);
+  if (access == Access::kRead || t != Tier::kHost || !c.shared_with_device || c.pins != 0 ||
+      c.source_pins != 1) {
+    return false;
+  }
+  Copy& dev = s.at(Tier::kDevice);
+  if (dev.pins == 0 && dev.source_pins == 0) {
+    if (dev.in_use_pending) {
+      STRATA_RETURN_IF_ERROR(WaitDrainedLocked(dev.in_use, lock));
+      return true;
+    }
+    stats_[static_cast<int>(Tier::kDevice)].drops++;
+    FreeCopyLocked(s, Tier::kDevice);
+    return true;
+  }
+  if (std::any_of(dev.holders.begin(), dev.holders.end(),
+                  [](const Copy::Holder& h) { return h.thread == std::this_thread::get_id(); })) {
+    // Waiting for the device readers would wait for ourselves.
+    return Status(StatusCode::kFailedPrecondition,
+                  "shard '" + s.name + "': the calling thread holds a device read lease on " +
+                      "it, and that device copy shares the host copy's memory "
+                      "(share_host_memory): release the device lease before writing the "
+                      "host copy");
+  }
+  return false;
+}
+
+Status TierManager::AdvanceCopyLocked(Shard& s, Tier t, Access access, std::string_view owner,
+                                      std::unique_lock<std::mutex>& lock) {
+  Copy& c = s.at(t);
+  if (c.state == Copy::State::kFilling || c.free_after_writeback || c.pins > 0 ||
+      c.source_pins > 0) {
+    // In flight, being written back, or (stale and) still held by another lease: wait for it
+    // to settle.
+    cv_.wait(lock);
+    return Status::Ok();
+  }
+  if (c.state == Copy::State::kReady) return DropStaleLocked(s, t, access, lock);
+  if (access == Access::kOverwrite) return ReserveForOverwriteLocked(s, t, owner, lock);
+  bool no_room = false;
+  Status st = EnsureFillLocked(s, t, /*blocking=*/true, lock, &no_room,
+                               /*may_share=*/access == Access::kRead);
+  if (!st.ok()) return st.WithContext(AcquireContextLocked(s.id, t, owner));
+  return Status::Ok();
+}
+
+Status TierManager::DropStaleLocked(Shard& s, Tier t, Access access,
+                                    std::unique_lock<std::mutex>& lock) {
+  Copy& c = s.at(t);
+  // Current, but shared with the host copy, and wanted by a writer: it goes, and the writer
+  // fills a copy of its own.
+  const bool shared_here = c.shares_host && access != Access::kRead;
+  if (!shared_here && IsHome(s, t)) return RefreshHomeLocked(s, t, lock);
+  if (c.in_use_pending) return WaitDrainedLocked(c.in_use, lock);
+  if (shared_here) stats_[static_cast<int>(t)].drops++;
+  FreeCopyLocked(s, t);
+  return Status::Ok();
+}
+
+Status TierManager::RefreshHomeLocked(Shard& s, Tier t, std::unique_lock<std::mutex>& lock) {
+  // Write the current copy of a neighbouring tier back into the home copy (readers of the source
+  // may keep reading while it is copied).
+  const int ti = static_cast<int>(t);
+  int src = -1;
+  for (int o : {ti - 1, ti + 1}) {
+    if (o >= 0 && o < kNumTiers && WritebackTarget(s, static_cast<Tier>(o)) == t &&
+        IsCurrentLocked(s, static_cast<Tier>(o))) {
+      src = o;
+    }
+  }
+  if (src >= 0) {
+    Status wb = StartWritebackLocked(s, static_cast<Tier>(src), /*free_after=*/false);
+    if (wb.ok()) return Status::Ok();
+    if (wb.code() != StatusCode::kUnavailable) return wb;
+    STRATA_RETURN_IF_ERROR(DrainAnyLocked(s, lock));
+  }
+  cv_.wait(lock);
+  return Status::Ok();
+}
+
+Status TierManager::ReserveForOverwriteLocked(Shard& s, Tier t, std::string_view owner,
+                                              std::unique_lock<std::mutex>& lock) {
+  bool no_room = false;
+  Result<Reservation> r = ReserveLocked(t, AllocBytes(s, t), /*blocking=*/true,
+                                        /*future_aware=*/false, s.id, lock, &no_room);
+  if (!r.ok()) return r.status().WithContext(AcquireContextLocked(s.id, t, owner));
+  // (Filled by someone else while this call waited: nothing to do.)
+  if (AttachLocked(s, t, *r, /*ready=*/true)) s.at(t).version = kInvalidVersion;
+  return Status::Ok();
+}
+
+std::string TierManager::AcquireContextLocked(ShardId id, Tier t, std::string_view owner) const {
+  const Shard& s = *FindLocked(id);
+  return "acquiring shard '" + s.name + "' (" + FormatBytes(s.bytes) + ") in the " +
+         std::string(TierName(t)) + " tier for " + std::string(owner.empty() ? "?" : owner);
 }
 
 Result<PrefetchOutcome> TierManager::Prefetch(ShardId id, Tier t) {

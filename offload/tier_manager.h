@@ -74,6 +74,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/clock.h"
 #include "device/pinned_pool.h"
 #include "offload/nvme_layout.h"
 #include "strata/block_store.h"
@@ -114,6 +115,9 @@ struct TierManagerOptions {
   uint64_t host_budget = 0;              // bytes of the pool it may hold; 0 = the pool's size
   NvmeLayoutOptions nvme;                // paths, stripe unit, rank, ... for kNvme shards
   TraceRecorder* trace = nullptr;        // I/O transfers and consumer stalls, when set
+  // Times consumer stalls (TierStats::stall_ns) and the trace's events; RealClock() when null.
+  // Must outlive the manager.
+  Clock* clock = nullptr;
   // Device copies read from host memory in place instead of copying it (see the header comment).
   // Only for a device whose memory is host memory (DeviceType::kCpu); InvalidArgument otherwise.
   bool share_host_memory = false;
@@ -280,6 +284,9 @@ class TierManager {
   // `allocate` false: charge the budget only (a device copy that will share the host copy).
   Result<Reservation> TryAllocLocked(Tier t, uint64_t need, bool allocate = true);
   void UnreserveLocked(Tier t, Reservation& r);
+  // Makes `r` s's copy in t, kReady or kFilling (its version is the caller's to set); false, and
+  // `r` given back, when another caller made that copy while this one waited for the room.
+  bool AttachLocked(Shard& s, Tier t, Reservation& r, bool ready);
   void FreeCopyLocked(Shard& s, Tier t);
   bool EvictOneLocked(Tier t, uint64_t target_distance, bool future_aware, ShardId for_shard,
                       std::optional<ShardId>* started_writeback, Status* failure = nullptr);
@@ -311,11 +318,48 @@ class TierManager {
   void AdvancePendingLocked(Shard& s);
   void FailPendingLocked(Shard& s, Tier t, const Status& st);
 
+  // Acquire's transitions (one pass of its loop takes one; see tier_manager.cc). All hold the
+  // lock; those given `lock` may drop it while they wait, after which the caller looks again.
+  // An Acquire call's bookkeeping across its waits.
+  struct AcquireWait {
+    int64_t start_ns = 0;  // when it first had to wait; 0: it has not
+    bool counted_miss = false;
+  };
+  // Acquire's argument and state checks, in the order it reports them.
+  Status CheckAcquireLocked(ShardId id, Tier t) const;
+  // Whether `access` may take s's copy in t now. *drain is set when consumer work still using
+  // the bytes must finish first.
+  bool GrantableLocked(Shard& s, Tier t, Access access, std::shared_ptr<device::Event>* drain);
+  // Pins the copy for the lease and counts the hit or the stall.
+  Lease GrantLocked(Shard& s, Tier t, Access access, std::string_view owner,
+                    const AcquireWait& wait);
+  void CountGrantLocked(const Shard& s, Tier t, const AcquireWait& wait);
+  void CountMissLocked(Tier t, AcquireWait& wait);
+  // A writer of a host copy that a device copy shares: drops the device copy once it is idle.
+  // True when it dropped or waited (look again); FailedPrecondition when the caller holds the
+  // device copy itself.
+  Result<bool> UnshareForWriterLocked(Shard& s, Tier t, Access access,
+                                      std::unique_lock<std::mutex>& lock);
+  // One step toward a grantable copy: waits for a busy copy to settle, drops or refreshes a
+  // stale one, or makes room for an absent one and starts its fill (an overwrite: room only).
+  Status AdvanceCopyLocked(Shard& s, Tier t, Access access, std::string_view owner,
+                           std::unique_lock<std::mutex>& lock);
+  // kReady but not grantable: frees it (after its consumer work), or refreshes a home copy.
+  Status DropStaleLocked(Shard& s, Tier t, Access access, std::unique_lock<std::mutex>& lock);
+  // A stale home copy: writes a neighbouring tier's current copy back into it, or waits.
+  Status RefreshHomeLocked(Shard& s, Tier t, std::unique_lock<std::mutex>& lock);
+  // kOverwrite of an absent copy: reserves memory and makes it a ready copy of no version.
+  Status ReserveForOverwriteLocked(Shard& s, Tier t, std::string_view owner,
+                                   std::unique_lock<std::mutex>& lock);
+  // "acquiring shard '<name>' (<bytes>) in the <tier> tier for <owner>".
+  std::string AcquireContextLocked(ShardId id, Tier t, std::string_view owner) const;
+
   void ChargeLocked(Tier t, uint64_t bytes);
   void UnchargeLocked(Tier t, uint64_t bytes);
   uint64_t AllocBytes(const Shard& s, Tier t) const;
 
   TierManagerOptions options_;
+  Clock& clock_;
   std::unique_ptr<device::Stream> h2d_stream_, d2h_stream_;
   std::unique_ptr<NvmeLayout> layout_;
   uint32_t io_track_read_ = 0, io_track_write_ = 0, stall_track_ = 0;

@@ -6,6 +6,9 @@
 //   mpi     OpenMPI (or any MPI-3 library) for the CPU device: ranks are processes started by
 //           mpirun / srun; buffers are host memory.
 //   nccl    NCCL for the CUDA device; its unique id is broadcast over MPI.
+// A fourth, for tests, is not made by CreateCollective: in-process, N ranks that are threads of
+// one process, each with its own CPU device (comm/in_process_collective.h), with the MPI
+// backend's results bit for bit.
 //
 // Ordering: an operation enqueued on `stream` starts after the work enqueued on that stream
 // before it, and work enqueued on `stream` after it waits for it — exactly like a copy. Every rank
@@ -49,8 +52,9 @@ namespace strata::comm {
 enum class ReduceOp : uint8_t { kSum, kAvg };
 std::string_view ReduceOpName(ReduceOp op);  // "sum", "avg"
 
-enum class Backend : uint8_t { kAuto, kSingle, kMpi, kNccl };
-std::string_view BackendName(Backend backend);  // "auto", "single", "mpi", "nccl"
+enum class Backend : uint8_t { kAuto, kSingle, kMpi, kNccl, kInProcess };
+// "auto", "single", "mpi", "nccl", "in-process"
+std::string_view BackendName(Backend backend);
 
 struct CollectiveOptions {
   // kAuto: kSingle when the launcher says world size 1 (or nothing), else kMpi for the CPU device
@@ -105,7 +109,8 @@ class Collective {
 
 // Creates the backend for `device` (which must outlive it). For MPI and NCCL this initialises MPI
 // (once per process; MPI_Finalize runs at exit). Errors: Unimplemented for a backend not built
-// in; InvalidArgument for a backend that does not fit the device (mpi with cuda, nccl with cpu);
+// in; InvalidArgument for a backend that does not fit the device (mpi with cuda, nccl with cpu)
+// and for kInProcess (its ranks join an InProcessWorld instead);
 // Unavailable when the launcher's world size is > 1 but the backend cannot start.
 Result<std::unique_ptr<Collective>> CreateCollective(device::Device& device,
                                                      const CollectiveOptions& options);

@@ -37,6 +37,8 @@ std::string_view BackendName(Backend backend) {
       return "mpi";
     case Backend::kNccl:
       return "nccl";
+    case Backend::kInProcess:
+      return "in-process";
   }
   return "unknown";
 }
@@ -82,6 +84,10 @@ Result<std::unique_ptr<Collective>> CreateCollective(device::Device& device,
       return UnimplementedError(
           "the nccl backend is not built in: CMake found no CUDA toolkit with NCCL");
 #endif
+    case Backend::kInProcess:
+      return InvalidArgumentError(
+          "the in-process backend is a world of threads, not of processes: its ranks join a "
+          "comm::InProcessWorld (comm/in_process_collective.h)");
     case Backend::kAuto:
       break;
   }

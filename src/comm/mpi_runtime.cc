@@ -8,11 +8,14 @@
 #include <cstring>
 #include <future>
 #include <new>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "comm/peer_watch.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "strata/trace.h"
 
@@ -20,13 +23,14 @@ namespace strata::comm::internal {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// The runtime's own deadlines and heartbeat interval; the heartbeats' bookkeeping (PeerWatch)
+// reads the same clock through RealClock().
+using SteadyClock = std::chrono::steady_clock;
 
 // Heartbeats: one tiny message per peer per interval. All-to-all, so a rank handles
-// (world - 1) / interval messages a second: a few thousand for a thousand ranks.
+// (world - 1) / interval messages a second: a few thousand for a thousand ranks. A peer not heard
+// from for PeerWatch::kSilentAfter is reported as "dead or hung" when an operation times out.
 constexpr auto kHeartbeatInterval = std::chrono::milliseconds(200);
-// A peer not heard from for this long is reported as "dead or hung" when an operation times out.
-constexpr auto kSilentAfter = std::chrono::seconds(1);
 // At exit, a healthy runtime waits for every peer's goodbye as long as the peer keeps sending
 // heartbeats; one silent for this long is taken for dead and MPI_Finalize is skipped.
 constexpr auto kExitSilence = std::chrono::seconds(30);
@@ -37,15 +41,6 @@ constexpr int kReduceTag = 0x5352;  // "SR"
 // How often an operation in progress looks at the heartbeats and the peers' states.
 constexpr auto kCheckInterval = std::chrono::milliseconds(1);
 
-// A heartbeat: where the sender is in the sequence of operations, and whether it is still in it.
-enum BeatState : int32_t { kRunning = 0, kFailed = 1, kGoodbye = 2 };
-struct Beat {
-  int64_t started = 0;    // sequence number of the operation it started last
-  int64_t completed = 0;  // ... and completed last
-  int32_t state = kRunning;
-  int32_t reserved = 0;
-};
-
 // The process-wide instance. Leaked on purpose: it must outlive every Collective, and the
 // atexit handler is its end.
 std::mutex g_instance_mu;
@@ -53,38 +48,8 @@ MpiRuntime* g_instance = nullptr;
 Status* g_start_error = nullptr;  // a failed start, returned forever after
 bool g_exiting = false;
 
-double Seconds(Clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
-
 MPI_Datatype ElementType(device::DType dtype) {
   return dtype == device::DType::kF32 ? MPI_FLOAT : MPI_UINT16_T;
-}
-
-// out[i] = scale * (src[0][i] + src[1][i] + ... + src[world - 1][i]) for i < n, the sources of
-// `dtype` added in fp32 in exactly that order and rounded once. Block by block, so `out` may be
-// one of the sources (each block of the sources is read before that block of out is written).
-void SumInRankOrder(const std::byte* const* src, size_t world, device::DType dtype, float scale,
-                    std::byte* out, size_t n) {
-  constexpr size_t kBlock = 2048;
-  const size_t elem = device::DTypeSize(dtype);
-  alignas(64) float acc[kBlock];
-  alignas(64) float wide[kBlock];
-  for (size_t at = 0; at < n; at += kBlock) {
-    const size_t len = std::min(kBlock, n - at);
-    WidenToF32(src[0] + at * elem, dtype, acc, len);
-    for (size_t q = 1; q < world; ++q) {
-      const float* add = wide;
-      if (dtype == device::DType::kF32) {
-        add = reinterpret_cast<const float*>(src[q]) + at;
-      } else {
-        WidenToF32(src[q] + at * elem, dtype, wide, len);
-      }
-      for (size_t i = 0; i < len; ++i)
-        acc[i] += add[i];
-    }
-    NarrowFromF32(acc, scale, out + at * elem, dtype, len);
-  }
 }
 
 StatusCode CodeForMpiClass(int error_class) {
@@ -133,16 +98,12 @@ class MpiRuntime::Thread {
   std::thread thread;
 
  private:
+  // The MPI side of a peer's heartbeats; what they say is in watch_.
   struct Peer {
     Beat in;   // the receive buffer of `recv`
     Beat out;  // the send buffer of `send`
     MPI_Request recv = MPI_REQUEST_NULL;
     MPI_Request send = MPI_REQUEST_NULL;
-    Beat last;                // the latest heartbeat received
-    Clock::time_point heard;  // when it arrived (the runtime's start before the first)
-    bool ever_heard = false;
-    bool goodbye = false;  // it shut down its runtime; nothing more comes from it
-    Status error;          // an MPI error talking to it
   };
 
   Status Init(std::chrono::milliseconds timeout);
@@ -178,14 +139,12 @@ class MpiRuntime::Thread {
                      std::byte* out);
 
   void ServiceHeartbeats();
-  void ReceiveBeats(Clock::time_point now);
+  void ReceiveBeats();
   void SendBeats();
-  // Aborted when a peer said it failed or left, or cannot be reached.
-  Status PeerProblem(const MpiOp& op, Clock::time_point now) const;
-  // "waiting for rank 1 (no heartbeat for 3.2 s: dead or hung; ...)" from the heartbeats. With
-  // `include_late`, live ranks that have not reached the operation are listed too (their
-  // heartbeats may be up to an interval old, so only at a timeout).
-  std::string WaitingFor(const MpiOp& op, Clock::time_point now, bool include_late) const;
+  // Aborted when a peer said it failed or left, or cannot be reached (PeerWatch::Problem).
+  Status PeerProblem(const MpiOp& op) const;
+  // Whom `op` waits for (PeerWatch::WaitingFor).
+  std::string WaitingFor(const MpiOp& op, bool include_late) const;
   std::string Context(const MpiOp& op) const;
 
   // Makes `error` the runtime's failure (the first one wins) and tells the peers.
@@ -201,9 +160,10 @@ class MpiRuntime::Thread {
   MPI_Comm ops_ = MPI_COMM_NULL;
   MPI_Comm beats_ = MPI_COMM_NULL;
   std::vector<Peer> peers_;
+  std::optional<PeerWatch> watch_;  // made by Init
   Beat me_;
   bool failed_ = false;  // this thread's copy of !rt_.failure_.ok()
-  Clock::time_point next_beat_;
+  SteadyClock::time_point next_beat_;
   std::unique_ptr<float[]> scratch_;
   size_t scratch_bytes_ = 0;
 };
@@ -250,7 +210,7 @@ Status MpiRuntime::Thread::Init(std::chrono::milliseconds timeout) {
 
   // Private communicators, so that nothing else in the process can match our messages. The
   // duplication is collective: a rank that never starts its runtime must not hang this one.
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = SteadyClock::now() + timeout;
   for (MPI_Comm* comm : {&ops_, &beats_}) {
     MPI_Request request = MPI_REQUEST_NULL;
     STRATA_RETURN_IF_ERROR(
@@ -260,7 +220,7 @@ Status MpiRuntime::Thread::Init(std::chrono::milliseconds timeout) {
       STRATA_RETURN_IF_ERROR(
           MpiStatus(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", "mpi start"));
       if (done != 0) break;
-      if (Clock::now() >= deadline) {
+      if (SteadyClock::now() >= deadline) {
         return DeadlineExceededError(fmt::format(
             "mpi: rank {} of {}: the other ranks did not start their MPI runtime (MPI_Comm_idup) "
             "within {} ms",
@@ -272,17 +232,16 @@ Status MpiRuntime::Thread::Init(std::chrono::milliseconds timeout) {
                                      "MPI_Comm_set_errhandler", "mpi"));
   }
 
-  const auto now = Clock::now();
+  watch_.emplace(rank_, world_, RealClock());
   peers_.resize(static_cast<size_t>(world_));
   for (int p = 0; p < world_; ++p) {
     Peer& peer = peers_[static_cast<size_t>(p)];
-    peer.heard = now;
     if (p == rank_) continue;
     STRATA_RETURN_IF_ERROR(
         MpiStatus(MPI_Irecv(&peer.in, sizeof(Beat), MPI_BYTE, p, kHeartbeatTag, beats_, &peer.recv),
                   "MPI_Irecv", "mpi heartbeat"));
   }
-  next_beat_ = now;
+  next_beat_ = SteadyClock::now();
   rt_.rank_ = rank_;
   rt_.world_ = world_;
   STRATA_LOG(debug, comm, "mpi: rank {} of {} started (thread level funneled, own MPI: {})", rank_,
@@ -371,7 +330,7 @@ void MpiRuntime::Thread::Fail(const Status& error) {
     }
   }
   failed_ = true;
-  next_beat_ = Clock::now();  // tell the peers now, not at the next interval
+  next_beat_ = SteadyClock::now();  // tell the peers now, not at the next interval
   if (first) {
     STRATA_LOG(error, comm, "{}; every later MPI collective of this process fails with this error",
                error.ToString());
@@ -395,8 +354,8 @@ Status MpiRuntime::Thread::Await(MPI_Request* requests, int count, std::string_v
     own.resize(static_cast<size_t>(count));
     statuses = own.data();
   }
-  const auto deadline = Clock::now() + op.timeout;
-  auto next_check = Clock::now() + kCheckInterval;
+  const auto deadline = SteadyClock::now() + op.timeout;
+  auto next_check = SteadyClock::now() + kCheckInterval;
   // Spin briefly (small operations finish in microseconds), then back off so that ranks
   // sharing cores still make progress. MPI only progresses inside MPI calls, so the nap is short.
   int polls = 0;
@@ -414,15 +373,15 @@ Status MpiRuntime::Thread::Await(MPI_Request* requests, int count, std::string_v
     }
     if (rc != MPI_SUCCESS) {
       const Status error = MpiStatus(rc, call, Context(op));
-      return Status(error.code(), fmt::format("{}; {}", error.message(),
-                                              WaitingFor(op, Clock::now(), /*include_late=*/true)));
+      return Status(error.code(),
+                    fmt::format("{}; {}", error.message(), WaitingFor(op, /*include_late=*/true)));
     }
     if (done != 0) return Status::Ok();
-    const auto now = Clock::now();
+    const auto now = SteadyClock::now();
     if (now >= next_check) {  // heartbeats cost O(world) MPI calls: not on every poll
       next_check = now + kCheckInterval;
       ServiceHeartbeats();
-      STRATA_RETURN_IF_ERROR(PeerProblem(op, now));
+      STRATA_RETURN_IF_ERROR(PeerProblem(op));
       if (rt_.stopping_.load(std::memory_order_acquire)) {
         return CancelledError(
             fmt::format("{}: the process is exiting with the operation in progress", Context(op)));
@@ -431,7 +390,7 @@ Status MpiRuntime::Thread::Await(MPI_Request* requests, int count, std::string_v
     if (now >= deadline) {
       return DeadlineExceededError(fmt::format("{}: no progress within {} ms ({}); {}", Context(op),
                                                op.timeout.count(), call,
-                                               WaitingFor(op, now, /*include_late=*/true)));
+                                               WaitingFor(op, /*include_late=*/true)));
     }
     if (++polls < 64) {
       std::this_thread::yield();
@@ -445,36 +404,32 @@ Status MpiRuntime::Thread::Await(MPI_Request* requests, int count, std::string_v
 // ---- heartbeats --------------------------------------------------------------------------------
 
 void MpiRuntime::Thread::ServiceHeartbeats() {
-  const auto now = Clock::now();
-  ReceiveBeats(now);
+  ReceiveBeats();
+  const auto now = SteadyClock::now();
   if (now >= next_beat_) {
     SendBeats();
     next_beat_ = now + kHeartbeatInterval;
   }
 }
 
-void MpiRuntime::Thread::ReceiveBeats(Clock::time_point now) {
+void MpiRuntime::Thread::ReceiveBeats() {
   for (int p = 0; p < world_; ++p) {
     Peer& peer = peers_[static_cast<size_t>(p)];
     while (peer.recv != MPI_REQUEST_NULL) {
       int done = 0;
       int rc = MPI_Test(&peer.recv, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
-        peer.error = MpiStatus(rc, "MPI_Test", fmt::format("heartbeat from rank {}", p));
+        watch_->Unreachable(p, MpiStatus(rc, "MPI_Test", fmt::format("heartbeat from rank {}", p)));
         peer.recv = MPI_REQUEST_NULL;
         break;
       }
       if (done == 0) break;
-      peer.last = peer.in;
-      peer.heard = now;
-      peer.ever_heard = true;
-      if (peer.last.state == kGoodbye) {
-        peer.goodbye = true;  // its last message on this communicator: no new receive
-        break;
-      }
+      watch_->Heard(p, peer.in);
+      if (peer.in.state == kGoodbye) break;  // its last message on this communicator
       rc = MPI_Irecv(&peer.in, sizeof(Beat), MPI_BYTE, p, kHeartbeatTag, beats_, &peer.recv);
       if (rc != MPI_SUCCESS) {
-        peer.error = MpiStatus(rc, "MPI_Irecv", fmt::format("heartbeat from rank {}", p));
+        watch_->Unreachable(p,
+                            MpiStatus(rc, "MPI_Irecv", fmt::format("heartbeat from rank {}", p)));
         peer.recv = MPI_REQUEST_NULL;
       }
     }
@@ -485,14 +440,14 @@ void MpiRuntime::Thread::SendBeats() {
   me_.state = failed_ ? kFailed : kRunning;
   for (int p = 0; p < world_; ++p) {
     Peer& peer = peers_[static_cast<size_t>(p)];
-    if (p == rank_ || !peer.error.ok()) continue;
+    if (p == rank_ || !watch_->reachable(p)) continue;
     if (peer.send != MPI_REQUEST_NULL) {
       // At most one heartbeat in flight per peer: a peer that stopped receiving (dead) must not
       // make us queue messages without bound.
       int done = 0;
       const int rc = MPI_Test(&peer.send, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
-        peer.error = MpiStatus(rc, "MPI_Test", fmt::format("heartbeat to rank {}", p));
+        watch_->Unreachable(p, MpiStatus(rc, "MPI_Test", fmt::format("heartbeat to rank {}", p)));
         peer.send = MPI_REQUEST_NULL;
         continue;
       }
@@ -502,80 +457,18 @@ void MpiRuntime::Thread::SendBeats() {
     const int rc =
         MPI_Isend(&peer.out, sizeof(Beat), MPI_BYTE, p, kHeartbeatTag, beats_, &peer.send);
     if (rc != MPI_SUCCESS) {
-      peer.error = MpiStatus(rc, "MPI_Isend", fmt::format("heartbeat to rank {}", p));
+      watch_->Unreachable(p, MpiStatus(rc, "MPI_Isend", fmt::format("heartbeat to rank {}", p)));
       peer.send = MPI_REQUEST_NULL;
     }
   }
 }
 
-Status MpiRuntime::Thread::PeerProblem(const MpiOp& op, Clock::time_point now) const {
-  for (int p = 0; p < world_; ++p) {
-    const Peer& peer = peers_[static_cast<size_t>(p)];
-    if (p == rank_) continue;
-    if (!peer.error.ok()) {
-      return AbortedError(fmt::format("{}: rank {} cannot be reached: {}; {}", Context(op), p,
-                                      peer.error.message(),
-                                      WaitingFor(op, now, /*include_late=*/false)));
-    }
-    // A peer that completed this operation has done its part, whatever it did next: finished
-    // its work and said goodbye (the last operation of a run), or failed at a later one.
-    if (peer.last.completed >= static_cast<int64_t>(op.seq)) continue;
-    if (peer.last.state == kFailed) {
-      return AbortedError(fmt::format(
-          "{}: rank {} reported a failure of its collectives (at its op #{}); {}", Context(op), p,
-          peer.last.started, WaitingFor(op, now, /*include_late=*/false)));
-    }
-    if (peer.goodbye) {
-      return AbortedError(fmt::format(
-          "{}: rank {} shut down its MPI runtime (its process is exiting) after op #{}: the ranks "
-          "did not enqueue the same collectives; {}",
-          Context(op), p, peer.last.completed, WaitingFor(op, now, /*include_late=*/false)));
-    }
-  }
-  return Status::Ok();
+Status MpiRuntime::Thread::PeerProblem(const MpiOp& op) const {
+  return watch_->Problem(Context(op), static_cast<int64_t>(op.seq));
 }
 
-std::string MpiRuntime::Thread::WaitingFor(const MpiOp& op, Clock::time_point now,
-                                           bool include_late) const {
-  std::string waiting;
-  for (int p = 0; p < world_; ++p) {
-    const Peer& peer = peers_[static_cast<size_t>(p)];
-    if (p == rank_) continue;
-    const auto silence = now - peer.heard;
-    std::string why;
-    if (peer.error.ok() && peer.last.completed >= static_cast<int64_t>(op.seq)) {
-      continue;  // it completed this operation: not waited for
-    }
-    if (!peer.error.ok()) {
-      why = fmt::format("unreachable: {}", peer.error.message());
-    } else if (peer.goodbye) {
-      why = fmt::format("shut down after op #{}", peer.last.completed);
-    } else if (peer.last.state == kFailed) {
-      why = fmt::format("its collectives failed at op #{}", peer.last.started);
-    } else if (silence >= kSilentAfter) {
-      why = peer.ever_heard
-                ? fmt::format(
-                      "no heartbeat for {:.1f} s: dead or hung; its last one reported op "
-                      "#{} started, #{} completed",
-                      Seconds(silence), peer.last.started, peer.last.completed)
-                : fmt::format("no heartbeat for {:.1f} s: dead or hung; never heard from",
-                              Seconds(silence));
-    } else if (include_late && peer.last.started < static_cast<int64_t>(op.seq)) {
-      why = fmt::format(
-          "alive (heard {:.1f} s ago) but has not reached this operation: it started op #{} and "
-          "completed #{}",
-          Seconds(silence), peer.last.started, peer.last.completed);
-    } else {
-      continue;  // it reached the operation and is alive
-    }
-    waiting += fmt::format("{}rank {} ({})", waiting.empty() ? "" : "; ", p, why);
-  }
-  if (waiting.empty()) {
-    return include_late
-               ? "every other rank reached this operation and is alive; MPI did not complete it"
-               : "no other rank is known to have failed";
-  }
-  return "waiting for " + waiting;
+std::string MpiRuntime::Thread::WaitingFor(const MpiOp& op, bool include_late) const {
+  return watch_->WaitingFor(static_cast<int64_t>(op.seq), include_late);
 }
 
 // ---- exit --------------------------------------------------------------------------------------
@@ -623,13 +516,12 @@ bool MpiRuntime::Thread::Goodbye() {
   me_.state = kGoodbye;
   std::vector<bool> sent(static_cast<size_t>(world_), false);
   for (;;) {
-    const auto now = Clock::now();
-    ReceiveBeats(now);
+    ReceiveBeats();
     bool done = true;
     for (int p = 0; p < world_; ++p) {
       Peer& peer = peers_[static_cast<size_t>(p)];
       if (p == rank_) continue;
-      if (!peer.error.ok() || peer.last.state == kFailed) return false;
+      if (!watch_->reachable(p) || watch_->last(p).state == kFailed) return false;
       if (peer.send != MPI_REQUEST_NULL) {
         int complete = 0;
         if (MPI_Test(&peer.send, &complete, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
@@ -642,8 +534,8 @@ bool MpiRuntime::Thread::Goodbye() {
         }
         sent[static_cast<size_t>(p)] = true;
       }
-      if (!peer.goodbye) {
-        if (now - peer.heard >= kExitSilence) return false;
+      if (!watch_->said_goodbye(p)) {
+        if (watch_->silence(p) >= kExitSilence) return false;
         done = false;
       }
       if (!sent[static_cast<size_t>(p)] || peer.send != MPI_REQUEST_NULL) done = false;

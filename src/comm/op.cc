@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -224,6 +225,29 @@ void NarrowFromF32(const float* src, float scale, void* dst, device::DType dtype
         out[i] = device::convert::FloatToF16(src[i] * scale);
       return;
     }
+  }
+}
+
+void SumInRankOrder(const std::byte* const* src, size_t world, device::DType dtype, float scale,
+                    std::byte* out, size_t n) {
+  constexpr size_t kBlock = 2048;
+  const size_t elem = device::DTypeSize(dtype);
+  alignas(64) float acc[kBlock];
+  alignas(64) float wide[kBlock];
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t len = std::min(kBlock, n - at);
+    WidenToF32(src[0] + at * elem, dtype, acc, len);
+    for (size_t q = 1; q < world; ++q) {
+      const float* add = wide;
+      if (dtype == device::DType::kF32) {
+        add = reinterpret_cast<const float*>(src[q]) + at;
+      } else {
+        WidenToF32(src[q] + at * elem, dtype, wide, len);
+      }
+      for (size_t i = 0; i < len; ++i)
+        acc[i] += add[i];
+    }
+    NarrowFromF32(acc, scale, out + at * elem, dtype, len);
   }
 }
 

@@ -94,9 +94,19 @@ Result<FileLock> FileLock::Acquire(const std::string& path, std::string_view wha
                  "{}: taking over the lock left by a process that has ended ({})", lock_path,
                  previous);
     }
+    // localtime_r, not localtime: localtime's buffer is shared by every thread, and several
+    // ranks of one process (an in-process world) lock their files at the same time. The time
+    // zone is read once, under a static's initialisation, before the first conversion.
+    static const bool time_zone_read = [] {
+      ::tzset();
+      return true;
+    }();
+    (void)time_zone_read;
     const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    ::localtime_r(&now, &local);
     char when[64] = {};
-    std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", std::localtime(&now));
+    std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &local);
     const std::string me = fmt::format("pid {} ({}) on host {} since {}", ::getpid(), CommandLine(),
                                        HostName(), when);
     if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) < 0) {

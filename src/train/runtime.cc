@@ -94,11 +94,14 @@ Result<Runtime> OpenRuntime(const Config& config, const RuntimeOptions& options)
       options.device_budget.value_or(config.strata.memory.device_budget.value_or(0));
   dopt.trace = options.trace;
   STRATA_ASSIGN_OR_RETURN(rt.device, device::CreateDevice(dopt));
+  if (options.wrap_device) rt.device = options.wrap_device(std::move(rt.device));
   comm::CollectiveOptions copt;
   copt.trace = options.trace;
   copt.backend = options.backend;
   if (options.comm_timeout) copt.timeout = *options.comm_timeout;
-  if (options.standalone) {
+  if (options.make_collective) {
+    STRATA_ASSIGN_OR_RETURN(rt.comm, options.make_collective(*rt.device));
+  } else if (options.standalone) {
     // Directly: CreateCollective refuses a world of one when the launcher started several ranks.
     rt.comm = std::make_unique<comm::internal::SingleCollective>(*rt.device, copt);
   } else {

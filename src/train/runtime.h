@@ -51,6 +51,13 @@ struct RuntimeOptions {
   std::optional<std::chrono::milliseconds> comm_timeout;
   // A world of one even inside a launcher's job (a reference run beside an mpirun test's ranks).
   bool standalone = false;
+  // Tests: wraps the device as soon as it is made, before anything uses it (a fault-injecting
+  // device, device/fault_device.h). Called on the calling thread.
+  std::function<std::unique_ptr<device::Device>(std::unique_ptr<device::Device>)> wrap_device;
+  // Tests: makes the collective on the (wrapped) device instead of the backend the launcher and
+  // `backend` would choose (a rank of an in-process world, comm/in_process_collective.h). Set
+  // `launch` to the rank and world it stands for.
+  std::function<Result<std::unique_ptr<comm::Collective>>(device::Device&)> make_collective;
 };
 
 struct Runtime {

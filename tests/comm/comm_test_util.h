@@ -92,6 +92,21 @@ inline float ExactSum(size_t i, int world) {
   return sum;
 }
 
+// The enqueue-order tests (many all-reduces alternating between two streams): operation k
+// reduces OrderingInput(k, rank) on every element, averaging every third operation.
+inline ReduceOp OrderingOp(int k) {
+  return k % 3 == 0 ? ReduceOp::kAvg : ReduceOp::kSum;
+}
+inline float OrderingInput(int k, int rank) {
+  return static_cast<float>(k * 16 + rank);
+}
+inline float OrderingResult(int k, int world) {
+  float sum = 0.0f;
+  for (int r = 0; r < world; ++r)
+    sum += OrderingInput(k, r);
+  return OrderingOp(k) == ReduceOp::kAvg ? sum * (1.0f / static_cast<float>(world)) : sum;
+}
+
 // Sets (or, with nullopt, unsets) environment variables for a scope, then restores them.
 class EnvGuard {
  public:

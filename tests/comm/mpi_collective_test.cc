@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/comm_test_util.h"
+#include "comm/in_process_collective.h"
 #include "comm/op.h"
 #include "strata/collective.h"
 #include "strata/device.h"
@@ -330,6 +331,73 @@ TEST_F(MpiCollectiveTest, ReductionsAddInRankOrder) {
   }
 }
 
+TEST_F(MpiCollectiveTest, TheInProcessBackendGivesTheSameBits) {
+  // Inputs whose sums round (as above). This rank reduces its own with MPI; it also runs an
+  // in-process world of as many threads, each reducing that rank's inputs on a device of its
+  // own, and this rank's thread must get the bits MPI gave this rank.
+  constexpr size_t kPerRank = 5003;
+  const auto world = static_cast<size_t>(world_);
+  const size_t whole = kPerRank * world;
+  auto inputs = [&](size_t q) {
+    std::vector<float> v(whole);
+    std::mt19937 random(4711 + static_cast<unsigned>(q));
+    std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> exponent(-12, 12);
+    for (float& x : v)
+      x = std::ldexp(mantissa(random), exponent(random));
+    return v;
+  };
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      SCOPED_TRACE(fmt::format("{} {}", device::DTypeName(dtype), ReduceOpName(op)));
+      const size_t elem = device::DTypeSize(dtype);
+      const std::vector<float> mine = inputs(static_cast<size_t>(rank_));
+      void* input = Buffer(whole, dtype);
+      for (size_t i = 0; i < whole; ++i)
+        StoreValue(input, dtype, i, mine[i]);
+      void* scattered = Buffer(kPerRank, dtype);
+      void* reduced = Buffer(whole, dtype);
+      ASSERT_OK(collective_->ReduceScatter(input, scattered, kPerRank, dtype, op, *a_));
+      ASSERT_OK(collective_->AllReduce(input, reduced, whole, dtype, op, *a_));
+      ASSERT_OK(device_->Synchronize(*a_));
+
+      ASSERT_OK_AND_ASSIGN(auto in_process, InProcessWorld::Create({.world_size = world_}));
+      std::vector<std::byte> threads_scattered(kPerRank * elem), threads_reduced(whole * elem);
+      std::vector<std::thread> threads;
+      for (int q = 0; q < world_; ++q) {
+        threads.emplace_back([&, q] {
+          ASSERT_OK_AND_ASSIGN(auto dev, device::CreateDevice({}));
+          ASSERT_OK_AND_ASSIGN(auto stream, dev->CreateStream("in-process"));
+          ASSERT_OK_AND_ASSIGN(auto comm, in_process->Join(q, *dev));
+          const std::vector<float> theirs = inputs(static_cast<size_t>(q));
+          ASSERT_OK_AND_ASSIGN(void* in, dev->Alloc(whole * elem));
+          ASSERT_OK_AND_ASSIGN(void* out_scattered, dev->Alloc(kPerRank * elem));
+          ASSERT_OK_AND_ASSIGN(void* out_reduced, dev->Alloc(whole * elem));
+          for (size_t i = 0; i < whole; ++i)
+            StoreValue(in, dtype, i, theirs[i]);
+          ASSERT_OK(comm->ReduceScatter(in, out_scattered, kPerRank, dtype, op, *stream));
+          ASSERT_OK(comm->AllReduce(in, out_reduced, whole, dtype, op, *stream));
+          ASSERT_OK(dev->Synchronize(*stream));
+          if (q == rank_) {
+            std::memcpy(threads_scattered.data(), out_scattered, kPerRank * elem);
+            std::memcpy(threads_reduced.data(), out_reduced, whole * elem);
+          }
+          comm.reset();
+          stream.reset();
+          for (void* p : {in, out_scattered, out_reduced})
+            dev->Free(p);
+        });
+      }
+      for (auto& t : threads)
+        t.join();
+      EXPECT_EQ(std::memcmp(threads_scattered.data(), scattered, kPerRank * elem), 0)
+          << "reduce-scatter on rank " << rank_;
+      EXPECT_EQ(std::memcmp(threads_reduced.data(), reduced, whole * elem), 0)
+          << "all-reduce on rank " << rank_;
+    }
+  }
+}
+
 TEST_F(MpiCollectiveTest, BroadcastFromEveryRoot) {
   for (size_t bytes : {size_t{1}, size_t{4099}, (size_t{1} << 20) + 3}) {
     auto* buffer = static_cast<uint8_t*>(Buffer(bytes, DType::kBF16));  // 2x the bytes: plenty
@@ -407,18 +475,15 @@ TEST_F(MpiCollectiveTest, ManyOperationsOnTwoStreamsFollowEnqueueOrder) {
           },
           "delay"));
     }
-    ASSERT_OK(
-        device_->Fill(buffers[k], DType::kF32, static_cast<float>(k * 16 + rank_), kCount, stream));
-    const ReduceOp op = k % 3 == 0 ? ReduceOp::kAvg : ReduceOp::kSum;
-    ASSERT_OK(collective_->AllReduce(buffers[k], buffers[k], kCount, DType::kF32, op, stream));
+    ASSERT_OK(device_->Fill(buffers[k], DType::kF32, testing::OrderingInput(k, rank_), kCount,
+                            stream));
+    ASSERT_OK(collective_->AllReduce(buffers[k], buffers[k], kCount, DType::kF32,
+                                     testing::OrderingOp(k), stream));
   }
   ASSERT_OK(device_->Synchronize(*a_));
   ASSERT_OK(device_->Synchronize(*b_));
   for (int k = 0; k < kOps; ++k) {
-    float sum = 0.0f;
-    for (int r = 0; r < world_; ++r)
-      sum += static_cast<float>(k * 16 + r);
-    const float expected = k % 3 == 0 ? sum * (1.0f / static_cast<float>(world_)) : sum;
+    const float expected = testing::OrderingResult(k, world_);
     ASSERT_EQ(buffers[k][0], expected) << "operation " << k;
     ASSERT_EQ(buffers[k][kCount - 1], expected) << "operation " << k;
   }

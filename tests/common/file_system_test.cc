@@ -112,7 +112,7 @@ TEST_P(FileSystemContractTest, AnOpenFileKeepsItsBytesAfterARename) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FileSystemContractTest, ::testing::Values("local", "crash"),
-                         [](const auto& info) { return std::string(info.param); });
+                         [](const auto& param_info) { return std::string(param_info.param); });
 
 // What a crash keeps: synced bytes, and directory entries whose directory was synced.
 TEST(CrashFileSystemTest, ACrashDropsWhatWasNotSynced) {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "device/pinned_pool.h"
 #include "io/fault_injection.h"
 #include "io/memory_store.h"
@@ -75,6 +76,9 @@ struct Rig {
     int paths = 1;
     TraceRecorder* trace = nullptr;
     bool share_host_memory = false;
+    // The fault injector's latencies and the manager's stall times run on it when set (a
+    // ManualClock: a delayed transfer is held until the test advances it). Must outlive the rig.
+    Clock* clock = nullptr;
   };
 
   static Rig Make(const Options& o) {
@@ -88,7 +92,7 @@ struct Rig {
     r.store = o.real_files ? std::move(*io::CreateBlockStore(sopt))
                            : std::move(*io::CreateMemoryStore(sopt));
     if (o.faulty) {
-      r.faults = std::make_shared<io::FaultInjector>(7);
+      r.faults = std::make_shared<io::FaultInjector>(7, o.clock);
       r.store = io::CreateFaultInjectingStore(std::move(r.store), r.faults);
     }
     device::PinnedPoolOptions popt;
@@ -112,6 +116,7 @@ struct Rig {
     mopt.nvme.stripe_unit = 8192;
     mopt.trace = o.trace;
     mopt.share_host_memory = o.share_host_memory;
+    mopt.clock = o.clock;
     r.manager = std::move(*TierManager::Create(mopt));
     return r;
   }

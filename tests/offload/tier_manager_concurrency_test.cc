@@ -461,9 +461,12 @@ TEST(TierManagerConcurrencyTest, SchedulerOverwriteOfPersistentUnitDoesNotDeadlo
 
 // ---- probes that found nothing (regression tests) -------------------------------------------
 
-// A fill overtaken in flight by a dirty release on another tier lands stale and is dropped.
+// A fill overtaken in flight by a dirty release on another tier lands stale and is dropped. The
+// read's latency is on a manual clock: it lands only when the test moves the clock, so the
+// dirty release overtakes it for certain.
 TEST(TierManagerOrderingTest, FillOvertakenByDirtyReleaseLandsStale) {
-  Rig r = Rig::Make({.faulty = true});
+  ManualClock clock;
+  Rig r = Rig::Make({.faulty = true, .clock = &clock});
   TierManager& m = *r.manager;
   ASSERT_TRUE(m.Register(Spec(1, k16K, Tier::kNvme, "a")).ok());
   ASSERT_TRUE(m.Start().ok());
@@ -474,6 +477,8 @@ TEST(TierManagerOrderingTest, FillOvertakenByDirtyReleaseLandsStale) {
   r.faults->AddRule(slow);
   ASSERT_EQ(*m.Prefetch(1, Tier::kHost), PrefetchOutcome::kIssued);
   WriteShard(m, 1, k16K, 8, Tier::kDevice);
+  EXPECT_FALSE(m.IsCurrent(1, Tier::kHost));  // the read is still held
+  clock.Advance(200ms);
   m.WaitIdle();
   EXPECT_FALSE(m.IsCurrent(1, Tier::kHost));
   ExpectShard(m, 1, k16K, 8, Tier::kHost);

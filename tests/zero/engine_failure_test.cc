@@ -28,39 +28,11 @@
 namespace strata::zero {
 namespace {
 
+using testing::FinishesWithin;
 using testing::MaxRelDiff;
 using testing::ToyBatch;
 using testing::ToyModel;
 using testing::ToyRun;
-
-// Runs `fn` on its own thread; true when it returned within `seconds`. On a timeout the thread
-// is detached and whatever `fn` captured by shared_ptr stays alive (leaked) with it.
-bool FinishesWithin(std::function<void()> fn, int seconds) {
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-  };
-  auto state = std::make_shared<State>();
-  std::thread t([state, fn = std::move(fn)] {
-    fn();
-    {
-      std::lock_guard<std::mutex> lock(state->mu);
-      state->done = true;
-    }
-    state->cv.notify_all();
-  });
-  std::unique_lock<std::mutex> lock(state->mu);
-  const bool done =
-      state->cv.wait_for(lock, std::chrono::seconds(seconds), [&] { return state->done; });
-  lock.unlock();
-  if (done) {
-    t.join();
-  } else {
-    t.detach();
-  }
-  return done;
-}
 
 // zero_optimization with the persistence threshold left at its default (1e5 elements) unless
 // `extra_zero` sets it.

@@ -9,17 +9,22 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "comm/in_process_collective.h"
 #include "comm/single_collective.h"
 #include "device/pinned_pool.h"
 #include "io/fault_injection.h"
@@ -282,6 +287,12 @@ struct ToyRun {
     uint64_t param_host_budget = 0;
     std::chrono::milliseconds comm_timeout{60'000};
     std::optional<InitialStates> initial;  // EngineOptions::initial
+    // Wraps the device before anything uses it (train::RuntimeOptions::wrap_device).
+    std::function<std::unique_ptr<device::Device>(std::unique_ptr<device::Device>)> wrap_device;
+    // Set: the run is rank `rank` of this in-process world (one thread per rank, each with its
+    // own ToyRun); `backend` is then ignored.
+    std::shared_ptr<comm::InProcessWorld> world;
+    int rank = 0;
   };
 
   Options o;
@@ -328,6 +339,19 @@ struct ToyRun {
     ro.comm_timeout = o.comm_timeout;
     // A reference run also works inside an mpirun job.
     ro.standalone = o.backend == comm::Backend::kSingle;
+    ro.wrap_device = o.wrap_device;
+    if (o.world) {
+      const int world = o.world->world_size();
+      ro.standalone = false;
+      ro.launch = comm::LaunchInfo{.rank = o.rank,
+                                   .world_size = world,
+                                   .local_rank = o.rank,
+                                   .local_size = world,
+                                   .launcher = "threads"};
+      ro.make_collective = [w = o.world, rank = o.rank](device::Device& d) {
+        return w->Join(rank, d);
+      };
+    }
     STRATA_ASSIGN_OR_RETURN(runtime, train::OpenRuntime(config, ro));
     model = std::make_unique<ToyModel>(*device, o.layers, o.width);
     train::BuildOptions bo;
@@ -386,6 +410,36 @@ struct ToyRun {
     return out;
   }
 };
+
+// Runs `fn` on its own thread; true when it returned within `seconds`. On a timeout the thread
+// is detached and whatever `fn` captured by shared_ptr stays alive (leaked) with it, so that a
+// test that would hang reports the failure and the rest of the suite still runs.
+inline bool FinishesWithin(std::function<void()> fn, int seconds) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto state = std::make_shared<State>();
+  std::thread t([state, fn = std::move(fn)] {
+    fn();
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->done = true;
+    }
+    state->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(state->mu);
+  const bool done =
+      state->cv.wait_for(lock, std::chrono::seconds(seconds), [&] { return state->done; });
+  lock.unlock();
+  if (done) {
+    t.join();
+  } else {
+    t.detach();
+  }
+  return done;
+}
 
 // Largest |a - b| / (|b| + 1e-3) over all elements, and whether the shapes match.
 inline double MaxRelDiff(const std::vector<std::vector<float>>& a,

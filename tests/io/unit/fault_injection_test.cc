@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "io/memory_store.h"
 
 namespace strata::io {
@@ -90,7 +91,7 @@ TEST(FaultInjectorTest, ProbabilityIsRoughlyHonoured) {
 class FaultInjectingStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    faults_ = std::make_shared<FaultInjector>();
+    faults_ = std::make_shared<FaultInjector>(1, &clock_);  // latency on a manual clock
     StoreOptions options;
     auto inner = CreateMemoryStore(options);
     ASSERT_TRUE(inner.ok());
@@ -102,6 +103,7 @@ class FaultInjectingStoreTest : public ::testing::Test {
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     file_ = *id;
   }
+  ManualClock clock_;  // outlives the store that waits on it
   std::shared_ptr<FaultInjector> faults_;
   std::unique_ptr<BlockStore> store_;
   FileId file_ = 0;
@@ -130,13 +132,17 @@ TEST_F(FaultInjectingStoreTest, LatencyDelaysAndCloseWaits) {
   r.latency = std::chrono::milliseconds(150);
   faults_->AddRule(r);
   char buf[10] = {1, 2, 3};
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = clock_.Now();
   std::future<Status> pending = store_->SubmitAsync(IoOp::kWrite, file_, 0, sizeof(buf), buf);
-  // The request is held by the wrapper, so the file cannot be closed yet.
+  // The request is held by the wrapper, so the file cannot be closed yet, and it stays held
+  // until the clock passes its latency.
   Status closing = store_->Close(file_);
   EXPECT_EQ(closing.code(), StatusCode::kFailedPrecondition) << closing.ToString();
+  clock_.Advance(std::chrono::milliseconds(149));
+  EXPECT_EQ(pending.wait_for(std::chrono::milliseconds(5)), std::future_status::timeout);
+  clock_.Advance(std::chrono::milliseconds(1));
   EXPECT_TRUE(pending.get().ok());
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(140));
+  EXPECT_GE(clock_.Now() - t0, std::chrono::milliseconds(140));
   char back[10] = {};
   faults_->Clear();
   ASSERT_TRUE(store_->Read(file_, 0, sizeof(back), back).ok());

@@ -1,0 +1,223 @@
+// Partitioned training matches unpartitioned training, with the ranks as threads of this process:
+// the checks of engine_mpi_test.cc (which stays, under mpirun) as ordinary unit tests. Each test
+// starts an in-process world (comm/in_process_collective.h) of 2 or 4 ranks; every rank is a
+// thread with its own CPU device, built through the composition root (train/runtime.h) as
+// `strata train` builds a rank, and trains the toy model for 12 steps on its part of the global
+// batch. The final fp32 master weights of every rank must equal, bit for bit, those of one
+// unpartitioned (stage 0) run on one rank over the same global batch (its micro-batches
+// accumulated in the order of the ranks).
+//
+// Why bit for bit: the in-process backend reduces exactly as the MPI backend does (every element
+// summed over the ranks in rank order, in fp32, rounded once), and the stage-0 reference
+// accumulates the micro-batches' gradients in that same order, scaled by the same 1 / (ranks x
+// micro-batches). Gradient clipping is off here: with it, the global norm is summed per rank and
+// rounded to fp32 for the all-reduce, which moves the clipping factor by an ulp — the MPI tests
+// keep a tolerance for that, and ClippedRunsMatchWithinTheMpiTolerance below runs that case.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "comm/in_process_collective.h"
+#include "toy_model.h"
+
+namespace strata::zero {
+namespace {
+
+using testing::MaxRelDiff;
+using testing::ToyRun;
+
+constexpr int kSteps = 12;
+using Masters = std::vector<std::vector<float>>;
+
+// `where` as in engine_mpi_test.cc: "none", "cpu" or "nvme" for both homes; "cpu@R" / "nvme@R"
+// for the optimizer states only, with offload_optimizer.ratio R. `top` goes at the top level
+// (gradient clipping, strata.freeze).
+std::string ConfigJson(int stage, const std::string& where, const std::string& zero_extra = "",
+                       const std::string& top = "") {
+  const size_t at = where.find('@');
+  const std::string home = where.substr(0, at);
+  const std::string ratio =
+      at == std::string::npos ? "" : fmt::format(R"(, "ratio": {})", where.substr(at + 1));
+  return testing::ToyConfigJson(
+      stage, ratio.empty() && stage == 3 ? home : "none", home,
+      R"(, "sub_group_size": 4096, "stage3_param_persistence_threshold": 0)" + zero_extra, top,
+      ratio);
+}
+
+struct RankResult {
+  Status status;
+  Masters masters;
+  std::vector<double> losses;
+};
+
+// Trains `o` on a world of `world` ranks, one thread each, and returns every rank's outcome.
+std::vector<RankResult> TrainRanks(int world, const ToyRun::Options& o) {
+  std::vector<RankResult> out(static_cast<size_t>(world));
+  auto made = comm::InProcessWorld::Create({.world_size = world, .timeout = o.comm_timeout});
+  if (!made.ok()) {
+    for (auto& r : out)
+      r.status = made.status();
+    return out;
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r, w = *made] {
+      RankResult& result = out[static_cast<size_t>(r)];
+      ToyRun run;
+      ToyRun::Options mine = o;
+      mine.world = w;
+      mine.rank = r;
+      result.status = run.Setup(mine);
+      if (result.status.ok()) result.status = run.Train();
+      if (result.status.ok()) {
+        Result<Masters> m = run.Masters();
+        result.status = m.status();
+        if (m.ok()) result.masters = std::move(*m);
+      }
+      for (const StepResult& s : run.results)
+        result.losses.push_back(s.loss);
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  return out;
+}
+
+// One rank, stage 0, the global batch of `world` ranks as that many micro-batches.
+Masters Reference(int world, const std::string& top = "") {
+  ToyRun run;
+  ToyRun::Options o;
+  o.config_json = ConfigJson(0, "none", "", top);
+  o.accumulation = world;
+  o.steps = kSteps;
+  Status st = run.Setup(o);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (st.ok()) st = run.Train();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  auto m = run.Masters();
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? *m : Masters{};
+}
+
+// The references, computed once per world size (and top-level config) in this process.
+const Masters& ReferenceFor(int world, const std::string& top = "") {
+  static std::map<std::pair<int, std::string>, Masters>* cache =
+      new std::map<std::pair<int, std::string>, Masters>();
+  auto it = cache->find({world, top});
+  if (it == cache->end()) it = cache->emplace(std::pair{world, top}, Reference(world, top)).first;
+  return it->second;
+}
+
+// Trains the configuration on `world` ranks; every rank must succeed, see a falling loss, and
+// end with the reference's master weights (bit for bit, or within `tolerance` when it is > 0).
+void Check(int world, int stage, const std::string& where, const std::string& zero_extra = "",
+           const std::string& top = "", double tolerance = 0.0) {
+  SCOPED_TRACE(
+      fmt::format("world {} stage {} offload {}{}{}", world, stage, where, zero_extra, top));
+  const Masters& reference = ReferenceFor(world, top);
+  ASSERT_FALSE(reference.empty());
+  ToyRun::Options o;
+  o.config_json = ConfigJson(stage, where, zero_extra, top);
+  o.steps = kSteps;
+  const std::vector<RankResult> ranks = TrainRanks(world, o);
+  for (int r = 0; r < world; ++r) {
+    const RankResult& got = ranks[static_cast<size_t>(r)];
+    ASSERT_TRUE(got.status.ok()) << "rank " << r << ": " << got.status.ToString();
+    const double diff = MaxRelDiff(got.masters, reference);
+    if (tolerance == 0.0) {
+      EXPECT_EQ(diff, 0.0) << "rank " << r << " differs from the unpartitioned run";
+    } else {
+      EXPECT_LE(diff, tolerance) << "rank " << r;
+      if (r == 0) {
+        std::printf(
+            "[ world %d stage %d offload %s ] max relative difference to the "
+            "unpartitioned run: %.3g\n",
+            world, stage, where.c_str(), diff);
+      }
+    }
+    EXPECT_EQ(got.masters, ranks[0].masters) << "rank " << r << " differs from rank 0";
+    ASSERT_EQ(got.losses.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(got.losses, ranks[0].losses) << "rank " << r << " saw another loss";
+    EXPECT_LT(got.losses.back(), got.losses.front());
+  }
+}
+
+class InProcessEquivalenceTest : public ::testing::TestWithParam<int> {
+ protected:
+  int world() const { return GetParam(); }
+};
+
+TEST_P(InProcessEquivalenceTest, Stage1NoOffload) {
+  Check(world(), 1, "none");
+}
+TEST_P(InProcessEquivalenceTest, Stage1CpuOffload) {
+  Check(world(), 1, "cpu");
+}
+TEST_P(InProcessEquivalenceTest, Stage1NvmeOffload) {
+  Check(world(), 1, "nvme");
+}
+TEST_P(InProcessEquivalenceTest, Stage2NoOffload) {
+  Check(world(), 2, "none");
+}
+TEST_P(InProcessEquivalenceTest, Stage2CpuOffload) {
+  Check(world(), 2, "cpu");
+}
+TEST_P(InProcessEquivalenceTest, Stage2NvmeOffload) {
+  Check(world(), 2, "nvme");
+}
+TEST_P(InProcessEquivalenceTest, Stage3NoOffload) {
+  Check(world(), 3, "none");
+}
+TEST_P(InProcessEquivalenceTest, Stage3CpuOffload) {
+  Check(world(), 3, "cpu");
+}
+TEST_P(InProcessEquivalenceTest, Stage3NvmeOffload) {
+  Check(world(), 3, "nvme");
+}
+// Partial optimizer offload: the first units on the device optimizer, the rest on the CPU one.
+TEST_P(InProcessEquivalenceTest, Stage1HalfOffloaded) {
+  Check(world(), 1, "cpu@0.5");
+}
+TEST_P(InProcessEquivalenceTest, Stage2HalfOffloaded) {
+  Check(world(), 2, "nvme@0.5");
+}
+TEST_P(InProcessEquivalenceTest, Stage3HalfOffloaded) {
+  Check(world(), 3, "cpu@0.5");
+}
+// Reduction buckets of one unit per rank, two units, and none at all.
+TEST_P(InProcessEquivalenceTest, Stage2OneUnitBucket) {
+  Check(world(), 2, "cpu", fmt::format(R"(, "reduce_bucket_size": {})", 2048 * world()));
+}
+TEST_P(InProcessEquivalenceTest, Stage3TwoUnitBucket) {
+  Check(world(), 3, "nvme", fmt::format(R"(, "reduce_bucket_size": {})", 4096 * world()));
+}
+TEST_P(InProcessEquivalenceTest, Stage3NoBucket) {
+  Check(world(), 3, "none", R"(, "reduce_bucket_size": 1)");
+}
+// Frozen units (strata.freeze, the base weights of a LoRA fine-tune, whose adapters are units of
+// their own): they keep their weights and the others train, at each stage, with the optimizer
+// states on the device, partly offloaded, and on NVMe.
+TEST_P(InProcessEquivalenceTest, FrozenUnitsAtEveryStage) {
+  const std::string freeze = R"(, "strata": {"freeze": ["layer.1.*", "head.*"]})";
+  Check(world(), 1, "none", "", freeze);
+  Check(world(), 2, "cpu@0.5", "", freeze);
+  Check(world(), 3, "nvme", "", freeze);
+}
+// With gradient clipping the norm is summed per rank and rounded to fp32 (see the top): the MPI
+// tests' tolerance, and still the same bits on every rank.
+TEST_P(InProcessEquivalenceTest, ClippedRunsMatchWithinTheMpiTolerance) {
+  Check(world(), 3, "nvme", "", R"(, "gradient_clipping": 1.0)", 2e-4);
+}
+
+std::string RanksName(const ::testing::TestParamInfo<int>& param_info) {
+  return fmt::format("{}Ranks", param_info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, InProcessEquivalenceTest, ::testing::Values(2, 4), RanksName);
+
+}  // namespace
+}  // namespace strata::zero
