@@ -219,7 +219,9 @@ TEST(PackingTest, LongDocumentsSplitTrainEveryTargetOnceOrAreDropped) {
     for (size_t i = 0; i < row.targets.size(); ++i) {
       if (row.targets[i] >= 0 && row.targets[i] < 1000) pairs.insert({row.tokens[i], row.targets[i]});
       // Positions restart at every piece.
-      if (row.key_start[i] == static_cast<int32_t>(i)) EXPECT_EQ(row.positions[i], 0);
+      if (row.key_start[i] == static_cast<int32_t>(i)) {
+        EXPECT_EQ(row.positions[i], 0);
+      }
     }
   }
   EXPECT_EQ(trained, 24u + 2u);
