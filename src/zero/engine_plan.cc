@@ -7,18 +7,12 @@
 
 #include "device/pinned_pool.h"
 #include "zero/engine.h"
-#include "zero/engine_internal.h"
+#include "offload/prefetch_scheduler.h"
+#include "zero/engine_setup.h"
 
 namespace strata::zero {
 
-engine_internal::Placement engine_internal::PlacementOf(const Config& cfg) {
-  Placement p;
-  p.stage = cfg.zero.stage;
-  p.csz = device::DTypeSize(ComputeDType(cfg));
-  p.param_home = p.stage == 3 ? HomeOf(cfg.zero.offload_param.device) : Tier::kDevice;
-  p.optim_home = p.stage == 0 ? Tier::kDevice : HomeOf(cfg.zero.offload_optimizer.device);
-  return p;
-}
+using namespace engine_internal;  // NOLINT: the engine's own private header
 
 uint64_t EngineMemoryPlan::device_total() const {
   uint64_t total = 0;
@@ -36,7 +30,7 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   STRATA_RETURN_IF_ERROR(CheckResolved(config));
   STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
   const auto [stage, csz, param_home, optim_home] = PlacementOf(config);
-  // engine.cc Init: which units are frozen, and whose states are offloaded
+  // engine_setup.cc ResolveSetup: which units are frozen, and whose states are offloaded
   // (offload_optimizer.ratio).
   STRATA_ASSIGN_OR_RETURN(const std::vector<char> frozen, FrozenUnitsOf(config, units));
   const std::vector<char> cpu_unit = CpuOptimizerUnits(config, layouts, frozen);
@@ -230,6 +224,71 @@ Result<EngineMemoryPlan> Engine::PlanMemory(const std::vector<UnitSpec>& units,
   plan.shard_elems = shard_sum;
   plan.trainable_elems = trainable;
   return plan;
+}
+
+Result<uint64_t> Engine::PlanPinnedPoolBytes(const std::vector<UnitSpec>& units,
+                                              const Config& config, int world_size,
+                                              int optimizer_pipeline_depth,
+                                              device::DeviceType device_type,
+                                              bool overlap_optimizer) {
+  STRATA_RETURN_IF_ERROR(CheckResolved(config));
+  STRATA_ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts, LayoutModel(units, world_size));
+  const auto [stage, csz, param_home, optim_home] = PlacementOf(config);
+  STRATA_ASSIGN_OR_RETURN(const std::vector<char> frozen, FrozenUnitsOf(config, units));
+  const std::vector<char> cpu_unit = CpuOptimizerUnits(config, layouts, frozen);
+  const bool cpu_optimizer = std::count(cpu_unit.begin(), cpu_unit.end(), 1) > 0;
+  auto cls = [](uint64_t bytes) { return static_cast<uint64_t>(device::PinnedPool::SizeClass(bytes)); };
+  uint64_t total = 0, largest_param = 0, largest_group = 0, max_shard = 0, params_all = 0,
+           max_offloaded = 0;
+  int64_t sg = config.zero.sub_group_size;
+  for (const auto& l : layouts) max_shard = std::max<uint64_t>(max_shard, l.shard_numel);
+  if (sg <= 0) sg = static_cast<int64_t>(max_shard);
+  sg = (sg + kShardAlignElems - 1) / kShardAlignElems * kShardAlignElems;
+  uint64_t groups_all = 0, grads_all = 0;
+  for (const auto& l : layouts) {
+    const uint64_t shard = static_cast<uint64_t>(l.shard_numel);
+    largest_param = std::max(largest_param, cls(shard * csz));
+    params_all += cls(shard * csz);
+    if (cpu_unit[static_cast<size_t>(l.index)]) {
+      max_offloaded = std::max(max_offloaded, shard);
+      total += cls(shard * 4);                                     // gradient shard
+      grads_all += cls(shard * 4);
+      if (stage <= 2 || param_home == Tier::kDevice) total += cls(shard * csz);  // staging
+      for (int64_t off = 0; off < l.shard_numel; off += sg) {
+        const uint64_t g = cls(12 * static_cast<uint64_t>(std::min<int64_t>(sg, l.shard_numel - off)));
+        groups_all += g;
+        largest_group = std::max(largest_group, g);
+      }
+    }
+  }
+  if (cpu_optimizer) {
+    // Streamed gradient shards: at most kStreamedGradShards of the largest at once.
+    if (StreamsGradShards(config, world_size, overlap_optimizer)) {
+      total -= grads_all;
+      total += std::min(grads_all, kStreamedGradShards * cls(max_offloaded * 4));
+    }
+    total += cls(max_offloaded * 4);  // landing buffer
+    total += optim_home == Tier::kHost
+                 ? groups_all
+                 : static_cast<uint64_t>(optimizer_pipeline_depth) * largest_group;
+  }
+  if (stage == 3) {
+    if (param_home == Tier::kHost) total += params_all + 2 * largest_param;
+    else if (param_home == Tier::kNvme) {
+      const uint64_t device_budget = OffloadedParamDeviceBudget(
+          params_all, largest_param,
+          offload::PrefetchOptions::FromConfig(config, csz).device_lookahead_bytes);
+      // strata.memory.host_budget, where set, is the host tier's budget (Init raises it to two
+      // of the largest shard).
+      total += config.strata.memory.host_budget
+                   ? std::max(*config.strata.memory.host_budget, 2 * largest_param)
+                   : NvmeParamHostBudget(params_all, largest_param, device_budget,
+                                         SharesHostMemory(config, device_type));
+    }
+    else total += 2 * largest_param;
+  }
+  // Fragmentation margin, and never less than 16 MiB.
+  return std::max<uint64_t>(total + total / 4 + (4u << 20), 16u << 20);
 }
 
 }  // namespace strata::zero
