@@ -134,7 +134,7 @@ TimeEstimate EstimateTime(const EstimateInput& in, const MemoryEstimate& m, cons
       hw.gpu_tflops * (cfg.precision() == Precision::kFp32 && IsCuda(in) ? 0.5 : 1.0);
   t.compute_s = Div(t.exec_flops, tflops * 1e12 * hw.gpu_efficiency);
 
-  // Collectives (gradient_reducer.cc, parameter_store.cc). Gradients are reduced in fp32.
+  // Collectives (engine_grads.cc, engine_step.cc). Gradients are reduced in fp32.
   double coll_fb = 0, coll_after = 0;
   // Only trainable units' gradients are reduced and their parameters gathered after the step.
   switch (stage) {
