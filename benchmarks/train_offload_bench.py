@@ -177,7 +177,7 @@ def engine_device_terms(shape, world, csz, prefetch_bucket, max_live_params, red
     resident = max(shard_total, 4 * shard_largest)
     lookahead = max(prefetch_bucket, 0) * csz
     param_budget = min(resident, max(lookahead + 2 * shard_largest, 4 * shard_largest))
-    # Gathered units (compute dtype) and per-unit fp32 gradients in flight (AllocLive).
+    # Gathered units (compute dtype) and per-unit fp32 gradients in flight (LiveBuffers::Alloc).
     largest_unit = max(p for _, _, p in lay) * (csz + 4)
     tied = lay[0][2] * (4 + 8) if shape[6] else 0  # the head holds the embedding gathered + grad
     max_live = max(max_live_params * csz, 2 * largest_unit) + tied
@@ -189,7 +189,8 @@ def engine_device_terms(shape, world, csz, prefetch_bucket, max_live_params, red
         cap = min(per_rank, small)
         if cap > 0 and len(lay) > 1:
             bucket = round_up(cap * world * 4, DEVICE_ALIGNMENT)
-    # Units below stage3_param_persistence_threshold stay gathered for the step, outside AllocLive.
+    # Units below stage3_param_persistence_threshold stay gathered for the step, outside
+    # LiveBuffers::Alloc.
     persistent = sum(p * csz for numel, _, p in lay if numel < persistence_threshold)
     bound = param_budget + max_live + bucket + persistent + SCALAR_SCRATCH_BYTES
     return {

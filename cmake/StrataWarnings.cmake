@@ -4,6 +4,8 @@ add_library(strata_build_flags INTERFACE)
 target_compile_options(strata_build_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align
                             -Wformat=2 -Wimplicit-fallthrough>
+  # clang checks the lock annotations (common/thread_annotations.h); GCC has no such analysis.
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:Clang>>:-Wthread-safety>
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${STRATA_WERROR}>>:-Werror>
   $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${STRATA_WERROR}>>:-Werror=all-warnings>)
 

@@ -28,6 +28,7 @@ packages=(
 test_packages=(
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang                 # the thread-safety preset (-Wthread-safety) and the fuzz preset
   fio                   # benchmarks/nvme_vs_fio.py compares against it
   python3               # benchmark scripts
   python3-torch         # the PyTorch reference (oracle) the model tests compare against

@@ -192,12 +192,12 @@ struct EngineMemoryPlan {
   // some): the ones whose gradients are reduced and that the optimizer updates.
   uint64_t trainable_elems = 0;
   // With a reduction bucket (stages 2-3, several ranks): the shard elements of the last bucket a
-  // micro-batch reduces, at the end of its backward (engine_grads.cc FlushBucket). Their
+  // micro-batch reduces, at the end of its backward (GradientReducer::FlushBucket). Their
   // gradients, and so the overlapped CPU optimizer's work on them, wait for the end of backward.
   // 0 without a bucket.
   uint64_t last_bucket_elems = 0;
   // Whether the CPU optimizer updates units during backward, as each gradient shard lands (the
-  // engine's own decision, engine_internal.h OverlapsOptimizer, with EngineOptions'
+  // engine's own decision, engine_setup.h OverlapsOptimizer, with EngineOptions'
   // overlap_optimizer on: strata train's default). False without offloaded optimizer states.
   bool optimizer_overlapped = false;
   // Host memory outside every budget while random initialisation builds the largest unit: in

@@ -174,8 +174,8 @@ TEST(EngineConcurrencyTest, Stage3WithPersistentUnitsDoesNotDeadlock) {
 
 // ---- error paths ---------------------------------------------------------------------------------
 
-// A step that fails after AcquireParams (here: the model rejects a Forward) leaks the gathered
-// unit buffer (device memory) and its live_bytes charge.
+// A step that fails after ParameterStore::Acquire (here: the model rejects a Forward) leaks the
+// gathered unit buffer (device memory) and its live_bytes charge.
 TEST(EngineFailureTest, FailedStepFreesGatheredBuffers) {
   ToyRun run;
   ToyRun::Options o;
@@ -198,7 +198,7 @@ TEST(EngineFailureTest, FailedStepFreesGatheredBuffers) {
 
 // The leaked live_bytes never come back: with stage3_max_live_parameters small (the bound is then
 // two of the largest unit) two failed steps leave live_bytes at the bound for good, and the next
-// AcquireParams waits forever.
+// ParameterStore::Acquire waits forever.
 TEST(EngineFailureTest, FailedStepsDoNotWedgeTheLiveParameterBound) {
   auto run = std::make_shared<ToyRun>();
   ToyRun::Options o;

@@ -1,0 +1,148 @@
+#include "zero/engine_setup.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+
+namespace strata::zero::engine_internal {
+
+Placement PlacementOf(const Config& cfg) {
+  Placement p;
+  p.stage = cfg.zero.stage;
+  p.compute_bytes = device::DTypeSize(ComputeDType(cfg));
+  p.param_home = p.stage == 3 ? HomeOf(cfg.zero.offload_param.device) : Tier::kDevice;
+  p.optim_home = p.stage == 0 ? Tier::kDevice : HomeOf(cfg.zero.offload_optimizer.device);
+  return p;
+}
+
+namespace {
+
+Status CheckOptions(const EngineOptions& options) {
+  if (options.cpu_adam_threads < 1) {
+    return InvalidArgumentError(
+        fmt::format("engine: cpu_adam_threads is {}; expected >= 1", options.cpu_adam_threads));
+  }
+  if (options.optimizer_pipeline_depth < 3) {
+    return InvalidArgumentError(fmt::format(
+        "engine: optimizer_pipeline_depth is {}; expected >= 3 (read-ahead, current, "
+        "write-behind)",
+        options.optimizer_pipeline_depth));
+  }
+  return Status::Ok();
+}
+
+// offload_optimizer.ratio below half of the last trainable unit's share selects no unit.
+void WarnIfRatioOffloadsNothing(const Config& cfg, const EngineSetup& s) {
+  int64_t total = 0, last = 0;
+  for (int u = 0; u < s.units(); ++u) {
+    if (s.is_frozen(u)) continue;
+    total += s.layouts[static_cast<size_t>(u)].shard_numel;
+    last = s.layouts[static_cast<size_t>(u)].shard_numel;
+  }
+  STRATA_LOG(warn, zero,
+             "offload_optimizer.ratio {:g} offloads no unit (the engine offloads whole units; "
+             "the smallest ratio that takes the last one is {:.3g}): every optimizer state "
+             "stays on the device",
+             cfg.zero.offload_optimizer.ratio,
+             0.5 * static_cast<double>(last) / static_cast<double>(std::max<int64_t>(total, 1)));
+}
+
+// Which units the CPU optimizer updates, and whether it overlaps backward and streams the
+// gradient shards.
+void ChooseOptimizers(const Config& cfg, const EngineOptions& options, EngineSetup& s) {
+  s.cpu_optimizer_unit = CpuOptimizerUnits(cfg, s.layouts, s.frozen);
+  s.cpu_optimizer =
+      std::count(s.cpu_optimizer_unit.begin(), s.cpu_optimizer_unit.end(), 1) > 0;
+  s.device_optimizer = false;
+  for (int u = 0; u < s.units(); ++u) s.device_optimizer |= !s.on_cpu(u) && !s.is_frozen(u);
+  if (s.optim_home != Tier::kDevice && !s.cpu_optimizer && s.device_optimizer && s.rank == 0) {
+    WarnIfRatioOffloadsNothing(cfg, s);
+  }
+  // The CPU optimizer overlaps backward only when an update never depends on the global gradient
+  // norm: no clipping, no fp16 overflow skipping, no skipping of non-finite steps.
+  s.overlapped_optimizer = s.cpu_optimizer && options.overlap_optimizer && OverlapsOptimizer(cfg);
+  s.stream_grad_shards =
+      s.overlapped_optimizer && StreamsGradShards(cfg, s.world_size, options.overlap_optimizer);
+}
+
+// The pinned pool, the block store and the NVMe paths the homes need.
+Status CheckOffloadResources(const Config& cfg, const EngineOptions& options, EngineSetup& s) {
+  const bool needs_pool = s.cpu_optimizer || s.param_home != Tier::kDevice;
+  if (needs_pool && options.pool == nullptr) {
+    return InvalidArgumentError(
+        "engine: offload to cpu or nvme needs a pinned pool (EngineOptions::pool)");
+  }
+  const bool needs_nvme =
+      s.param_home == Tier::kNvme || (s.cpu_optimizer && s.optim_home == Tier::kNvme);
+  s.nvme_paths = options.nvme_paths;
+  if (s.nvme_paths.empty()) s.nvme_paths = cfg.strata.io.nvme_paths;
+  if (needs_nvme && (options.store == nullptr || s.nvme_paths.empty())) {
+    return InvalidArgumentError(
+        "engine: NVMe offload needs a block store and at least one NVMe path "
+        "(offload_param / offload_optimizer nvme_path, or strata.io.nvme_paths)");
+  }
+  return Status::Ok();
+}
+
+// Model::SharedUnits and RecomputeUnits, checked: a unit may share each earlier unit once, and
+// recompute earlier units that share none.
+Status ResolveSharing(const Model& model, EngineSetup& s) {
+  const size_t n_units = s.layouts.size();
+  s.shared.resize(n_units);
+  s.recompute.resize(n_units);
+  for (size_t u = 0; u < n_units; ++u) {
+    s.shared[u] = model.SharedUnits(static_cast<int>(u));
+    for (size_t i = 0; i < s.shared[u].size(); ++i) {
+      const int shared = s.shared[u][i];
+      if (shared < 0 || shared >= static_cast<int>(u) ||
+          std::count(s.shared[u].begin(), s.shared[u].begin() + static_cast<std::ptrdiff_t>(i),
+                     shared) > 0) {
+        return InvalidArgumentError(fmt::format(
+            "model: unit {} ('{}') shares unit {}; a unit may share each earlier unit once", u,
+            s.layouts[u].name, shared));
+      }
+      s.shared_live_bytes += static_cast<uint64_t>(s.layouts[shared].padded_numel()) * (4 + 8);
+    }
+  }
+  for (size_t u = 0; u < n_units; ++u) {
+    s.recompute[u] = model.RecomputeUnits(static_cast<int>(u));
+    for (const int r : s.recompute[u]) {
+      if (r < 0 || r >= static_cast<int>(u) || !s.shared[static_cast<size_t>(r)].empty()) {
+        return InvalidArgumentError(fmt::format(
+            "model: unit {} ('{}') recomputes unit {}; a unit may recompute only earlier units "
+            "that share none",
+            u, s.layouts[u].name, r));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<EngineSetup> ResolveSetup(const Model& model, const EngineOptions& options,
+                                 const comm::Collective& collective) {
+  const Config& cfg = options.config;
+  EngineSetup s;
+  s.rank = collective.rank();
+  s.world_size = collective.world_size();
+  s.compute_dtype = ComputeDType(cfg);
+  const Placement placement = PlacementOf(cfg);
+  s.stage = placement.stage;
+  s.compute_bytes = placement.compute_bytes;
+  s.param_home = placement.param_home;
+  s.optim_home = placement.optim_home;
+  s.isa = optim::BestIsa();
+  STRATA_RETURN_IF_ERROR(CheckOptions(options));
+  STRATA_ASSIGN_OR_RETURN(s.layouts, LayoutModel(model.units(), s.world_size));
+  STRATA_ASSIGN_OR_RETURN(s.frozen, FrozenUnitsOf(cfg, model.units()));
+  ChooseOptimizers(cfg, options, s);
+  STRATA_RETURN_IF_ERROR(CheckOffloadResources(cfg, options, s));
+  for (const auto& l : s.layouts) s.max_shard = std::max(s.max_shard, l.shard_numel);
+  STRATA_RETURN_IF_ERROR(ResolveSharing(model, s));
+  return s;
+}
+
+}  // namespace strata::zero::engine_internal
