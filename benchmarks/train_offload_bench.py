@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """Tokens/s of `strata train` with ZeRO-3 + NVMe offload against the same run in device memory.
 
-The main job's run (deploy/main-job.sh: llama-20m, ZeRO stage 3, bf16, 4 sequences of 64 tokens
+The synthetic job's run (deploy/synthetic-job.sh: llama-20m, ZeRO stage 3, bf16, 4 sequences of 64 tokens
 per rank, AdamW, WarmupCosineLR, clipping 1.0, 2 MPI ranks on the CPU device) in two DeepSpeed
 configs that differ only in the offload:
 
-  nvme    offload_param and offload_optimizer on "nvme" (as the main job)
+  nvme    offload_param and offload_optimizer on "nvme" (as the synthetic job)
   device  offload_param and offload_optimizer "none": every state in device memory
 
 Each configuration runs --repeat times, alternating (nvme, device, device, nvme, ...), each run
@@ -57,7 +57,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_RATIO = 0.85
 # DeepSpeed's defaults, as Strata resolves them (include/strata/config.h), used when the
-# corresponding option is not given (the main job sets none of them).
+# corresponding option is not given (the synthetic job sets none of them).
 DEFAULT_PREFETCH_BUCKET = 50_000_000
 DEFAULT_MAX_LIVE = 1_000_000_000
 DEFAULT_REDUCE_BUCKET = 500_000_000
@@ -365,16 +365,16 @@ def parse_args():
                     help="sequences per rank per step (default 4)")
     ap.add_argument("--prefetch-bucket-size", type=int, default=None,
                     help="stage3_prefetch_bucket_size in elements, in both configs (default: "
-                         "unset, as in the main job: %d)" % DEFAULT_PREFETCH_BUCKET)
+                         "unset, as in the synthetic job: %d)" % DEFAULT_PREFETCH_BUCKET)
     ap.add_argument("--max-live-parameters", type=int, default=None,
                     help="stage3_max_live_parameters in elements, in both configs (default: "
-                         "unset, as in the main job: %d)" % DEFAULT_MAX_LIVE)
+                         "unset, as in the synthetic job: %d)" % DEFAULT_MAX_LIVE)
     ap.add_argument("--reduce-bucket-size", type=int, default=None,
                     help="reduce_bucket_size in elements, in both configs (default: unset, as "
-                         "in the main job: %d)" % DEFAULT_REDUCE_BUCKET)
+                         "in the synthetic job: %d)" % DEFAULT_REDUCE_BUCKET)
     ap.add_argument("--buffer-count", type=int, default=8,
                     help="offload_optimizer.buffer_count of the nvme run: optimizer sub-groups "
-                         "in host memory at once (default 8, as the main job)")
+                         "in host memory at once (default 8, as the synthetic job)")
     ap.add_argument("--share-host-memory", choices=["auto", "on", "off"], default="auto",
                     help="strata.memory.share_host_memory in both configs (default auto: the CPU "
                          "device reads offloaded parameter shards in place in pinned host memory)")

@@ -42,7 +42,7 @@ mkdir -p "$cache" "$(dirname "$link")"
 
 check_imports() {
   "$dir/bin/python" -c 'import torch, transformers, tokenizers, safetensors, peft, deepspeed, tensorboard, pyarrow' \
-    2>/dev/null
+    >/dev/null 2>&1
 }
 
 # One maker at a time (ctest may run the fixture from two build trees).

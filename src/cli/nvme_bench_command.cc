@@ -305,7 +305,8 @@ Result<json> ChecksumCost(const NvmeBenchArgs& a, const BenchConfig& base,
     for (int with = 0; with < 2; ++with) {
       c.checksums = with == 1;
       STRATA_ASSIGN_OR_RETURN(BenchResult r, io::RunBench(c, nullptr, &g_interrupted));
-      for (const auto& p : r.phases) bw[with][p.op == io::IoOp::kWrite ? 0 : 1] = p.gb_per_second();
+      for (const auto& p : r.phases)
+        bw[with][p.op == io::IoOp::kWrite ? 0 : 1] = p.gb_per_second();
       if (with == 1) {
         hashed += r.checksum_bytes;
         hash_ns += r.checksum_ns;
@@ -319,11 +320,14 @@ Result<json> ChecksumCost(const NvmeBenchArgs& a, const BenchConfig& base,
       ratio[k].push_back(bw[0][k] > 0 ? bw[1][k] / bw[0][k] : 0.0);
     }
   }
-  const double hash_gbps = hash_ns > 0 ? static_cast<double>(hashed) / static_cast<double>(hash_ns) : 0;
-  json out = {{"rounds", a.checksum_cost}, {"block", c.block}, {"queue_depth", c.queue_depth},
-              {"threads", c.threads}, {"hash", "xxh3-64"}, {"hash_gb_per_s", hash_gbps},
-              {"verified_reads", verified}, {"mismatches", mismatches}, {"target_cost", 0.02}};
-  std::fprintf(human, "\nchecksum cost (%d interleaved rounds, block %s, qd %d, threads %d; "
+  const double hash_gbps =
+      hash_ns > 0 ? static_cast<double>(hashed) / static_cast<double>(hash_ns) : 0;
+  json out = {
+      {"rounds", a.checksum_cost},  {"block", c.block},         {"queue_depth", c.queue_depth},
+      {"threads", c.threads},       {"hash", "xxh3-64"},        {"hash_gb_per_s", hash_gbps},
+      {"verified_reads", verified}, {"mismatches", mismatches}, {"target_cost", 0.02}};
+  std::fprintf(human,
+               "\nchecksum cost (%d interleaved rounds, block %s, qd %d, threads %d; "
                "XXH3 hashes %.1f GB/s on one core here):\n",
                a.checksum_cost, FormatBytesExact(c.block).c_str(), c.queue_depth, c.threads,
                hash_gbps);
@@ -337,14 +341,98 @@ Result<json> ChecksumCost(const NvmeBenchArgs& a, const BenchConfig& base,
     met = met && cost < 0.02;
     std::fprintf(human, "  %-6s %12.2f %16.2f %7.1f%% %13.1f%%\n", name, Median(plain[k]),
                  Median(summed[k]), 100.0 * cost, 100.0 * share);
-    out[name] = {{"plain_gb_per_s", Median(plain[k])}, {"checksummed_gb_per_s", Median(summed[k])},
-                 {"cost", cost}, {"hash_share_of_transfer_time", share}};
+    out[name] = {{"plain_gb_per_s", Median(plain[k])},
+                 {"checksummed_gb_per_s", Median(summed[k])},
+                 {"cost", cost},
+                 {"hash_share_of_transfer_time", share}};
   }
   out["meets_target"] = met;
-  std::fprintf(human, "  cost = 1 - checksummed/plain (median of the rounds' ratios), target < 2%%: %s; "
+  std::fprintf(human,
+               "  cost = 1 - checksummed/plain (median of the rounds' ratios), target < 2%%: %s; "
                "hash share = the hashing's time over the transfer's, if it were not overlapped\n",
                met ? "met" : "NOT met");
   return out;
+}
+
+// The configuration every point of the grid shares; a point sets block, depth and threads.
+BenchConfig BaseConfig(const NvmeBenchArgs& a) {
+  BenchConfig c;
+  c.paths = a.paths;
+  c.file_name = fmt::format("strata-nvme-bench-{}.dat", ::getpid());
+  c.size = a.size;
+  c.write = a.rw != "read";
+  c.read = a.rw != "write";
+  c.pattern = a.pattern == "rand" ? BenchPattern::kRandom : BenchPattern::kSequential;
+  c.backend = a.backend == "uring"   ? io::Backend::kUring
+              : a.backend == "posix" ? io::Backend::kPosix
+                                     : io::Backend::kAuto;
+  c.direct = a.direct == "on"    ? io::DirectMode::kOn
+             : a.direct == "off" ? io::DirectMode::kOff
+                                 : io::DirectMode::kAuto;
+  c.huge_pages = a.huge_pages == "on"    ? HugePages::kOn
+                 : a.huge_pages == "off" ? HugePages::kOff
+                                         : HugePages::kAuto;
+  c.stripe_unit = a.stripe_unit;
+  c.sqpoll = a.sqpoll;
+  c.register_buffers = !a.no_register;
+  c.register_files = !a.no_register;
+  c.verify = a.verify;
+  c.runtime = a.runtime;
+  c.seed = a.seed;
+  // Intermediate configurations of a sweep keep the file; it is removed after the last one.
+  c.keep = true;
+  return c;
+}
+
+// The first line: where the file goes, how large, what runs.
+void PrintHeader(const NvmeBenchArgs& a, const std::vector<Config>& grid, std::FILE* human) {
+  std::string where;
+  for (const auto& p : a.paths) {
+    Result<io::PathInfo> info = io::DescribePath(p, /*probe_direct=*/false);
+    where +=
+        fmt::format("{}{} ({})", where.empty() ? "" : ", ", p, info.ok() ? info->filesystem : "?");
+  }
+  std::fprintf(human, "strata nvme-bench: %s; file %s%s; %s, %s; %zu configuration(s)\n",
+               where.c_str(), FormatBytes(a.size / grid.front().block * grid.front().block).c_str(),
+               a.paths.size() > 1
+                   ? fmt::format(" striped in {} units", FormatBytesExact(a.stripe_unit)).c_str()
+                   : "",
+               a.rw == "both" ? "write then read" : a.rw.c_str(),
+               a.pattern == "rand" ? "random" : "sequential", grid.size());
+  std::fflush(human);
+}
+
+// Runs every point of the grid in order, a progress line for each; stops at the first error or
+// interruption (kCancelled), keeping what was measured before it in *results.
+Status RunGrid(const BenchConfig& base, const std::vector<Config>& grid,
+               std::vector<BenchResult>* results) {
+  ProgressLine progress_line(stderr, std::chrono::seconds(5));
+  for (size_t i = 0; i < grid.size(); ++i) {
+    BenchConfig c = base;
+    c.block = grid[i].block;
+    c.queue_depth = grid[i].depth;
+    c.threads = grid[i].threads;
+    const std::string label = fmt::format("[{}/{}] block {} qd {} threads {}", i + 1, grid.size(),
+                                          FormatBytesExact(c.block), c.queue_depth, c.threads);
+    auto progress = [&](const io::BenchProgress& p) {
+      std::string pct = p.bytes_total > 0
+                            ? fmt::format("{:3.0f}%", 100.0 * static_cast<double>(p.bytes_done) /
+                                                          static_cast<double>(p.bytes_total))
+                            : fmt::format("{:.0f}s", p.elapsed);
+      progress_line.Update(
+          fmt::format("{} {:>7} {} {:.2f} GB/s", label, p.phase, pct, p.rate / 1e9));
+    };
+    Result<BenchResult> r = io::RunBench(c, progress, &g_interrupted);
+    if (!r.ok()) return r.status();
+    std::string summary;
+    for (const auto& p : r->phases) {
+      summary += fmt::format(" {} {:.2f} GB/s (p99 {:.0f} µs)", io::IoOpName(p.op),
+                             p.gb_per_second(), p.latency.p99_us);
+    }
+    progress_line.Finish(label + ":" + summary);
+    results->push_back(std::move(r).value());
+  }
+  return Status::Ok();
 }
 
 int Run(NvmeBenchArgs a) {
@@ -363,31 +451,7 @@ int Run(NvmeBenchArgs a) {
                                          FormatBytes(a.size), FormatBytesExact(largest))));
   }
 
-  BenchConfig base;
-  base.paths = a.paths;
-  base.file_name = fmt::format("strata-nvme-bench-{}.dat", ::getpid());
-  base.size = a.size;
-  base.write = a.rw != "read";
-  base.read = a.rw != "write";
-  base.pattern = a.pattern == "rand" ? BenchPattern::kRandom : BenchPattern::kSequential;
-  base.backend = a.backend == "uring"   ? io::Backend::kUring
-                 : a.backend == "posix" ? io::Backend::kPosix
-                                        : io::Backend::kAuto;
-  base.direct = a.direct == "on"    ? io::DirectMode::kOn
-                : a.direct == "off" ? io::DirectMode::kOff
-                                    : io::DirectMode::kAuto;
-  base.huge_pages = a.huge_pages == "on"    ? HugePages::kOn
-                    : a.huge_pages == "off" ? HugePages::kOff
-                                            : HugePages::kAuto;
-  base.stripe_unit = a.stripe_unit;
-  base.sqpoll = a.sqpoll;
-  base.register_buffers = !a.no_register;
-  base.register_files = !a.no_register;
-  base.verify = a.verify;
-  base.runtime = a.runtime;
-  base.seed = a.seed;
-  // Intermediate configurations of a sweep keep the file; it is removed after the last one.
-  base.keep = true;
+  BenchConfig base = BaseConfig(a);
   // Bounded so that a long --runtime with small blocks cannot exhaust memory (about 200 bytes an
   // event); later requests are counted as dropped.
   constexpr size_t kMaxTraceEvents = 1'000'000;
@@ -397,23 +461,7 @@ int Run(NvmeBenchArgs a) {
     base.trace = trace.get();
   }
 
-  {
-    std::string where;
-    for (const auto& p : a.paths) {
-      Result<io::PathInfo> info = io::DescribePath(p, /*probe_direct=*/false);
-      where += fmt::format("{}{} ({})", where.empty() ? "" : ", ", p,
-                           info.ok() ? info->filesystem : "?");
-    }
-    std::fprintf(human, "strata nvme-bench: %s; file %s%s; %s, %s; %zu configuration(s)\n",
-                 where.c_str(),
-                 FormatBytes(a.size / grid.front().block * grid.front().block).c_str(),
-                 a.paths.size() > 1
-                     ? fmt::format(" striped in {} units", FormatBytesExact(a.stripe_unit)).c_str()
-                     : "",
-                 a.rw == "both" ? "write then read" : a.rw.c_str(),
-                 a.pattern == "rand" ? "random" : "sequential", grid.size());
-    std::fflush(human);
-  }
+  PrintHeader(a, grid, human);
 
   // Interrupted or hung up: stop, and still remove the bench files. A closed pipe on stdout must
   // not kill the process before it cleans up either.
@@ -421,37 +469,8 @@ int Run(NvmeBenchArgs a) {
   std::signal(SIGTERM, OnInterrupt);
   std::signal(SIGHUP, OnInterrupt);
   std::signal(SIGPIPE, SIG_IGN);
-  ProgressLine progress_line(stderr, std::chrono::seconds(5));
   std::vector<BenchResult> results;
-  Status failure;
-  for (size_t i = 0; i < grid.size(); ++i) {
-    BenchConfig c = base;
-    c.block = grid[i].block;
-    c.queue_depth = grid[i].depth;
-    c.threads = grid[i].threads;
-    const std::string label = fmt::format("[{}/{}] block {} qd {} threads {}", i + 1, grid.size(),
-                                          FormatBytesExact(c.block), c.queue_depth, c.threads);
-    auto progress = [&](const io::BenchProgress& p) {
-      std::string pct = p.bytes_total > 0
-                            ? fmt::format("{:3.0f}%", 100.0 * static_cast<double>(p.bytes_done) /
-                                                          static_cast<double>(p.bytes_total))
-                            : fmt::format("{:.0f}s", p.elapsed);
-      progress_line.Update(
-          fmt::format("{} {:>7} {} {:.2f} GB/s", label, p.phase, pct, p.rate / 1e9));
-    };
-    Result<BenchResult> r = io::RunBench(c, progress, &g_interrupted);
-    if (!r.ok()) {
-      failure = r.status();
-      break;
-    }
-    std::string summary;
-    for (const auto& p : r->phases) {
-      summary += fmt::format(" {} {:.2f} GB/s (p99 {:.0f} µs)", io::IoOpName(p.op),
-                             p.gb_per_second(), p.latency.p99_us);
-    }
-    progress_line.Finish(label + ":" + summary);
-    results.push_back(std::move(r).value());
-  }
+  Status failure = RunGrid(base, grid, &results);
   // Remove the bench files (one per directory path) unless asked to keep them.
   if (!a.keep) {
     for (const auto& p : a.paths) {

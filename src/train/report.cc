@@ -11,8 +11,8 @@
 #include <sstream>
 #include <vector>
 
-#include "strata/file_system.h"
 #include "common/units.h"
+#include "strata/file_system.h"
 
 namespace strata::train {
 namespace {
@@ -29,11 +29,20 @@ std::string Escape(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -94,9 +103,9 @@ std::string Chart(const std::string& title, const std::string& y_label, Unit uni
   }
   const double xstep = std::max(1.0, NiceStep(f.x0, f.x1, 8));
   for (double x = std::ceil(f.x0 / xstep) * xstep; x <= f.x1 + 1e-9; x += xstep) {
-    svg += fmt::format(
-        "<text x=\"{:.1f}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">{}</text>", f.X(x),
-        kHeight - kBottom + 16, Label(x, Unit::kPlain));
+    svg +=
+        fmt::format("<text x=\"{:.1f}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">{}</text>",
+                    f.X(x), kHeight - kBottom + 16, Label(x, Unit::kPlain));
   }
   svg += fmt::format(
       "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#555\"/>"
@@ -104,8 +113,8 @@ std::string Chart(const std::string& title, const std::string& y_label, Unit uni
       "<text x=\"{4}\" y=\"{5}\" font-size=\"11\" text-anchor=\"middle\">step</text>"
       "<text x=\"14\" y=\"{6}\" font-size=\"11\" text-anchor=\"middle\" "
       "transform=\"rotate(-90 14 {6})\">{7}</text>",
-      kLeft, kTop, kHeight - kBottom, kWidth - kRight, (kLeft + kWidth - kRight) / 2,
-      kHeight - 4, (kTop + kHeight - kBottom) / 2, Escape(y_label));
+      kLeft, kTop, kHeight - kBottom, kWidth - kRight, (kLeft + kWidth - kRight) / 2, kHeight - 4,
+      (kTop + kHeight - kBottom) / 2, Escape(y_label));
   svg += plot;
   for (size_t i = 0; i < legend.size(); ++i) {
     const int y = kTop + 8 + static_cast<int>(i) * 18;
@@ -141,9 +150,10 @@ std::string LineChart(const std::string& title, const std::string& y_label, Unit
   std::string plot;
   for (const Series& s : series) {
     std::string pts;
-    for (const auto& [x, y] : s.points) pts += fmt::format("{:.1f},{:.1f} ", f.X(x), f.Y(y));
-    plot += fmt::format(
-        "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>", s.color, pts);
+    for (const auto& [x, y] : s.points)
+      pts += fmt::format("{:.1f},{:.1f} ", f.X(x), f.Y(y));
+    plot += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>",
+                        s.color, pts);
     if (s.points.size() <= 40) {
       for (const auto& [x, y] : s.points) {
         plot += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>", f.X(x),
@@ -159,7 +169,8 @@ std::string StackedBars(const std::string& title, const std::string& y_label, Un
                         const std::vector<Series>& layers) {
   std::map<double, double> totals;
   for (const Series& s : layers) {
-    for (const auto& [x, y] : s.points) totals[x] += std::max(0.0, y);
+    for (const auto& [x, y] : s.points)
+      totals[x] += std::max(0.0, y);
   }
   Series all{"", "", {totals.begin(), totals.end()}};
   Frame f = Bounds({all}, true);
@@ -187,12 +198,13 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-}  // namespace
+using MetricSteps = std::map<double, nlohmann::json>;  // step -> its metrics row
 
-Result<std::string> RenderReport(const ReportOptions& o) {
-  Result<std::string> metrics_text = ReadFileToString(LocalFileSystem(), o.metrics_path);
+// The metrics file's steps by step number; a resumed run appends, so the last row of a step wins.
+Result<MetricSteps> ReadMetricSteps(const std::string& path) {
+  Result<std::string> metrics_text = ReadFileToString(LocalFileSystem(), path);
   if (!metrics_text.ok()) {
-    return InvalidArgumentError(fmt::format("{}: cannot open the metrics file", o.metrics_path));
+    return InvalidArgumentError(fmt::format("{}: cannot open the metrics file", path));
   }
   std::istringstream in(*metrics_text);
   std::vector<nlohmann::json> rows;
@@ -204,19 +216,61 @@ Result<std::string> RenderReport(const ReportOptions& o) {
     if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number()) {
       return InvalidArgumentError(fmt::format(
           "{}:{}: not a step of strata train --metrics (one JSON object with \"step\" per line)",
-          o.metrics_path, line_no));
+          path, line_no));
     }
     rows.push_back(std::move(j));
   }
   if (rows.empty()) {
-    return InvalidArgumentError(fmt::format("{}: no steps in the metrics file", o.metrics_path));
+    return InvalidArgumentError(fmt::format("{}: no steps in the metrics file", path));
   }
-  // A resumed run appends: the last row of each step wins.
   std::map<double, nlohmann::json> by_step;
   for (auto& r : rows) {
     const double step = r["step"].get<double>();  // before r is moved from
     by_step[step] = std::move(r);
   }
+  return by_step;
+}
+
+// The trace's 20 longest span names, summed over every thread, as an HTML section.
+Result<std::string> TraceSection(const std::string& trace_path) {
+  const Result<std::string> t = ReadFileToString(LocalFileSystem(), trace_path);
+  const nlohmann::json trace = t.ok()
+                                   ? nlohmann::json::parse(*t, nullptr, /*allow_exceptions=*/false)
+                                   : nlohmann::json(nlohmann::json::value_t::discarded);
+  if (trace.is_discarded()) {
+    return InvalidArgumentError(
+        fmt::format("{}: not a Chrome trace (strata train --trace writes one)", trace_path));
+  }
+  const nlohmann::json& events = trace.is_array() ? trace : trace.value("traceEvents", trace);
+  std::map<std::string, std::pair<int64_t, double>> spans;  // name -> calls, microseconds
+  for (const auto& e : events) {
+    if (e.is_object() && e.value("ph", "") == "X" && e.contains("dur") && e["dur"].is_number()) {
+      auto& s = spans[e.value("name", "?")];
+      ++s.first;
+      s.second += e["dur"].get<double>();
+    }
+  }
+  std::vector<std::pair<std::string, std::pair<int64_t, double>>> top(spans.begin(), spans.end());
+  std::sort(top.begin(), top.end(),
+            [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  if (top.size() > 20) top.resize(20);
+  std::string html = fmt::format(
+      "<h2>Trace: time by span</h2>\n<p class=\"note\">From {}: the 20 "
+      "longest span names, summed over every thread.</p>\n<table><tr><th>span"
+      "</th><th>count</th><th>total</th></tr>",
+      Escape(trace_path));
+  for (const auto& [name, s] : top) {
+    html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", Escape(name), s.first,
+                        Escape(Label(s.second * 1e-6, Unit::kSeconds)));
+  }
+  html += "</table>\n";
+  return html;
+}
+
+}  // namespace
+
+Result<std::string> RenderReport(const ReportOptions& o) {
+  STRATA_ASSIGN_OR_RETURN(const MetricSteps by_step, ReadMetricSteps(o.metrics_path));
 
   auto series = [&](const char* key, const std::string& name, const std::string& color,
                     double scale = 1.0) {
@@ -246,7 +300,8 @@ Result<std::string> RenderReport(const ReportOptions& o) {
     if (r.contains("tokens_per_s") && r["tokens_per_s"].is_number()) {
       tok.push_back(r["tokens_per_s"].get<double>());
     }
-    if (r.contains("step_s") && r["step_s"].is_number()) step_s.push_back(r["step_s"].get<double>());
+    if (r.contains("step_s") && r["step_s"].is_number())
+      step_s.push_back(r["step_s"].get<double>());
   }
   const nlohmann::json& first = by_step.begin()->second;
   const nlohmann::json& last = by_step.rbegin()->second;
@@ -261,7 +316,8 @@ Result<std::string> RenderReport(const ReportOptions& o) {
   html += fmt::format("<tr><td>loss, first and last step</td><td>{} &rarr; {}</td></tr>",
                       num(first, "loss"), num(last, "loss"));
   if (last.contains("eval_loss")) {
-    html += fmt::format("<tr><td>last evaluation loss</td><td>{}</td></tr>", num(last, "eval_loss"));
+    html +=
+        fmt::format("<tr><td>last evaluation loss</td><td>{}</td></tr>", num(last, "eval_loss"));
   }
   html += fmt::format("<tr><td>median tokens/s</td><td>{:.0f}</td></tr>", Median(tok));
   html += fmt::format("<tr><td>median step time</td><td>{}</td></tr>",
@@ -279,8 +335,9 @@ Result<std::string> RenderReport(const ReportOptions& o) {
                     {series("tokens_per_s", "tokens/s", "#2ca02c")}, true) +
           "\n";
 
-  html += "<h2>Step time split</h2>\n<p class=\"note\">Each step's time: compute, and what the "
-          "engine could not hide behind it (exposed communication, I/O and optimizer).</p>\n";
+  html +=
+      "<h2>Step time split</h2>\n<p class=\"note\">Each step's time: compute, and what the "
+      "engine could not hide behind it (exposed communication, I/O and optimizer).</p>\n";
   html += StackedBars("Step time split", "seconds", Unit::kSeconds,
                       {series("compute_s", "compute", "#1f77b4"),
                        series("exposed_comm_s", "communication", "#ff7f0e"),
@@ -293,15 +350,18 @@ Result<std::string> RenderReport(const ReportOptions& o) {
                                     series("nvme_write_bytes", "written", "#e377c2")};
   bool any_nvme = false;
   for (const Series& s : nvme) {
-    for (const auto& p : s.points) any_nvme = any_nvme || p.second > 0;
+    for (const auto& p : s.points)
+      any_nvme = any_nvme || p.second > 0;
   }
   html += any_nvme ? LineChart("NVMe bytes per step", "bytes", Unit::kBytes, nvme, true) + "\n"
-                   : std::string("<p class=\"note\">No NVMe traffic in this run (nothing "
-                                 "offloaded to NVMe).</p>\n");
+                   : std::string(
+                         "<p class=\"note\">No NVMe traffic in this run (nothing "
+                         "offloaded to NVMe).</p>\n");
 
-  html += "<h2>Peak memory per tier</h2>\n<p class=\"note\">Device: what the device allocator "
-          "held at most (on the CPU device, its budgeted memory); host: the pinned pool's peak."
-          "</p>\n";
+  html +=
+      "<h2>Peak memory per tier</h2>\n<p class=\"note\">Device: what the device allocator "
+      "held at most (on the CPU device, its budgeted memory); host: the pinned pool's peak."
+      "</p>\n";
   html += LineChart("Peak memory per tier", "bytes", Unit::kBytes,
                     {series("device_peak_bytes", "device", "#1f77b4"),
                      series("host_peak_bytes", "pinned host", "#ff7f0e")},
@@ -309,36 +369,8 @@ Result<std::string> RenderReport(const ReportOptions& o) {
           "\n";
 
   if (!o.trace_path.empty()) {
-    const Result<std::string> t = ReadFileToString(LocalFileSystem(), o.trace_path);
-    const nlohmann::json trace = t.ok() ? nlohmann::json::parse(*t, nullptr, /*allow_exceptions=*/false)
-                                        : nlohmann::json(nlohmann::json::value_t::discarded);
-    if (trace.is_discarded()) {
-      return InvalidArgumentError(
-          fmt::format("{}: not a Chrome trace (strata train --trace writes one)", o.trace_path));
-    }
-    const nlohmann::json& events = trace.is_array() ? trace : trace.value("traceEvents", trace);
-    std::map<std::string, std::pair<int64_t, double>> spans;  // name -> calls, microseconds
-    for (const auto& e : events) {
-      if (e.is_object() && e.value("ph", "") == "X" && e.contains("dur") && e["dur"].is_number()) {
-        auto& s = spans[e.value("name", "?")];
-        ++s.first;
-        s.second += e["dur"].get<double>();
-      }
-    }
-    std::vector<std::pair<std::string, std::pair<int64_t, double>>> top(spans.begin(),
-                                                                       spans.end());
-    std::sort(top.begin(), top.end(),
-              [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
-    if (top.size() > 20) top.resize(20);
-    html += fmt::format("<h2>Trace: time by span</h2>\n<p class=\"note\">From {}: the 20 "
-                        "longest span names, summed over every thread.</p>\n<table><tr><th>span"
-                        "</th><th>count</th><th>total</th></tr>",
-                        Escape(o.trace_path));
-    for (const auto& [name, s] : top) {
-      html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", Escape(name), s.first,
-                          Escape(Label(s.second * 1e-6, Unit::kSeconds)));
-    }
-    html += "</table>\n";
+    STRATA_ASSIGN_OR_RETURN(const std::string section, TraceSection(o.trace_path));
+    html += section;
   }
   html += "</body></html>\n";
   return html;

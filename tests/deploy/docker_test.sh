@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deploy/docker/Dockerfile, built and run for real: this script uses the Docker daemon that is
 # running or starts one of its own (Debian's docker.io, on a private socket), builds the image from
-# the source tree, and runs the main job in a container for STEPS steps (ZeRO-3, 2 ranks, NVMe
+# the source tree, and runs the synthetic job in a container for STEPS steps (ZeRO-3, 2 ranks, NVMe
 # offload to a directory mounted from the host). It checks that the job finished, that its loss
 # fell, and that the checkpoint, metrics and report it wrote are on the host.
 #
@@ -108,21 +108,21 @@ docker build -f "$root/deploy/docker/Dockerfile" -t "$image" --build-arg "BASE=$
   { tail -n 40 "$work/build.log"; fail "docker build failed (log: $work/build.log)"; }
 echo "image: $image built in $(( $(now) - t_build )) s"
 
-# The main job, as the image's default command would run it, for STEPS steps; what it writes
+# The synthetic job, as the image's default command would run it, for STEPS steps; what it writes
 # (NVMe directory included) goes to a host directory. The locked-memory limit stays the
 # daemon's: raising it (--ulimit memlock=-1:-1, as docs advise for the pinned pool) fails where
 # the host's own hard limit is lower.
 t_run=$(now)
 docker run --rm --shm-size=1g \
-  -v "$work/out:/strata/build/default/main-job" "$image" ./deploy/main-job.sh build/default "$steps" \
-  >"$work/run.log" 2>&1 || { tail -n 40 "$work/run.log"; fail "the main job failed in the container"; }
-echo "main job: $steps steps in the container in $(( $(now) - t_run )) s"
+  -v "$work/out:/strata/build/default/synthetic-job" "$image" ./deploy/synthetic-job.sh build/default "$steps" \
+  >"$work/run.log" 2>&1 || { tail -n 40 "$work/run.log"; fail "the synthetic job failed in the container"; }
+echo "synthetic job: $steps steps in the container in $(( $(now) - t_run )) s"
 tail -n 3 "$work/run.log"
 
-grep -q "main-job: done" "$work/run.log" || fail "the main job did not say it was done"
+grep -q "synthetic-job: done" "$work/run.log" || fail "the synthetic job did not say it was done"
 for f in metrics.jsonl report.html ds_config.json checkpoint/latest/config.json \
   checkpoint/latest/model.safetensors "checkpoint/step-$(printf %08d "$steps")/trainer_state.json"; do
-  [ -s "$work/out/$f" ] || fail "the main job did not leave $f on the host"
+  [ -s "$work/out/$f" ] || fail "the synthetic job did not leave $f on the host"
 done
 /usr/bin/python3 - "$work/out/metrics.jsonl" "$steps" <<'PY' || fail "the metrics do not show the training run"
 import json, math, sys
@@ -137,4 +137,4 @@ last = sum(r["loss"] for r in steps[-10:]) / 10
 assert last < first - 0.05, f"the loss did not fall: mean of the first ten {first}, of the last ten {last}"
 print(f"metrics: {len(steps)} steps, mean loss of the first ten {first:.3f}, of the last ten {last:.3f}")
 PY
-echo "PASS: deploy/docker/Dockerfile built (base $base, CUDA=$cuda) and the main job trained in it ($(( $(now) - t0 )) s in all)"
+echo "PASS: deploy/docker/Dockerfile built (base $base, CUDA=$cuda) and the synthetic job trained in it ($(( $(now) - t0 )) s in all)"
