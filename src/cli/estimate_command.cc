@@ -4,6 +4,7 @@
 // takes by the time model (train/plan.h); and with --plan, the placement the planner chooses
 // for "auto" homes, printed as the config it would run.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <fstream>
@@ -58,9 +59,12 @@ Result<train::Hardware> ParseHardware(const EstimateArgs& a) {
   hw.gpu_efficiency = a.gpu_efficiency;
   hw.io_cpu_share = a.io_cpu_share;
   const std::pair<const char*, std::pair<const std::string*, double*>> rates[] = {
-      {"--nvme-read", {&a.nvme_read, &hw.nvme_read}}, {"--nvme-write", {&a.nvme_write, &hw.nvme_write}},
-      {"--pcie", {&a.pcie, &hw.pcie}},                {"--cpu-adam", {&a.cpu_adam, &hw.cpu_adam}},
-      {"--nvlink", {&a.nvlink, &hw.nvlink}},          {"--net", {&a.net, &hw.net}},
+      {"--nvme-read", {&a.nvme_read, &hw.nvme_read}},
+      {"--nvme-write", {&a.nvme_write, &hw.nvme_write}},
+      {"--pcie", {&a.pcie, &hw.pcie}},
+      {"--cpu-adam", {&a.cpu_adam, &hw.cpu_adam}},
+      {"--nvlink", {&a.nvlink, &hw.nvlink}},
+      {"--net", {&a.net, &hw.net}},
       {"--hbm", {&a.hbm, &hw.hbm}}};
   for (const auto& [flag, r] : rates) {
     Result<double> v = train::ParseRate(*r.first);
@@ -69,9 +73,8 @@ Result<train::Hardware> ParseHardware(const EstimateArgs& a) {
   }
   if (a.nvme_tbw != "0") {
     // Endurance is bytes (e.g. 14000T for 8 drives of 1.75 PB): the rate parser's units, no /s.
-    Result<double> v = a.nvme_tbw.ends_with("/s")
-                           ? Result<double>(InvalidArgumentError("a rate"))
-                           : train::ParseRate(a.nvme_tbw);
+    Result<double> v = a.nvme_tbw.ends_with("/s") ? Result<double>(InvalidArgumentError("a rate"))
+                                                  : train::ParseRate(a.nvme_tbw);
     if (!v.ok()) {
       return InvalidArgumentError(fmt::format(
           "--nvme-tbw: '{}' is not an amount of bytes; expected the drives' rated endurance, "
@@ -83,10 +86,17 @@ Result<train::Hardware> ParseHardware(const EstimateArgs& a) {
   return hw;
 }
 
-// The user's config file with the planned homes written in (or a minimal one), for --plan.
+// What --plan plans without --config: ZeRO-3 in bf16, one sequence per GPU, both homes open.
+constexpr const char* kDefaultPlanConfig =
+    R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+        "zero_optimization": {"stage": 3, "offload_param": {"device": "auto"},
+                              "offload_optimizer": {"device": "auto"}}})";
+
+// The user's config file with the planned homes written in (or kDefaultPlanConfig's), for
+// --plan: a config strata train runs as it is.
 nlohmann::json PlannedConfig(const std::string& path, const train::PlanCandidate& c,
                              const Config& cfg) {
-  nlohmann::json j = nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(kDefaultPlanConfig);
   if (!path.empty()) {
     const Result<std::string> text = ReadFileToString(LocalFileSystem(), path);
     j = text.ok() ? nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false,
@@ -134,11 +144,7 @@ int RunEstimate(const EstimateArgs& a) {
     in.config = *c;
   } else if (a.plan) {
     // Nothing given: plan ZeRO-3 in bf16 with both homes open.
-    Result<Config> c = ParseConfig(
-        R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
-            "zero_optimization": {"stage": 3, "offload_param": {"device": "auto"},
-                                  "offload_optimizer": {"device": "auto"}}})",
-        "<strata estimate --plan default>");
+    Result<Config> c = ParseConfig(kDefaultPlanConfig, "<strata estimate --plan default>");
     if (!c.ok()) return ReportError(kCommand, c.status());
     in.config = *c;
   } else {
@@ -146,14 +152,15 @@ int RunEstimate(const EstimateArgs& a) {
   }
   if (!a.nvme_path.empty()) {
     // A directory for "auto" and "nvme" homes that name none.
-    for (auto* path : {&in.config.zero.offload_param.nvme_path,
-                       &in.config.zero.offload_optimizer.nvme_path}) {
+    for (auto* path :
+         {&in.config.zero.offload_param.nvme_path, &in.config.zero.offload_optimizer.nvme_path}) {
       if (path->empty()) *path = a.nvme_path;
     }
   }
   if (static_cast<int64_t>(a.nodes) * a.gpus > (1 << 20)) {
-    return ReportError(kCommand, InvalidArgumentError(fmt::format(
-                                     "--nodes {} x --gpus {}: more than 2^20 ranks", a.nodes, a.gpus)));
+    return ReportError(
+        kCommand, InvalidArgumentError(fmt::format("--nodes {} x --gpus {}: more than 2^20 ranks",
+                                                   a.nodes, a.gpus)));
   }
   Result<train::Hardware> hw = ParseHardware(a);
   if (!hw.ok()) return ReportError(kCommand, hw.status());
@@ -179,7 +186,8 @@ int RunEstimate(const EstimateArgs& a) {
     fmt::print(stderr, "strata estimate: measuring this machine's rates (a few seconds)\n");
     Result<std::vector<std::string>> lines = train::MeasureHardware(mo, &*hw);
     if (!lines.ok()) return ReportError(kCommand, lines.status().WithContext("--measure"));
-    for (const auto& l : *lines) fmt::print(stderr, "  measured: {}\n", l);
+    for (const auto& l : *lines)
+      fmt::print(stderr, "  measured: {}\n", l);
     measured = *lines;
   }
 
@@ -194,10 +202,9 @@ int RunEstimate(const EstimateArgs& a) {
   if (plan.ok()) {
     shown = plan->best();
   } else {
-    Result<train::PlanCandidate> own =
-        train::EstimatePlacement(in, *hw, in.config.zero.offload_param.device,
-                                 in.config.zero.offload_optimizer.device,
-                                 in.config.zero.offload_optimizer.ratio);
+    Result<train::PlanCandidate> own = train::EstimatePlacement(
+        in, *hw, in.config.zero.offload_param.device, in.config.zero.offload_optimizer.device,
+        in.config.zero.offload_optimizer.ratio);
     if (!own.ok()) return ReportError(kCommand, own.status());
     shown = *own;
   }
@@ -239,7 +246,8 @@ int RunEstimate(const EstimateArgs& a) {
   }
   if (a.plan) {
     // The config alone on stdout (it can be redirected to a file); the reasons on stderr.
-    for (const auto& r : plan->reasons) fmt::print(stderr, "strata estimate --plan: {}\n", r);
+    for (const auto& r : plan->reasons)
+      fmt::print(stderr, "strata estimate --plan: {}\n", r);
     fmt::print(stdout, "{}\n", PlannedConfig(a.config, shown, chosen_cfg).dump(2));
     return kExitOk;
   }
@@ -251,7 +259,8 @@ int RunEstimate(const EstimateArgs& a) {
   fmt::print(stdout, "{}", train::FormatTimeEstimate(shown.time, *hw));
   if (plan.ok() && plan->candidates.size() > 1) {
     fmt::print(stdout, "placement (\"auto\")\n");
-    for (const auto& r : plan->reasons) fmt::print(stdout, "  {}\n", r);
+    for (const auto& r : plan->reasons)
+      fmt::print(stdout, "  {}\n", r);
   }
   return kExitOk;
 }
@@ -266,7 +275,9 @@ void RegisterEstimateCommand(CLI::App& app, int* exit_code) {
       "the NVMe swap files) from the engine's own formulas, whether it fits the hardware, how "
       "long a step takes by the time model, and (--plan) the placement for \"auto\" homes "
       "(docs/planning.md)");
-  cmd->add_option("--model", args->model, "A model directory (config.json) or a preset")
+  cmd->add_option("--model", args->model,
+                  fmt::format("A model directory (config.json) or a preset ({})",
+                              fmt::join(model::LlamaPresetNames(), ", ")))
       ->required();
   cmd->add_option("--config", args->config,
                   "A DeepSpeed config (zero_optimization, bf16/fp16, batch sizes, strata.*); "
@@ -296,17 +307,22 @@ void RegisterEstimateCommand(CLI::App& app, int* exit_code) {
   hw->add_option("--gpus", args->gpus, "GPUs (ranks) per node")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
-  hw->add_option("--nodes", args->nodes, "Nodes")->check(CLI::Range(1, 1 << 16))->capture_default_str();
-  hw->add_option("--gpu-mem", args->gpu_mem, "Memory per GPU (default 80GB)")->transform(ByteSize());
+  hw->add_option("--nodes", args->nodes, "Nodes")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  hw->add_option("--gpu-mem", args->gpu_mem, "Memory per GPU (default 80GB)")
+      ->transform(ByteSize());
   hw->add_option("--device-budget", args->device_budget,
                  "Device budget per rank (default: --gpu-mem less max(512 MiB, 5%), as the CUDA "
                  "device leaves)")
       ->transform(ByteSize());
-  hw->add_option("--cpu-mem", args->cpu_mem, "Host memory per node (default 1TB; 90% may be planned)")
+  hw->add_option("--cpu-mem", args->cpu_mem,
+                 "Host memory per node (default 1TB; 90% may be planned)")
       ->transform(ByteSize());
   hw->add_option("--nvme", args->nvme, "NVMe capacity per node for swap files (default 8TB)")
       ->transform(ByteSize());
-  hw->add_option("--nvme-read", args->nvme_read, "NVMe read per node, all drives")->capture_default_str();
+  hw->add_option("--nvme-read", args->nvme_read, "NVMe read per node, all drives")
+      ->capture_default_str();
   hw->add_option("--nvme-write", args->nvme_write, "NVMe write per node")->capture_default_str();
   hw->add_option("--nvme-tbw", args->nvme_tbw,
                  "Endurance of a node's drives together, bytes written (e.g. 14000T): prints the "
@@ -316,7 +332,8 @@ void RegisterEstimateCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   hw->add_option("--nvlink", args->nvlink, "Collective bus bandwidth per GPU within a node")
       ->capture_default_str();
-  hw->add_option("--net", args->net, "Collective bandwidth per GPU across nodes")->capture_default_str();
+  hw->add_option("--net", args->net, "Collective bandwidth per GPU across nodes")
+      ->capture_default_str();
   hw->add_option("--hbm", args->hbm, "GPU memory bandwidth")->capture_default_str();
   hw->add_option("--gpu-tflops", args->gpu_tflops, "Dense 16-bit peak TFLOPS per GPU")
       ->check(CLI::PositiveNumber)

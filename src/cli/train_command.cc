@@ -1,4 +1,7 @@
 // `strata train`: trains a Llama-family model with the ZeRO engine (see train/trainer.h).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -7,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/run_options.h"
 #include "common/signals.h"
+#include "model/llama_config.h"
 #include "train/trainer.h"
 
 namespace strata::cli {
@@ -32,10 +36,10 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
       "from a DeepSpeed config; launch with mpirun / srun for several ranks");
   cmd->add_option("--config", o->config_path, "DeepSpeed JSON config")->required();
   cmd->add_option("--model", o->model,
-                  "Hugging Face model directory (config.json) or a preset (llama-tiny, llama-20m, "
-                  "llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b); a directory with "
-                  "model.safetensors (or its index) is fine-tuned from those weights. Optional "
-                  "with --resume");
+                  fmt::format("Hugging Face model directory (config.json) or a preset ({}); a "
+                              "directory with model.safetensors (or its index) is fine-tuned "
+                              "from those weights. Optional with --resume",
+                              fmt::join(model::LlamaPresetNames(), ", ")));
   cmd->add_option("--data", o->data,
                   "Token data: prepared documents (strata data prepare), FILE.npy, or raw "
                   "FILE.bin (see --data-dtype)")
@@ -89,8 +93,8 @@ void RegisterTrainCommand(CLI::App& app, int* exit_code) {
                   "Validate on the first N sequences of --eval-data (default: all)")
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000'000'000}));
   cmd->add_flag("--save-on-signal", o->save_on_signal,
-               "On SIGINT or SIGTERM, save a checkpoint of the last finished step before stopping "
-               "(with --save)");
+                "On SIGINT or SIGTERM, save a checkpoint of the last finished step before stopping "
+                "(with --save)");
   cmd->callback([o, exit_code] {
     // SIGINT / SIGTERM: finish the step, save if asked, remove the swap files, exit 128 + signal.
     signals::InstallStopHandlers(o->save_on_signal && !o->save_dir.empty()

@@ -41,8 +41,8 @@ Result<LoraSettings> ReadAdapterConfig(const std::string& dir, std::string* note
   LoraSettings s;
   try {
     if (j.value("peft_type", std::string("LORA")) != "LORA") {
-      return bad("peft_type", fmt::format("{}; Strata runs LoRA adapters only",
-                                          j["peft_type"].dump()));
+      return bad("peft_type",
+                 fmt::format("{}; Strata runs LoRA adapters only", j["peft_type"].dump()));
     }
     if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int>() < 1) {
       return bad("r", "missing or not a positive integer");
@@ -58,14 +58,16 @@ Result<LoraSettings> ReadAdapterConfig(const std::string& dir, std::string* note
     if (targets.is_string()) {
       s.target_modules = {targets.get<std::string>()};
     } else if (targets.is_array()) {
-      for (const auto& t : targets) s.target_modules.push_back(t.get<std::string>());
+      for (const auto& t : targets)
+        s.target_modules.push_back(t.get<std::string>());
     } else {
       return bad("target_modules", "missing (expected a list of projection names)");
     }
     for (const char* key : {"use_dora", "use_rslora", "fan_in_fan_out"}) {
       if (j.value(key, false)) return bad(key, "true is not implemented");
     }
-    if (j.value("bias", std::string("none")) != "none") return bad("bias", "only \"none\" is implemented");
+    if (j.value("bias", std::string("none")) != "none")
+      return bad("bias", "only \"none\" is implemented");
     for (const char* key : {"modules_to_save", "layers_to_transform", "layers_pattern"}) {
       if (j.contains(key) && !j[key].is_null() && !(j[key].is_array() && j[key].empty())) {
         return bad(key, "is not implemented (adapters on every layer only)");
@@ -192,9 +194,9 @@ Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& ada
   }
   for (const std::string& name : adapter->TensorNames()) {
     if (!used.contains(name)) {
-      return InvalidArgumentError(fmt::format(
-          "{}: adapter tensor '{}' matches no weight of {} (a different base model?)",
-          adapter->source(), name, base->source()));
+      return InvalidArgumentError(
+          fmt::format("{}: adapter tensor '{}' matches no weight of {} (a different base model?)",
+                      adapter->source(), name, base->source()));
     }
   }
 
@@ -220,20 +222,24 @@ Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& ada
   for (const SafetensorsTensorSpec& spec : specs) {
     STRATA_ASSIGN_OR_RETURN(const SafetensorsTensor* t, base->Find(spec.name));
     const auto it = pairs.find(spec.name);
-    const uint64_t cols = t->shape.size() == 2 ? t->shape[1] : std::max<uint64_t>(t->num_elements, 1);
+    const uint64_t cols =
+        t->shape.size() == 2 ? t->shape[1] : std::max<uint64_t>(t->num_elements, 1);
     const uint64_t rows = t->num_elements / std::max<uint64_t>(cols, 1);
     const uint64_t block_rows = std::max<uint64_t>(1, kBlockElems / std::max<uint64_t>(cols, 1));
     const uint64_t r = static_cast<uint64_t>(settings.r);
     if (it != pairs.end()) {
       a.resize(r * cols);
       b.resize(rows * r);
-      STRATA_RETURN_IF_ERROR(adapter->ReadRange(it->second.a_name, 0, a.size(), a.data(), device::DType::kF32));
-      STRATA_RETURN_IF_ERROR(adapter->ReadRange(it->second.b_name, 0, b.size(), b.data(), device::DType::kF32));
+      STRATA_RETURN_IF_ERROR(
+          adapter->ReadRange(it->second.a_name, 0, a.size(), a.data(), device::DType::kF32));
+      STRATA_RETURN_IF_ERROR(
+          adapter->ReadRange(it->second.b_name, 0, b.size(), b.data(), device::DType::kF32));
     }
     for (uint64_t row0 = 0; row0 < rows; row0 += block_rows) {
       const uint64_t n = std::min(block_rows, rows - row0);
       w.resize(n * cols);
-      STRATA_RETURN_IF_ERROR(base->ReadRange(spec.name, row0 * cols, n * cols, w.data(), device::DType::kF32));
+      STRATA_RETURN_IF_ERROR(
+          base->ReadRange(spec.name, row0 * cols, n * cols, w.data(), device::DType::kF32));
       if (it != pairs.end()) {
         // W[i, :] += scale * sum_k B[i, k] A[k, :]
         for (uint64_t i = 0; i < n; ++i) {
@@ -241,11 +247,13 @@ Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& ada
           for (uint64_t k = 0; k < r; ++k) {
             const float s = scale * b[(row0 + i) * r + k];
             const float* ar = a.data() + k * cols;
-            for (uint64_t c = 0; c < cols; ++c) wr[c] += s * ar[c];
+            for (uint64_t c = 0; c < cols; ++c)
+              wr[c] += s * ar[c];
           }
         }
       }
-      STRATA_RETURN_IF_ERROR(writer->WriteRange(spec.name, row0 * cols, n * cols, w.data(), device::DType::kF32));
+      STRATA_RETURN_IF_ERROR(
+          writer->WriteRange(spec.name, row0 * cols, n * cols, w.data(), device::DType::kF32));
     }
     (it != pairs.end() ? stats.merged_tensors : stats.copied_tensors) += 1;
     if (print && it != pairs.end()) print(fmt::format("  merged {}", spec.name));
@@ -253,11 +261,13 @@ Result<MergeStats> MergeLora(const std::string& base_dir, const std::string& ada
   STRATA_RETURN_IF_ERROR(writer->Finish());
   STRATA_RETURN_IF_ERROR(files.Rename(tmp, (fs::path(out_dir) / kSafetensorsModelFile).string()));
   cleanup.active = false;
-  // The model's other files (config, tokenizer), so OUT loads as it is.
+  // The model's other files (config, tokenizer, chat template, generation config), so OUT loads
+  // as it is.
   const fs::path base_path =
       files.IsDirectory(base_dir) ? fs::path(base_dir) : fs::path(base_dir).parent_path();
-  for (const char* name : {"config.json", "generation_config.json", "tokenizer.json",
-                           "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"}) {
+  std::vector<std::string> names = {"config.json"};
+  names.insert(names.end(), std::begin(kTokenizerFiles), std::end(kTokenizerFiles));
+  for (const std::string& name : names) {
     const std::string from = (base_path / name).string();
     if (!files.Exists(from)) continue;
     STRATA_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(files, from));

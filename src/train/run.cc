@@ -31,9 +31,8 @@ Status ProbeDirectory(const std::string& dir, std::string_view what) {
       (std::filesystem::path(dir) / fmt::format(".strata-probe-{}", ::getpid())).string();
   Result<std::unique_ptr<File>> f = fs.Open(probe, OpenMode::kCreate);
   if (!f.ok()) {
-    return Status(f.status().code(),
-                  fmt::format("{} {}: cannot write in the directory: {}", what, dir,
-                              f.status().message()));
+    return Status(f.status().code(), fmt::format("{} {}: cannot write in the directory: {}", what,
+                                                 dir, f.status().message()));
   }
   f->reset();
   return fs.RemoveAll(probe);
@@ -42,7 +41,8 @@ Status ProbeDirectory(const std::string& dir, std::string_view what) {
 // Opens `path` for appending (creating it, never truncating) to prove it can be written.
 Status ProbeFile(const std::string& path, std::string_view what) {
   const std::filesystem::path p(path);
-  if (!p.parent_path().empty()) STRATA_RETURN_IF_ERROR(ProbeDirectory(p.parent_path().string(), what));
+  if (!p.parent_path().empty())
+    STRATA_RETURN_IF_ERROR(ProbeDirectory(p.parent_path().string(), what));
   Result<std::unique_ptr<File>> f = LocalFileSystem().Open(path, OpenMode::kAppend);
   if (!f.ok()) {
     return Status(f.status().code(), fmt::format("{} {}: cannot open for writing: {}", what, path,
@@ -98,9 +98,9 @@ Status OpenRuntimeOf(const RunPlan& plan, Run* run) {
   ropt.launch = plan.launch;
   STRATA_ASSIGN_OR_RETURN(run->runtime, OpenRuntime(plan.config, ropt));
   if (run->rank() != plan.rank() || run->world() != plan.world()) {
-    return InternalError(fmt::format(
-        "the collective is rank {} of {}, the launcher said rank {} of {}", run->rank(),
-        run->world(), plan.rank(), plan.world()));
+    return InternalError(
+        fmt::format("the collective is rank {} of {}, the launcher said rank {} of {}", run->rank(),
+                    run->world(), plan.rank(), plan.world()));
   }
   auto print = plan.options.print ? plan.options.print : [](const std::string& line) {
     std::fputs((line + "\n").c_str(), stdout);
@@ -131,8 +131,7 @@ Status CheckTokenizer(const RunPlan& plan, const TrainingData& data, const std::
 
 Status OpenData(const RunPlan& plan, Run* run) {
   STRATA_ASSIGN_OR_RETURN(run->data, TrainingData::Open(plan.options.data, plan.data));
-  STRATA_RETURN_IF_ERROR(
-      CheckTokenizer(plan, *run->data, "--data"));
+  STRATA_RETURN_IF_ERROR(CheckTokenizer(plan, *run->data, "--data"));
   if (!plan.eval_only()) {
     STRATA_ASSIGN_OR_RETURN(
         SequenceSampler s,
@@ -178,20 +177,18 @@ Status AgreeOnPlacement(RunPlan* plan, Run* run, const MachineFacts& machine) {
 Status BuildModel(const RunPlan& plan, Run* run) {
   const MemoryChoice& memory = run->memory;
   STRATA_ASSIGN_OR_RETURN(
-      run->model,
-      model::LlamaModel::Create(run->device(), plan.model, plan.seq_len, plan.layout.micro_batch,
-                                plan.config.strata.seed,
-                                {.allow_tf32 = plan.config.strata.tf32,
-                                 .profile_ops = plan.options.profile_ops,
-                                 .lora = plan.lora,
-                                 .keep_activations = memory.keep_activations,
-                                 .split_blocks = memory.split_blocks,
-                                 .offload_checkpoints = memory.offload_checkpoints}));
+      run->model, model::LlamaModel::Create(run->device(), plan.model, plan.seq_len,
+                                            plan.layout.micro_batch, plan.config.strata.seed,
+                                            {.allow_tf32 = plan.config.strata.tf32,
+                                             .profile_ops = plan.options.profile_ops,
+                                             .lora = plan.lora,
+                                             .keep_activations = memory.keep_activations,
+                                             .split_blocks = memory.split_blocks,
+                                             .offload_checkpoints = memory.offload_checkpoints}));
   // Frozen parameters (strata.freeze / strata.trainable), whole units.
   const Config& config = plan.config;
-  STRATA_ASSIGN_OR_RETURN(
-      run->frozen,
-      zero::FrozenUnits(run->model->units(), config.strata.freeze, config.strata.trainable));
+  STRATA_ASSIGN_OR_RETURN(run->frozen, zero::FrozenUnits(run->model->units(), config.strata.freeze,
+                                                         config.strata.trainable));
   if (!plan.eval_only() && std::count(run->frozen.begin(), run->frozen.end(), 1) ==
                                static_cast<std::ptrdiff_t>(run->frozen.size())) {
     return InvalidArgumentError(fmt::format(
@@ -210,9 +207,9 @@ std::string ModelLine(const RunPlan& plan, const Run& run) {
       plan.eval_only() ? "eval" : "train", plan.model.name,
       static_cast<double>(plan.model.ParameterCount()) / 1e6, plan.model.num_hidden_layers,
       run.world(), config.zero.stage, OffloadDeviceName(config.zero.offload_param.device),
-      plan.eval_only() ? "forward only (no optimizer state)"
-                       : fmt::format("optimizer on {}",
-                                     OffloadDeviceName(config.zero.offload_optimizer.device)),
+      plan.eval_only()
+          ? "forward only (no optimizer state)"
+          : fmt::format("optimizer on {}", OffloadDeviceName(config.zero.offload_optimizer.device)),
       config.zero.offload_optimizer.device != OffloadDevice::kNone &&
               config.zero.offload_optimizer.ratio < 1.0
           ? fmt::format(" (ratio {:g}; the other units' states on the device)",
@@ -250,11 +247,12 @@ void AddLoraLines(const RunPlan& plan, const Run& run, std::vector<std::string>*
       if (model::IsLoraParamName(p.name)) adapter_params += p.numel();
     }
   }
-  lines->push_back(fmt::format(
-      "  LoRA: r {}, lora_alpha {:g} (scale {:g}) on {}: {:.3f}M adapter parameters{}", lora.rank,
-      lora.alpha, lora.scale, fmt::join(lora.target_names(), ", "),
-      static_cast<double>(adapter_params) / 1e6,
-      plan.adapter_dir.empty() ? std::string() : fmt::format(", loaded from {}", plan.adapter_dir)));
+  lines->push_back(
+      fmt::format("  LoRA: r {}, lora_alpha {:g} (scale {:g}) on {}: {:.3f}M adapter parameters{}",
+                  lora.rank, lora.alpha, lora.scale, fmt::join(lora.target_names(), ", "),
+                  static_cast<double>(adapter_params) / 1e6,
+                  plan.adapter_dir.empty() ? std::string()
+                                           : fmt::format(", loaded from {}", plan.adapter_dir)));
   if (!plan.adapter_note.empty()) lines->push_back("  note: " + plan.adapter_note);
 }
 
@@ -267,7 +265,8 @@ void AddFrozenLine(const RunPlan& plan, const Run& run, std::vector<std::string>
   std::string names;
   for (size_t u = 0; u < units.size(); ++u) {
     int64_t n = 0;
-    for (const auto& p : units[u].params) n += p.numel();
+    for (const auto& p : units[u].params)
+      n += p.numel();
     all += n;
     if (frozen[u]) {
       names += (names.empty() ? "" : ", ") + units[u].name;
@@ -277,8 +276,8 @@ void AddFrozenLine(const RunPlan& plan, const Run& run, std::vector<std::string>
   }
   lines->push_back(fmt::format(
       "  frozen ({}): {} of {} units ({}); {:.2f}M of {:.2f}M parameters train",
-      plan.config.strata.freeze.empty() ? "strata.trainable" : "strata.freeze", count,
-      units.size(), names, static_cast<double>(trained) / 1e6, static_cast<double>(all) / 1e6));
+      plan.config.strata.freeze.empty() ? "strata.trainable" : "strata.freeze", count, units.size(),
+      names, static_cast<double>(trained) / 1e6, static_cast<double>(all) / 1e6));
 }
 
 std::string DataLine(const RunPlan& plan, const Run& run) {
@@ -293,9 +292,8 @@ std::string DataLine(const RunPlan& plan, const Run& run) {
       "steps{}",
       o.data, run.data->Describe(), plan.seq_len, layout.global_batch(), layout.micro_batch,
       layout.grad_accum, o.steps,
-      o.eval_every > 0
-          ? fmt::format("; validation on {} every {} steps", o.eval_data, o.eval_every)
-          : std::string());
+      o.eval_every > 0 ? fmt::format("; validation on {} every {} steps", o.eval_data, o.eval_every)
+                       : std::string());
 }
 
 // Initial states: a checkpoint (every byte read back is checked first, the ranks sharing the
@@ -311,10 +309,10 @@ Status OpenStateFiles(const RunPlan& plan, Run* run) {
     STRATA_ASSIGN_OR_RETURN(run->files,
                             StateFiles::OpenWeights(plan.model_dir, units, plan.adapter_dir));
   } else if (!plan.adapter_dir.empty()) {
-    return InvalidArgumentError(fmt::format(
-        "--adapter {}: adapters need the base model's weights, and {} holds none "
-        "(model.safetensors)",
-        plan.adapter_dir, plan.model_arg));
+    return InvalidArgumentError(
+        fmt::format("--adapter {}: adapters need the base model's weights, and {} holds none "
+                    "(model.safetensors)",
+                    plan.adapter_dir, plan.model_arg));
   } else if (std::filesystem::is_directory(plan.model_dir)) {
     run->say(fmt::format("  {} holds no weights (model.safetensors): starting from random weights",
                          plan.model_dir));
@@ -357,6 +355,31 @@ std::vector<std::string> DescribeRun(const RunPlan& plan, const Run& run) {
   return lines;
 }
 
+// How many evaluation batches the evaluation data gives (each global: micro-batch x ranks); an
+// error naming the file when it holds less than one. Checked when the data is opened, so that a
+// training run does not stop at its first evaluation.
+static Result<uint64_t> EvalBatches(const RunPlan& plan, const TrainingData& data, int world) {
+  const TrainOptions& o = plan.options;
+  const uint64_t rows = data.rows();
+  const uint64_t wanted = o.eval_sequences > 0
+                              ? std::min<uint64_t>(rows, static_cast<uint64_t>(o.eval_sequences))
+                              : rows;
+  const uint64_t per_rank = static_cast<uint64_t>(plan.layout.micro_batch);
+  const uint64_t global = per_rank * static_cast<uint64_t>(world);
+  const uint64_t batches = wanted / global;
+  if (batches == 0) {
+    return InvalidArgumentError(fmt::format(
+        "{} {} ({}): {} sequence(s) of {} + 1 tokens{}; one evaluation batch needs {} "
+        "({} rank(s) x {} per rank)",
+        o.eval_only ? "--data" : "--eval-data", o.eval_data, data.Describe(), rows, plan.seq_len,
+        wanted < rows
+            ? fmt::format(" ({} {})", o.eval_only ? "--sequences" : "--eval-sequences", wanted)
+            : "",
+        global, world, per_rank));
+  }
+  return batches;
+}
+
 Status LoadRun(const RunPlan& plan, Run* run) {
   STRATA_RETURN_IF_ERROR(OpenStateFiles(plan, run));
   const auto t0 = std::chrono::steady_clock::now();
@@ -374,7 +397,8 @@ Status LoadRun(const RunPlan& plan, Run* run) {
   const Config& config = plan.config;
   if (config.zero.stage > 0 && config.zero.offload_optimizer.device != OffloadDevice::kNone) {
     run->say(fmt::format("  CPU AdamW: {} thread(s) per rank (strata.cpu_adam_threads{})",
-                         run->stack.cpu_adam_threads, config.strata.cpu_adam_threads ? "" : " auto"));
+                         run->stack.cpu_adam_threads,
+                         config.strata.cpu_adam_threads ? "" : " auto"));
   }
   if (run->files) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -382,9 +406,10 @@ Status LoadRun(const RunPlan& plan, Run* run) {
                          static_cast<double>(run->files->total_bytes()) / std::max(s, 1e-6) / 1e6));
   }
   if (!plan.options.eval_data.empty()) {
-    STRATA_ASSIGN_OR_RETURN(run->eval_data,
-                            TrainingData::Open(plan.options.eval_data, plan.data));
+    STRATA_ASSIGN_OR_RETURN(run->eval_data, TrainingData::Open(plan.options.eval_data, plan.data));
     STRATA_RETURN_IF_ERROR(CheckTokenizer(plan, *run->eval_data, "--eval-data"));
+    const Result<uint64_t> batches = EvalBatches(plan, *run->eval_data, run->world());
+    if (!batches.ok()) return batches.status();
   }
   return Status::Ok();
 }
@@ -405,34 +430,18 @@ Result<bool> ResumeRun(const RunPlan& plan, Run* run) {
   run->say(fmt::format("  resumed {} at step {} (saved on {} rank(s), now {})", plan.resume_dir,
                        run->first_step, resumed.world_size, run->world()));
   if (run->first_step >= plan.options.steps) {
-    run->say(fmt::format("the checkpoint is at step {}; --steps {}: nothing to do",
-                         run->first_step, plan.options.steps));
+    run->say(fmt::format("the checkpoint is at step {}; --steps {}: nothing to do", run->first_step,
+                         plan.options.steps));
     return false;
   }
   return true;
 }
 
 Result<EvalResult> Evaluate(const RunPlan& plan, Run& run) {
-  const TrainOptions& o = plan.options;
   const TrainingData& data = *run.eval_data;
-  const uint64_t seq = static_cast<uint64_t>(plan.seq_len);
-  const uint64_t rows = data.rows();
-  const uint64_t wanted =
-      o.eval_sequences > 0 ? std::min<uint64_t>(rows, static_cast<uint64_t>(o.eval_sequences))
-                           : rows;
   const uint64_t per_rank = static_cast<uint64_t>(plan.layout.micro_batch);
   const uint64_t global = per_rank * static_cast<uint64_t>(run.world());
-  const uint64_t batches = wanted / global;
-  if (batches == 0) {
-    return InvalidArgumentError(fmt::format(
-        "{} {} ({}): {} sequence(s) of {} + 1 tokens{}; one evaluation batch needs {} "
-        "({} rank(s) x {} per rank)",
-        o.eval_only ? "--data" : "--eval-data", o.eval_data, data.Describe(), rows, seq,
-        wanted < rows
-            ? fmt::format(" ({} {})", o.eval_only ? "--sequences" : "--eval-sequences", wanted)
-            : "",
-        global, run.world(), per_rank));
-  }
+  STRATA_ASSIGN_OR_RETURN(const uint64_t batches, EvalBatches(plan, data, run.world()));
   const auto t0 = std::chrono::steady_clock::now();
   model::LlamaBatch mb;
   std::vector<uint64_t> mine(per_rank), all(global);
@@ -441,7 +450,8 @@ Result<EvalResult> Evaluate(const RunPlan& plan, Run& run) {
   double sum = 0;
   uint64_t targets = 0;
   for (uint64_t b = 0; b < batches; ++b) {
-    for (uint64_t s = 0; s < global; ++s) all[s] = b * global + s;
+    for (uint64_t s = 0; s < global; ++s)
+      all[s] = b * global + s;
     for (uint64_t s = 0; s < per_rank; ++s) {
       mine[s] = b * global + static_cast<uint64_t>(run.rank()) * per_rank + s;
     }
@@ -462,6 +472,10 @@ Result<EvalResult> Evaluate(const RunPlan& plan, Run& run) {
                            : sum / static_cast<double>(batches);
   r.sequences = batches * global;
   r.targets = targets;
+  const uint64_t wanted =
+      plan.options.eval_sequences > 0
+          ? std::min<uint64_t>(data.rows(), static_cast<uint64_t>(plan.options.eval_sequences))
+          : data.rows();
   r.dropped = wanted - r.sequences;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
@@ -472,10 +486,11 @@ std::string EvalLine(const RunPlan& plan, const Run& run, const EvalResult& r) {
       "loss {:.4f}, perplexity {:.4g} over {} sequence(s) x {} tokens of {}{} in {:.2f} s ({:.0f} "
       "tok/s)",
       r.loss, std::exp(r.loss), r.sequences, plan.seq_len, plan.options.eval_data,
-      r.dropped > 0 ? fmt::format(" ({} left out: not a whole batch of {} rank(s) x {})",
-                                  r.dropped, run.world(), plan.layout.micro_batch)
+      r.dropped > 0 ? fmt::format(" ({} left out: not a whole batch of {} rank(s) x {})", r.dropped,
+                                  run.world(), plan.layout.micro_batch)
                     : std::string(),
-      r.seconds, static_cast<double>(r.sequences * static_cast<uint64_t>(plan.seq_len)) / r.seconds);
+      r.seconds,
+      static_cast<double>(r.sequences * static_cast<uint64_t>(plan.seq_len)) / r.seconds);
 }
 
 Status WriteEvalJson(const RunPlan& plan, const Run& run, const EvalResult& r) {

@@ -275,6 +275,20 @@ TEST(EstimateTest, PlanPrintsTheChosenConfigAndWhy) {
   EXPECT_EQ(j["bf16"]["enabled"], true);  // the rest of the config as given
   EXPECT_NE(r.err.find("chosen: parameters on"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("does not fit (device"), std::string::npos) << r.err;
+  // Without --config the printed config is whole (a micro-batch, bf16), and estimates as it is.
+  auto bare = RunStrata({"estimate", "--model", "llama3-8b", "--gpus", "1", "--seq-len", "1024",
+                         "--plan", "--nvme-path", dir.file("nvme")});
+  ASSERT_EQ(bare.exit_code, 0) << bare.err;
+  const auto b = nlohmann::json::parse(bare.out);
+  EXPECT_EQ(b["train_micro_batch_size_per_gpu"], 1) << bare.out;
+  EXPECT_EQ(b["bf16"]["enabled"], true) << bare.out;
+  EXPECT_EQ(b["zero_optimization"]["stage"], 3) << bare.out;
+  const std::string bare_planned = dir.file("planned-bare.json");
+  std::ofstream(bare_planned) << bare.out;
+  auto bare_again = RunStrata({"estimate", "--model", "llama3-8b", "--config", bare_planned,
+                               "--gpus", "1", "--seq-len", "1024"});
+  ASSERT_EQ(bare_again.exit_code, 0) << bare_again.err;
+  EXPECT_EQ(bare_again.out.find("DOES NOT FIT"), std::string::npos) << bare_again.out;
   // The lent GPU machine (80 GB HBM, 128 GB of RAM, a 64 GB disk): the states fit no single
   // home (docs/planning.md), so they are split, a share in host memory and the rest on the GPU.
   r = RunStrata({"estimate", "--model", "llama3-8b", "--config", config, "--gpus", "1",

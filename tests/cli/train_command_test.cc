@@ -420,6 +420,18 @@ TEST(EvalCommandTest, MatchesTheFirstTrainingStepAndSaysWhatIsWrong) {
                             "--seq-len", "32", "--steps", "2", "--eval-every", "1"});
   EXPECT_NE(no_data.exit_code, 0);
   EXPECT_THAT(no_data.err, HasSubstr("--eval-every 1: needs --eval-data"));
+  // Validation data too small for one batch is refused before the first step, not at the first
+  // evaluation (when the steps before it would be lost).
+  const std::string tiny = dir.file("tiny.bin");
+  ASSERT_EQ(RunStrata({"data", "synth", "--out", tiny, "--tokens", "100", "--vocab", "256"})
+                .exit_code,
+            0);
+  auto small_eval = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data",
+                               data, "--seq-len", "32", "--steps", "5", "--eval-data", tiny,
+                               "--eval-every", "4"});
+  EXPECT_NE(small_eval.exit_code, 0);
+  EXPECT_THAT(small_eval.err, HasSubstr("one evaluation batch needs 4"));
+  EXPECT_THAT(small_eval.out, ::testing::Not(HasSubstr("step     1")));
   auto bad_model = RunStrata({"eval", "--model", dir.file("nothing"), "--data", data});
   EXPECT_NE(bad_model.exit_code, 0);
   EXPECT_THAT(bad_model.err, HasSubstr("neither a model directory"));

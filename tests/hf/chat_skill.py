@@ -16,7 +16,8 @@ held out of the training files. Then:
      must answer at least 90% of the 200 held-out reverse prompts exactly.
   3. (b) LoRA: from (a)'s checkpoint, adapters (r 16, all linear layers) teach sorting. Before,
      (a)'s model sorts at most 20% of the held-out sort prompts (it reverses them); after, the
-     checkpoint (base weights plus the PEFT adapter) loaded by transformers answers at least 90%.
+     checkpoint (base weights plus the PEFT adapter) loaded by transformers answers at least 90%,
+     and so does `strata checkpoint merge-lora`'s merged directory (which keeps the chat template).
 
 Usage: chat_skill.py --strata BIN --work DIR [--mpiexec MPIEXEC] [--python PY]. Exit 0 when every
 check holds, 1 otherwise. It prints each phase's wall time; docs/testing.md records them.
@@ -149,7 +150,21 @@ def main():
     check(acc_lora >= 0.9, f"(b) LoRA: {acc_lora:.1%} of 200 held-out sort prompts answered "
           "exactly (>= 90%)")
 
-    summary = {"accuracy_full_reverse": acc_full, "accuracy_sort_before_lora": acc_before,
+    # The adapter folded into the weights: a plain model directory with its tokenizer and chat
+    # template, answering as the adapter did.
+    merged = os.path.join(work, "merged")
+    run([args.strata, "checkpoint", "merge-lora", "--base", latest, "--adapter", latest,
+         "--out", merged], os.path.join(work, "merge.log"))
+    check(os.path.exists(os.path.join(merged, "chat_template.jinja"))
+          and not os.path.exists(os.path.join(merged, "adapter_config.json")),
+          "merge-lora wrote a plain model directory with the chat template")
+    acc_merged = accuracy(args.python, merged, os.path.join(work, "held-sort.jsonl"),
+                          os.path.join(work, "ask-merged.json"),
+                          os.path.join(work, "ask-merged.log"))
+    check(acc_merged >= 0.9, f"(b) merged: {acc_merged:.1%} of 200 held-out sort prompts "
+          "answered exactly (>= 90%)")
+
+    summary = {"accuracy_full_reverse": acc_full, "accuracy_merged_sort": acc_merged, "accuracy_sort_before_lora": acc_before,
                "accuracy_lora_sort": acc_lora, "full_steps": args.full_steps,
                "lora_steps": args.lora_steps, "seconds": {k: round(v, 1) for k, v in times.items()}}
     print(json.dumps(summary))
