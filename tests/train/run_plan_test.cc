@@ -172,11 +172,11 @@ TEST_F(RunPlanTest, AResumedCheckpointFixesTheDataOrder) {
     void (*edit)(TrainOptions&);
     const char* expect;
   } cases[] = {
-      {[](TrainOptions& o) { o.seq_len = 64; }, "--seq-len 64: the checkpoint"},
-      {[](TrainOptions& o) { o.seed = 5; }, "--seed 5: the checkpoint"},
-      {[](TrainOptions& o) { o.sampling = "random"; }, "--sampling random: the checkpoint"},
-      {[](TrainOptions& o) { o.adapter_dir = "/x"; }, "--adapter and --resume"},
-      {[](TrainOptions& o) { o.model = "llama-20m"; }, "from a different model"},
+      {[](TrainOptions& edited) { edited.seq_len = 64; }, "--seq-len 64: the checkpoint"},
+      {[](TrainOptions& edited) { edited.seed = 5; }, "--seed 5: the checkpoint"},
+      {[](TrainOptions& edited) { edited.sampling = "random"; }, "--sampling random: the checkpoint"},
+      {[](TrainOptions& edited) { edited.adapter_dir = "/x"; }, "--adapter and --resume"},
+      {[](TrainOptions& edited) { edited.model = "llama-20m"; }, "from a different model"},
   };
   for (const Case& c : cases) {
     TrainOptions bad = o;
