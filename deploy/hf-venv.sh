@@ -16,6 +16,8 @@
 # to it. Making it takes about 4 minutes here, nearly all of it downloading torch; a second call
 # with the same pins only checks the imports.
 set -euo pipefail
+# Only the python's path goes to stdout (callers capture it); everything else to stderr.
+exec 3>&1 1>&2
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 link="${1:-$root/build/hf-venv}"
@@ -74,4 +76,4 @@ fi
 # The link in the build tree; a directory left there by an older version of this script goes.
 if [ -e "$link" ] && [ ! -L "$link" ]; then rm -rf "$link"; fi
 ln -sfn "$dir" "$link"
-echo "$link/bin/python"
+echo "$link/bin/python" >&3

@@ -36,7 +36,7 @@ test_packages=(
   libaio-dev            # DeepSpeed's async I/O op (benchmarks/aio_vs_deepspeed.py)
   chromium python3-pil  # the test that renders `strata report` in a headless browser
   slurm-wlm munge       # the test that runs deploy/slurm/strata-train.sbatch on a real Slurm
-  docker.io debootstrap # the test that builds deploy/docker/Dockerfile and runs the main job in it
+  docker.io debootstrap # the test that builds deploy/docker/Dockerfile and runs the synthetic job in it
 )
 
 case "${1:-}" in

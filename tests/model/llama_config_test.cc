@@ -27,7 +27,7 @@ TEST(LlamaConfigTest, PresetsAreValidAndHaveTheKnownSizes) {
               0.005 * 72.71e9);
   EXPECT_EQ(LlamaPreset("qwen2.5-7b")->ParameterCount(), 7'615'616'512);
   EXPECT_EQ(LlamaPreset("qwen3-8b")->ParameterCount(), 8'190'735'360);
-  // The main job's model is in the 10-50M range.
+  // The synthetic job's model (llama-20m) is in the 10-50M range.
   const int64_t main_job = LlamaPreset("llama-20m")->ParameterCount();
   EXPECT_GT(main_job, 10'000'000);
   EXPECT_LT(main_job, 50'000'000);
