@@ -355,10 +355,15 @@ std::vector<std::string> DescribeRun(const RunPlan& plan, const Run& run) {
   return lines;
 }
 
-// How many evaluation batches the evaluation data gives (each global: micro-batch x ranks); an
-// error naming the file when it holds less than one. Checked when the data is opened, so that a
-// training run does not stop at its first evaluation.
-static Result<uint64_t> EvalBatches(const RunPlan& plan, const TrainingData& data, int world) {
+// How many sequences an evaluation reads (the data's rows, or fewer with --eval-sequences) and in
+// how many whole batches (each global: micro-batch x ranks); an error naming the file when they
+// make less than one batch. Checked when the data is opened, so that a training run does not stop
+// at its first evaluation.
+struct EvalSize {
+  uint64_t wanted = 0;
+  uint64_t batches = 0;
+};
+static Result<EvalSize> EvalBatches(const RunPlan& plan, const TrainingData& data, int world) {
   const TrainOptions& o = plan.options;
   const uint64_t rows = data.rows();
   const uint64_t wanted = o.eval_sequences > 0
@@ -377,7 +382,7 @@ static Result<uint64_t> EvalBatches(const RunPlan& plan, const TrainingData& dat
             : "",
         global, world, per_rank));
   }
-  return batches;
+  return EvalSize{wanted, batches};
 }
 
 Status LoadRun(const RunPlan& plan, Run* run) {
@@ -408,8 +413,8 @@ Status LoadRun(const RunPlan& plan, Run* run) {
   if (!plan.options.eval_data.empty()) {
     STRATA_ASSIGN_OR_RETURN(run->eval_data, TrainingData::Open(plan.options.eval_data, plan.data));
     STRATA_RETURN_IF_ERROR(CheckTokenizer(plan, *run->eval_data, "--eval-data"));
-    const Result<uint64_t> batches = EvalBatches(plan, *run->eval_data, run->world());
-    if (!batches.ok()) return batches.status();
+    const Result<EvalSize> size = EvalBatches(plan, *run->eval_data, run->world());
+    if (!size.ok()) return size.status();
   }
   return Status::Ok();
 }
@@ -441,7 +446,8 @@ Result<EvalResult> Evaluate(const RunPlan& plan, Run& run) {
   const TrainingData& data = *run.eval_data;
   const uint64_t per_rank = static_cast<uint64_t>(plan.layout.micro_batch);
   const uint64_t global = per_rank * static_cast<uint64_t>(run.world());
-  STRATA_ASSIGN_OR_RETURN(const uint64_t batches, EvalBatches(plan, data, run.world()));
+  STRATA_ASSIGN_OR_RETURN(const EvalSize size, EvalBatches(plan, data, run.world()));
+  const uint64_t batches = size.batches;
   const auto t0 = std::chrono::steady_clock::now();
   model::LlamaBatch mb;
   std::vector<uint64_t> mine(per_rank), all(global);
@@ -472,11 +478,7 @@ Result<EvalResult> Evaluate(const RunPlan& plan, Run& run) {
                            : sum / static_cast<double>(batches);
   r.sequences = batches * global;
   r.targets = targets;
-  const uint64_t wanted =
-      plan.options.eval_sequences > 0
-          ? std::min<uint64_t>(data.rows(), static_cast<uint64_t>(plan.options.eval_sequences))
-          : data.rows();
-  r.dropped = wanted - r.sequences;
+  r.dropped = size.wanted - r.sequences;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
