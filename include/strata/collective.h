@@ -105,6 +105,18 @@ class Collective {
   virtual Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) = 0;
   // Work after it on `stream` starts only after every rank reached it.
   virtual Status Barrier(device::Stream& stream) = 0;
+
+  // A collective over the ranks of this one that pass the same `color` (>= 0), ranked by `key`
+  // (ties by rank here): the sub-groups of a run (the ranks of a node, the same local rank across
+  // nodes, the tensor- and data-parallel groups; comm/topology.h). Every rank of this collective
+  // calls it, in the same order relative to its other operations; the call blocks until every
+  // rank has, and fails with DeadlineExceeded (naming the ranks that did not) after the timeout.
+  // The new collective has this one's device, backend and timeout; its operations are ordered
+  // with this one's as the backend orders operations (MPI: one sequence over every group of the
+  // process; in-process and NCCL: one sequence per group). A failure of one group does not fail
+  // the other at once: its ranks learn it when the failed rank leaves, or by the timeout.
+  // The new collective must be destroyed before this one.
+  virtual Result<std::unique_ptr<Collective>> Split(int color, int key) = 0;
 };
 
 // Creates the backend for `device` (which must outlive it). For MPI and NCCL this initialises MPI

@@ -132,6 +132,10 @@ struct ZeroConfig {
   bool ignore_unused_parameters = true;
   // Stages 1-2 with CPU offload: spread gradient copies to the host across ranks.
   bool round_robin_gradients = false;
+  // ZeRO++ qwZ: stage 3's parameter all-gather moves each shard as int8 blocks of
+  // kQuantBlockElems (2048) with one fp32 scale each, dequantized into the compute dtype on
+  // arrival; master weights, the optimizer and checkpoints stay exact (docs/zero.md).
+  bool zero_quantized_weights = false;
 
   friend bool operator==(const ZeroConfig&, const ZeroConfig&) = default;
 };

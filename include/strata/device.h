@@ -223,6 +223,27 @@ class Device {
     return Status(StatusCode::kUnimplemented,
                   std::string(name()) + ": SumSquares is not implemented by this device");
   }
+
+  // Blockwise symmetric int8 quantization (ZeRO++'s quantized weight all-gather, docs/zero.md):
+  // for each block b of `block` elements (n a multiple of block), scales[b] = max |x| over the
+  // block / 127 in fp32, and q[i] = x[i] / scales[b] (one fp32 division) rounded to the nearest
+  // integer, ties to even: |x[i] - q[i] * scales[b]| <= scales[b] / 2. An all-zero block has
+  // scale 0 and q 0; a NaN element quantizes to 0. q: n bytes of device memory; scales: n / block
+  // floats of device memory. Every device gives the same bits.
+  virtual Status QuantizeInt8(const void* x, DType dtype, size_t n, size_t block, void* q,
+                              float* scales, Stream& stream) {
+    (void)x, (void)dtype, (void)n, (void)block, (void)q, (void)scales, (void)stream;
+    return Status(StatusCode::kUnimplemented,
+                  std::string(name()) + ": QuantizeInt8 is not implemented by this device");
+  }
+  // The inverse: y[i] = float(q[i]) * scales[i / block] (one fp32 product), rounded once to
+  // `dtype`.
+  virtual Status DequantizeInt8(const void* q, const float* scales, size_t n, size_t block,
+                                void* y, DType dtype, Stream& stream) {
+    (void)q, (void)scales, (void)n, (void)block, (void)y, (void)dtype, (void)stream;
+    return Status(StatusCode::kUnimplemented,
+                  std::string(name()) + ": DequantizeInt8 is not implemented by this device");
+  }
 };
 
 // Creates a device. DeviceType::kCuda in a build without CUDA is Unimplemented; with CUDA but no

@@ -47,6 +47,11 @@ class CollectiveWrapper : public Collective {
     return inner_->Broadcast(buf, bytes, root, stream);
   }
   Status Barrier(device::Stream& stream) override { return inner_->Barrier(stream); }
+  // The inner collective's split, unwrapped: a derived class that must see the sub-group's
+  // operations too wraps the result itself.
+  Result<std::unique_ptr<Collective>> Split(int color, int key) override {
+    return inner_->Split(color, key);
+  }
 
  private:
   std::unique_ptr<Collective> inner_;

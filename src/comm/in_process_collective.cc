@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -36,6 +37,15 @@ struct Meeting {
   int left = 0;  // ranks past the departure; the last one erases the meeting
 };
 
+// Split k of every rank: each rank's (color, key), and the sub-worlds once every rank arrived.
+struct SplitMeeting {
+  explicit SplitMeeting(int world) : args(static_cast<size_t>(world)) {}
+  std::vector<std::optional<std::pair<int, int>>> args;  // per rank, once it arrived
+  int arrived = 0;
+  std::map<int, std::shared_ptr<InProcessWorld>> worlds;  // by color, made by the last arrival
+  int taken = 0;  // ranks that took their sub-world; the last one erases the meeting
+};
+
 }  // namespace
 
 struct InProcessWorld::State {
@@ -58,6 +68,7 @@ struct InProcessWorld::State {
   std::condition_variable cv;
   std::vector<Rank> ranks;
   std::map<uint64_t, Meeting> meetings;
+  std::map<uint64_t, SplitMeeting> splits;  // by split number (1, 2, ... per rank)
   Status failure;  // the world's first failure
   int failed_rank = -1;
 
@@ -113,6 +124,8 @@ class InProcessCollective final : public internal::OpCollective {
   Backend backend() const override { return Backend::kInProcess; }
   int rank() const override { return rank_; }
   int world_size() const override { return s_->world; }
+  // A sub-world of the ranks with this color, over the same threads and devices.
+  Result<std::unique_ptr<Collective>> Split(int color, int key) override;
 
  private:
   using Clock = strata::Clock;
@@ -145,7 +158,66 @@ class InProcessCollective final : public internal::OpCollective {
   device::Device& device_;
   std::mutex submit_mu_;  // serialises Run, so that sequence numbers follow enqueue order
   uint64_t next_seq_ = 0;
+  uint64_t next_split_ = 0;  // guarded by the world's mutex
 };
+
+Result<std::unique_ptr<Collective>> InProcessCollective::Split(int color, int key) {
+  STRATA_RETURN_IF_ERROR(internal::ValidateSplit(kBackend, color));
+  InProcessWorld::State& s = *s_;
+  std::unique_lock lock(s.mu);
+  const uint64_t seq = ++next_split_;
+  const std::string name = fmt::format("{} split #{} on rank {}", kBackend, seq, rank_);
+  if (!s.failure.ok()) return FailureLocked(name);
+  const Clock::TimePoint deadline =
+      s.clock->Now() + std::chrono::duration_cast<Clock::Duration>(s.options.timeout);
+  SplitMeeting& m = s.splits.try_emplace(seq, s.world).first->second;
+  m.args[static_cast<size_t>(rank_)] = std::pair{color, key};
+  ++m.arrived;
+  s.cv.notify_all();
+  for (;;) {
+    if (!s.failure.ok()) return FailureLocked(name);
+    if (m.arrived == s.world) break;
+    std::string missing;
+    bool left = false;
+    for (int q = 0; q < s.world; ++q) {
+      if (m.args[static_cast<size_t>(q)].has_value()) continue;
+      left = left || s.ranks[static_cast<size_t>(q)].left;
+      missing += fmt::format("{}{}", missing.empty() ? "" : ", ", q);
+    }
+    Status error;
+    if (left) {
+      error = AbortedError(fmt::format("{}: rank(s) {} left the world before splitting it", name,
+                                       missing));
+    } else if (s.clock->Now() >= deadline) {
+      error = DeadlineExceededError(fmt::format("{}: rank(s) {} did not split within {} ms", name,
+                                                missing, s.options.timeout.count()));
+    } else {
+      s.clock->WaitUntil(s.cv, lock, deadline);
+      continue;
+    }
+    s.FailLocked(rank_, error);
+    return error;
+  }
+  std::vector<std::pair<int, int>> args;
+  for (const auto& a : m.args)
+    args.push_back(*a);
+  const internal::SplitPlace place = internal::PlaceInSplit(args, rank_);
+  if (m.worlds.empty()) {  // the first rank past the meeting makes every color's world
+    for (const auto& a : args) {
+      const int c = a.first;
+      if (m.worlds.contains(c)) continue;
+      const auto size = std::count_if(args.begin(), args.end(),
+                                      [&](const auto& b) { return b.first == c; });
+      InProcessOptions options = s.options;
+      options.world_size = static_cast<int>(size);
+      STRATA_ASSIGN_OR_RETURN(m.worlds[c], InProcessWorld::Create(options));
+    }
+  }
+  std::shared_ptr<InProcessWorld> sub = m.worlds.at(color);
+  if (++m.taken == s.world) s.splits.erase(seq);
+  lock.unlock();
+  return sub->Join(place.rank, device_);
+}
 
 Status InProcessCollective::Run(const internal::OpDesc& desc, device::Stream& stream) {
   STRATA_RETURN_IF_ERROR(internal::ValidateOp(kBackend, desc, rank_, s_->world));

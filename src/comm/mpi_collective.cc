@@ -14,17 +14,25 @@ namespace {
 class MpiCollective final : public OpCollective {
  public:
   MpiCollective(device::Device& device, const CollectiveOptions& options, MpiRuntime& runtime,
-                const MpiTuning& tuning)
+                const MpiTuning& tuning, MpiGroup group)
       : device_(device),
+        options_(options),
         runtime_(runtime),
+        group_(group),
         timeout_(options.timeout),
         tuning_(tuning),
         trace_(options.trace),
         track_(options.trace != nullptr ? options.trace->Track("comm") : 0) {}
 
   Backend backend() const override { return Backend::kMpi; }
-  int rank() const override { return runtime_.rank(); }
-  int world_size() const override { return runtime_.world_size(); }
+  int rank() const override { return group_.rank; }
+  int world_size() const override { return group_.size; }
+
+  Result<std::unique_ptr<Collective>> Split(int color, int key) override {
+    STRATA_ASSIGN_OR_RETURN(MpiGroup group, runtime_.Split(group_.id, color, key, timeout_));
+    return std::unique_ptr<Collective>(
+        std::make_unique<MpiCollective>(device_, options_, runtime_, tuning_, group));
+  }
 
  private:
   Status Run(const OpDesc& desc, device::Stream& stream) override {
@@ -37,11 +45,14 @@ class MpiCollective final : public OpCollective {
     op->tuning = tuning_;
     op->trace = trace_;
     op->track = track_;
+    op->group = group_.id;
     return runtime_.Submit(std::move(op), &device_, &stream);
   }
 
   device::Device& device_;
+  const CollectiveOptions options_;
   MpiRuntime& runtime_;
+  const MpiGroup group_;
   const std::chrono::milliseconds timeout_;
   const MpiTuning tuning_;
   TraceRecorder* const trace_;
@@ -72,7 +83,7 @@ Result<std::unique_ptr<Collective>> CreateMpiCollective(device::Device& device,
         launch.launcher, launch.rank, launch.world_size, runtime->rank(), runtime->world_size()));
   }
   return std::unique_ptr<Collective>(
-      std::make_unique<MpiCollective>(device, options, *runtime, tuning));
+      std::make_unique<MpiCollective>(device, options, *runtime, tuning, runtime->world_group()));
 }
 
 }  // namespace strata::comm::internal

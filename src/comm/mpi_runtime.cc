@@ -118,6 +118,15 @@ class MpiRuntime::Thread {
   Status RunAllReduce(const MpiOp& op);
   Status RunBroadcast(const MpiOp& op);
   Status RunBarrier(const MpiOp& op);
+  Status RunSplit(const MpiOp& op);
+
+  // A communicator the runtime runs operations over; groups_[0] is the world (ops_).
+  struct Group {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rank = 0;
+    int size = 1;
+  };
+  const Group& GroupOf(const MpiOp& op) const { return groups_[static_cast<size_t>(op.group)]; }
 
   // Checks the return code of a call that starts a non-blocking operation.
   Status Started(int rc, std::string_view call, const MpiOp& op);
@@ -159,6 +168,7 @@ class MpiRuntime::Thread {
   bool own_mpi_ = true;  // this thread called MPI_Init_thread, so it calls MPI_Finalize
   MPI_Comm ops_ = MPI_COMM_NULL;
   MPI_Comm beats_ = MPI_COMM_NULL;
+  std::vector<Group> groups_;  // by MpiGroup::id; only this thread touches it
   std::vector<Peer> peers_;
   std::optional<PeerWatch> watch_;  // made by Init
   Beat me_;
@@ -232,6 +242,7 @@ Status MpiRuntime::Thread::Init(std::chrono::milliseconds timeout) {
                                      "MPI_Comm_set_errhandler", "mpi"));
   }
 
+  groups_.push_back(Group{.comm = ops_, .rank = rank_, .size = world_});
   watch_.emplace(rank_, world_, RealClock());
   peers_.resize(static_cast<size_t>(world_));
   for (int p = 0; p < world_; ++p) {
@@ -309,7 +320,7 @@ void MpiRuntime::Thread::Execute(MpiOp& op) {
   }
   if (op.trace != nullptr) {
     op.trace->Complete(op.track, TraceName(op.desc), "comm", start_ns, TraceRecorder::NowNs(),
-                       {{"bytes", static_cast<double>(OpBytes(op.desc, world_))},
+                       {{"bytes", static_cast<double>(OpBytes(op.desc, GroupOf(op).size))},
                         {"seq", static_cast<double>(op.seq)}});
   }
   {
@@ -501,6 +512,9 @@ void MpiRuntime::Thread::Shutdown() {
                std::chrono::duration_cast<std::chrono::seconds>(kExitSilence).count());
     return;
   }
+  for (size_t g = 1; g < groups_.size(); ++g) {
+    MpiStatus(MPI_Comm_free(&groups_[g].comm), "MPI_Comm_free", "mpi exit").IgnoreError();
+  }
   MpiStatus(MPI_Comm_free(&ops_), "MPI_Comm_free", "mpi exit").IgnoreError();
   MpiStatus(MPI_Comm_free(&beats_), "MPI_Comm_free", "mpi exit").IgnoreError();
   if (own_mpi_) {
@@ -561,6 +575,7 @@ Result<void*> MpiRuntime::Thread::Scratch(size_t bytes) {
 }
 
 Status MpiRuntime::Thread::Run(const MpiOp& op) {
+  if (op.split != nullptr) return RunSplit(op);
   switch (op.desc.kind) {
     case OpKind::kAllGather:
       return RunAllGather(op);
@@ -576,13 +591,53 @@ Status MpiRuntime::Thread::Run(const MpiOp& op) {
   return InternalError(fmt::format("{}: unknown operation", Context(op)));
 }
 
-Status MpiRuntime::Thread::RunBarrier(const MpiOp& op) {
+Status MpiRuntime::Thread::RunSplit(const MpiOp& op) {
+  const Group& parent = GroupOf(op);
+  // Everyone arrives first (bounded by the timeout, watched by the heartbeats); MPI_Comm_split,
+  // which blocks, then only waits for ranks that are already in it.
+  std::vector<int> args(2 * static_cast<size_t>(parent.size));
+  const int mine[2] = {op.split->color, op.split->key};
   MPI_Request request = MPI_REQUEST_NULL;
-  STRATA_RETURN_IF_ERROR(Started(MPI_Ibarrier(ops_, &request), "MPI_Ibarrier", op));
+  STRATA_RETURN_IF_ERROR(Started(
+      MPI_Iallgather(mine, 2, MPI_INT, args.data(), 2, MPI_INT, parent.comm, &request),
+      "MPI_Iallgather", op));
+  STRATA_RETURN_IF_ERROR(Await(&request, 1, "MPI_Iallgather", op));
+  std::vector<std::pair<int, int>> color_key;
+  for (int q = 0; q < parent.size; ++q) {
+    color_key.emplace_back(args[2 * static_cast<size_t>(q)], args[2 * static_cast<size_t>(q) + 1]);
+  }
+  const SplitPlace place = PlaceInSplit(color_key, parent.rank);
+  Group group;
+  STRATA_RETURN_IF_ERROR(Started(
+      MPI_Comm_split(parent.comm, op.split->color, op.split->key, &group.comm), "MPI_Comm_split",
+      op));
+  STRATA_RETURN_IF_ERROR(Started(MPI_Comm_set_errhandler(group.comm, MPI_ERRORS_RETURN),
+                                 "MPI_Comm_set_errhandler", op));
+  STRATA_RETURN_IF_ERROR(
+      Started(MPI_Comm_rank(group.comm, &group.rank), "MPI_Comm_rank", op));
+  STRATA_RETURN_IF_ERROR(
+      Started(MPI_Comm_size(group.comm, &group.size), "MPI_Comm_size", op));
+  if (group.rank != place.rank || group.size != place.size()) {
+    return InternalError(fmt::format(
+        "{}: MPI_Comm_split placed this rank at {} of {}, where the (color, key) pairs place it "
+        "at {} of {}",
+        Context(op), group.rank, group.size, place.rank, place.size()));
+  }
+  groups_.push_back(group);
+  op.split->result = MpiGroup{
+      .id = static_cast<int>(groups_.size() - 1), .rank = group.rank, .size = group.size};
+  return Status::Ok();
+}
+
+Status MpiRuntime::Thread::RunBarrier(const MpiOp& op) {
+  const Group& g = GroupOf(op);
+  MPI_Request request = MPI_REQUEST_NULL;
+  STRATA_RETURN_IF_ERROR(Started(MPI_Ibarrier(g.comm, &request), "MPI_Ibarrier", op));
   return Await(&request, 1, "MPI_Ibarrier", op);
 }
 
 Status MpiRuntime::Thread::RunBroadcast(const MpiOp& op) {
+  const Group& g = GroupOf(op);
   auto* buf = static_cast<std::byte*>(op.desc.recv);
   const size_t bytes = op.desc.count;
   const size_t chunk = std::max<size_t>(1, op.tuning.max_call_elements);
@@ -590,7 +645,7 @@ Status MpiRuntime::Thread::RunBroadcast(const MpiOp& op) {
     const size_t length = std::min(chunk, bytes - offset);
     MPI_Request request = MPI_REQUEST_NULL;
     STRATA_RETURN_IF_ERROR(Started(
-        MPI_Ibcast(buf + offset, static_cast<int>(length), MPI_BYTE, op.desc.root, ops_, &request),
+        MPI_Ibcast(buf + offset, static_cast<int>(length), MPI_BYTE, op.desc.root, g.comm, &request),
         "MPI_Ibcast", op));
     STRATA_RETURN_IF_ERROR(Await(&request, 1, "MPI_Ibcast", op));
   }
@@ -598,20 +653,21 @@ Status MpiRuntime::Thread::RunBroadcast(const MpiOp& op) {
 }
 
 Status MpiRuntime::Thread::RunAllGather(const MpiOp& op) {
+  const Group& g = GroupOf(op);
   const OpDesc& d = op.desc;
   const size_t n = d.count;
   const size_t elem = device::DTypeSize(d.dtype);
   const MPI_Datatype type = ElementType(d.dtype);
   const auto* send = static_cast<const std::byte*>(d.send);
   auto* recv = static_cast<std::byte*>(d.recv);
-  const auto world = static_cast<size_t>(world_);
-  const auto rank = static_cast<size_t>(rank_);
+  const auto world = static_cast<size_t>(g.size);
+  const auto rank = static_cast<size_t>(g.rank);
 
   if (n <= op.tuning.max_call_elements) {
     MPI_Request request = MPI_REQUEST_NULL;
-    const void* source = IsInPlace(d, rank_) ? MPI_IN_PLACE : d.send;
+    const void* source = IsInPlace(d, g.rank) ? MPI_IN_PLACE : d.send;
     STRATA_RETURN_IF_ERROR(Started(MPI_Iallgather(source, static_cast<int>(n), type, recv,
-                                                  static_cast<int>(n), type, ops_, &request),
+                                                  static_cast<int>(n), type, g.comm, &request),
                                    "MPI_Iallgather", op));
     return Await(&request, 1, "MPI_Iallgather", op);
   }
@@ -627,7 +683,7 @@ Status MpiRuntime::Thread::RunAllGather(const MpiOp& op) {
     std::memcpy(scratch + rank * piece * elem, send + offset * elem, piece * elem);
     MPI_Request request = MPI_REQUEST_NULL;
     STRATA_RETURN_IF_ERROR(Started(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, scratch,
-                                                  static_cast<int>(piece), type, ops_, &request),
+                                                  static_cast<int>(piece), type, g.comm, &request),
                                    "MPI_Iallgather", op));
     STRATA_RETURN_IF_ERROR(Await(&request, 1, "MPI_Iallgather", op));
     for (size_t q = 0; q < world; ++q) {
@@ -638,12 +694,13 @@ Status MpiRuntime::Thread::RunAllGather(const MpiOp& op) {
 }
 
 Status MpiRuntime::Thread::RunReduceScatter(const MpiOp& op) {
+  const Group& g = GroupOf(op);
   const OpDesc& d = op.desc;
   const size_t n = d.count;
   const size_t elem = device::DTypeSize(d.dtype);
   const auto* send = static_cast<const std::byte*>(d.send);
   auto* recv = static_cast<std::byte*>(d.recv);
-  const auto world = static_cast<size_t>(world_);
+  const auto world = static_cast<size_t>(g.size);
   const size_t piece_max = ReducePieceMax(op);
   std::vector<const std::byte*> parts(world);
   std::vector<int> counts(world);
@@ -659,6 +716,7 @@ Status MpiRuntime::Thread::RunReduceScatter(const MpiOp& op) {
 }
 
 Status MpiRuntime::Thread::RunAllReduce(const MpiOp& op) {
+  const Group& g = GroupOf(op);
   // A reduce-scatter (each element is summed on exactly one rank, in rank order) followed by an
   // all-gather of the results, round by round: every rank receives the very same bits.
   const OpDesc& d = op.desc;
@@ -667,8 +725,8 @@ Status MpiRuntime::Thread::RunAllReduce(const MpiOp& op) {
   const MPI_Datatype type = ElementType(d.dtype);
   const auto* send = static_cast<const std::byte*>(d.send);
   auto* recv = static_cast<std::byte*>(d.recv);
-  const auto world = static_cast<size_t>(world_);
-  const auto rank = static_cast<size_t>(rank_);
+  const auto world = static_cast<size_t>(g.size);
+  const auto rank = static_cast<size_t>(g.rank);
   // A round gives each rank at most one reduction piece, and its offsets stay ints.
   const size_t round_max = std::min<size_t>(ReducePieceMax(op) * world, INT_MAX);
   std::vector<const std::byte*> parts(world);
@@ -691,7 +749,7 @@ Status MpiRuntime::Thread::RunAllReduce(const MpiOp& op) {
     MPI_Request request = MPI_REQUEST_NULL;
     STRATA_RETURN_IF_ERROR(
         Started(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, round, counts.data(),
-                                displs.data(), type, ops_, &request),
+                                displs.data(), type, g.comm, &request),
                 "MPI_Iallgatherv", op));
     STRATA_RETURN_IF_ERROR(Await(&request, 1, "MPI_Iallgatherv", op));
   }
@@ -699,17 +757,19 @@ Status MpiRuntime::Thread::RunAllReduce(const MpiOp& op) {
 }
 
 size_t MpiRuntime::Thread::ReducePieceMax(const MpiOp& op) const {
-  return std::max<size_t>(1, std::min(op.tuning.stage_elements / static_cast<size_t>(world_),
+  const Group& g = GroupOf(op);
+  return std::max<size_t>(1, std::min(op.tuning.stage_elements / static_cast<size_t>(g.size),
                                       op.tuning.max_call_elements));
 }
 
 Status MpiRuntime::Thread::ReducePiece(const MpiOp& op, const std::byte* const* parts,
                                        const int* counts, std::byte* out) {
+  const Group& g = GroupOf(op);
   const OpDesc& d = op.desc;
   const size_t elem = device::DTypeSize(d.dtype);
   const MPI_Datatype type = ElementType(d.dtype);
-  const auto world = static_cast<size_t>(world_);
-  const auto rank = static_cast<size_t>(rank_);
+  const auto world = static_cast<size_t>(g.size);
+  const auto rank = static_cast<size_t>(g.rank);
   const auto mine = static_cast<size_t>(counts[rank]);
   STRATA_ASSIGN_OR_RETURN(void* scratch, Scratch((world - 1) * mine * elem));
   auto* inbox = static_cast<std::byte*>(scratch);
@@ -724,13 +784,13 @@ Status MpiRuntime::Thread::ReducePiece(const MpiOp& op, const std::byte* const* 
     sources[from] = slot;
     STRATA_RETURN_IF_ERROR(
         Started(MPI_Irecv(slot, static_cast<int>(mine), type, static_cast<int>(from), kReduceTag,
-                          ops_, &requests[k - 1]),
+                          g.comm, &requests[k - 1]),
                 "MPI_Irecv", op));
   }
   for (size_t k = 1; k < world; ++k) {
     const size_t to = (rank + k) % world;
     STRATA_RETURN_IF_ERROR(Started(MPI_Isend(parts[to], counts[to], type, static_cast<int>(to),
-                                             kReduceTag, ops_, &requests[world - 1 + k - 1]),
+                                             kReduceTag, g.comm, &requests[world - 1 + k - 1]),
                                    "MPI_Isend", op));
   }
   std::vector<MPI_Status> statuses(requests.size());
@@ -748,7 +808,7 @@ Status MpiRuntime::Thread::ReducePiece(const MpiOp& op, const std::byte* const* 
           Context(op), (rank + world - k) % world, received, mine));
     }
   }
-  const float scale = d.op == ReduceOp::kAvg ? AvgScale(world_) : 1.0f;
+  const float scale = d.op == ReduceOp::kAvg ? AvgScale(g.size) : 1.0f;
   SumInRankOrder(sources.data(), world, d.dtype, scale, out, mine);
   return Status::Ok();
 }
@@ -832,7 +892,11 @@ Status MpiRuntime::Submit(std::shared_ptr<MpiOp> op, device::Device* device,
     if (stop_) return FailedPreconditionError("mpi: the process is exiting");
   }
   op->seq = next_seq_ + 1;
-  op->name = fmt::format("mpi {}", DescribeOp(op->desc, op->seq));
+  op->name = op->split != nullptr
+                 ? fmt::format("mpi split #{} (color {}, key {})", op->seq, op->split->color,
+                               op->split->key)
+                 : fmt::format("mpi {}", DescribeOp(op->desc, op->seq));
+  if (op->group != 0) op->name += fmt::format(" in group {}", op->group);
   Status notified;
   if (device != nullptr) {
     STRATA_RETURN_IF_ERROR(device->HostTask(
@@ -862,6 +926,18 @@ Status MpiRuntime::RunNow(std::shared_ptr<MpiOp> op) {
   std::unique_lock lock(mu_);
   done_cv_.wait(lock, [&] { return op->state == MpiOp::State::kDone; });
   return op->result;
+}
+
+Result<MpiGroup> MpiRuntime::Split(int parent, int color, int key,
+                                   std::chrono::milliseconds timeout) {
+  STRATA_RETURN_IF_ERROR(ValidateSplit("mpi", color));
+  MpiSplit split{.parent = parent, .color = color, .key = key, .result = {}};
+  auto op = std::make_shared<MpiOp>();
+  op->timeout = timeout;
+  op->group = parent;
+  op->split = &split;
+  STRATA_RETURN_IF_ERROR(RunNow(op));
+  return split.result;
 }
 
 Status MpiRuntime::StreamTask(MpiOp& op) {

@@ -75,6 +75,22 @@ struct MpiTuning {
   size_t max_call_elements = INT_MAX;
 };
 
+// A group of ranks the runtime runs operations over: group 0 is the world (the runtime's
+// duplicate of MPI_COMM_WORLD); Split makes more (MPI_Comm_split of a group's communicator).
+struct MpiGroup {
+  int id = 0;
+  int rank = 0;  // this process's rank in the group
+  int size = 1;
+};
+
+// A split request on its way through the runtime (MpiOp::split).
+struct MpiSplit {
+  int parent = 0;  // group id
+  int color = 0;
+  int key = 0;
+  MpiGroup result;  // set when the operation succeeded
+};
+
 // One operation on its way through the runtime. Created by the submitter; the fields above
 // `state` are fixed before Submit. The rest is guarded by the runtime's mutex.
 struct MpiOp {
@@ -83,6 +99,8 @@ struct MpiOp {
   MpiTuning tuning;
   TraceRecorder* trace = nullptr;  // records on `track` when set
   uint32_t track = 0;
+  int group = 0;             // the MpiGroup the operation runs over (its ranks are the group's)
+  MpiSplit* split = nullptr;  // when set, the operation is this split (desc is not used)
 
   uint64_t seq = 0;  // set by Submit: 1, 2, ... over the whole process
   std::string name;  // set by Submit: "mpi all-reduce #12 (1000 x bf16, avg)"
@@ -117,6 +135,14 @@ class MpiRuntime {
 
   // Submits `op` without a stream and blocks the caller until it completed; returns its result.
   Status RunNow(std::shared_ptr<MpiOp> op);
+
+  // The world group: every rank of the process's MPI world.
+  MpiGroup world_group() const { return MpiGroup{.id = 0, .rank = rank_, .size = world_}; }
+  // Splits group `parent` as Collective::Split says: an all-gather of every member's (color,
+  // key) on the parent, bounded by `timeout` like any operation, then MPI_Comm_split. Runs in the
+  // operation sequence like any other operation (RunNow). The group lives until the runtime
+  // shuts down.
+  Result<MpiGroup> Split(int parent, int color, int key, std::chrono::milliseconds timeout);
 
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;

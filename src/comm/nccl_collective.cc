@@ -120,6 +120,13 @@ struct NcclWatch {
   }
 };
 
+// The collective over an initialised communicator `comm`: its barrier buffer, its watchdog.
+// Aborts `comm` on failure.
+Result<std::unique_ptr<Collective>> StartNcclCollective(device::Device& device,
+                                                        const CollectiveOptions& options,
+                                                        ncclComm_t comm, int rank, int world,
+                                                        int ordinal);
+
 class NcclCollective final : public OpCollective {
  public:
   NcclCollective(device::Device& device, const CollectiveOptions& options, ncclComm_t comm,
@@ -133,7 +140,8 @@ class NcclCollective final : public OpCollective {
         trace_(options.trace),
         track_(options.trace != nullptr ? options.trace->Track("comm") : 0),
         barrier_buffer_(barrier_buffer),
-        watch_(std::make_shared<NcclWatch>()) {}
+        watch_(std::make_shared<NcclWatch>()),
+        options_(options) {}
 
   // Starts the watchdog. Separate from the constructor so that a failure is a Status.
   Status Start() {
@@ -177,6 +185,8 @@ class NcclCollective final : public OpCollective {
   Backend backend() const override { return Backend::kNccl; }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
+  // ncclCommSplit of this communicator (NCCL >= 2.18), non-blocking and bounded by the timeout.
+  Result<std::unique_ptr<Collective>> Split(int color, int key) override;
 
  private:
   Status Run(const OpDesc& desc, device::Stream& stream) override;
@@ -196,11 +206,40 @@ class NcclCollective final : public OpCollective {
   void* const barrier_buffer_;  // one fp32 on the device: a barrier is an all-reduce of it
   const std::shared_ptr<NcclWatch> watch_;
 
+  const CollectiveOptions options_;
   std::mutex mu_;  // serialises NCCL calls on comm_ (enqueues, abort, destruction)
   uint64_t seq_ = 0;
   bool aborted_ = false;
   std::thread watchdog_;
 };
+
+Result<std::unique_ptr<Collective>> NcclCollective::Split(int color, int key) {
+  STRATA_RETURN_IF_ERROR(ValidateSplit("nccl", color));
+  const auto deadline = Clock::now() + timeout_;
+  const std::string context = fmt::format("nccl split (rank {} of {}, color {})", rank_, world_,
+                                          color);
+  ncclComm_t sub = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    STRATA_RETURN_IF_ERROR(watch_->Failure());
+    STRATA_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal_), "cudaSetDevice", context));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    // As at start: the call completes before `sub` is read.
+    const ncclResult_t started = ncclCommSplit(comm_, color, key, &sub, &config);
+    const Status split = Settle(started, "ncclCommSplit", context, sub, deadline);
+    if (!split.ok()) {
+      if (sub != nullptr) (void)ncclCommAbort(sub);
+      return split;
+    }
+  }
+  int sub_rank = 0;
+  int sub_world = 1;
+  STRATA_RETURN_IF_ERROR(NcclStatus(ncclCommUserRank(sub, &sub_rank), "ncclCommUserRank", context,
+                                    sub));
+  STRATA_RETURN_IF_ERROR(NcclStatus(ncclCommCount(sub, &sub_world), "ncclCommCount", context, sub));
+  return StartNcclCollective(device_, options_, sub, sub_rank, sub_world, ordinal_);
+}
 
 Status NcclCollective::Run(const OpDesc& desc, device::Stream& stream) {
   STRATA_RETURN_IF_ERROR(ValidateOp("nccl", desc, rank_, world_));
@@ -463,6 +502,15 @@ Result<std::unique_ptr<Collective>> CreateNcclCollective(device::Device& device,
     }
     return UnavailableError(created.message());
   }
+  return StartNcclCollective(device, options, comm, rank, world, ordinal);
+}
+
+namespace {
+
+Result<std::unique_ptr<Collective>> StartNcclCollective(device::Device& device,
+                                                        const CollectiveOptions& options,
+                                                        ncclComm_t comm, int rank, int world,
+                                                        int ordinal) {
   Result<void*> barrier = device.Alloc(sizeof(float));
   Status zeroed = barrier.status();
   if (zeroed.ok()) {
@@ -480,5 +528,7 @@ Result<std::unique_ptr<Collective>> CreateNcclCollective(device::Device& device,
              NCCL_VERSION_CODE);
   return std::unique_ptr<Collective>(std::move(collective));
 }
+
+}  // namespace
 
 }  // namespace strata::comm::internal

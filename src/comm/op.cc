@@ -251,4 +251,26 @@ void SumInRankOrder(const std::byte* const* src, size_t world, device::DType dty
   }
 }
 
+Status ValidateSplit(std::string_view backend, int color) {
+  if (color < 0) {
+    return InvalidArgumentError(
+        fmt::format("{} split: the color must be >= 0, got {}", backend, color));
+  }
+  return Status::Ok();
+}
+
+SplitPlace PlaceInSplit(const std::vector<std::pair<int, int>>& color_key, int rank) {
+  SplitPlace place;
+  const int color = color_key[static_cast<size_t>(rank)].first;
+  for (int q = 0; q < static_cast<int>(color_key.size()); ++q) {
+    if (color_key[static_cast<size_t>(q)].first == color) place.members.push_back(q);
+  }
+  std::stable_sort(place.members.begin(), place.members.end(), [&](int a, int b) {
+    return color_key[static_cast<size_t>(a)].second < color_key[static_cast<size_t>(b)].second;
+  });
+  place.rank = static_cast<int>(std::find(place.members.begin(), place.members.end(), rank) -
+                                place.members.begin());
+  return place;
+}
+
 }  // namespace strata::comm::internal

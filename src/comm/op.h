@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "strata/collective.h"
 #include "strata/device.h"
@@ -59,6 +61,19 @@ std::string TraceName(const OpDesc& desc);
 // or scattered whole for AllGather / ReduceScatter, the buffer for AllReduce / Broadcast, 0 for
 // Barrier.
 uint64_t OpBytes(const OpDesc& desc, int world);
+
+// Collective::Split's arguments, checked the same way by every backend: InvalidArgument naming
+// `backend` for a negative color.
+Status ValidateSplit(std::string_view backend, int color);
+
+// Where a rank lands in a split, from every rank's (color, key) in rank order: the ranks of its
+// color ordered by (key, rank), its place among them, and how many there are.
+struct SplitPlace {
+  std::vector<int> members;  // ranks of the parent, in the new rank order
+  int rank = 0;              // this rank's place in `members`
+  int size() const { return static_cast<int>(members.size()); }
+};
+SplitPlace PlaceInSplit(const std::vector<std::pair<int, int>>& color_key, int rank);
 
 // 1.0f / world, the factor of kAvg.
 inline float AvgScale(int world) {

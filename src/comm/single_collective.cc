@@ -8,8 +8,14 @@ namespace strata::comm::internal {
 
 SingleCollective::SingleCollective(device::Device& device, const CollectiveOptions& options)
     : device_(device),
+      options_(options),
       trace_(options.trace),
       track_(options.trace != nullptr ? options.trace->Track("comm") : 0) {}
+
+Result<std::unique_ptr<Collective>> SingleCollective::Split(int color, int /*key*/) {
+  STRATA_RETURN_IF_ERROR(ValidateSplit("single", color));
+  return std::unique_ptr<Collective>(std::make_unique<SingleCollective>(device_, options_));
+}
 
 Status SingleCollective::Run(const OpDesc& desc, device::Stream& stream) {
   STRATA_RETURN_IF_ERROR(ValidateOp("single", desc, /*rank=*/0, /*world=*/1));

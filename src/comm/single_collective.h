@@ -25,11 +25,14 @@ class SingleCollective final : public OpCollective {
   Backend backend() const override { return Backend::kSingle; }
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
+  // Another single-rank collective on the same device (a group of one is a world of one).
+  Result<std::unique_ptr<Collective>> Split(int color, int key) override;
 
  private:
   Status Run(const OpDesc& desc, device::Stream& stream) override;
 
   device::Device& device_;
+  const CollectiveOptions options_;
   TraceRecorder* const trace_;
   const uint32_t track_;
   std::atomic<uint64_t> seq_{0};

@@ -188,6 +188,13 @@ Status ConfigParser::FinishOffload() {
         param_offload_key, OffloadDeviceName(z.offload_param.device), z.stage));
     z.offload_param.device = OffloadDevice::kNone;
   }
+  if (z.zero_quantized_weights && z.stage != 3) {
+    config_.diagnostics.warnings.push_back(fmt::format(
+        "zero_optimization.zero_quantized_weights: quantizes stage 3's parameter all-gather and "
+        "has no effect at stage {} (DeepSpeed ignores it too)",
+        z.stage));
+    z.zero_quantized_weights = false;
+  }
   if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
     return InvalidArgumentError(fmt::format(
         "{}: optimizer offload to {} requires zero_optimization.stage 1, 2 or 3, got stage 0",

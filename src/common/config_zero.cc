@@ -85,7 +85,9 @@ Status ConfigParser::ParseZero(const Field& f) {
        .deprecated_aliases = {"stage3_gather_fp16_weights_on_model_save"}},
       {.name = "ignore_unused_parameters", .parse = flag(&z.ignore_unused_parameters)},
       {.name = "round_robin_gradients", .parse = flag(&z.round_robin_gradients)},
-      // Accepted, no effect in Strata: ZeRO++ (hpZ, quantized weights/gradients), MiCS,
+      {.name = "zero_quantized_weights", .parse = flag(&z.zero_quantized_weights)},
+      // Accepted, no effect in Strata yet: ZeRO++'s hpZ and quantized gradients (planned:
+      // docs/zeropp-tp-design.md); and, for good: MiCS,
       // module-granularity fetching, PyTorch-module hooks and debugging aids.
       Ignored("cpu_offload_use_pin_memory"),
       Ignored("use_multi_rank_bucket_allreduce"),
@@ -97,7 +99,6 @@ Status ConfigParser::ParseZero(const Field& f) {
       Ignored("stage3_partition_stream_chunk_size", {"partition_stream_chunk_size"}),
       Ignored("legacy_stage1"),
       Ignored("zero_hpz_partition_size"),
-      Ignored("zero_quantized_weights"),
       Ignored("zero_quantized_nontrainable_weights"),
       Ignored("zero_quantized_gradients"),
       Ignored("zeropp_loco_param"),

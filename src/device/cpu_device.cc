@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -163,6 +164,34 @@ void AxpyLoop(float alpha, const void* x, void* y, DType dtype, size_t n) {
       const float product = alpha * E::Load(in[i]);
       out[i] = E::Store(convert::CanonicalNaN(E::Load(out[i]) + product));
     }
+  });
+}
+
+// One quantization block (QuantizeInt8): the reference of the CUDA kernel.
+void QuantizeLoop(const void* x, DType dtype, size_t n, size_t block, int8_t* q, float* scales) {
+  Dispatch(dtype, [&](auto e) {
+    using E = decltype(e);
+    const auto* in = static_cast<const typename E::T*>(x);
+    for (size_t b = 0; b < n / block; ++b) {
+      const typename E::T* v = in + b * block;
+      float amax = 0.0f;
+      for (size_t i = 0; i < block; ++i)
+        amax = std::fmax(amax, std::fabs(E::Load(v[i])));
+      const float scale = amax / 127.0f;
+      scales[b] = scale;
+      for (size_t i = 0; i < block; ++i)
+        q[b * block + i] = convert::QuantizeToInt8(E::Load(v[i]), scale);
+    }
+  });
+}
+
+void DequantizeLoop(const int8_t* q, const float* scales, size_t n, size_t block, void* y,
+                    DType dtype) {
+  Dispatch(dtype, [&](auto e) {
+    using E = decltype(e);
+    auto* out = static_cast<typename E::T*>(y);
+    for (size_t i = 0; i < n; ++i)
+      out[i] = E::Store(static_cast<float>(q[i]) * scales[i / block]);
   });
 }
 
@@ -702,6 +731,44 @@ Status CpuDevice::SumSquares(const void* x, DType dtype, size_t n, double* sum,
     item.args = {{"elements", static_cast<double>(n)},
                  {"bytes", static_cast<double>(n * DTypeSize(dtype))}};
   }
+  return Enqueue(stream, std::move(item));
+}
+
+Status CpuDevice::QuantizeInt8(const void* x, DType dtype, size_t n, size_t block, void* q,
+                               float* scales, Stream& stream) {
+  STRATA_RETURN_IF_ERROR(sticky_.Get());
+  STRATA_RETURN_IF_ERROR(internal::ValidateOperand("quantize_int8", "x", x, dtype, n));
+  STRATA_RETURN_IF_ERROR(internal::ValidateQuantize(name_, "quantize_int8", n, block, q, scales));
+  if (n == 0) return Own(stream).status();
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("quantize_int8", "x", x, n * DTypeSize(dtype)));
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("quantize_int8", "q", q, n));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceRange("quantize_int8", "scales", scales, n / block * sizeof(float)));
+  CpuWorkItem item("compute", fmt::format("quantize_int8 {}", DTypeName(dtype)));
+  item.fn = [=] {
+    QuantizeLoop(x, dtype, n, block, static_cast<int8_t*>(q), scales);
+    return Status::Ok();
+  };
+  if (tracing()) item.args = {{"elements", static_cast<double>(n)}};
+  return Enqueue(stream, std::move(item));
+}
+
+Status CpuDevice::DequantizeInt8(const void* q, const float* scales, size_t n, size_t block,
+                                 void* y, DType dtype, Stream& stream) {
+  STRATA_RETURN_IF_ERROR(sticky_.Get());
+  STRATA_RETURN_IF_ERROR(internal::ValidateOperand("dequantize_int8", "y", y, dtype, n));
+  STRATA_RETURN_IF_ERROR(internal::ValidateQuantize(name_, "dequantize_int8", n, block, q, scales));
+  if (n == 0) return Own(stream).status();
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("dequantize_int8", "y", y, n * DTypeSize(dtype)));
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("dequantize_int8", "q", q, n));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceRange("dequantize_int8", "scales", scales, n / block * sizeof(float)));
+  CpuWorkItem item("compute", fmt::format("dequantize_int8 {}", DTypeName(dtype)));
+  item.fn = [=] {
+    DequantizeLoop(static_cast<const int8_t*>(q), scales, n, block, y, dtype);
+    return Status::Ok();
+  };
+  if (tracing()) item.args = {{"elements", static_cast<double>(n)}};
   return Enqueue(stream, std::move(item));
 }
 

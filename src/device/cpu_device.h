@@ -87,6 +87,10 @@ class CpuDevice final : public Device {
   Status Axpy(float alpha, const void* x, void* y, DType dtype, size_t n, Stream& stream) override;
   Status Fill(void* x, DType dtype, float value, size_t n, Stream& stream) override;
   Status SumSquares(const void* x, DType dtype, size_t n, double* sum, Stream& stream) override;
+  Status QuantizeInt8(const void* x, DType dtype, size_t n, size_t block, void* q, float* scales,
+                      Stream& stream) override;
+  Status DequantizeInt8(const void* q, const float* scales, size_t n, size_t block, void* y,
+                        DType dtype, Stream& stream) override;
 
  private:
   friend class CpuStream;

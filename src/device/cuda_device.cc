@@ -257,6 +257,10 @@ class CudaDevice final : public Device {
   Status Axpy(float alpha, const void* x, void* y, DType dtype, size_t n, Stream& stream) override;
   Status Fill(void* x, DType dtype, float value, size_t n, Stream& stream) override;
   Status SumSquares(const void* x, DType dtype, size_t n, double* sum, Stream& stream) override;
+  Status QuantizeInt8(const void* x, DType dtype, size_t n, size_t block, void* q, float* scales,
+                      Stream& stream) override;
+  Status DequantizeInt8(const void* q, const float* scales, size_t n, size_t block, void* y,
+                        DType dtype, Stream& stream) override;
 
   // Selects this device's GPU on the calling thread.
   Status Bind() const { return STRATA_CUDA(name_, cudaSetDevice(ordinal_)); }
@@ -1054,6 +1058,49 @@ Status CudaDevice::SumSquares(const void* x, DType dtype, size_t n, double* sum,
   return Traced(*cuda, "LaunchSumSquares", describe, [&] {
     return cuda_kernels::LaunchSumSquares(x, ToKernel(dtype), n, cuda->partials(), sum,
                                           cuda->handle());
+  });
+}
+
+Status CudaDevice::QuantizeInt8(const void* x, DType dtype, size_t n, size_t block, void* q,
+                                float* scales, Stream& stream) {
+  STRATA_ASSIGN_OR_RETURN(CudaStream * cuda, BeginEnqueue(stream));
+  STRATA_RETURN_IF_ERROR(internal::ValidateOperand("quantize_int8", "x", x, dtype, n));
+  STRATA_RETURN_IF_ERROR(internal::ValidateQuantize(name_, "quantize_int8", n, block, q, scales));
+  if (n == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("quantize_int8", "x", x, n * DTypeSize(dtype)));
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("quantize_int8", "q", q, n));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceRange("quantize_int8", "scales", scales, n / block * sizeof(float)));
+  auto describe = [&] {
+    return TraceInfo{fmt::format("quantize_int8 {}", DTypeName(dtype)),
+                     "compute",
+                     {{"elements", static_cast<double>(n)}}};
+  };
+  return Traced(*cuda, "LaunchQuantizeInt8", describe, [&] {
+    return cuda_kernels::LaunchQuantizeInt8(x, ToKernel(dtype), n, block, static_cast<int8_t*>(q),
+                                            scales, cuda->handle());
+  });
+}
+
+Status CudaDevice::DequantizeInt8(const void* q, const float* scales, size_t n, size_t block,
+                                  void* y, DType dtype, Stream& stream) {
+  STRATA_ASSIGN_OR_RETURN(CudaStream * cuda, BeginEnqueue(stream));
+  STRATA_RETURN_IF_ERROR(internal::ValidateOperand("dequantize_int8", "y", y, dtype, n));
+  STRATA_RETURN_IF_ERROR(
+      internal::ValidateQuantize(name_, "dequantize_int8", n, block, q, scales));
+  if (n == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("dequantize_int8", "y", y, n * DTypeSize(dtype)));
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange("dequantize_int8", "q", q, n));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceRange("dequantize_int8", "scales", scales, n / block * sizeof(float)));
+  auto describe = [&] {
+    return TraceInfo{fmt::format("dequantize_int8 {}", DTypeName(dtype)),
+                     "compute",
+                     {{"elements", static_cast<double>(n)}}};
+  };
+  return Traced(*cuda, "LaunchDequantizeInt8", describe, [&] {
+    return cuda_kernels::LaunchDequantizeInt8(static_cast<const int8_t*>(q), scales, n, block, y,
+                                              ToKernel(dtype), cuda->handle());
   });
 }
 

@@ -54,6 +54,36 @@ __global__ void FillKernel(typename E::T* x, typename E::T value, size_t n) {
     x[i] = value;
 }
 
+// One CUDA block per quantization block: the block's max |x| (a max is exact in any order),
+// then each element divided by the scale, as the CPU device does.
+template <typename E>
+__global__ void QuantizeKernel(const typename E::T* __restrict__ x, size_t block,
+                               int8_t* __restrict__ q, float* __restrict__ scales) {
+  __shared__ float shared[kBlockThreads];
+  const typename E::T* v = x + static_cast<size_t>(blockIdx.x) * block;
+  float amax = 0.0f;
+  for (size_t i = threadIdx.x; i < block; i += blockDim.x)
+    amax = fmaxf(amax, fabsf(E::Load(v[i])));
+  shared[threadIdx.x] = amax;
+  __syncthreads();
+  for (unsigned width = kBlockThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + width]);
+    __syncthreads();
+  }
+  const float scale = __fdiv_rn(shared[0], 127.0f);
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+  int8_t* out = q + static_cast<size_t>(blockIdx.x) * block;
+  for (size_t i = threadIdx.x; i < block; i += blockDim.x)
+    out[i] = convert::QuantizeToInt8(E::Load(v[i]), scale);
+}
+
+template <typename E>
+__global__ void DequantizeKernel(const int8_t* __restrict__ q, const float* __restrict__ scales,
+                                 size_t n, size_t block, typename E::T* __restrict__ y) {
+  for (size_t i = FirstIndex(); i < n; i += Stride())
+    y[i] = E::Store(__fmul_rn(static_cast<float>(q[i]), scales[i / block]));
+}
+
 // Sums `value` over the block's threads (blockDim.x == kBlockThreads) in a fixed tree order;
 // thread 0 gets the total.
 __device__ double BlockSum(double value) {
@@ -153,6 +183,47 @@ cudaError_t LaunchCast(const void* x, KernelDType from, void* y, KernelDType to,
       return CastFrom<BF16>(x, y, to, n, stream);
     case KernelDType::kF16:
       return CastFrom<F16>(x, y, to, n, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchQuantizeInt8(const void* x, KernelDType dtype, size_t n, size_t block,
+                               int8_t* q, float* scales, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>(n / block);
+  switch (dtype) {
+    case KernelDType::kF32:
+      QuantizeKernel<F32><<<blocks, kBlockThreads, 0, stream>>>(
+          static_cast<const F32::T*>(x), block, q, scales);
+      return cudaGetLastError();
+    case KernelDType::kBF16:
+      QuantizeKernel<BF16><<<blocks, kBlockThreads, 0, stream>>>(
+          static_cast<const BF16::T*>(x), block, q, scales);
+      return cudaGetLastError();
+    case KernelDType::kF16:
+      QuantizeKernel<F16><<<blocks, kBlockThreads, 0, stream>>>(
+          static_cast<const F16::T*>(x), block, q, scales);
+      return cudaGetLastError();
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchDequantizeInt8(const int8_t* q, const float* scales, size_t n, size_t block,
+                                 void* y, KernelDType dtype, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (dtype) {
+    case KernelDType::kF32:
+      DequantizeKernel<F32><<<BlockCount(n), kBlockThreads, 0, stream>>>(
+          q, scales, n, block, static_cast<F32::T*>(y));
+      return cudaGetLastError();
+    case KernelDType::kBF16:
+      DequantizeKernel<BF16><<<BlockCount(n), kBlockThreads, 0, stream>>>(
+          q, scales, n, block, static_cast<BF16::T*>(y));
+      return cudaGetLastError();
+    case KernelDType::kF16:
+      DequantizeKernel<F16><<<BlockCount(n), kBlockThreads, 0, stream>>>(
+          q, scales, n, block, static_cast<F16::T*>(y));
+      return cudaGetLastError();
   }
   return cudaErrorInvalidValue;
 }

@@ -33,6 +33,13 @@ cudaError_t LaunchAxpy(float alpha, const void* x, void* y, KernelDType dtype, s
 // x[i] = value (converted once to `dtype`)
 cudaError_t LaunchFill(void* x, KernelDType dtype, float value, size_t n, cudaStream_t stream);
 
+// QuantizeInt8 / DequantizeInt8 (strata/device.h): one CUDA block per quantization block of
+// `block` elements; bit for bit the CPU device's loops (convert::QuantizeToInt8).
+cudaError_t LaunchQuantizeInt8(const void* x, KernelDType dtype, size_t n, size_t block,
+                               int8_t* q, float* scales, cudaStream_t stream);
+cudaError_t LaunchDequantizeInt8(const int8_t* q, const float* scales, size_t n, size_t block,
+                                 void* y, KernelDType dtype, cudaStream_t stream);
+
 // The blocks of LaunchSumSquares' first pass; `partials` holds one double per block.
 inline constexpr unsigned kSumSquaresBlocks = 1024;
 // *sum += sum_i float(x[i])^2 in double. Two kernels: up to kSumSquaresBlocks blocks each write

@@ -206,6 +206,21 @@ Status ValidateCopy(const void* dst, const void* src, size_t bytes, CopyKind kin
   return Status::Ok();
 }
 
+Status ValidateQuantize(std::string_view device, std::string_view op, size_t n, size_t block,
+                        const void* q, const float* scales) {
+  if (block == 0 || n % block != 0) {
+    return InvalidArgumentError(fmt::format(
+        "{}: {}: {} elements are not a whole number of blocks of {}", device, op, n, block));
+  }
+  if (n > 0 && (q == nullptr || scales == nullptr ||
+                reinterpret_cast<uintptr_t>(scales) % alignof(float) != 0)) {
+    return InvalidArgumentError(fmt::format(
+        "{}: {}: the int8 values and the (4-byte aligned) scales must be device memory", device,
+        op));
+  }
+  return Status::Ok();
+}
+
 Status ValidateOperand(std::string_view op, std::string_view what, const void* ptr, DType dtype,
                        size_t n) {
   if (n == 0) return Status::Ok();

@@ -31,6 +31,11 @@ Status ValidateCopy(const void* dst, const void* src, size_t bytes, CopyKind kin
 Status ValidateOperand(std::string_view op, std::string_view what, const void* ptr, DType dtype,
                        size_t n);
 
+// QuantizeInt8 / DequantizeInt8's shape: InvalidArgument (naming `device` and `op`) unless n is
+// a whole number of blocks and, when n > 0, q and scales are non-null with scales 4-byte aligned.
+Status ValidateQuantize(std::string_view device, std::string_view op, size_t n, size_t block,
+                        const void* q, const float* scales);
+
 // ValidateOperand for x and y, plus: x and y may overlap only if they are the same pointer with
 // the same dtype.
 Status ValidateCast(const void* x, DType from, const void* y, DType to, size_t n);

@@ -82,6 +82,14 @@ class DeviceWrapper : public Device {
   Status SumSquares(const void* x, DType dtype, size_t n, double* sum, Stream& stream) override {
     return inner_->SumSquares(x, dtype, n, sum, stream);
   }
+  Status QuantizeInt8(const void* x, DType dtype, size_t n, size_t block, void* q, float* scales,
+                      Stream& stream) override {
+    return inner_->QuantizeInt8(x, dtype, n, block, q, scales, stream);
+  }
+  Status DequantizeInt8(const void* q, const float* scales, size_t n, size_t block, void* y,
+                        DType dtype, Stream& stream) override {
+    return inner_->DequantizeInt8(q, scales, n, block, y, dtype, stream);
+  }
 
  private:
   std::unique_ptr<Device> inner_;

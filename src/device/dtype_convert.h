@@ -13,6 +13,8 @@
 //   - bf16 / fp16 -> fp32 is exact (every bf16 and fp16 value is an fp32 value).
 #pragma once
 
+#include <math.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -50,6 +52,17 @@ STRATA_HOST_DEVICE inline float BitsFloat(uint32_t u) {
 // backends agree bit for bit. Stored as bf16 it is 0x7fff, as fp16 0x7fff.
 STRATA_HOST_DEVICE inline float CanonicalNaN(float r) {
   return r != r ? BitsFloat(0x7fffffffu) : r;
+}
+
+// QuantizeInt8's value for element v of a block with scale `scale` (max |x| / 127): v / scale
+// in one IEEE division, rounded to nearest, ties to even (rintf in the default rounding mode, as
+// on the GPU), within [-127, 127]. 0 for a zero (or NaN) scale and for a NaN element.
+STRATA_HOST_DEVICE inline int8_t QuantizeToInt8(float v, float scale) {
+  if (!(scale > 0.0f)) return 0;
+  const float r = v / scale;
+  if (r != r) return 0;
+  const float clamped = r < -127.0f ? -127.0f : (r > 127.0f ? 127.0f : r);
+  return static_cast<int8_t>(rintf(clamped));
 }
 
 STRATA_HOST_DEVICE inline uint16_t FloatToBf16(float f) {

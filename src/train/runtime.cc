@@ -42,6 +42,8 @@ Runtime& Runtime::operator=(Runtime&& other) noexcept {
     choice = std::move(other.choice);
     launch = std::move(other.launch);
     device = std::move(other.device);
+    topology = other.topology;
+    traffic = std::move(other.traffic);
     comm = std::move(other.comm);
   }
   return *this;
@@ -107,6 +109,15 @@ Result<Runtime> OpenRuntime(const Config& config, const RuntimeOptions& options)
   } else {
     STRATA_ASSIGN_OR_RETURN(rt.comm, comm::CreateCollective(*rt.device, copt));
   }
+  if (rt.comm->world_size() > 1) {
+    STRATA_ASSIGN_OR_RETURN(
+        rt.topology,
+        comm::DiscoverTopology(*rt.comm, *rt.device,
+                               options.host_identity.value_or(comm::HostIdentity()),
+                               rt.launch.local_rank));
+  }
+  rt.traffic = std::make_unique<comm::TrafficCounters>();
+  rt.comm = comm::CountTraffic(std::move(rt.comm), rt.topology, rt.traffic.get(), *rt.device);
   return rt;
 }
 
@@ -184,6 +195,7 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
   eo.config = config;
   eo.device = runtime.device.get();
   eo.comm = runtime.comm.get();
+  eo.traffic = runtime.traffic.get();
   eo.pool = s.pool.get();
   eo.store = s.store.get();
   eo.trace = options.trace;

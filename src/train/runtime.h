@@ -23,6 +23,7 @@
 
 #include "device/pinned_pool.h"
 #include "io/fault_injection.h"
+#include "comm/topology.h"
 #include "strata/block_store.h"
 #include "strata/collective.h"
 #include "strata/config.h"
@@ -58,12 +59,19 @@ struct RuntimeOptions {
   // `backend` would choose (a rank of an in-process world, comm/in_process_collective.h). Set
   // `launch` to the rank and world it stands for.
   std::function<Result<std::unique_ptr<comm::Collective>>(device::Device&)> make_collective;
+  // Tests: this rank's host identity for finding the nodes (comm/topology.h) instead of
+  // HostIdentity(): an in-process world's ranks then stand for ranks on several nodes.
+  std::optional<std::string> host_identity;
 };
 
 struct Runtime {
   DeviceChoice choice;
   comm::LaunchInfo launch;
   std::unique_ptr<device::Device> device;
+  // Where the ranks are (every rank all-gathers its host at start-up), and the bytes `comm` and
+  // its groups send within and across nodes: `comm` counts into `traffic`.
+  comm::Topology topology;
+  std::unique_ptr<comm::TrafficCounters> traffic;
   std::unique_ptr<comm::Collective> comm;
 
   ~Runtime();  // the collective before the device it uses

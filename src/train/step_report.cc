@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "common/units.h"
@@ -19,7 +21,29 @@ struct StepReporter::Figures {
   // Pageable host<->device copies made by the step (a bug on a GPU, where they stall the
   // stream): counted by the device, zero in every test configuration.
   uint64_t pageable = 0;
+  // Bytes this rank sent in the step, per phase (comm/topology.h).
+  std::array<comm::Traffic, comm::kTrafficPhases> net{};
+  comm::Traffic net_total() const {
+    comm::Traffic t;
+    for (const comm::Traffic& p : net) {
+      t.intra_bytes += p.intra_bytes;
+      t.inter_bytes += p.inter_bytes;
+    }
+    return t;
+  }
 };
+
+namespace {
+
+// "forward_gathers" for the metrics' keys.
+std::string PhaseKey(comm::TrafficPhase phase) {
+  std::string key(comm::TrafficPhaseName(phase));
+  for (char& c : key)
+    if (c == ' ') c = '_';
+  return key;
+}
+
+}  // namespace
 
 StepReporter::StepReporter(const RunPlan& plan, Run& run)
     : plan_(plan),
@@ -68,6 +92,10 @@ void StepReporter::Measure(const zero::StepResult& r) {
                 (last_.param_nvme_read_bytes + last_.optim_nvme_read_bytes);
   f.nvme_write = (st.param_nvme_write_bytes + st.optim_nvme_write_bytes) -
                  (last_.param_nvme_write_bytes + last_.optim_nvme_write_bytes);
+  for (size_t p = 0; p < f.net.size(); ++p) {
+    f.net[p].intra_bytes = st.traffic[p].intra_bytes - last_.traffic[p].intra_bytes;
+    f.net[p].inter_bytes = st.traffic[p].inter_bytes - last_.traffic[p].inter_bytes;
+  }
   last_ = st;
 }
 
@@ -75,11 +103,15 @@ std::string StepReporter::Line(int64_t done, const zero::StepResult& r, const Fi
   return fmt::format(
       "step {:>5} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} TFLOPS | step {:.3f} s = "
       "compute {:.3f} + comm {:.3f} + io {:.3f} + optim {:.3f} | nvme r {} w {} | prefetch hit "
-      "{:.0f}% | peak device {} host {}{}{}",
+      "{:.0f}% | peak device {} host {}{}{}{}",
       done, r.loss, r.lr, f.tokens_per_s, f.tflops, r.step_s, r.compute_s, r.exposed_comm_s,
       r.exposed_io_s, r.exposed_optimizer_s, FormatBytes(f.nvme_read), FormatBytes(f.nvme_write),
       100.0 * f.stats.prefetch_hit_rate, FormatBytes(f.stats.device_peak_bytes),
       FormatBytes(f.stats.host_peak_bytes),
+      run_.world() == 1 ? ""
+                        : fmt::format(" | sent node {} across {}",
+                                      FormatBytes(f.net_total().intra_bytes),
+                                      FormatBytes(f.net_total().inter_bytes)),
       !r.skipped                   ? ""
       : plan_.config.fp16.enabled ? " | skipped (fp16 overflow)"
                                   : " | skipped (non-finite gradients, strata.on_nonfinite skip)",
@@ -117,6 +149,13 @@ Status StepReporter::WriteMetrics(int64_t done, const zero::StepResult& r, const
       {"host_rss_peak_bytes", PeakResidentBytes()},
       {"pageable_copies", f.pageable},
       {"model_device_bytes", run_.model->activation_bytes() + run_.model->workspace_bytes()}};
+  j["net_intra_bytes"] = f.net_total().intra_bytes;
+  j["net_inter_bytes"] = f.net_total().inter_bytes;
+  for (int p = 1; p < comm::kTrafficPhases; ++p) {  // "other" is the total's remainder
+    const auto phase = static_cast<comm::TrafficPhase>(p);
+    j["net_intra_bytes_" + PhaseKey(phase)] = f.net[static_cast<size_t>(p)].intra_bytes;
+    j["net_inter_bytes_" + PhaseKey(phase)] = f.net[static_cast<size_t>(p)].inter_bytes;
+  }
   if (eval) {
     j["eval_loss"] = eval->loss;
     j["eval_perplexity"] = std::exp(eval->loss);

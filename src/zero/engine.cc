@@ -98,11 +98,16 @@ offload::NvmeLayoutOptions Engine::Impl::NvmeLayout() const {
 // frozen unit has no gradient buffer: LoRA's base units count their gathered copy only.)
 uint64_t Engine::Impl::MaxLiveBytes() const {
   const uint64_t gathered_bytes = setup.stage == 3 ? setup.compute_bytes : 0;
+  // With zero_quantized_weights a gather also holds every rank's quantized shard.
+  const bool quantized = setup.stage == 3 && config.zero.zero_quantized_weights;
   uint64_t largest = 0;
   for (const auto& l : setup.layouts) {
     largest = std::max<uint64_t>(
         largest, static_cast<uint64_t>(l.padded_numel()) *
-                     (gathered_bytes + (setup.frozen[static_cast<size_t>(l.index)] ? 0 : 4)));
+                         (gathered_bytes + (setup.frozen[static_cast<size_t>(l.index)] ? 0 : 4)) +
+                     (quantized ? QuantizedShardBytes(l.shard_numel) *
+                                      static_cast<uint64_t>(setup.world_size)
+                                : 0));
   }
   const uint64_t configured =
       setup.stage == 3
@@ -339,6 +344,11 @@ EngineStats Engine::stats() const {
   m.params.AddStats(s);
   m.adam.AddStats(s);
   s.device_peak_bytes = m.device.memory_stats().peak;
+  if (m.options.traffic != nullptr) {
+    for (int p = 0; p < comm::kTrafficPhases; ++p) {
+      s.traffic[static_cast<size_t>(p)] = m.options.traffic->of(static_cast<comm::TrafficPhase>(p));
+    }
+  }
   return s;
 }
 

@@ -28,6 +28,7 @@
 // thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -37,6 +38,7 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/topology.h"
 #include "strata/collective.h"
 #include "strata/config.h"
 #include "strata/device.h"
@@ -128,6 +130,10 @@ struct EngineOptions {
   int cpu_adam_threads = 1;
   bool prefetch = true;                  // the stage-3 prefetch scheduler (false: on demand)
   TraceRecorder* trace = nullptr;
+  // The bytes `comm` and its groups send within and across nodes (comm/topology.h), when counted:
+  // the engine sets their phase (forward gathers, backward gathers, gradient reductions) and
+  // stats() reports them. Must outlive the engine.
+  comm::TrafficCounters* traffic = nullptr;
   // Where the initial states come from (unset: Model::InitUnit, moments zero).
   std::optional<InitialStates> initial;
 };
@@ -165,6 +171,8 @@ struct EngineStats {
   int offloaded_optimizer_units = 0;
   int frozen_units = 0;  // strata.freeze / strata.trainable
   int units = 0;
+  // Bytes this rank sent since the start, per phase (EngineOptions::traffic; zero without).
+  std::array<comm::Traffic, comm::kTrafficPhases> traffic{};
 };
 
 // One line of a memory plan.

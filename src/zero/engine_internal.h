@@ -95,6 +95,10 @@ struct Engine::Impl {
   Status BeginStep(int micro_batches, StepResult& result);
   Result<double> TrainMicroBatch(const Batch& batch, int mb, bool last, float loss_scale,
                                  StepTimes& times);
+  // What the collectives enqueued next are for (the traffic counters' phase, when counted).
+  void Phase(comm::TrafficPhase phase) {
+    if (options.traffic != nullptr) options.traffic->SetPhase(phase);
+  }
   Status ForwardUnit(int u, bool eval, StepTimes& times);
   Status BackwardUnit(int u, int mb, bool last, StepTimes& times);
   Status RecomputeFor(int u, StepTimes& times);

@@ -272,11 +272,16 @@ LiveBytes PlanLiveBytes(const PlanInputs& in, const std::vector<std::vector<int>
   LiveBytes live;
   live.wanted = tied_extra;
   uint64_t largest_live = 0;
+  // With zero_quantized_weights a gather also holds every rank's quantized shard
+  // (ParameterStore::AllGatherShard), freed once dequantized.
+  const bool quantized = in.stage() == 3 && in.config.zero.zero_quantized_weights;
   for (const UnitLayout& l : in.layouts) {
     const uint64_t grad = in.is_frozen(l) ? 0 : 4;
-    live.wanted += static_cast<uint64_t>(l.padded_numel()) * (2 * gathered + grad);
-    largest_live =
-        std::max<uint64_t>(largest_live, static_cast<uint64_t>(l.padded_numel()) * (gathered + grad));
+    const uint64_t staging =
+        quantized ? QuantizedShardBytes(l.shard_numel) * static_cast<uint64_t>(in.world_size) : 0;
+    live.wanted += static_cast<uint64_t>(l.padded_numel()) * (2 * gathered + grad) + staging;
+    largest_live = std::max<uint64_t>(
+        largest_live, static_cast<uint64_t>(l.padded_numel()) * (gathered + grad) + staging);
   }
   for (size_t u = 0; u < recompute.size() && in.stage() == 3; ++u) {
     for (const int r : recompute[u]) {

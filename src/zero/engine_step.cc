@@ -33,7 +33,9 @@ Result<StepResult> Engine::Impl::StepImpl(std::span<const Batch* const> micro_ba
                                      times));
     loss_sum += loss;
   }
+  Phase(comm::TrafficPhase::kReduce);
   if (setup.stage <= 1) STRATA_RETURN_IF_ERROR(reducer.ReduceAccumulated());
+  Phase(comm::TrafficPhase::kOther);
   STRATA_RETURN_IF_ERROR(DrainBackward(times));
 
   // The gradients are summed over ranks and micro-batches and scaled by the loss scale;
@@ -112,6 +114,7 @@ Result<double> Engine::Impl::TrainMicroBatch(const Batch& batch, int mb, bool la
 // the step's books).
 Status Engine::Impl::ForwardUnit(int u, bool eval, StepTimes& times) {
   const int64_t t0 = TraceRecorder::NowNs();
+  Phase(eval ? comm::TrafficPhase::kOther : comm::TrafficPhase::kForwardGather);
   STRATA_ASSIGN_OR_RETURN(UnitView p,
                           params.Acquire(u, eval ? "eval" : "forward", &times.io_wait_ns, eval));
   std::vector<UnitView> views{p};
@@ -146,6 +149,7 @@ Status Engine::Impl::ReleaseViews(int u, const std::vector<UnitView>& views, boo
 Status Engine::Impl::RecomputeFor(int u, StepTimes& times) {
   for (const int r : setup.recompute[static_cast<size_t>(u)]) {
     const int64_t t1 = TraceRecorder::NowNs();
+    Phase(comm::TrafficPhase::kBackwardGather);
     STRATA_ASSIGN_OR_RETURN(UnitView pr, params.Acquire(r, "recompute", &times.io_wait_ns));
     times.exposed_io_s += clock.ExposedSince(t1);
     STRATA_RETURN_IF_ERROR(model.Recompute(r, pr, *streams.compute));
@@ -160,6 +164,7 @@ Status Engine::Impl::RecomputeFor(int u, StepTimes& times) {
 Status Engine::Impl::BackwardUnit(int u, int mb, bool last, StepTimes& times) {
   STRATA_RETURN_IF_ERROR(RecomputeFor(u, times));
   const int64_t t0 = TraceRecorder::NowNs();
+  Phase(comm::TrafficPhase::kBackwardGather);
   STRATA_ASSIGN_OR_RETURN(UnitView p, params.Acquire(u, "backward", &times.io_wait_ns));
   // The unit's gradient buffer: the one a tying unit already added to, or a zeroed one. A frozen
   // unit has none: the model sees a null gradient view and computes only the input gradients.
@@ -182,7 +187,10 @@ Status Engine::Impl::BackwardUnit(int u, int mb, bool last, StepTimes& times) {
   STRATA_RETURN_IF_ERROR(clock.Stamp());
   STRATA_RETURN_IF_ERROR(ReleaseViews(u, views, false));
   if (setup.is_frozen(u)) return reducer.SkipFrozen(u);
-  return reducer.Reduce(u, g, mb, last);
+  Phase(comm::TrafficPhase::kReduce);
+  const Status reduced = reducer.Reduce(u, g, mb, last);
+  Phase(comm::TrafficPhase::kOther);
+  return reduced;
 }
 
 // Everything backward enqueued has run; what the host waited for beyond compute is exposed.

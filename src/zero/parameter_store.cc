@@ -155,8 +155,7 @@ Result<void*> ParameterStore::Gather(int u, std::string_view owner, int64_t* io_
     Result<Lease> lease = tiers_->Acquire(u, Tier::kDevice, Access::kRead, owner);
     *io_wait_ns += TraceRecorder::NowNs() - t0;
     if (!lease.ok()) return lease.status();
-    Status st = collective_.AllGather(lease->data(), full, l.shard_numel, setup_.compute_dtype,
-                                      *streams_.comm);
+    Status st = AllGatherShard(u, lease->data(), full);
     lease->Release(false, streams_.comm.get());
     STRATA_RETURN_IF_ERROR(st);
   } else {
@@ -164,14 +163,44 @@ Result<void*> ParameterStore::Gather(int u, std::string_view owner, int64_t* io_
     *io_wait_ns += TraceRecorder::NowNs() - t0;
     if (!leases.ok()) return leases.status();
     // The shard is ready (Acquire returned); gather it on the comm stream.
-    Status st = collective_.AllGather((*leases)[0].data(), full, l.shard_numel,
-                                      setup_.compute_dtype, *streams_.comm);
+    Status st = AllGatherShard(u, (*leases)[0].data(), full);
     Status rel = prefetcher_->Release(u, *leases, false, streams_.comm.get());
     STRATA_RETURN_IF_ERROR(st);
     STRATA_RETURN_IF_ERROR(rel);
   }
   STRATA_RETURN_IF_ERROR(clock_.ComputeWaitsForComm());
   return full;
+}
+
+// The all-gather of unit u's shard into `full` on the comm stream: the 16-bit values, or with
+// zero_quantized_weights their int8 blocks and scales (a live buffer of every rank's quantized
+// shard, gathered in place), dequantized into `full`. The shard itself is never changed.
+Status ParameterStore::AllGatherShard(int u, const void* shard, void* full) {
+  const auto& l = setup_.layouts[static_cast<size_t>(u)];
+  device::Stream& comm = *streams_.comm;
+  if (!config_.zero.zero_quantized_weights) {
+    return collective_.AllGather(shard, full, l.shard_numel, setup_.compute_dtype, comm);
+  }
+  const uint64_t per_rank = QuantizedShardBytes(l.shard_numel);
+  const auto n = static_cast<size_t>(l.shard_numel);
+  const auto block = static_cast<size_t>(kQuantBlockElems);
+  STRATA_ASSIGN_OR_RETURN(void* staging,
+                          live_.Alloc(per_rank * static_cast<uint64_t>(setup_.world_size)));
+  auto* base = static_cast<char*>(staging);
+  char* own = base + per_rank * static_cast<uint64_t>(setup_.rank);
+  Status st = device_.QuantizeInt8(shard, setup_.compute_dtype, n, block, own,
+                                   reinterpret_cast<float*>(own + n), comm);
+  // An all-gather moves bytes: 16-bit elements carry the packed int8 values and scales.
+  if (st.ok()) st = collective_.AllGather(own, staging, per_rank / 2, device::DType::kBF16, comm);
+  for (int q = 0; st.ok() && q < setup_.world_size; ++q) {
+    const char* part = base + per_rank * static_cast<uint64_t>(q);
+    st = device_.DequantizeInt8(part, reinterpret_cast<const float*>(part + n), n, block,
+                                static_cast<char*>(full) + l.shard_offset(q) * setup_.compute_bytes,
+                                setup_.compute_dtype, comm);
+  }
+  // On failure the staging stays owned by the live budget, whose clean-up frees it.
+  STRATA_RETURN_IF_ERROR(st);
+  return live_.FreeAfter(comm, staging);
 }
 
 Status ParameterStore::Release(int u, const UnitView& view, bool eval) {

@@ -102,6 +102,7 @@ class ParameterStore {
  private:
   offload::TierManagerOptions TierOptions(const offload::NvmeLayoutOptions& nvme) const;
   Result<void*> Gather(int u, std::string_view owner, int64_t* io_wait_ns, bool eval);
+  Status AllGatherShard(int u, const void* shard, void* full);
   void FreePersistent();
 
   const EngineSetup& setup_;

@@ -24,6 +24,14 @@ namespace strata::zero {
 
 inline constexpr int64_t kParamAlignElems = 64;
 inline constexpr int64_t kShardAlignElems = 2048;
+// ZeRO++'s quantized weight all-gather (zero_quantized_weights): one fp32 scale per block of
+// this many elements. A divisor of kShardAlignElems, so that blocks never straddle shards.
+inline constexpr int64_t kQuantBlockElems = 2048;
+// What one rank's shard of `shard_numel` elements takes quantized: int8 values, then the scales.
+inline constexpr uint64_t QuantizedShardBytes(int64_t shard_numel) {
+  return static_cast<uint64_t>(shard_numel) +
+         static_cast<uint64_t>(shard_numel / kQuantBlockElems) * 4;
+}
 
 struct UnitLayout {
   int index = 0;

@@ -7,6 +7,7 @@
 #include "comm/in_process_collective.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -23,6 +24,7 @@
 #include "comm/collective_wrapper.h"
 #include "comm/comm_test_util.h"
 #include "comm/op.h"
+#include "comm/topology.h"
 #include "common/clock.h"
 #include "strata/collective.h"
 #include "strata/device.h"
@@ -529,6 +531,164 @@ TEST(InProcessCollectiveTest, JoinChecksTheRankAndTheDevice) {
   CollectiveOptions options;
   options.backend = Backend::kInProcess;
   EXPECT_EQ(CreateCollective(*device, options).status().code(), StatusCode::kInvalidArgument);
+}
+
+
+// ---- Split, topology and traffic ----------------------------------------------------------------
+
+// Sums `value` over the ranks of `comm` with an fp32 all-reduce and waits.
+float SumOver(Rank& r, Collective& comm, float value) {
+  auto* x = static_cast<float*>(r.Buffer(1, DType::kF32));
+  *x = value;
+  EXPECT_OK(comm.AllReduce(x, x, 1, DType::kF32, ReduceOp::kSum, *r.a));
+  EXPECT_OK(r.device->Synchronize(*r.a));
+  return *x;
+}
+
+TEST(InProcessSplitTest, NodeGroupsHoldTheRightRanksInTheRightOrder) {
+  // 6 ranks as 3 nodes x 2: intra = {0,1}, {2,3}, {4,5}; inter = {0,2,4}, {1,3,5}. Sums of 2^rank
+  // say exactly which ranks took part; an all-gather says in which order.
+  RunRanks(6, [](Rank& r) {
+    ASSERT_OK_AND_ASSIGN(const Topology t, Topology::Uniform(r.rank, 6, 2));
+    ASSERT_OK_AND_ASSIGN(NodeGroups g, SplitNodeGroups(*r.comm, t));
+    EXPECT_EQ(g.intra->world_size(), 2);
+    EXPECT_EQ(g.intra->rank(), r.rank % 2);
+    EXPECT_EQ(g.inter->world_size(), 3);
+    EXPECT_EQ(g.inter->rank(), r.rank / 2);
+    const float bit = static_cast<float>(1 << r.rank);
+    const int node = r.rank / 2;
+    EXPECT_EQ(SumOver(r, *g.intra, bit), static_cast<float>(3 << (2 * node)));
+    EXPECT_EQ(SumOver(r, *g.inter, bit), static_cast<float>(r.rank % 2 == 0 ? 21 : 42));
+    // The world still works after (and between) the groups' operations.
+    EXPECT_EQ(SumOver(r, *r.comm, bit), 63.0f);
+    auto* gathered = static_cast<float*>(r.Buffer(3, DType::kF32));
+    gathered[g.inter->rank()] = static_cast<float>(r.rank);
+    ASSERT_OK(g.inter->AllGather(gathered + g.inter->rank(), gathered, 1, DType::kF32, *r.a));
+    ASSERT_OK(r.device->Synchronize(*r.a));
+    for (int n = 0; n < 3; ++n)
+      EXPECT_EQ(gathered[n], static_cast<float>(2 * n + r.rank % 2));
+    // A split of a split, keyed in reverse: ranks {1,0} of each node's group.
+    ASSERT_OK_AND_ASSIGN(auto reversed, g.intra->Split(0, -g.intra->rank()));
+    EXPECT_EQ(reversed->rank(), 1 - r.rank % 2);
+    EXPECT_EQ(SumOver(r, *reversed, bit), static_cast<float>(3 << (2 * node)));
+    reversed.reset();
+    g.intra.reset();
+    g.inter.reset();
+  });
+}
+
+TEST(InProcessSplitTest, ARankThatDoesNotSplitIsNamedAtTheTimeout) {
+  ManualClock clock;
+  InProcessOptions options;
+  options.timeout = std::chrono::seconds(30);
+  options.clock = &clock;
+  std::latch rank0_done(1);
+  RunRanks(
+      2,
+      [&](Rank& r) {
+        if (r.rank == 1) {
+          rank0_done.wait();
+          return;
+        }
+        std::thread mover([&] {
+          ASSERT_TRUE(clock.AwaitTimedWaits(0));
+          clock.Advance(std::chrono::seconds(31));
+        });
+        const auto split = r.comm->Split(0, 0);
+        mover.join();
+        ASSERT_FALSE(split.ok());
+        EXPECT_EQ(split.status().code(), StatusCode::kDeadlineExceeded);
+        EXPECT_NE(split.status().message().find("rank(s) 1 did not split"), std::string_view::npos)
+            << split.status().ToString();
+        rank0_done.count_down();
+      },
+      options);
+}
+
+TEST(InProcessSplitTest, ANegativeColorIsRefusedOnEveryBackend) {
+  ASSERT_OK_AND_ASSIGN(auto device, device::CreateDevice({}));
+  ASSERT_OK_AND_ASSIGN(auto single, CreateCollective(*device, {.backend = Backend::kSingle}));
+  const auto bad = single->Split(-1, 0);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("color must be >= 0"), std::string_view::npos);
+  ASSERT_OK_AND_ASSIGN(auto one, single->Split(3, 0));
+  EXPECT_EQ(one->world_size(), 1);
+  EXPECT_EQ(one->backend(), Backend::kSingle);
+}
+
+TEST(TopologyTest, DiscoveryFormsContiguousEqualNodesAndRefusesOthers) {
+  // The host names each rank reports; the launcher's local rank is not what forms the nodes.
+  const std::vector<std::vector<std::string>> layouts = {
+      {"a", "a", "b", "b"}, {"a", "b", "a", "b"}, {"a", "a", "a", "b"}, {"x", "y", "z", "w"}};
+  for (const auto& hosts : layouts) {
+    SCOPED_TRACE(fmt::format("{}", fmt::join(hosts, ",")));
+    RunRanks(4, [&](Rank& r) {
+      const auto t = DiscoverTopology(*r.comm, *r.device, hosts[static_cast<size_t>(r.rank)], 0);
+      if (hosts[1] == "b") {  // not contiguous
+        ASSERT_FALSE(t.ok());
+        EXPECT_NE(t.status().message().find("must be contiguous"), std::string_view::npos)
+            << t.status().ToString();
+      } else if (hosts[2] == "a") {  // 3 + 1
+        ASSERT_FALSE(t.ok());
+        EXPECT_NE(t.status().message().find("node 1 (ranks 3-3) holds 1 rank(s) where node 0 "
+                                            "holds 3"),
+                  std::string_view::npos)
+            << t.status().ToString();
+      } else {
+        ASSERT_TRUE(t.ok()) << t.status().ToString();
+        const int per_node = hosts[0] == "x" ? 1 : 2;
+        EXPECT_EQ(t->ranks_per_node, per_node);
+        EXPECT_EQ(t->node(), r.rank / per_node);
+        EXPECT_EQ(t->local_rank(), r.rank % per_node);
+      }
+    });
+  }
+  EXPECT_EQ(Topology::Uniform(0, 6, 4).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TrafficTest, CountsWhatEachOperationSendsWithinAndAcrossNodes) {
+  // 4 ranks as 2 nodes x 2. Each rank has 1 peer on its node and 2 on the other.
+  std::vector<TrafficCounters> counters(4);
+  RunRanks(4, [&](Rank& r) {
+    ASSERT_OK_AND_ASSIGN(const Topology t, Topology::Uniform(r.rank, 4, 2));
+    TrafficCounters& c = counters[static_cast<size_t>(r.rank)];
+    auto world = CountTraffic(std::move(r.comm), t, &c, *r.device);
+    const size_t n = 1000;
+    void* buf = r.Buffer(4 * n, DType::kBF16);
+    c.SetPhase(TrafficPhase::kForwardGather);
+    char* own = static_cast<char*>(buf) + static_cast<size_t>(r.rank) * n * 2;
+    ASSERT_OK(world->AllGather(own, buf, n, DType::kBF16, *r.a));  // 2000 B to each peer
+    c.SetPhase(TrafficPhase::kReduce);
+    ASSERT_OK(world->ReduceScatter(buf, own, n, DType::kBF16, ReduceOp::kSum, *r.a));
+    // 2 x 8000 B / 4 ranks = 4000 B to each peer.
+    ASSERT_OK(world->AllReduce(buf, buf, 4 * n, DType::kBF16, ReduceOp::kSum, *r.a));
+    c.SetPhase(TrafficPhase::kOther);
+    ASSERT_OK(world->Broadcast(buf, 100, /*root=*/1, *r.a));
+    // The intra-node group's traffic never leaves the node; the inter-node group's always does.
+    ASSERT_OK_AND_ASSIGN(NodeGroups g, SplitNodeGroups(*world, t));
+    c.SetPhase(TrafficPhase::kBackwardGather);
+    ASSERT_OK(g.intra->AllGather(own, buf, n, DType::kBF16, *r.a));
+    ASSERT_OK(r.device->Synchronize(*r.a));
+    EXPECT_EQ(c.of(TrafficPhase::kForwardGather).intra_bytes, 2000u);
+    EXPECT_EQ(c.of(TrafficPhase::kForwardGather).inter_bytes, 4000u);
+    EXPECT_EQ(c.of(TrafficPhase::kReduce).intra_bytes, 6000u);
+    EXPECT_EQ(c.of(TrafficPhase::kReduce).inter_bytes, 12000u);
+    const bool root = r.rank == 1;
+    EXPECT_EQ(c.of(TrafficPhase::kOther).intra_bytes, root ? 100u : 0u);
+    EXPECT_EQ(c.of(TrafficPhase::kOther).inter_bytes, root ? 200u : 0u);
+    EXPECT_EQ(c.of(TrafficPhase::kBackwardGather).intra_bytes, 2000u);
+    EXPECT_EQ(c.of(TrafficPhase::kBackwardGather).inter_bytes, 0u);
+    ASSERT_OK_AND_ASSIGN(auto inter_only, world->Split(t.local_rank(), t.node()));
+    const Traffic before = c.total();
+    char* own_inter = static_cast<char*>(buf) + static_cast<size_t>(inter_only->rank()) * n * 2;
+    ASSERT_OK(inter_only->AllGather(own_inter, buf, n, DType::kBF16, *r.a));
+    ASSERT_OK(r.device->Synchronize(*r.a));
+    EXPECT_EQ(c.total().intra_bytes, before.intra_bytes);
+    EXPECT_EQ(c.total().inter_bytes, before.inter_bytes + 2000u);
+    inter_only.reset();
+    g = {};
+    r.comm = std::move(world);
+  });
 }
 
 }  // namespace

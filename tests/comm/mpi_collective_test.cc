@@ -532,6 +532,47 @@ TEST_F(MpiCollectiveTest, TwoCollectivesShareOneOrder) {
   EXPECT_EQ(y[63], 2.0f * static_cast<float>(world_));
 }
 
+TEST_F(MpiCollectiveTest, SplitGroupsRunTheirOwnOperationsInterleavedWithTheWorlds) {
+  // Pairs of ranks as "nodes" ({0,1}, {2,3}) when the world is even; odd worlds split in halves
+  // by parity instead. Sums of 2^rank say exactly which ranks took part.
+  const int color = world_ % 2 == 0 ? rank_ / 2 : rank_ % 2;
+  ASSERT_OK_AND_ASSIGN(auto group, collective_->Split(color, rank_));
+  ASSERT_OK_AND_ASSIGN(auto reversed, collective_->Split(0, -rank_));
+  EXPECT_EQ(group->backend(), Backend::kMpi);
+  EXPECT_EQ(reversed->rank(), world_ - 1 - rank_);
+  EXPECT_EQ(reversed->world_size(), world_);
+  float expected_group = 0;
+  int group_rank = 0;
+  int group_size = 0;
+  for (int q = 0; q < world_; ++q) {
+    const int qc = world_ % 2 == 0 ? q / 2 : q % 2;
+    if (qc != color) continue;
+    expected_group += static_cast<float>(1 << q);
+    if (q < rank_) ++group_rank;
+    ++group_size;
+  }
+  EXPECT_EQ(group->rank(), group_rank);
+  EXPECT_EQ(group->world_size(), group_size);
+  auto* x = static_cast<float*>(Buffer(1, DType::kF32));
+  auto* y = static_cast<float*>(Buffer(1, DType::kF32));
+  auto* z = static_cast<float*>(Buffer(world_, DType::kF32));
+  for (int k = 0; k < 5; ++k) {
+    *x = static_cast<float>(1 << rank_);
+    *y = static_cast<float>(1 << rank_);
+    ASSERT_OK(group->AllReduce(x, x, 1, DType::kF32, ReduceOp::kSum, *a_));
+    ASSERT_OK(collective_->AllReduce(y, y, 1, DType::kF32, ReduceOp::kSum, *b_));
+    z[reversed->rank()] = static_cast<float>(rank_);
+    ASSERT_OK(reversed->AllGather(z + reversed->rank(), z, 1, DType::kF32, *a_));
+    ASSERT_OK(device_->Synchronize(*a_));
+    ASSERT_OK(device_->Synchronize(*b_));
+    EXPECT_EQ(*x, expected_group);
+    EXPECT_EQ(*y, static_cast<float>((1 << world_) - 1));
+    for (int q = 0; q < world_; ++q)
+      EXPECT_EQ(z[q], static_cast<float>(world_ - 1 - q));
+  }
+  EXPECT_EQ(collective_->Split(-2, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(MpiCollectiveTest, RecordsOperationsOnTheCommTrack) {
   auto* x = static_cast<float*>(Buffer(1024, DType::kF32));
   ASSERT_OK(collective_->AllReduce(x, x, 1024, DType::kF32, ReduceOp::kSum, *a_));

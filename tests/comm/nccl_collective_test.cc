@@ -110,6 +110,22 @@ TEST_P(NcclGpuTest, AllGatherCopiesTheOneRanksPart) {
   }
 }
 
+TEST_P(NcclGpuTest, SplitMakesAWorkingSubCommunicator) {
+  // One GPU: the split of a world of one is a world of one, through ncclCommSplit.
+  const DType dtype = GetParam();
+  ASSERT_OK_AND_ASSIGN(auto sub, collective_->Split(0, 0));
+  EXPECT_EQ(sub->backend(), Backend::kNccl);
+  EXPECT_EQ(sub->world_size(), 1);
+  EXPECT_EQ(sub->rank(), 0);
+  const size_t n = 4099;
+  void* send = Upload(n, dtype);
+  void* recv = Upload(n, dtype, -7.0f);
+  ASSERT_OK(sub->AllReduce(send, recv, n, dtype, ReduceOp::kSum, *stream_));
+  ExpectInputs(Download(recv, n, dtype), n, dtype, ReduceOp::kSum, "split all-reduce");
+  ASSERT_OK(device_->Synchronize(*stream_));
+  EXPECT_EQ(collective_->Split(-1, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_P(NcclGpuTest, ReduceScatterAndAllReduceSumAndAverage) {
   const DType dtype = GetParam();
   for (size_t n : kCounts) {

@@ -347,6 +347,17 @@ TEST(ConfigMonitorTest, TensorBoardAndCsvSectionsAreRead) {
 
 // ---- keys Strata accepts but ignores ----
 
+TEST(ConfigZeroPlusPlusTest, QuantizedWeightsIsReadAtStage3AndSaidToHaveNoEffectBelow) {
+  Config c = Ok(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})");
+  EXPECT_TRUE(c.zero.zero_quantized_weights);
+  EXPECT_THAT(c.diagnostics.ignored_keys, ::testing::IsEmpty());
+  Config two = Ok(R"({"zero_optimization": {"stage": 2, "zero_quantized_weights": true}})");
+  EXPECT_FALSE(two.zero.zero_quantized_weights);
+  ASSERT_EQ(two.diagnostics.warnings.size(), 1u);
+  EXPECT_THAT(two.diagnostics.warnings[0], HasSubstr("no effect at stage 2"));
+  EXPECT_FALSE(Ok("{}").zero.zero_quantized_weights);
+}
+
 TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
   Config c = Ok(R"({
     "wall_clock_breakdown": false,
@@ -355,7 +366,7 @@ TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "set_grad_none": true}},
     "zero_optimization": {
       "stage": 3,
-      "zero_quantized_weights": true,
+      "zero_quantized_gradients": true,
       "zero_hpz_partition_size": 8,
       "mics_shard_size": 8,
       "stage3_module_granularity_threshold": 0,
@@ -368,7 +379,7 @@ TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
   EXPECT_THAT(
       c.diagnostics.ignored_keys,
       ElementsAre("wall_clock_breakdown", "zero_allow_untested_optimizer", "wandb",
-                  "optimizer.params.set_grad_none", "zero_optimization.zero_quantized_weights",
+                  "optimizer.params.set_grad_none", "zero_optimization.zero_quantized_gradients",
                   "zero_optimization.zero_hpz_partition_size", "zero_optimization.mics_shard_size",
                   "zero_optimization.stage3_module_granularity_threshold",
                   "zero_optimization.offload_optimizer.super_offload", "bf16.immediate_grad_update",

@@ -439,6 +439,57 @@ namespace {
 
 // Each call adds SumSquaresHost of its range to the running sum (the engine's host-homed shards
 // use the same function, so a unit's share of the norm has the same bits in either home).
+// ZeRO++'s qwZ kernels: every element within half a step of its block's scale, exact zeros for
+// an all-zero block, an outlier setting its block's scale alone, the 16-bit dtypes rounding the
+// dequantized value once, and shapes that are not whole blocks refused.
+TEST(CpuDeviceTest, Int8QuantizationStaysWithinHalfAStepPerBlock) {
+  auto device = MakeCpuDevice();
+  constexpr size_t kBlock = 2048;
+  std::vector<float> x(4 * kBlock);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (float& v : x) v = normal(rng);
+  std::fill(x.begin() + kBlock, x.begin() + 2 * kBlock, 0.0f);  // block 1: all zero
+  x[2 * kBlock + 17] = 40.0f;                                    // block 2: one outlier
+  x[3 * kBlock + 5] = std::numeric_limits<float>::quiet_NaN();   // block 3: a NaN element
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const std::vector<float> in = DecodeFrom(EncodeAs(x, dtype), dtype);  // what the device sees
+    ASSERT_OK_AND_ASSIGN(Int8RoundTrip r, RoundTripInt8(*device, dtype, in, kBlock));
+    const std::vector<float> y = DecodeFrom(r.y, dtype);
+    for (size_t b = 0; b < 4; ++b) {
+      float amax = 0.0f;
+      for (size_t i = b * kBlock; i < (b + 1) * kBlock; ++i) amax = std::fmax(amax, std::fabs(in[i]));
+      EXPECT_EQ(r.scales[b], amax / 127.0f) << "block " << b;
+    }
+    EXPECT_EQ(r.scales[1], 0.0f);
+    EXPECT_EQ(r.scales[2], 40.0f / 127.0f);
+    EXPECT_EQ(r.q[2 * kBlock + 17], 127);
+    EXPECT_EQ(r.q[3 * kBlock + 5], 0) << "a NaN element quantizes to 0";
+    const double ulp16 = dtype == DType::kF32 ? 0.0 : dtype == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (i == 3 * kBlock + 5) continue;
+      const float scale = r.scales[i / kBlock];
+      // Half a quantization step, plus the rounding of the result to the dtype.
+      const double bound = scale / 2.0 * (1.0 + 1e-6) + (std::fabs(in[i]) + scale) * ulp16 + 1e-7;
+      ASSERT_LE(std::fabs(static_cast<double>(y[i]) - in[i]), bound) << "element " << i;
+      if (i / kBlock == 1) {
+        ASSERT_EQ(y[i], 0.0f);
+      }
+      if (scale > 0.0f) {
+        ASSERT_EQ(static_cast<float>(r.q[i]), std::rint(in[i] / scale)) << "element " << i;
+      }
+    }
+  }
+  void* buf = nullptr;
+  ASSERT_OK_AND_ASSIGN(buf, device->Alloc(4 * kBlock));
+  ASSERT_OK_AND_ASSIGN(auto s, device->CreateStream("bad"));
+  const Status partial = device->QuantizeInt8(buf, DType::kF32, 100, 64, buf, static_cast<float*>(buf), *s);
+  EXPECT_EQ(partial.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(partial.message().find("not a whole number of blocks of 64"), std::string::npos);
+  device->Free(buf);
+}
+
 TEST(CpuDeviceTest, SumSquaresAddsTheHostSumOfEachCall) {
   auto device = MakeCpuDevice();
   std::vector<float> x(200007);

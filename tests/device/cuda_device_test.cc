@@ -103,6 +103,26 @@ TEST(CudaDeviceGpuTest, KernelsMatchTheCpuDeviceBitForBit) {
   }
 }
 
+TEST(CudaDeviceGpuTest, Int8QuantizationMatchesTheCpuDeviceBitForBit) {
+  std::string why;
+  auto gpu = MakeCudaDevice(uint64_t{256} << 20, &why);
+  if (gpu == nullptr) GTEST_SKIP() << why;
+  ASSERT_OK_AND_ASSIGN(auto cpu, CreateDevice({}));
+  std::vector<float> x(size_t{2048} * 301);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = std::ldexp(normal(rng), static_cast<int>(rng() % 20) - 10);
+  std::fill(x.begin(), x.begin() + 2048, 0.0f);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    ASSERT_OK_AND_ASSIGN(Int8RoundTrip on_cpu, RoundTripInt8(*cpu, dtype, x, 2048));
+    ASSERT_OK_AND_ASSIGN(Int8RoundTrip on_gpu, RoundTripInt8(*gpu, dtype, x, 2048));
+    EXPECT_TRUE(on_cpu.scales == on_gpu.scales) << "scales";
+    EXPECT_TRUE(on_cpu.q == on_gpu.q) << "int8 values";
+    EXPECT_TRUE(on_cpu.y == on_gpu.y) << "dequantized values";
+  }
+}
+
 // The gradient-norm reduction: the CPU device's running sum is the oracle (within 1e-12
 // relative: the GPU adds per-block partial sums, a different order); the GPU gives the same bits
 // on every run and the same total in one call or many; Inf propagates.

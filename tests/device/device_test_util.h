@@ -170,4 +170,51 @@ inline Result<double> SumSquaresInPieces(Device& device, const std::vector<float
   return out;
 }
 
+// QuantizeInt8 then DequantizeInt8 of `input` (encoded as `dtype`) on `device`, in blocks of
+// `block`: the int8 values, the scales and the dequantized values' bytes.
+struct Int8RoundTrip {
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+  std::vector<uint8_t> y;
+};
+inline Result<Int8RoundTrip> RoundTripInt8(Device& device, DType dtype,
+                                           const std::vector<float>& input, size_t block) {
+  const size_t n = input.size();
+  const std::vector<uint8_t> x = EncodeAs(input, dtype);
+  STRATA_ASSIGN_OR_RETURN(auto stream, device.CreateStream("int8"));
+  Int8RoundTrip out;
+  out.q.resize(n);
+  out.scales.resize(n / block);
+  out.y.resize(x.size());
+  std::vector<void*> buffers;
+  Status st;
+  for (size_t size : {x.size(), n, n / block * sizeof(float) + 4, x.size()}) {
+    Result<void*> p = device.Alloc(size);
+    if (!p.ok()) {
+      st = p.status();
+      break;
+    }
+    buffers.push_back(*p);
+  }
+  if (st.ok()) {
+    void *dx = buffers[0], *dq = buffers[1], *dy = buffers[3];
+    auto* ds = static_cast<float*>(buffers[2]);
+    st = device.CopyAsync(dx, x.data(), x.size(), CopyKind::kHostToDevice, *stream);
+    if (st.ok()) st = device.QuantizeInt8(dx, dtype, n, block, dq, ds, *stream);
+    if (st.ok()) st = device.DequantizeInt8(dq, ds, n, block, dy, dtype, *stream);
+    if (st.ok()) st = device.CopyAsync(out.q.data(), dq, n, CopyKind::kDeviceToHost, *stream);
+    if (st.ok()) {
+      st = device.CopyAsync(out.scales.data(), ds, n / block * sizeof(float),
+                            CopyKind::kDeviceToHost, *stream);
+    }
+    if (st.ok()) st = device.CopyAsync(out.y.data(), dy, x.size(), CopyKind::kDeviceToHost, *stream);
+    Status synced = device.Synchronize(*stream);
+    if (st.ok()) st = synced;
+  }
+  for (void* p : buffers)
+    device.Free(p);
+  STRATA_RETURN_IF_ERROR(st);
+  return out;
+}
+
 }  // namespace strata::device::testing

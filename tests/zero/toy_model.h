@@ -293,6 +293,9 @@ struct ToyRun {
     // own ToyRun); `backend` is then ignored.
     std::shared_ptr<comm::InProcessWorld> world;
     int rank = 0;
+    // With `world`: the ranks stand for nodes of this many ranks each (their host identities
+    // "node-0", "node-1", ... found by the runtime's topology discovery); 0: one node.
+    int ranks_per_node = 0;
   };
 
   Options o;
@@ -351,6 +354,11 @@ struct ToyRun {
       ro.make_collective = [w = o.world, rank = o.rank](device::Device& d) {
         return w->Join(rank, d);
       };
+      if (o.ranks_per_node > 0) {
+        ro.host_identity = "node-" + std::to_string(o.rank / o.ranks_per_node);
+        ro.launch->local_rank = o.rank % o.ranks_per_node;
+        ro.launch->local_size = o.ranks_per_node;
+      }
     }
     STRATA_ASSIGN_OR_RETURN(runtime, train::OpenRuntime(config, ro));
     model = std::make_unique<ToyModel>(*device, o.layers, o.width);
