@@ -42,7 +42,7 @@ struct SplitMeeting {
   explicit SplitMeeting(int world) : args(static_cast<size_t>(world)) {}
   std::vector<std::optional<std::pair<int, int>>> args;  // per rank, once it arrived
   int arrived = 0;
-  std::map<int, std::shared_ptr<InProcessWorld>> worlds;  // by color, made by the last arrival
+  std::map<int, std::shared_ptr<InProcessWorld>> worlds;  // by color, made by the first to leave
   int taken = 0;  // ranks that took their sub-world; the last one erases the meeting
 };
 

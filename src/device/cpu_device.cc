@@ -734,16 +734,22 @@ Status CpuDevice::SumSquares(const void* x, DType dtype, size_t n, double* sum,
   return Enqueue(stream, std::move(item));
 }
 
+Status CpuDevice::CheckInt8Operands(std::string_view op, std::string_view what,
+                                   const void* values, DType dtype, size_t n, size_t block,
+                                   const void* q, const float* scales) const {
+  STRATA_RETURN_IF_ERROR(internal::ValidateOperand(op, what, values, dtype, n));
+  STRATA_RETURN_IF_ERROR(internal::ValidateQuantize(name_, op, n, block, q, scales));
+  if (n == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange(op, what, values, n * DTypeSize(dtype)));
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange(op, "q", q, n));
+  return CheckDeviceRange(op, "scales", scales, n / block * sizeof(float));
+}
+
 Status CpuDevice::QuantizeInt8(const void* x, DType dtype, size_t n, size_t block, void* q,
                                float* scales, Stream& stream) {
   STRATA_RETURN_IF_ERROR(sticky_.Get());
-  STRATA_RETURN_IF_ERROR(internal::ValidateOperand("quantize_int8", "x", x, dtype, n));
-  STRATA_RETURN_IF_ERROR(internal::ValidateQuantize(name_, "quantize_int8", n, block, q, scales));
+  STRATA_RETURN_IF_ERROR(CheckInt8Operands("quantize_int8", "x", x, dtype, n, block, q, scales));
   if (n == 0) return Own(stream).status();
-  STRATA_RETURN_IF_ERROR(CheckDeviceRange("quantize_int8", "x", x, n * DTypeSize(dtype)));
-  STRATA_RETURN_IF_ERROR(CheckDeviceRange("quantize_int8", "q", q, n));
-  STRATA_RETURN_IF_ERROR(
-      CheckDeviceRange("quantize_int8", "scales", scales, n / block * sizeof(float)));
   CpuWorkItem item("compute", fmt::format("quantize_int8 {}", DTypeName(dtype)));
   item.fn = [=] {
     QuantizeLoop(x, dtype, n, block, static_cast<int8_t*>(q), scales);
@@ -756,13 +762,9 @@ Status CpuDevice::QuantizeInt8(const void* x, DType dtype, size_t n, size_t bloc
 Status CpuDevice::DequantizeInt8(const void* q, const float* scales, size_t n, size_t block,
                                  void* y, DType dtype, Stream& stream) {
   STRATA_RETURN_IF_ERROR(sticky_.Get());
-  STRATA_RETURN_IF_ERROR(internal::ValidateOperand("dequantize_int8", "y", y, dtype, n));
-  STRATA_RETURN_IF_ERROR(internal::ValidateQuantize(name_, "dequantize_int8", n, block, q, scales));
-  if (n == 0) return Own(stream).status();
-  STRATA_RETURN_IF_ERROR(CheckDeviceRange("dequantize_int8", "y", y, n * DTypeSize(dtype)));
-  STRATA_RETURN_IF_ERROR(CheckDeviceRange("dequantize_int8", "q", q, n));
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceRange("dequantize_int8", "scales", scales, n / block * sizeof(float)));
+      CheckInt8Operands("dequantize_int8", "y", y, dtype, n, block, q, scales));
+  if (n == 0) return Own(stream).status();
   CpuWorkItem item("compute", fmt::format("dequantize_int8 {}", DTypeName(dtype)));
   item.fn = [=] {
     DequantizeLoop(static_cast<const int8_t*>(q), scales, n, block, y, dtype);

@@ -105,6 +105,11 @@ class CpuDevice final : public Device {
   // InvalidArgument unless [ptr, ptr + bytes) lies inside one live allocation.
   Status CheckDeviceRange(std::string_view op, std::string_view what, const void* ptr,
                           size_t bytes) const;
+  // QuantizeInt8 / DequantizeInt8's operands: `values` (x or y, `what`) of n `dtype` elements,
+  // the int8 values and the scales, each checked and (n > 0) inside one live allocation.
+  Status CheckInt8Operands(std::string_view op, std::string_view what, const void* values,
+                           DType dtype, size_t n, size_t block, const void* q,
+                           const float* scales) const;
   // InvalidArgument if [ptr, ptr + bytes) overlaps any live allocation.
   Status CheckHostRange(std::string_view op, std::string_view what, const void* ptr,
                         size_t bytes) const;

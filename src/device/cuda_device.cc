@@ -289,6 +289,11 @@ class CudaDevice final : public Device {
   // pointer is refused here instead of faulting on the GPU, which would end the CUDA context.
   Status CheckDeviceRange(std::string_view op, std::string_view what, const void* ptr,
                           size_t bytes) const;
+  // QuantizeInt8 / DequantizeInt8's operands: `values` (x or y, `what`) of n `dtype` elements,
+  // the int8 values and the scales, each checked and (n > 0) inside one live allocation.
+  Status CheckInt8Operands(std::string_view op, std::string_view what, const void* values,
+                           DType dtype, size_t n, size_t block, const void* q,
+                           const float* scales) const;
   // cudaFree's every cached block. Caller holds mem_mu_ (destruction only).
   void ReleaseCacheLocked();
   // Removes cached blocks, largest first, until they add up to at least `need` bytes (or the
@@ -1061,16 +1066,22 @@ Status CudaDevice::SumSquares(const void* x, DType dtype, size_t n, double* sum,
   });
 }
 
+Status CudaDevice::CheckInt8Operands(std::string_view op, std::string_view what,
+                                    const void* values, DType dtype, size_t n, size_t block,
+                                    const void* q, const float* scales) const {
+  STRATA_RETURN_IF_ERROR(internal::ValidateOperand(op, what, values, dtype, n));
+  STRATA_RETURN_IF_ERROR(internal::ValidateQuantize(name_, op, n, block, q, scales));
+  if (n == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange(op, what, values, n * DTypeSize(dtype)));
+  STRATA_RETURN_IF_ERROR(CheckDeviceRange(op, "q", q, n));
+  return CheckDeviceRange(op, "scales", scales, n / block * sizeof(float));
+}
+
 Status CudaDevice::QuantizeInt8(const void* x, DType dtype, size_t n, size_t block, void* q,
                                 float* scales, Stream& stream) {
   STRATA_ASSIGN_OR_RETURN(CudaStream * cuda, BeginEnqueue(stream));
-  STRATA_RETURN_IF_ERROR(internal::ValidateOperand("quantize_int8", "x", x, dtype, n));
-  STRATA_RETURN_IF_ERROR(internal::ValidateQuantize(name_, "quantize_int8", n, block, q, scales));
+  STRATA_RETURN_IF_ERROR(CheckInt8Operands("quantize_int8", "x", x, dtype, n, block, q, scales));
   if (n == 0) return Status::Ok();
-  STRATA_RETURN_IF_ERROR(CheckDeviceRange("quantize_int8", "x", x, n * DTypeSize(dtype)));
-  STRATA_RETURN_IF_ERROR(CheckDeviceRange("quantize_int8", "q", q, n));
-  STRATA_RETURN_IF_ERROR(
-      CheckDeviceRange("quantize_int8", "scales", scales, n / block * sizeof(float)));
   auto describe = [&] {
     return TraceInfo{fmt::format("quantize_int8 {}", DTypeName(dtype)),
                      "compute",
@@ -1085,14 +1096,9 @@ Status CudaDevice::QuantizeInt8(const void* x, DType dtype, size_t n, size_t blo
 Status CudaDevice::DequantizeInt8(const void* q, const float* scales, size_t n, size_t block,
                                   void* y, DType dtype, Stream& stream) {
   STRATA_ASSIGN_OR_RETURN(CudaStream * cuda, BeginEnqueue(stream));
-  STRATA_RETURN_IF_ERROR(internal::ValidateOperand("dequantize_int8", "y", y, dtype, n));
   STRATA_RETURN_IF_ERROR(
-      internal::ValidateQuantize(name_, "dequantize_int8", n, block, q, scales));
+      CheckInt8Operands("dequantize_int8", "y", y, dtype, n, block, q, scales));
   if (n == 0) return Status::Ok();
-  STRATA_RETURN_IF_ERROR(CheckDeviceRange("dequantize_int8", "y", y, n * DTypeSize(dtype)));
-  STRATA_RETURN_IF_ERROR(CheckDeviceRange("dequantize_int8", "q", q, n));
-  STRATA_RETURN_IF_ERROR(
-      CheckDeviceRange("dequantize_int8", "scales", scales, n / block * sizeof(float)));
   auto describe = [&] {
     return TraceInfo{fmt::format("dequantize_int8 {}", DTypeName(dtype)),
                      "compute",
