@@ -1,5 +1,5 @@
 // Collective: Strata's seam to the other data-parallel ranks (all-gather, reduce-scatter,
-// all-reduce, broadcast, barrier on device buffers, in stream order).
+// all-reduce, all-to-all, broadcast, barrier on device buffers, in stream order).
 //
 // Three backends implement it (see CreateCollective):
 //   single  world size 1: every operation is a device-side copy (or nothing). Runs anywhere.
@@ -15,8 +15,8 @@
 // must enqueue the same collectives in the same order (as with MPI and NCCL); a backend runs them
 // in enqueue order, whatever streams they were enqueued on.
 //
-// Buffers: `count` is in elements of `dtype`; AllGather and ReduceScatter take `count` = elements
-// per rank (recv / send holds world_size * count elements, rank r's part at offset r * count).
+// Buffers: `count` is in elements of `dtype`; AllGather, ReduceScatter and AllToAll take `count` =
+// elements per rank (recv / send holds world_size * count elements, rank r's part at offset r * count).
 // In-place use is allowed where stated. Reductions of bf16 / fp16 add in fp32 and round once.
 // kAvg is that fp32 sum times 1.0f / world_size (the reciprocal rounded to fp32), rounded once
 // to the dtype, on every backend (the order of the fp32 additions is the backend's; docs/comm.md).
@@ -101,6 +101,10 @@ class Collective {
   // recv[i] = op over ranks of send[i]; send may equal recv. Every rank gets the same bits.
   virtual Status AllReduce(const void* send, void* recv, size_t count, device::DType dtype,
                            ReduceOp op, device::Stream& stream) = 0;
+  // recv[q * count + i] = rank q's send[rank() * count + i]: every rank sends its q-th part to
+  // rank q. send and recv hold world_size * count elements each and must not overlap.
+  virtual Status AllToAll(const void* send, void* recv, size_t count, device::DType dtype,
+                          device::Stream& stream) = 0;
   // Every rank's buf receives root's `bytes` bytes.
   virtual Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) = 0;
   // Work after it on `stream` starts only after every rank reached it.

@@ -136,6 +136,13 @@ struct ZeroConfig {
   // kQuantBlockElems (2048) with one fp32 scale each, dequantized into the compute dtype on
   // arrival; master weights, the optimizer and checkpoints stay exact (docs/zero.md).
   bool zero_quantized_weights = false;
+  // ZeRO++ hpZ: the ranks of one node (it must equal them; 1: off). Stage 3 keeps, after each
+  // unit's forward gather, a secondary copy of its gathered parameters sharded within the node,
+  // and backward gathers the unit from it over the node's ranks only (docs/zero.md).
+  int zero_hpz_partition_size = 1;
+  // ZeRO++ qgZ: stages 2-3 reduce gradients by a two-level all-to-all of int8 blocks (within the
+  // node, then across nodes), dequantized and summed in fp32 at each level (docs/zero.md).
+  bool zero_quantized_gradients = false;
 
   friend bool operator==(const ZeroConfig&, const ZeroConfig&) = default;
 };

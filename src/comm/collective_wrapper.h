@@ -43,6 +43,10 @@ class CollectiveWrapper : public Collective {
                    device::Stream& stream) override {
     return inner_->AllReduce(send, recv, count, dtype, op, stream);
   }
+  Status AllToAll(const void* send, void* recv, size_t count, device::DType dtype,
+                  device::Stream& stream) override {
+    return inner_->AllToAll(send, recv, count, dtype, stream);
+  }
   Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) override {
     return inner_->Broadcast(buf, bytes, root, stream);
   }

@@ -97,6 +97,7 @@ bool SameOperation(const internal::OpDesc& a, const internal::OpDesc& b) {
   if (a.kind != b.kind || a.count != b.count) return false;
   switch (a.kind) {
     case OpKind::kAllGather:
+    case OpKind::kAllToAll:
       return a.dtype == b.dtype;
     case OpKind::kReduceScatter:
     case OpKind::kAllReduce:
@@ -406,6 +407,14 @@ void InProcessCollective::Compute(const std::vector<internal::OpDesc>& descs,
       internal::SumInRankOrder(sources.data(), world, mine.dtype, scale, out, n);
       return;
     }
+    case OpKind::kAllToAll:
+      for (size_t q = 0; q < world; ++q) {
+        std::memcpy(recv + q * n * elem,
+                    static_cast<const std::byte*>(descs[q].send) +
+                        static_cast<size_t>(rank_) * n * elem,
+                    n * elem);
+      }
+      return;
     case OpKind::kBroadcast:
       if (rank_ != mine.root) {
         std::memcpy(recv, descs[static_cast<size_t>(mine.root)].recv, mine.count);

@@ -115,6 +115,7 @@ class MpiRuntime::Thread {
   Status Run(const MpiOp& op);
   Status RunAllGather(const MpiOp& op);
   Status RunReduceScatter(const MpiOp& op);
+  Status RunAllToAll(const MpiOp& op);
   Status RunAllReduce(const MpiOp& op);
   Status RunBroadcast(const MpiOp& op);
   Status RunBarrier(const MpiOp& op);
@@ -583,6 +584,8 @@ Status MpiRuntime::Thread::Run(const MpiOp& op) {
       return RunReduceScatter(op);
     case OpKind::kAllReduce:
       return RunAllReduce(op);
+    case OpKind::kAllToAll:
+      return RunAllToAll(op);
     case OpKind::kBroadcast:
       return RunBroadcast(op);
     case OpKind::kBarrier:
@@ -688,6 +691,48 @@ Status MpiRuntime::Thread::RunAllGather(const MpiOp& op) {
     STRATA_RETURN_IF_ERROR(Await(&request, 1, "MPI_Iallgather", op));
     for (size_t q = 0; q < world; ++q) {
       std::memcpy(recv + (q * n + offset) * elem, scratch + q * piece * elem, piece * elem);
+    }
+  }
+  return Status::Ok();
+}
+
+Status MpiRuntime::Thread::RunAllToAll(const MpiOp& op) {
+  const Group& g = GroupOf(op);
+  const OpDesc& d = op.desc;
+  const size_t n = d.count;
+  const size_t elem = device::DTypeSize(d.dtype);
+  const MPI_Datatype type = ElementType(d.dtype);
+  const auto* send = static_cast<const std::byte*>(d.send);
+  auto* recv = static_cast<std::byte*>(d.recv);
+  const auto world = static_cast<size_t>(g.size);
+
+  if (n <= op.tuning.max_call_elements) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    STRATA_RETURN_IF_ERROR(Started(MPI_Ialltoall(send, static_cast<int>(n), type, recv,
+                                                 static_cast<int>(n), type, g.comm, &request),
+                                   "MPI_Ialltoall", op));
+    return Await(&request, 1, "MPI_Ialltoall", op);
+  }
+  // Too many elements for one call: piece by piece through scratch (the send half, then the
+  // receive half), where peer q's piece sits at q * piece.
+  const size_t piece_max =
+      std::max<size_t>(1, std::min(op.tuning.stage_elements * sizeof(float) / (2 * world * elem),
+                                   op.tuning.max_call_elements));
+  STRATA_ASSIGN_OR_RETURN(void* scratch_ptr, Scratch(2 * world * piece_max * elem));
+  auto* out = static_cast<std::byte*>(scratch_ptr);
+  std::byte* in = out + world * piece_max * elem;
+  for (size_t offset = 0; offset < n; offset += piece_max) {
+    const size_t piece = std::min(piece_max, n - offset);
+    for (size_t q = 0; q < world; ++q) {
+      std::memcpy(out + q * piece * elem, send + (q * n + offset) * elem, piece * elem);
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    STRATA_RETURN_IF_ERROR(Started(MPI_Ialltoall(out, static_cast<int>(piece), type, in,
+                                                 static_cast<int>(piece), type, g.comm, &request),
+                                   "MPI_Ialltoall", op));
+    STRATA_RETURN_IF_ERROR(Await(&request, 1, "MPI_Ialltoall", op));
+    for (size_t q = 0; q < world; ++q) {
+      std::memcpy(recv + (q * n + offset) * elem, in + q * piece * elem, piece * elem);
     }
   }
   return Status::Ok();

@@ -327,6 +327,25 @@ Status NcclCollective::Issue(const OpDesc& desc, const std::string& name, void* 
       return settle(
           ncclAllGather(desc.send, desc.recv, n, NcclType(desc.dtype), comm_, cuda_stream),
           "ncclAllGather");
+    case OpKind::kAllToAll: {
+      // One grouped send and receive per peer (NCCL has no all-to-all call of its own).
+      const size_t bytes = n * device::DTypeSize(desc.dtype);
+      const auto* send = static_cast<const char*>(desc.send);
+      auto* recv = static_cast<char*>(desc.recv);
+      STRATA_RETURN_IF_ERROR(settle(ncclGroupStart(), "ncclGroupStart"));
+      ncclResult_t result = ncclSuccess;
+      for (int q = 0; q < world_ && result == ncclSuccess; ++q) {
+        result = ncclSend(send + static_cast<size_t>(q) * bytes, n, NcclType(desc.dtype), q,
+                          comm_, cuda_stream);
+        if (result == ncclSuccess) {
+          result = ncclRecv(recv + static_cast<size_t>(q) * bytes, n, NcclType(desc.dtype), q,
+                            comm_, cuda_stream);
+        }
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      STRATA_RETURN_IF_ERROR(settle(result, "ncclSend / ncclRecv"));
+      return settle(ended, "ncclGroupEnd");
+    }
     case OpKind::kBroadcast:
       return settle(
           ncclBroadcast(desc.recv, desc.recv, n, ncclUint8, desc.root, comm_, cuda_stream),

@@ -46,6 +46,8 @@ std::string_view OpKindName(OpKind kind) {
       return "reduce-scatter";
     case OpKind::kAllReduce:
       return "all-reduce";
+    case OpKind::kAllToAll:
+      return "all-to-all";
     case OpKind::kBroadcast:
       return "broadcast";
     case OpKind::kBarrier:
@@ -69,6 +71,7 @@ bool IsInPlace(const OpDesc& desc, int rank) {
       return recv == send + static_cast<size_t>(rank) * desc.count * elem;
     case OpKind::kAllReduce:
       return send == recv;
+    case OpKind::kAllToAll:
     case OpKind::kBroadcast:
     case OpKind::kBarrier:
       return false;
@@ -94,7 +97,8 @@ Status ValidateOp(std::string_view backend, const OpDesc& desc, int rank, int wo
   if (!KnownDType(desc.dtype)) {
     return error(fmt::format("unknown dtype {}", static_cast<int>(desc.dtype)));
   }
-  if (desc.kind != OpKind::kAllGather && !KnownOp(desc.op)) {
+  if ((desc.kind == OpKind::kReduceScatter || desc.kind == OpKind::kAllReduce) &&
+      !KnownOp(desc.op)) {
     return error(fmt::format("unknown reduce op {}", static_cast<int>(desc.op)));
   }
   if (desc.count == 0) return Status::Ok();
@@ -118,6 +122,12 @@ Status ValidateOp(std::string_view backend, const OpDesc& desc, int rank, int wo
   const size_t send_bytes = desc.kind == OpKind::kAllGather ? part : whole;
   const size_t recv_bytes = desc.kind == OpKind::kReduceScatter ? part : whole;
   if (!IsInPlace(desc, rank) && Overlap(desc.send, send_bytes, desc.recv, recv_bytes)) {
+    if (desc.kind == OpKind::kAllToAll) {
+      return error(fmt::format(
+          "send [{}, +{} B) and recv [{}, +{} B) overlap; they must be disjoint (an all-to-all "
+          "has no in-place form)",
+          Hex(desc.send), send_bytes, Hex(desc.recv), recv_bytes));
+    }
     std::string in_place;
     switch (desc.kind) {
       case OpKind::kAllGather:
@@ -151,6 +161,9 @@ std::string DescribeOp(const OpDesc& desc, uint64_t seq) {
     case OpKind::kAllReduce:
       return fmt::format("{} #{} ({} x {}, {})", name, seq, desc.count,
                          device::DTypeName(desc.dtype), ReduceOpName(desc.op));
+    case OpKind::kAllToAll:
+      return fmt::format("{} #{} ({} x {} per rank)", name, seq, desc.count,
+                         device::DTypeName(desc.dtype));
     case OpKind::kBroadcast:
       return fmt::format("{} #{} ({} B from rank {})", name, seq, desc.count, desc.root);
     case OpKind::kBarrier:
@@ -170,6 +183,7 @@ uint64_t OpBytes(const OpDesc& desc, int world) {
   switch (desc.kind) {
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:
+    case OpKind::kAllToAll:
       return uint64_t{desc.count} * device::DTypeSize(desc.dtype) * static_cast<uint64_t>(world);
     case OpKind::kAllReduce:
       return uint64_t{desc.count} * device::DTypeSize(desc.dtype);

@@ -22,15 +22,23 @@
 
 namespace strata::comm::internal {
 
-enum class OpKind : uint8_t { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
-std::string_view OpKindName(OpKind kind);  // "all-gather", "reduce-scatter", ...
+enum class OpKind : uint8_t {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kAllToAll,
+  kBroadcast,
+  kBarrier
+};
+std::string_view OpKindName(OpKind kind);  // "all-gather", "reduce-scatter", "all-to-all", ...
 
 // One collective call's arguments, exactly as the caller gave them.
 struct OpDesc {
   OpKind kind = OpKind::kBarrier;
   const void* send = nullptr;  // AllGather, ReduceScatter, AllReduce
   void* recv = nullptr;        // AllGather, ReduceScatter, AllReduce; Broadcast's buffer
-  size_t count = 0;  // elements (per rank for AllGather / ReduceScatter); bytes for Broadcast
+  size_t count = 0;  // elements (per rank for AllGather / ReduceScatter / AllToAll); bytes for
+                     // Broadcast
   device::DType dtype = device::DType::kF32;  // not used by Broadcast and Barrier
   ReduceOp op = ReduceOp::kSum;               // ReduceScatter and AllReduce
   int root = 0;                               // Broadcast
@@ -43,6 +51,7 @@ struct OpDesc {
 //   AllGather      send == recv + rank * count
 //   ReduceScatter  recv == send + rank * count
 //   AllReduce      send == recv
+// (AllToAll has no in-place form: its buffers must be disjoint.)
 Status ValidateOp(std::string_view backend, const OpDesc& desc, int rank, int world);
 
 // True when the operation moves no data (count 0; Barrier is never empty).
@@ -93,7 +102,7 @@ void NarrowFromF32(const float* src, float scale, void* dst, device::DType dtype
 void SumInRankOrder(const std::byte* const* src, size_t world, device::DType dtype, float scale,
                     std::byte* out, size_t n);
 
-// A Collective whose five operations are one OpDesc each, run by `Run` (every backend).
+// A Collective whose six operations are one OpDesc each, run by `Run` (every backend).
 class OpCollective : public Collective {
  public:
   Status AllGather(const void* send, void* recv, size_t count, device::DType dtype,
@@ -121,6 +130,12 @@ class OpCollective : public Collective {
                 .dtype = dtype,
                 .op = op},
                stream);
+  }
+  Status AllToAll(const void* send, void* recv, size_t count, device::DType dtype,
+                  device::Stream& stream) final {
+    return Run(
+        {.kind = OpKind::kAllToAll, .send = send, .recv = recv, .count = count, .dtype = dtype},
+        stream);
   }
   Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) final {
     return Run({.kind = OpKind::kBroadcast, .recv = buf, .count = bytes, .root = root}, stream);

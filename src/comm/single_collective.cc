@@ -22,7 +22,7 @@ Status SingleCollective::Run(const OpDesc& desc, device::Stream& stream) {
   if (IsEmpty(desc)) return Status::Ok();
   const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
   const bool copies = desc.kind == OpKind::kAllGather || desc.kind == OpKind::kReduceScatter ||
-                      desc.kind == OpKind::kAllReduce;
+                      desc.kind == OpKind::kAllReduce || desc.kind == OpKind::kAllToAll;
 
   auto start_ns = std::make_shared<std::atomic<int64_t>>(0);
   if (trace_ != nullptr) {

@@ -199,6 +199,13 @@ Status CountingCollective::AllReduce(const void* send, void* recv, size_t count,
   return Status::Ok();
 }
 
+Status CountingCollective::AllToAll(const void* send, void* recv, size_t count,
+                                    device::DType dtype, device::Stream& stream) {
+  STRATA_RETURN_IF_ERROR(CollectiveWrapper::AllToAll(send, recv, count, dtype, stream));
+  Count(count * device::DTypeSize(dtype));
+  return Status::Ok();
+}
+
 Status CountingCollective::Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) {
   STRATA_RETURN_IF_ERROR(CollectiveWrapper::Broadcast(buf, bytes, root, stream));
   if (root == rank()) Count(bytes);

@@ -15,9 +15,10 @@
 // to ranks of its own node and of other nodes: the logical volume of a direct exchange, which is
 // what the MPI backend does. An all-gather sends this rank's part to every peer; a reduce-scatter
 // sends every peer that peer's part; an all-reduce sends every peer 2 * count / world elements (a
-// reduce-scatter and an all-gather of its result); a broadcast's root sends the buffer to every
-// peer. Counts go to the phase the engine set (TrafficCounters::SetPhase), so that a claim such as
-// "backward gathers stay within the node" is read off the counters, never computed.
+// reduce-scatter and an all-gather of its result); an all-to-all sends every peer its part; a
+// broadcast's root sends the buffer to every peer. Counts go to the phase the engine set
+// (TrafficCounters::SetPhase), so that a claim such as "backward gathers stay within the node" is
+// read off the counters, never computed.
 //
 // Threading: Topology is a value. TrafficCounters may be read and written from any thread.
 // CountingCollective as strata/collective.h.
@@ -103,6 +104,8 @@ class CountingCollective final : public CollectiveWrapper {
                        ReduceOp op, device::Stream& stream) override;
   Status AllReduce(const void* send, void* recv, size_t count, device::DType dtype, ReduceOp op,
                    device::Stream& stream) override;
+  Status AllToAll(const void* send, void* recv, size_t count, device::DType dtype,
+                  device::Stream& stream) override;
   Status Broadcast(void* buf, size_t bytes, int root, device::Stream& stream) override;
   // The inner split, counted too: its members' world ranks are all-gathered over it.
   Result<std::unique_ptr<Collective>> Split(int color, int key) override;

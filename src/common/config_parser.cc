@@ -195,6 +195,20 @@ Status ConfigParser::FinishOffload() {
         z.stage));
     z.zero_quantized_weights = false;
   }
+  if (z.zero_hpz_partition_size > 1 && z.stage != 3) {
+    config_.diagnostics.warnings.push_back(fmt::format(
+        "zero_optimization.zero_hpz_partition_size: keeps a node-local copy of stage 3's "
+        "gathered parameters and has no effect at stage {} (DeepSpeed ignores it too)",
+        z.stage));
+    z.zero_hpz_partition_size = 1;
+  }
+  if (z.zero_quantized_gradients && z.stage < 2) {
+    config_.diagnostics.warnings.push_back(fmt::format(
+        "zero_optimization.zero_quantized_gradients: quantizes the gradient reduce-scatter of "
+        "stages 2 and 3 and has no effect at stage {}",
+        z.stage));
+    z.zero_quantized_gradients = false;
+  }
   if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
     return InvalidArgumentError(fmt::format(
         "{}: optimizer offload to {} requires zero_optimization.stage 1, 2 or 3, got stage 0",

@@ -86,9 +86,15 @@ Status ConfigParser::ParseZero(const Field& f) {
       {.name = "ignore_unused_parameters", .parse = flag(&z.ignore_unused_parameters)},
       {.name = "round_robin_gradients", .parse = flag(&z.round_robin_gradients)},
       {.name = "zero_quantized_weights", .parse = flag(&z.zero_quantized_weights)},
-      // Accepted, no effect in Strata yet: ZeRO++'s hpZ and quantized gradients (planned:
-      // docs/zeropp-tp-design.md); and, for good: MiCS,
-      // module-granularity fetching, PyTorch-module hooks and debugging aids.
+      {.name = "zero_hpz_partition_size",
+       .parse =
+           [&](const Field& v) {
+             return ReadInt(v, 1, 1 << 20, "a positive integer (the ranks of one node)",
+                            &z.zero_hpz_partition_size);
+           }},
+      {.name = "zero_quantized_gradients", .parse = flag(&z.zero_quantized_gradients)},
+      // Accepted, no effect in Strata: MiCS, module-granularity fetching, PyTorch-module hooks
+      // and debugging aids.
       Ignored("cpu_offload_use_pin_memory"),
       Ignored("use_multi_rank_bucket_allreduce"),
       Ignored("compute_grad_norm"),
@@ -98,9 +104,7 @@ Status ConfigParser::ParseZero(const Field& f) {
       Ignored("stage3_allgather_sequential", {"allgather_sequential"}),
       Ignored("stage3_partition_stream_chunk_size", {"partition_stream_chunk_size"}),
       Ignored("legacy_stage1"),
-      Ignored("zero_hpz_partition_size"),
       Ignored("zero_quantized_nontrainable_weights"),
-      Ignored("zero_quantized_gradients"),
       Ignored("zeropp_loco_param"),
       Ignored("mics_shard_size"),
       Ignored("mics_hierarchical_params_gather"),

@@ -199,14 +199,28 @@ Status BuildModel(const RunPlan& plan, Run* run) {
   return Status::Ok();
 }
 
+// " with ZeRO++ qwZ, hpZ 2, qgZ": the ZeRO++ features the config turns on.
+std::string ZeroPlusPlusNames(const Config& config) {
+  std::vector<std::string> on;
+  if (config.zero.zero_quantized_weights) on.push_back("qwZ");
+  if (config.zero.zero_hpz_partition_size > 1) {
+    on.push_back(fmt::format("hpZ {}", config.zero.zero_hpz_partition_size));
+  }
+  if (config.zero.zero_quantized_gradients) on.push_back("qgZ");
+  return on.empty() ? std::string() : fmt::format(" with ZeRO++ {}", fmt::join(on, ", "));
+}
+
 std::string ModelLine(const RunPlan& plan, const Run& run) {
   const Config& config = plan.config;
   return fmt::format(
-      "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s), ZeRO stage {}, "
+      "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s){}, ZeRO stage {}{}, "
       "parameters on {}, {}{}, {}",
       plan.eval_only() ? "eval" : "train", plan.model.name,
       static_cast<double>(plan.model.ParameterCount()) / 1e6, plan.model.num_hidden_layers,
-      run.world(), config.zero.stage, OffloadDeviceName(config.zero.offload_param.device),
+      run.world(),
+      run.runtime.topology.nodes() > 1 ? " on " + run.runtime.topology.Describe() : std::string(),
+      config.zero.stage, ZeroPlusPlusNames(config),
+      OffloadDeviceName(config.zero.offload_param.device),
       plan.eval_only()
           ? "forward only (no optimizer state)"
           : fmt::format("optimizer on {}", OffloadDeviceName(config.zero.offload_optimizer.device)),

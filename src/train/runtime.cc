@@ -196,6 +196,7 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
   eo.device = runtime.device.get();
   eo.comm = runtime.comm.get();
   eo.traffic = runtime.traffic.get();
+  eo.topology = runtime.topology;
   eo.pool = s.pool.get();
   eo.store = s.store.get();
   eo.trace = options.trace;

@@ -19,10 +19,10 @@ Engine::Impl::Impl(Model& m, EngineOptions o)
       live(device),
       cpu_worker(device),
       scalars(device, collective, streams),
-      params({setup, options, device, collective, streams, clock, live}),
+      params({setup, options, device, collective, streams, clock, live, node_groups}),
       adam(setup, options, device, streams),
       reducer({setup, config, device, collective, options.pool, options.cpu_adam_threads, streams,
-               clock, live, cpu_worker, scalars},
+               clock, live, cpu_worker, scalars, node_groups},
               [this](int u, std::shared_ptr<device::Event> ready) {
                 return QueueUpdate(u, std::move(ready));
               }) {}
@@ -56,6 +56,9 @@ Status CheckShareHostMemory(const Config& cfg, device::DeviceType type) {
 
 Status Engine::Impl::Init() {
   STRATA_ASSIGN_OR_RETURN(setup, ResolveSetup(model, options, collective));
+  if (setup.hpz > 1 || setup.quantized_grads) {
+    STRATA_ASSIGN_OR_RETURN(node_groups, comm::SplitNodeGroups(collective, setup.topology));
+  }
   STRATA_RETURN_IF_ERROR(streams.Create(device));
   STRATA_RETURN_IF_ERROR(InitSchedules());
   STRATA_RETURN_IF_ERROR(CheckShareHostMemory(config, device.type()));

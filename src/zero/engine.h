@@ -134,6 +134,9 @@ struct EngineOptions {
   // the engine sets their phase (forward gathers, backward gathers, gradient reductions) and
   // stats() reports them. Must outlive the engine.
   comm::TrafficCounters* traffic = nullptr;
+  // Which node each rank of `comm` is on (hpZ and qgZ split `comm` into node groups). The default,
+  // a world of one, stands for one node holding every rank.
+  comm::Topology topology;
   // Where the initial states come from (unset: Model::InitUnit, moments zero).
   std::optional<InitialStates> initial;
 };

@@ -142,6 +142,9 @@ struct Engine::Impl {
   comm::Collective& collective;
 
   EngineSetup setup;
+  // hpZ and qgZ: this rank's node (intra) and its counterparts on the other nodes (inter), split
+  // from `collective` by Init when either is on (comm/topology.h).
+  comm::NodeGroups node_groups;
   EngineStreams streams;
   StepClock clock;
   LiveBuffers live;

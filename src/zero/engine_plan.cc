@@ -11,6 +11,7 @@
 #include "offload/prefetch_scheduler.h"
 #include "zero/engine.h"
 #include "zero/engine_setup.h"
+#include "zero/quantized_reduce.h"
 
 namespace strata::zero {
 
@@ -216,6 +217,21 @@ void AddLongLivedDeviceItems(const PlanInputs& in, const UnitSums& sums, EngineM
     plan.last_bucket_elems =
         static_cast<uint64_t>(LastBucketElems(in.layouts, in.frozen, bucket_capacity));
   }
+  // qgZ (gradient_reducer.cc AllocateShared): the staging of the largest reduction. Its size
+  // depends on the ranks per node, which the plan does not know: planned at one rank per node
+  // (zero_hpz_partition_size's nodes when set), the largest.
+  const bool qgz = in.config.zero.zero_quantized_gradients && in.stage() >= 2 && in.world_size > 1;
+  if (qgz) {
+    int64_t max_count = bucket_capacity / kQuantBlockElems * kQuantBlockElems;
+    for (const UnitLayout& l : in.layouts) {
+      if (!in.is_frozen(l)) max_count = std::max(max_count, l.shard_numel);
+    }
+    const int hpz = in.config.zero.zero_hpz_partition_size;
+    const int per_node = hpz > 1 && in.world_size % hpz == 0 ? hpz : 1;
+    const comm::Topology nodes{.rank = 0, .world = in.world_size, .ranks_per_node = per_node};
+    Add(plan.device, "qgZ staging (zero_quantized_gradients)",
+        Charged(QuantizedReduceScatter::StagingBytes(nodes, static_cast<size_t>(max_count))));
+  }
   Add(plan.device, "step scalars", Charged(16));
 }
 
@@ -377,6 +393,20 @@ void AddStepDeviceItems(const PlanInputs& in, const UnitSums& sums,
     }
   }
   Add(plan.device_step, "persistent small units (stage3_param_persistence_threshold)", persistent);
+  // hpZ (parameter_store.cc KeepSecondary): every other unit's node-local slice, 1/L of it, held
+  // from its forward to its backward, so all of them at the end of forward. The engine refuses a
+  // partition size other than the ranks per node; one node keeps none.
+  const int hpz = in.config.zero.zero_hpz_partition_size;
+  if (hpz > 1 && in.world_size > hpz && in.world_size % hpz == 0) {
+    uint64_t slices = 0;
+    for (const UnitLayout& l : in.layouts) {
+      if (l.numel < in.config.zero.stage3_param_persistence_threshold) continue;
+      slices += Charged(static_cast<uint64_t>(l.padded_numel()) / static_cast<uint64_t>(hpz) *
+                        in.element());
+    }
+    Add(plan.device_step,
+        fmt::format("hpZ node-local parameter copies (zero_hpz_partition_size {})", hpz), slices);
+  }
   if (in.placement.param_home != Tier::kDevice && !SharesHostMemory(in.config, device_type)) {
     Add(plan.device_step, "device copies of offloaded parameter shards (prefetch budget)",
         OffloadedParamDeviceBudget(

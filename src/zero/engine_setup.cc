@@ -120,6 +120,44 @@ Status ResolveSharing(const Model& model, EngineSetup& s) {
   return Status::Ok();
 }
 
+// The nodes (EngineOptions::topology; a world of one stands for one node of every rank), and
+// ZeRO++'s hierarchical features on them: hpZ needs zero_hpz_partition_size to be the ranks per
+// node and more than one node; qgZ needs stage 2 or 3 and more than one rank.
+Status ResolveZeroPlusPlus(const Config& cfg, const EngineOptions& options, EngineSetup& s) {
+  if (options.topology.world == 1 && s.world_size > 1) {
+    STRATA_ASSIGN_OR_RETURN(s.topology,
+                            comm::Topology::Uniform(s.rank, s.world_size, s.world_size));
+  } else if (options.topology.world != s.world_size || options.topology.rank != s.rank) {
+    return InvalidArgumentError(fmt::format(
+        "engine: the topology is of rank {} in a world of {}, but the collective's is rank {} of "
+        "{}",
+        options.topology.rank, options.topology.world, s.rank, s.world_size));
+  } else {
+    s.topology = options.topology;
+  }
+  const int hpz = cfg.zero.zero_hpz_partition_size;
+  if (hpz > 1 && s.stage == 3) {
+    if (hpz != s.topology.ranks_per_node) {
+      return InvalidArgumentError(fmt::format(
+          "zero_optimization.zero_hpz_partition_size is {}, but this run's nodes hold {} "
+          "rank{} each ({}): hpZ's secondary copy is sharded over the ranks of one node, so set "
+          "it to {}",
+          hpz, s.topology.ranks_per_node, s.topology.ranks_per_node == 1 ? "" : "s",
+          s.topology.Describe(), s.topology.ranks_per_node));
+    }
+    if (s.topology.nodes() > 1) {
+      s.hpz = hpz;
+    } else if (s.rank == 0) {
+      STRATA_LOG(info, zero,
+                 "zero_optimization.zero_hpz_partition_size {}: one node holds every rank, so "
+                 "every gather is within the node already; hpZ keeps no secondary copy",
+                 hpz);
+    }
+  }
+  s.quantized_grads = cfg.zero.zero_quantized_gradients && s.stage >= 2 && s.world_size > 1;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<EngineSetup> ResolveSetup(const Model& model, const EngineOptions& options,
@@ -142,6 +180,7 @@ Result<EngineSetup> ResolveSetup(const Model& model, const EngineOptions& option
   STRATA_RETURN_IF_ERROR(CheckOffloadResources(cfg, options, s));
   for (const auto& l : s.layouts) s.max_shard = std::max(s.max_shard, l.shard_numel);
   STRATA_RETURN_IF_ERROR(ResolveSharing(model, s));
+  STRATA_RETURN_IF_ERROR(ResolveZeroPlusPlus(cfg, options, s));
   return s;
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/topology.h"
 #include "offload/tier_manager.h"
 #include "optim/adam.h"
 #include "strata/collective.h"
@@ -212,6 +213,14 @@ struct EngineSetup {
   uint64_t shared_live_bytes = 0;
   int64_t max_shard = 0;            // the largest unit shard, in elements
   std::vector<std::string> nvme_paths;  // EngineOptions::nvme_paths, else strata.io.nvme_paths
+  // The nodes (EngineOptions::topology, or one node of every rank).
+  comm::Topology topology;
+  // ZeRO++ hpZ (zero_hpz_partition_size): the ranks of a node that shard the secondary copy of
+  // each gathered unit when it is on (stage 3, more than one node); 1: off.
+  int hpz = 1;
+  // ZeRO++ qgZ (zero_quantized_gradients): stages 2-3 reduce gradients by the two-level int8
+  // all-to-all (quantized_reduce.h) over the node groups.
+  bool quantized_grads = false;
   optim::Isa isa = optim::Isa::kScalar;
 
   int units() const { return static_cast<int>(layouts.size()); }

@@ -116,12 +116,14 @@ Status Engine::Impl::ForwardUnit(int u, bool eval, StepTimes& times) {
   const int64_t t0 = TraceRecorder::NowNs();
   Phase(eval ? comm::TrafficPhase::kOther : comm::TrafficPhase::kForwardGather);
   STRATA_ASSIGN_OR_RETURN(UnitView p,
-                          params.Acquire(u, eval ? "eval" : "forward", &times.io_wait_ns, eval));
+                          params.Acquire(u, eval ? GatherUse::kEval : GatherUse::kForward,
+                                         eval ? "eval" : "forward", &times.io_wait_ns));
   std::vector<UnitView> views{p};
   for (int s : setup.shared[static_cast<size_t>(u)]) {
     STRATA_ASSIGN_OR_RETURN(
         UnitView ps,
-        params.Acquire(s, eval ? "eval (tied)" : "forward (tied)", &times.io_wait_ns, eval));
+        params.Acquire(s, eval ? GatherUse::kEval : GatherUse::kForward,
+                       eval ? "eval (tied)" : "forward (tied)", &times.io_wait_ns));
     views.push_back(ps);
   }
   if (!eval) times.exposed_io_s += clock.ExposedSince(t0);
@@ -150,7 +152,7 @@ Status Engine::Impl::RecomputeFor(int u, StepTimes& times) {
   for (const int r : setup.recompute[static_cast<size_t>(u)]) {
     const int64_t t1 = TraceRecorder::NowNs();
     Phase(comm::TrafficPhase::kBackwardGather);
-    STRATA_ASSIGN_OR_RETURN(UnitView pr, params.Acquire(r, "recompute", &times.io_wait_ns));
+    STRATA_ASSIGN_OR_RETURN(UnitView pr, params.Acquire(r, GatherUse::kBackward, "recompute", &times.io_wait_ns));
     times.exposed_io_s += clock.ExposedSince(t1);
     STRATA_RETURN_IF_ERROR(model.Recompute(r, pr, *streams.compute));
     STRATA_RETURN_IF_ERROR(clock.Stamp());
@@ -165,14 +167,15 @@ Status Engine::Impl::BackwardUnit(int u, int mb, bool last, StepTimes& times) {
   STRATA_RETURN_IF_ERROR(RecomputeFor(u, times));
   const int64_t t0 = TraceRecorder::NowNs();
   Phase(comm::TrafficPhase::kBackwardGather);
-  STRATA_ASSIGN_OR_RETURN(UnitView p, params.Acquire(u, "backward", &times.io_wait_ns));
+  STRATA_ASSIGN_OR_RETURN(UnitView p, params.Acquire(u, GatherUse::kBackward, "backward", &times.io_wait_ns));
   // The unit's gradient buffer: the one a tying unit already added to, or a zeroed one. A frozen
   // unit has none: the model sees a null gradient view and computes only the input gradients.
   STRATA_ASSIGN_OR_RETURN(void* g, reducer.GradientBuffer(u));
   std::vector<UnitView> views{p};
   std::vector<UnitView> grad_views{UnitView{g, DType::kF32, &layout(u).slots}};
   for (int s : setup.shared[static_cast<size_t>(u)]) {
-    STRATA_ASSIGN_OR_RETURN(UnitView ps, params.Acquire(s, "backward (tied)", &times.io_wait_ns));
+    STRATA_ASSIGN_OR_RETURN(UnitView ps, params.Acquire(s, GatherUse::kBackward, "backward (tied)",
+                                                    &times.io_wait_ns));
     views.push_back(ps);
     STRATA_ASSIGN_OR_RETURN(void* gs, reducer.GradientBuffer(s));
     reducer.HoldUntilOwnBackward(s, gs);  // reduced after s's own backward

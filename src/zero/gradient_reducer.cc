@@ -14,6 +14,7 @@ GradientReducer::~GradientReducer() {
     for (void* p : *buffers) device_.Free(p);
   }
   device_.Free(bucket_);
+  device_.Free(qgz_staging_);
 }
 
 // ---- set-up -------------------------------------------------------------------------------------
@@ -55,6 +56,18 @@ Status GradientReducer::AllocateShared() {
   if (bucket_capacity_ > 0) {
     STRATA_ASSIGN_OR_RETURN(
         bucket_, device_.Alloc(static_cast<uint64_t>(bucket_capacity_) * s.world_size * 4));
+  }
+  if (s.quantized_grads) {
+    // The largest reduction: a unit reduced alone, or a full bucket (whole shards, so a multiple
+    // of the block).
+    int64_t max_count = bucket_capacity_ / kQuantBlockElems * kQuantBlockElems;
+    for (int u = 0; u < s.units(); ++u) {
+      if (!s.is_frozen(u)) max_count = std::max(max_count, layout(u).shard_numel);
+    }
+    const auto count = static_cast<size_t>(max_count);
+    STRATA_ASSIGN_OR_RETURN(qgz_staging_, device_.Alloc(QuantizedReduceScatter::StagingBytes(
+                                              s.topology, count)));
+    qgz_.emplace(device_, s.topology, groups_, qgz_staging_, count);
   }
   if (s.cpu_optimizer) {
     int64_t largest_offloaded = 0;
@@ -143,13 +156,11 @@ Status GradientReducer::ReduceAlone(int u, void* grads, int mb, bool last) {
   char* own = static_cast<char*>(grads) + l.shard_offset(setup_.rank) * 4;
   bool direct = false;
   if (!setup_.on_cpu(u) && mb == 0) {
-    STRATA_RETURN_IF_ERROR(collective_.ReduceScatter(grads, device_shards_[static_cast<size_t>(u)],
-                                                       shard, DType::kF32, comm::ReduceOp::kSum,
-                                                       *streams_.comm));
+    STRATA_RETURN_IF_ERROR(
+        ReduceScatterParts(grads, shard, shard, device_shards_[static_cast<size_t>(u)]));
     direct = true;
   } else {
-    STRATA_RETURN_IF_ERROR(collective_.ReduceScatter(grads, own, shard, DType::kF32,
-                                                       comm::ReduceOp::kSum, *streams_.comm));
+    STRATA_RETURN_IF_ERROR(ReduceScatterParts(grads, shard, shard, own));
   }
   STRATA_RETURN_IF_ERROR(FinishReducedShard(u, own, mb, last, direct));
   STRATA_RETURN_IF_ERROR(live_.FreeAfter(*streams_.comm, grads));
@@ -194,10 +205,10 @@ Status GradientReducer::QueueWhenFinal(int u) {
 Status GradientReducer::FlushBucket() {
   if (bucket_entries_.empty()) return Status::Ok();
   char* own = static_cast<char*>(bucket_) + static_cast<int64_t>(setup_.rank) * bucket_capacity_ * 4;
-  STRATA_RETURN_IF_ERROR(collective_.ReduceScatter(bucket_, own,
-                                                     static_cast<size_t>(bucket_capacity_),
-                                                     DType::kF32, comm::ReduceOp::kSum,
-                                                     *streams_.comm));
+  const auto capacity = static_cast<size_t>(bucket_capacity_);
+  // qgZ reduces the filled part of each rank's block only (whole shards: whole blocks).
+  STRATA_RETURN_IF_ERROR(ReduceScatterParts(
+      bucket_, capacity, qgz_ ? static_cast<size_t>(bucket_fill_) : capacity, own));
   std::vector<BucketEntry> entries = std::move(bucket_entries_);
   bucket_entries_.clear();
   bucket_fill_ = 0;
@@ -206,6 +217,21 @@ Status GradientReducer::FlushBucket() {
   }
   if (!config_.zero.overlap_comm) STRATA_RETURN_IF_ERROR(clock_.ComputeWaitsForComm());
   return Status::Ok();
+}
+
+Status GradientReducer::ReduceScatterParts(const void* send, size_t stride, size_t count,
+                                           void* recv) {
+  if (qgz_) {
+    return qgz_->Run(static_cast<const float*>(send), stride, count, static_cast<float*>(recv),
+                     *streams_.comm);
+  }
+  // The fp32 reduce-scatter's parts are contiguous: every caller passes count == stride.
+  if (count != stride) {
+    return InternalError(fmt::format("gradient reduce-scatter: {} elements at stride {}", count,
+                                     stride));
+  }
+  return collective_.ReduceScatter(send, recv, count, DType::kF32, comm::ReduceOp::kSum,
+                                   *streams_.comm);
 }
 
 // Stages 0-1: after every micro-batch's backward, one all-reduce (stage 0) or reduce-scatter

@@ -10,6 +10,8 @@
 //                 small units: copied into the reduction bucket (each rank's part at stride
 //                   bucket_capacity), reduced together when it would overflow or backward ends
 //                 large units: reduced on their own, after whatever the bucket holds
+//               with zero_quantized_gradients (qgZ) each of those reduce-scatters is the
+//               two-level int8 all-to-all of quantized_reduce.h instead
 //
 // A reduced shard then accumulates where the optimizer reads it: a device shard (units on the
 // device optimizer) or, for units on the CPU optimizer, a host shard it lands in (D2H on the
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "strata/collective.h"
@@ -42,6 +45,7 @@
 #include "zero/engine_setup.h"
 #include "zero/host_buffer.h"
 #include "zero/live_buffers.h"
+#include "zero/quantized_reduce.h"
 #include "zero/step_clock.h"
 #include "zero/step_scalars.h"
 
@@ -68,6 +72,8 @@ class GradientReducer {
     LiveBuffers& live;
     CpuOptimizerWorker& cpu_worker;
     StepScalars& scalars;
+    // The node groups (qgZ's all-to-alls); filled by Init before AllocateShared when qgZ is on.
+    const comm::NodeGroups& groups;
   };
   GradientReducer(const Parts& parts, ShardFinal shard_final)
       : setup_(parts.setup),
@@ -81,6 +87,7 @@ class GradientReducer {
         live_(parts.live),
         cpu_worker_(parts.cpu_worker),
         scalars_(parts.scalars),
+        groups_(parts.groups),
         shard_final_(std::move(shard_final)) {}
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
@@ -140,6 +147,9 @@ class GradientReducer {
   Status ReduceAlone(int u, void* grads, int mb, bool last);
   Status FinishReducedShard(int u, void* own, int mb, bool last, bool direct_done);
   Status FlushBucket();
+  // recv = the sum over ranks of their part `rank` of send (fp32): parts of `count` elements at
+  // `stride`. The fp32 reduce-scatter, or qgZ's two-level int8 all-to-all (quantized_reduce.h).
+  Status ReduceScatterParts(const void* send, size_t stride, size_t count, void* recv);
   Status QueueWhenFinal(int u);
   Status LandHostShard(int u, const void* device_shard, int mb);
   Status AllocateStreamedShard(int u);
@@ -159,6 +169,7 @@ class GradientReducer {
   LiveBuffers& live_;
   CpuOptimizerWorker& cpu_worker_;
   StepScalars& scalars_;
+  const comm::NodeGroups& groups_;
   const ShardFinal shard_final_;
 
   // Stages 0-1: every unit's full fp32 gradient accumulator (device; nullptr when frozen).
@@ -177,6 +188,9 @@ class GradientReducer {
   std::vector<BucketEntry> bucket_entries_;
   // Per unit: the gradient buffer a tying unit already added to, waiting for its own backward.
   std::vector<void*> pending_grads_;
+  // qgZ (EngineSetup::quantized_grads): its staging (device) and the reduction over it.
+  void* qgz_staging_ = nullptr;
+  std::optional<QuantizedReduceScatter> qgz_;
 };
 
 }  // namespace strata::zero::engine_internal

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "common/log.h"
 #include "device/pinned_pool.h"
@@ -13,6 +14,7 @@ namespace strata::zero::engine_internal {
 
 ParameterStore::~ParameterStore() {
   StopTiers();
+  FreeSecondaries();
   for (auto* buffers : {&gathered_, &persistent_gathered_}) {
     for (void* p : *buffers) device_.Free(p);
   }
@@ -100,6 +102,13 @@ Status ParameterStore::StartTiers(const offload::NvmeLayoutOptions& nvme) {
   prefetcher_ = std::make_unique<offload::PrefetchScheduler>(*tiers_, po);
   persistent_.assign(n_units, false);
   persistent_gathered_.assign(n_units, nullptr);
+  secondary_.assign(n_units, nullptr);
+  uses_left_.assign(n_units, 0);
+  backward_uses_.assign(n_units, 1);  // its own backward
+  for (size_t v = 0; v < n_units; ++v) {
+    for (const int s : setup_.shared[v]) ++backward_uses_[static_cast<size_t>(s)];
+    for (const int r : setup_.recompute[v]) ++backward_uses_[static_cast<size_t>(r)];
+  }
   for (size_t u = 0; u < n_units; ++u) {
     STRATA_RETURN_IF_ERROR(prefetcher_->AddUnit(u, {u}, setup_.layouts[u].name));
     persistent_[u] = setup_.layouts[u].numel < config_.zero.stage3_param_persistence_threshold;
@@ -117,8 +126,9 @@ Status ParameterStore::AllocateGathered(int u) {
 
 // ---- parameters for compute ---------------------------------------------------------------------
 
-Result<UnitView> ParameterStore::Acquire(int u, std::string_view owner, int64_t* io_wait_ns,
-                                         bool eval) {
+Result<UnitView> ParameterStore::Acquire(int u, GatherUse use, std::string_view owner,
+                                         int64_t* io_wait_ns) {
+  const bool eval = use == GatherUse::kEval;
   const auto& l = setup_.layouts[static_cast<size_t>(u)];
   UnitView view;
   view.dtype = setup_.compute_dtype;
@@ -131,7 +141,7 @@ Result<UnitView> ParameterStore::Acquire(int u, std::string_view owner, int64_t*
     view.data = persistent_gathered_[u];
     return view;
   }
-  STRATA_ASSIGN_OR_RETURN(view.data, Gather(u, owner, io_wait_ns, eval));
+  STRATA_ASSIGN_OR_RETURN(view.data, Gather(u, use, owner, io_wait_ns));
   if (!eval && persistent_[u]) {
     // Kept for the rest of the step (freed at its end, or by the clean-up).
     live_.Keep(view.data);
@@ -143,13 +153,17 @@ Result<UnitView> ParameterStore::Acquire(int u, std::string_view owner, int64_t*
 // All-gathers unit u's shard into a new live buffer on the comm stream; compute waits for it.
 // Back-pressure: at most the live limit of gathered units and gradients in flight. A failure
 // leaves the buffer owned by the live budget, whose clean-up after the failed step frees it.
-Result<void*> ParameterStore::Gather(int u, std::string_view owner, int64_t* io_wait_ns,
-                                     bool eval) {
+Result<void*> ParameterStore::Gather(int u, GatherUse use, std::string_view owner,
+                                     int64_t* io_wait_ns) {
   const auto& l = setup_.layouts[static_cast<size_t>(u)];
   const uint64_t bytes = static_cast<uint64_t>(l.padded_numel()) * setup_.compute_bytes;
   STRATA_ASSIGN_OR_RETURN(void* full, live_.Alloc(bytes));
   const int64_t t0 = TraceRecorder::NowNs();
-  if (eval) {
+  if (use != GatherUse::kEval && secondary_[static_cast<size_t>(u)] != nullptr) {
+    // hpZ: from the node's secondary slices; no shard is read and nothing crosses nodes.
+    STRATA_RETURN_IF_ERROR(GatherFromSecondary(u, full));
+    if (use == GatherUse::kBackward) STRATA_RETURN_IF_ERROR(UsedSecondary(u));
+  } else if (use == GatherUse::kEval) {
     // Straight from the tier manager: an evaluation's accesses are not the training step's
     // trace, which the scheduler would otherwise relearn twice per evaluation.
     Result<Lease> lease = tiers_->Acquire(u, Tier::kDevice, Access::kRead, owner);
@@ -167,6 +181,10 @@ Result<void*> ParameterStore::Gather(int u, std::string_view owner, int64_t* io_
     Status rel = prefetcher_->Release(u, *leases, false, streams_.comm.get());
     STRATA_RETURN_IF_ERROR(st);
     STRATA_RETURN_IF_ERROR(rel);
+    // hpZ: persistent units stay gathered to the end of the step and need no slice.
+    if (setup_.hpz > 1 && use == GatherUse::kForward && !persistent_[static_cast<size_t>(u)]) {
+      STRATA_RETURN_IF_ERROR(KeepSecondary(u, full));
+    }
   }
   STRATA_RETURN_IF_ERROR(clock_.ComputeWaitsForComm());
   return full;
@@ -201,6 +219,57 @@ Status ParameterStore::AllGatherShard(int u, const void* shard, void* full) {
   // On failure the staging stays owned by the live budget, whose clean-up frees it.
   STRATA_RETURN_IF_ERROR(st);
   return live_.FreeAfter(comm, staging);
+}
+
+// ---- hpZ: the secondary copy ---------------------------------------------------------------------
+
+uint64_t ParameterStore::SecondaryElems(int u) const {
+  return static_cast<uint64_t>(setup_.layouts[static_cast<size_t>(u)].padded_numel()) /
+         static_cast<uint64_t>(setup_.hpz);
+}
+
+// This rank's slice of the unit just gathered into `full` (comm-stream order), held on the device
+// until the unit's last backward use. Counted by the device's budget; `strata estimate` plans it.
+Status ParameterStore::KeepSecondary(int u, const void* full) {
+  const uint64_t bytes = SecondaryElems(u) * setup_.compute_bytes;
+  Result<void*> slice = device_.Alloc(bytes);
+  if (!slice.ok()) {
+    return slice.status().WithContext(fmt::format(
+        "hpZ (zero_optimization.zero_hpz_partition_size): unit {} ('{}')'s node-local copy of "
+        "{} B",
+        u, setup_.layouts[static_cast<size_t>(u)].name, bytes));
+  }
+  secondary_[static_cast<size_t>(u)] = *slice;
+  uses_left_[static_cast<size_t>(u)] = backward_uses_[static_cast<size_t>(u)];
+  const uint64_t offset = static_cast<uint64_t>(setup_.topology.local_rank()) * bytes;
+  return device_.CopyAsync(*slice, static_cast<const char*>(full) + offset, bytes,
+                           device::CopyKind::kDeviceToDevice, *streams_.comm);
+}
+
+// The node's ranks hold the unit's slices in local-rank order, which is the intra-node group's
+// order: one all-gather of them is the whole unit.
+Status ParameterStore::GatherFromSecondary(int u, void* full) {
+  return groups_.intra->AllGather(secondary_[static_cast<size_t>(u)], full, SecondaryElems(u),
+                                  setup_.compute_dtype, *streams_.comm);
+}
+
+// After the last backward use is enqueued, the slice is freed once the comm stream is past it.
+Status ParameterStore::UsedSecondary(int u) {
+  const auto i = static_cast<size_t>(u);
+  if (--uses_left_[i] > 0) return Status::Ok();
+  void* slice = std::exchange(secondary_[i], nullptr);
+  Status st = device_.Notify(*streams_.comm,
+                             [device = &device_, slice](const Status&) { device->Free(slice); });
+  if (!st.ok()) secondary_[i] = slice;  // not enqueued: the clean-up after the step frees it
+  return st;
+}
+
+// After a step's streams have drained (its end, or a failed step's clean-up).
+void ParameterStore::FreeSecondaries() {
+  for (void*& p : secondary_) {
+    if (p != nullptr) device_.Free(p);
+    p = nullptr;
+  }
 }
 
 Status ParameterStore::Release(int u, const UnitView& view, bool eval) {
@@ -281,6 +350,7 @@ void ParameterStore::BeginStep() {
 void ParameterStore::EndStep() {
   if (setup_.stage != 3) return;
   FreePersistent();
+  FreeSecondaries();  // none is left unless a unit had fewer backward uses than counted
   prefetcher_->EndStep();
 }
 
@@ -298,6 +368,7 @@ Status ParameterStore::TakeWritebackError() {
 
 void ParameterStore::ForgetStep(bool in_step) {
   FreePersistent();
+  FreeSecondaries();
   if (tiers_) (void)tiers_->TakeWritebackError();
   if (prefetcher_ && in_step) prefetcher_->EndStep();
 }

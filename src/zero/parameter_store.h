@@ -9,6 +9,13 @@
 //               (live_buffers.h) right before its use and Release frees it after. Units smaller
 //               than stage3_param_persistence_threshold stay gathered from their first use to
 //               the end of the step (`persistent_gathered_`).
+//   hpZ         (stage 3, zero_hpz_partition_size = the ranks of a node, several nodes) a unit's
+//               forward gather also keeps this rank's slice of it within the node: 1/L of the
+//               gathered unit, local rank l holding elements [l, l + 1) * padded / L
+//               (`secondary_`). The unit's backward gathers (its own, tying units', recomputes)
+//               all-gather it from those slices over the node's ranks only; the last of them
+//               frees it. With zero_quantized_weights the slice holds the dequantized values, so
+//               backward reads exactly what forward read.
 //
 // Threading: every method is called by the engine's driving thread, except LeaseShard, which
 // the CPU optimizer's thread also calls (the tier manager is thread-safe). Gathers run on the
@@ -20,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/topology.h"
 #include "offload/nvme_layout.h"
 #include "offload/prefetch_scheduler.h"
 #include "offload/tier_manager.h"
@@ -35,6 +43,10 @@
 
 namespace strata::zero::engine_internal {
 
+// What a gather is for: the training step's forward or backward (recompute included), or an
+// evaluation (outside the prefetch scheduler's trace and hpZ's secondary copies).
+enum class GatherUse : uint8_t { kForward, kBackward, kEval };
+
 class ParameterStore {
  public:
   struct Parts {
@@ -45,6 +57,9 @@ class ParameterStore {
     EngineStreams& streams;
     StepClock& clock;
     LiveBuffers& live;
+    // The node groups (hpZ's backward gathers use `intra`); filled by Init before the first
+    // step when hpZ is on.
+    const comm::NodeGroups& groups;
   };
   explicit ParameterStore(const Parts& parts)
       : setup_(parts.setup),
@@ -54,7 +69,8 @@ class ParameterStore {
         collective_(parts.collective),
         streams_(parts.streams),
         clock_(parts.clock),
-        live_(parts.live) {}
+        live_(parts.live),
+        groups_(parts.groups) {}
   ~ParameterStore();
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
@@ -67,9 +83,9 @@ class ParameterStore {
   // Stops the scheduler and the tier manager (the engine's destructor, streams drained).
   void StopTiers();
 
-  // Unit u's parameters for compute, gathered; the host's wait for its shard is added to
-  // *io_wait_ns. `eval`: outside the prefetch scheduler's trace, no persistent units.
-  Result<UnitView> Acquire(int u, std::string_view owner, int64_t* io_wait_ns, bool eval = false);
+  // Unit u's parameters for compute, gathered for `use`; the host's wait for its shard is added
+  // to *io_wait_ns. kEval: outside the prefetch scheduler's trace, no persistent units.
+  Result<UnitView> Acquire(int u, GatherUse use, std::string_view owner, int64_t* io_wait_ns);
   // Lets a view from Acquire go once the compute stream is past its use.
   Status Release(int u, const UnitView& view, bool eval = false);
 
@@ -101,9 +117,16 @@ class ParameterStore {
 
  private:
   offload::TierManagerOptions TierOptions(const offload::NvmeLayoutOptions& nvme) const;
-  Result<void*> Gather(int u, std::string_view owner, int64_t* io_wait_ns, bool eval);
+  Result<void*> Gather(int u, GatherUse use, std::string_view owner, int64_t* io_wait_ns);
   Status AllGatherShard(int u, const void* shard, void* full);
   void FreePersistent();
+  // hpZ: the elements of unit u's secondary slice; keeps it from a forward gather into `full`;
+  // all-gathers `full` from the node's slices; counts a backward use (the last frees it).
+  uint64_t SecondaryElems(int u) const;
+  Status KeepSecondary(int u, const void* full);
+  Status GatherFromSecondary(int u, void* full);
+  Status UsedSecondary(int u);
+  void FreeSecondaries();
 
   const EngineSetup& setup_;
   const EngineOptions& options_;
@@ -121,6 +144,13 @@ class ParameterStore {
   std::unique_ptr<offload::PrefetchScheduler> prefetcher_;
   std::vector<bool> persistent_;               // per unit
   std::vector<void*> persistent_gathered_;     // per unit: gathered this step, or nullptr
+  const comm::NodeGroups& groups_;
+  // hpZ, per unit: the secondary slice (device) from its forward gather until its last backward
+  // use, or nullptr; the backward gathers a micro-batch makes of it (own, tied, recomputes); those
+  // still to come.
+  std::vector<void*> secondary_;
+  std::vector<int> backward_uses_;
+  std::vector<int> uses_left_;
 };
 
 }  // namespace strata::zero::engine_internal

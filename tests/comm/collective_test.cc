@@ -246,7 +246,9 @@ class MpiSingletonTest : public ::testing::Test {
         void* gathered = Buffer(count, dtype, /*zero=*/true);
         void* in_place = Buffer(count, dtype);
         void* broadcast = Buffer(count, dtype);
+        void* exchanged = Buffer(count, dtype, /*zero=*/true);
         ASSERT_OK(collective.AllReduce(send, reduced, count, dtype, op, *a_));
+        ASSERT_OK(collective.AllToAll(send, exchanged, count, dtype, *a_));
         ASSERT_OK(collective.ReduceScatter(send, scattered, count, dtype, op, *a_));
         ASSERT_OK(collective.AllGather(send, gathered, count, dtype, *a_));
         ASSERT_OK(collective.AllReduce(in_place, in_place, count, dtype, op, *a_));
@@ -260,6 +262,7 @@ class MpiSingletonTest : public ::testing::Test {
           ASSERT_EQ(LoadBits(reduced, dtype, i), expected) << i;
           ASSERT_EQ(LoadBits(scattered, dtype, i), expected) << i;
           ASSERT_EQ(LoadBits(gathered, dtype, i), expected) << i;
+          ASSERT_EQ(LoadBits(exchanged, dtype, i), expected) << i;
           ASSERT_EQ(LoadBits(in_place, dtype, i), expected) << i;
           ASSERT_EQ(LoadBits(broadcast, dtype, i), expected) << i;
         }

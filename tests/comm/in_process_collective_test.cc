@@ -204,6 +204,44 @@ INSTANTIATE_TEST_SUITE_P(Ops, InProcessAllGatherTest,
                                             ::testing::Bool()),
                          GatherParamName);
 
+using AllToAllParam = std::tuple<int /*world*/, DType>;
+
+std::string AllToAllParamName(const ::testing::TestParamInfo<AllToAllParam>& info) {
+  return fmt::format("world{}_{}", std::get<0>(info.param),
+                     device::DTypeName(std::get<1>(info.param)));
+}
+
+class InProcessAllToAllTest : public ::testing::TestWithParam<AllToAllParam> {};
+
+TEST_P(InProcessAllToAllTest, AllToAllSendsEachRankItsPart) {
+  const auto& [world, dtype] = GetParam();
+  RunRanks(world, [&](Rank& r) {
+    const size_t whole = kCount * static_cast<size_t>(world);
+    void* send = r.Buffer(whole, dtype);
+    void* recv = r.Buffer(whole, dtype);
+    // Rank q sends InputValue(q, k) at k; rank r receives q's elements [r * n, (r + 1) * n).
+    FillInput(send, dtype, whole, r.rank);
+    ASSERT_OK(r.comm->AllToAll(send, recv, kCount, dtype, *r.a));
+    ASSERT_OK(r.device->Synchronize(*r.a));
+    for (size_t i = 0; i < whole; ++i) {
+      const int q = static_cast<int>(i / kCount);
+      const size_t k = static_cast<size_t>(r.rank) * kCount + i % kCount;
+      ASSERT_EQ(LoadBits(recv, dtype, i), ExpectedBits(dtype, InputValue(q, k), ReduceOp::kSum, 1))
+          << "element " << i << " on rank " << r.rank;
+    }
+    // The buffers must not overlap: an all-to-all has no in-place form.
+    const Status st = r.comm->AllToAll(send, send, kCount, dtype, *r.a);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find("must be disjoint"), std::string_view::npos) << st.ToString();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, InProcessAllToAllTest,
+                         ::testing::Combine(::testing::Values(1, 3, 4),
+                                            ::testing::Values(DType::kF32, DType::kBF16,
+                                                              DType::kF16)),
+                         AllToAllParamName);
+
 // ---- the rest ----------------------------------------------------------------------------------
 
 TEST(InProcessCollectiveTest, ReductionsAddInRankOrderAsTheMpiBackendDoes) {
@@ -662,6 +700,9 @@ TEST(TrafficTest, CountsWhatEachOperationSendsWithinAndAcrossNodes) {
     ASSERT_OK(world->ReduceScatter(buf, own, n, DType::kBF16, ReduceOp::kSum, *r.a));
     // 2 x 8000 B / 4 ranks = 4000 B to each peer.
     ASSERT_OK(world->AllReduce(buf, buf, 4 * n, DType::kBF16, ReduceOp::kSum, *r.a));
+    // 300 B to each peer.
+    void* exchanged = r.Buffer(4 * 150, DType::kBF16);
+    ASSERT_OK(world->AllToAll(buf, exchanged, 150, DType::kBF16, *r.a));
     c.SetPhase(TrafficPhase::kOther);
     ASSERT_OK(world->Broadcast(buf, 100, /*root=*/1, *r.a));
     // The intra-node group's traffic never leaves the node; the inter-node group's always does.
@@ -671,8 +712,8 @@ TEST(TrafficTest, CountsWhatEachOperationSendsWithinAndAcrossNodes) {
     ASSERT_OK(r.device->Synchronize(*r.a));
     EXPECT_EQ(c.of(TrafficPhase::kForwardGather).intra_bytes, 2000u);
     EXPECT_EQ(c.of(TrafficPhase::kForwardGather).inter_bytes, 4000u);
-    EXPECT_EQ(c.of(TrafficPhase::kReduce).intra_bytes, 6000u);
-    EXPECT_EQ(c.of(TrafficPhase::kReduce).inter_bytes, 12000u);
+    EXPECT_EQ(c.of(TrafficPhase::kReduce).intra_bytes, 6300u);
+    EXPECT_EQ(c.of(TrafficPhase::kReduce).inter_bytes, 12600u);
     const bool root = r.rank == 1;
     EXPECT_EQ(c.of(TrafficPhase::kOther).intra_bytes, root ? 100u : 0u);
     EXPECT_EQ(c.of(TrafficPhase::kOther).inter_bytes, root ? 200u : 0u);

@@ -218,6 +218,44 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(Size{1, false}, Size{1000003, false}, Size{10007, true})),
     GatherParamName);
 
+using AllToAllParam = std::tuple<DType, Size>;
+
+std::string AllToAllParamName(const ::testing::TestParamInfo<AllToAllParam>& info) {
+  const auto& [dtype, size] = info.param;
+  return fmt::format("{}_{}{}", device::DTypeName(dtype), size.count,
+                     size.chunked ? "_chunked" : "");
+}
+
+class MpiAllToAllTest : public MpiFixture, public ::testing::TestWithParam<AllToAllParam> {
+ protected:
+  void SetUp() override { Open(TuningFor(std::get<1>(GetParam()))); }
+  void TearDown() override { Close(); }
+};
+
+TEST_P(MpiAllToAllTest, AllToAll) {
+  const auto& [dtype, size] = GetParam();
+  const size_t n = size.count;
+  const size_t whole = n * static_cast<size_t>(world_);
+  void* send = Buffer(whole, dtype);
+  void* recv = Buffer(whole, dtype);
+  // Rank q sends InputValue(q, k) at k; this rank receives q's elements [rank * n, (rank + 1) * n).
+  FillInput(send, dtype, whole, rank_);
+  ASSERT_OK(collective_->AllToAll(send, recv, n, dtype, *a_));
+  ASSERT_OK(device_->Synchronize(*a_));
+  for (size_t i = 0; i < whole; ++i) {
+    const int q = static_cast<int>(i / n);
+    const size_t k = static_cast<size_t>(rank_) * n + i % n;
+    ASSERT_EQ(LoadBits(recv, dtype, i), ExpectedBits(dtype, InputValue(q, k), ReduceOp::kSum, 1))
+        << "element " << i << " on rank " << rank_;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, MpiAllToAllTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                       ::testing::Values(Size{1, false}, Size{100003, false}, Size{10007, true})),
+    AllToAllParamName);
+
 // ---- the rest ----------------------------------------------------------------------------------
 
 class MpiCollectiveTest : public MpiFixture, public ::testing::Test {

@@ -110,6 +110,16 @@ TEST_P(NcclGpuTest, AllGatherCopiesTheOneRanksPart) {
   }
 }
 
+TEST_P(NcclGpuTest, AllToAllOfOneRankIsACopyThroughSendAndReceive) {
+  const DType dtype = GetParam();
+  for (size_t n : kCounts) {
+    void* send = Upload(n, dtype);
+    void* recv = Upload(n, dtype, -7.0f);
+    ASSERT_OK(collective_->AllToAll(send, recv, n, dtype, *stream_));
+    ExpectInputs(Download(recv, n, dtype), n, dtype, ReduceOp::kSum, "all-to-all");
+  }
+}
+
 TEST_P(NcclGpuTest, SplitMakesAWorkingSubCommunicator) {
   // One GPU: the split of a world of one is a world of one, through ncclCommSplit.
   const DType dtype = GetParam();

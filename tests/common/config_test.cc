@@ -358,6 +358,30 @@ TEST(ConfigZeroPlusPlusTest, QuantizedWeightsIsReadAtStage3AndSaidToHaveNoEffect
   EXPECT_FALSE(Ok("{}").zero.zero_quantized_weights);
 }
 
+TEST(ConfigZeroPlusPlusTest, HpzAndQuantizedGradientsAreReadAndSaidToHaveNoEffectWhereTheyHaveNone) {
+  Config c = Ok(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8,
+                                          "zero_quantized_gradients": true}})");
+  EXPECT_EQ(c.zero.zero_hpz_partition_size, 8);
+  EXPECT_TRUE(c.zero.zero_quantized_gradients);
+  EXPECT_THAT(c.diagnostics.ignored_keys, ::testing::IsEmpty());
+  EXPECT_THAT(c.diagnostics.warnings, ::testing::IsEmpty());
+  // qgZ works at stage 2 too; hpZ is stage 3's.
+  Config two = Ok(R"({"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 8,
+                                            "zero_quantized_gradients": true}})");
+  EXPECT_EQ(two.zero.zero_hpz_partition_size, 1);
+  EXPECT_TRUE(two.zero.zero_quantized_gradients);
+  ASSERT_EQ(two.diagnostics.warnings.size(), 1u);
+  EXPECT_THAT(two.diagnostics.warnings[0],
+              AllOf(HasSubstr("zero_hpz_partition_size"), HasSubstr("no effect at stage 2")));
+  Config one = Ok(R"({"zero_optimization": {"stage": 1, "zero_quantized_gradients": true}})");
+  EXPECT_FALSE(one.zero.zero_quantized_gradients);
+  ASSERT_EQ(one.diagnostics.warnings.size(), 1u);
+  EXPECT_THAT(one.diagnostics.warnings[0], HasSubstr("no effect at stage 1"));
+  EXPECT_EQ(Ok("{}").zero.zero_hpz_partition_size, 1);
+  EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 0}})"),
+              HasSubstr("zero_optimization.zero_hpz_partition_size"));
+}
+
 TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
   Config c = Ok(R"({
     "wall_clock_breakdown": false,
@@ -366,8 +390,7 @@ TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "set_grad_none": true}},
     "zero_optimization": {
       "stage": 3,
-      "zero_quantized_gradients": true,
-      "zero_hpz_partition_size": 8,
+      "zero_quantized_nontrainable_weights": true,
       "mics_shard_size": 8,
       "stage3_module_granularity_threshold": 0,
       "offload_optimizer": {"device": "cpu", "super_offload": true}
@@ -379,8 +402,9 @@ TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
   EXPECT_THAT(
       c.diagnostics.ignored_keys,
       ElementsAre("wall_clock_breakdown", "zero_allow_untested_optimizer", "wandb",
-                  "optimizer.params.set_grad_none", "zero_optimization.zero_quantized_gradients",
-                  "zero_optimization.zero_hpz_partition_size", "zero_optimization.mics_shard_size",
+                  "optimizer.params.set_grad_none",
+                  "zero_optimization.zero_quantized_nontrainable_weights",
+                  "zero_optimization.mics_shard_size",
                   "zero_optimization.stage3_module_granularity_threshold",
                   "zero_optimization.offload_optimizer.super_offload", "bf16.immediate_grad_update",
                   "checkpoint.parallel_write", "aio.use_gds"));

@@ -21,6 +21,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <mutex>
+#include <tuple>
 #include <thread>
 #include <utility>
 
@@ -302,6 +304,281 @@ TEST(InProcessZeroPlusPlusTest, TrafficIsCountedWithinAndAcrossNodes) {
       EXPECT_EQ(2 * b.intra_bytes, b.inter_bytes) << comm::TrafficPhaseName(phase);
     }
   }
+}
+
+uint64_t InterBytes(const RankResult& r, comm::TrafficPhase phase) {
+  return r.traffic[static_cast<size_t>(phase)].inter_bytes;
+}
+uint64_t AllInterBytes(const RankResult& r) {
+  uint64_t total = 0;
+  for (const comm::Traffic& t : r.traffic) total += t.inter_bytes;
+  return total;
+}
+
+// The worst relative difference between two runs' losses, step by step.
+double WorstLossDifference(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0.0;
+  for (size_t k = 0; k < std::min(a.size(), b.size()); ++k) {
+    worst = std::max(worst, std::abs(a[k] - b[k]) / std::abs(a[k]));
+  }
+  return worst;
+}
+
+TEST(InProcessZeroPlusPlusTest, HpzBackwardGathersStayWithinTheNodeAndGiveTheSameBits) {
+  // 4 ranks as 2 nodes x 2, stage 3 with parameters on NVMe. hpZ gathers the very bytes plain
+  // stage 3 gathers, only from the node's secondary copies in backward: the same losses and
+  // weights bit for bit, and backward's gathers never leave the node.
+  constexpr int kWorld = 4;
+  ToyRun::Options o;
+  o.steps = 8;
+  o.ranks_per_node = 2;
+  o.config_json = ConfigJson(3, "nvme");
+  const std::vector<RankResult> plain = TrainRanks(kWorld, o);
+  o.config_json = ConfigJson(3, "nvme", R"(, "zero_hpz_partition_size": 2)");
+  const std::vector<RankResult> hpz = TrainRanks(kWorld, o);
+  for (int r = 0; r < kWorld; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    const RankResult& p = plain[static_cast<size_t>(r)];
+    const RankResult& h = hpz[static_cast<size_t>(r)];
+    ASSERT_TRUE(p.status.ok()) << p.status.ToString();
+    ASSERT_TRUE(h.status.ok()) << h.status.ToString();
+    EXPECT_EQ(h.losses, p.losses);
+    EXPECT_EQ(h.masters, p.masters);
+    const comm::Traffic& back = h.traffic[static_cast<size_t>(comm::TrafficPhase::kBackwardGather)];
+    EXPECT_EQ(back.inter_bytes, 0u);
+    EXPECT_GT(back.intra_bytes, 0u);
+    EXPECT_GT(InterBytes(p, comm::TrafficPhase::kBackwardGather), 0u);
+    EXPECT_EQ(ForwardGatherBytes(h), ForwardGatherBytes(p));
+  }
+  // With qwZ the secondary copy holds forward's dequantized values, which plain qwZ's backward
+  // gathers again: the same bits too (bf16, where qwZ applies).
+  const std::string bf16 = R"(, "bf16": {"enabled": true})";
+  o.steps = 4;
+  o.config_json = ConfigJson(3, "nvme", R"(, "zero_quantized_weights": true)", bf16);
+  const std::vector<RankResult> qwz = TrainRanks(kWorld, o);
+  o.config_json = ConfigJson(
+      3, "nvme", R"(, "zero_quantized_weights": true, "zero_hpz_partition_size": 2)", bf16);
+  const std::vector<RankResult> both = TrainRanks(kWorld, o);
+  for (int r = 0; r < kWorld; ++r) {
+    SCOPED_TRACE(fmt::format("qwZ, rank {}", r));
+    ASSERT_TRUE(both[static_cast<size_t>(r)].status.ok());
+    EXPECT_EQ(both[static_cast<size_t>(r)].losses, qwz[static_cast<size_t>(r)].losses);
+    EXPECT_EQ(both[static_cast<size_t>(r)].masters, qwz[static_cast<size_t>(r)].masters);
+  }
+}
+
+TEST(InProcessZeroPlusPlusTest, HpzPartitionSizeMustBeTheRanksPerNode) {
+  ToyRun::Options o;
+  o.steps = 1;
+  o.ranks_per_node = 2;
+  o.config_json = ConfigJson(3, "none", R"(, "zero_hpz_partition_size": 4)");
+  for (const RankResult& r : TrainRanks(4, o)) {
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << r.status.ToString();
+    EXPECT_NE(r.status.message().find("zero_hpz_partition_size is 4"), std::string_view::npos)
+        << r.status.ToString();
+    EXPECT_NE(r.status.message().find("2 node(s) x 2 rank(s)"), std::string_view::npos)
+        << r.status.ToString();
+  }
+  // One node of 4: every gather is within it already; the run is plain stage 3's.
+  o.ranks_per_node = 0;
+  o.steps = 3;
+  const std::vector<RankResult> one_node = TrainRanks(4, o);
+  o.config_json = ConfigJson(3, "none");
+  const std::vector<RankResult> plain = TrainRanks(4, o);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(one_node[static_cast<size_t>(r)].status.ok())
+        << one_node[static_cast<size_t>(r)].status.ToString();
+    EXPECT_EQ(one_node[static_cast<size_t>(r)].losses, plain[static_cast<size_t>(r)].losses);
+  }
+}
+
+TEST(InProcessZeroPlusPlusTest, QuantizedGradientsTrainLikePlainZeroWithAFractionOfTheBytes) {
+  // 4 ranks as 2 nodes x 2, 50 steps, at stage 3 (parameters and optimizer on NVMe) and stage 2
+  // (the optimizer on the CPU): every rank ends with the same weights, the losses follow plain
+  // ZeRO's within the two quantizations' error, and the gradient reductions send an eighth of
+  // the bytes across nodes (int8 partial sums of a node's 2 ranks against fp32 parts), plus the
+  // scales.
+  constexpr int kWorld = 4;
+  constexpr int kLongSteps = 50;
+  for (const auto& [stage, where] : {std::pair<int, std::string>{3, "nvme"}, {2, "cpu"}}) {
+    SCOPED_TRACE(fmt::format("stage {}, {}", stage, where));
+    ToyRun::Options o;
+    o.steps = kLongSteps;
+    o.ranks_per_node = 2;
+    o.config_json = ConfigJson(stage, where);
+    const std::vector<RankResult> plain = TrainRanks(kWorld, o);
+    o.config_json = ConfigJson(stage, where, R"(, "zero_quantized_gradients": true)");
+    const std::vector<RankResult> qgz = TrainRanks(kWorld, o);
+    for (int r = 0; r < kWorld; ++r) {
+      SCOPED_TRACE(fmt::format("rank {}", r));
+      const RankResult& p = plain[static_cast<size_t>(r)];
+      const RankResult& q = qgz[static_cast<size_t>(r)];
+      ASSERT_TRUE(p.status.ok()) << p.status.ToString();
+      ASSERT_TRUE(q.status.ok()) << q.status.ToString();
+      ASSERT_EQ(q.losses.size(), static_cast<size_t>(kLongSteps));
+      EXPECT_EQ(q.losses, qgz[0].losses);
+      EXPECT_EQ(q.masters, qgz[0].masters);
+      const double ratio = static_cast<double>(InterBytes(q, comm::TrafficPhase::kReduce)) /
+                           static_cast<double>(InterBytes(p, comm::TrafficPhase::kReduce));
+      EXPECT_GT(ratio, 0.0);
+      EXPECT_LE(ratio, (1.0 + 4.0 / 2048.0) / 8.0);
+    }
+    const double worst = WorstLossDifference(plain[0].losses, qgz[0].losses);
+    std::printf("[ qgZ, stage %d, 4 ranks, 50 steps ] worst relative loss difference to plain: "
+                "%.3g; loss %.4f -> %.4f (plain %.4f -> %.4f)\n",
+                stage, worst, qgz[0].losses.front(), qgz[0].losses.back(),
+                plain[0].losses.front(), plain[0].losses.back());
+    EXPECT_NE(qgz[0].losses, plain[0].losses) << "qgZ gave plain ZeRO's losses: was it on?";
+    EXPECT_LE(worst, 0.02);
+    EXPECT_LT(qgz[0].losses.back(), 0.5 * qgz[0].losses.front());
+  }
+}
+
+TEST(InProcessZeroPlusPlusTest, AllThreeCutTheBytesAcrossNodesAndTrainLikePlainStage3) {
+  // qwZ + hpZ + qgZ on 2 nodes x 2, stage 3, bf16, NVMe, 50 steps, against plain stage 3.
+  constexpr int kWorld = 4;
+  constexpr int kLongSteps = 50;
+  ToyRun::Options o;
+  o.steps = kLongSteps;
+  o.ranks_per_node = 2;
+  const std::string bf16 = R"(, "bf16": {"enabled": true})";
+  o.config_json = ConfigJson(3, "nvme", "", bf16);
+  const std::vector<RankResult> plain = TrainRanks(kWorld, o);
+  o.config_json = ConfigJson(3, "nvme",
+                             R"(, "zero_quantized_weights": true, "zero_hpz_partition_size": 2,)"
+                             R"( "zero_quantized_gradients": true)",
+                             bf16);
+  const std::vector<RankResult> zpp = TrainRanks(kWorld, o);
+  double ratio = 0.0;
+  for (int r = 0; r < kWorld; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    ASSERT_TRUE(plain[static_cast<size_t>(r)].status.ok());
+    ASSERT_TRUE(zpp[static_cast<size_t>(r)].status.ok()) << zpp[static_cast<size_t>(r)].status.ToString();
+    EXPECT_EQ(zpp[static_cast<size_t>(r)].masters, zpp[0].masters);
+    EXPECT_EQ(InterBytes(zpp[static_cast<size_t>(r)], comm::TrafficPhase::kBackwardGather), 0u);
+    ratio = static_cast<double>(AllInterBytes(zpp[static_cast<size_t>(r)])) /
+            static_cast<double>(AllInterBytes(plain[static_cast<size_t>(r)]));
+    EXPECT_LE(ratio, 0.3);
+  }
+  const double worst = WorstLossDifference(plain[0].losses, zpp[0].losses);
+  std::printf("[ ZeRO++ (qwZ + hpZ + qgZ), 2 x 2, 50 steps ] bytes across nodes %.3f of plain "
+              "stage 3's; worst relative loss difference %.3g; final loss %.4f (plain %.4f)\n",
+              ratio, worst, zpp[0].losses.back(), plain[0].losses.back());
+  EXPECT_LE(worst, 0.03);
+}
+
+// A checkpoint in memory that the ranks of a world save into together (each its own pieces).
+struct SharedCheckpoint {
+  using Key = std::tuple<int, int, StateKind>;
+  std::mutex mu;
+  std::map<Key, std::vector<float>> values;
+  EngineCounters counters;
+
+  Status Save(Engine& engine) {
+    const auto& layouts = engine.layouts();
+    return engine.SaveStates([&](const StatePiece& p, const void* data, device::DType dtype) {
+      std::lock_guard lock(mu);
+      auto& v = values[Key{p.unit, p.slot, p.kind}];
+      v.resize(static_cast<size_t>(layouts.at(p.unit).slots.at(p.slot).numel));
+      device::ConvertHost(data, dtype, v.data() + p.offset, device::DType::kF32,
+                          static_cast<size_t>(p.count));
+      return Status::Ok();
+    });
+  }
+  InitialStates Reader() {
+    InitialStates init;
+    init.with_optimizer = true;
+    init.read = [this](const StatePiece& p, void* out, device::DType dtype) -> Status {
+      std::lock_guard lock(mu);
+      auto it = values.find(Key{p.unit, p.slot, p.kind});
+      if (it == values.end()) return NotFoundError("no such state");
+      device::ConvertHost(it->second.data() + p.offset, device::DType::kF32, out, dtype,
+                          static_cast<size_t>(p.count));
+      return Status::Ok();
+    };
+    return init;
+  }
+};
+
+TEST(InProcessZeroPlusPlusTest, AZeroPlusPlusRunResumesOnAnotherRankCount) {
+  // Saved after 3 steps on 4 ranks (2 nodes x 2, all three features on), resumed on 2 ranks of
+  // one node with the same config (hpZ then has nothing to do): every state comes back exactly,
+  // and training goes on as the 4-rank run does, within the quantization error.
+  const std::string config =
+      ConfigJson(3, "nvme",
+                 R"(, "zero_quantized_weights": true, "zero_hpz_partition_size": 2,)"
+                 R"( "zero_quantized_gradients": true)",
+                 R"(, "bf16": {"enabled": true})");
+  SharedCheckpoint ck;
+  std::vector<std::vector<double>> continued(4);
+  std::vector<Masters> saved(4);
+  {
+    auto w = comm::InProcessWorld::Create({.world_size = 4});
+    ASSERT_TRUE(w.ok());
+    std::vector<std::thread> threads;
+    std::vector<Status> st(4);
+    for (int r = 0; r < 4; ++r) {
+      threads.emplace_back([&, r] {
+        ToyRun run;
+        ToyRun::Options o;
+        o.config_json = config;
+        o.world = *w;
+        o.rank = r;
+        o.ranks_per_node = 2;
+        o.samples_per_micro_batch = 2;  // the global batch of 8 the 2-rank run keeps
+        st[r] = run.Setup(o);
+        for (int s = 0; s < 3 && st[r].ok(); ++s) st[r] = run.Step(s);
+        if (st[r].ok()) st[r] = ck.Save(*run.engine);
+        if (r == 0) ck.counters = run.engine->counters();
+        if (st[r].ok()) {
+          auto m = run.Masters();
+          st[r] = m.status();
+          if (m.ok()) saved[r] = std::move(*m);
+        }
+        for (int s = 3; s < 6 && st[r].ok(); ++s) st[r] = run.Step(s);
+        for (size_t k = 3; k < run.results.size(); ++k) continued[r].push_back(run.results[k].loss);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  auto w = comm::InProcessWorld::Create({.world_size = 2});
+  ASSERT_TRUE(w.ok());
+  std::vector<std::thread> threads;
+  std::vector<Status> st(2);
+  std::vector<std::vector<double>> resumed(2);
+  std::vector<Masters> loaded(2);
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ToyRun run;
+      ToyRun::Options o;
+      o.config_json = config;
+      o.world = *w;
+      o.rank = r;
+      o.ranks_per_node = 2;
+      o.samples_per_micro_batch = 4;
+      o.initial = ck.Reader();
+      st[r] = run.Setup(o);
+      if (st[r].ok()) st[r] = run.engine->RestoreCounters(ck.counters);
+      if (st[r].ok()) {
+        auto m = run.Masters();
+        st[r] = m.status();
+        if (m.ok()) loaded[r] = std::move(*m);
+      }
+      for (int s = 3; s < 6 && st[r].ok(); ++s) st[r] = run.Step(s);
+      for (const StepResult& res : run.results) resumed[r].push_back(res.loss);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(loaded[0], saved[0]);
+  EXPECT_EQ(loaded[1], saved[0]);
+  ASSERT_EQ(resumed[0].size(), 3u);
+  EXPECT_EQ(resumed[0], resumed[1]);
+  const double worst = WorstLossDifference(continued[0], resumed[0]);
+  std::printf("[ ZeRO++ resume 4 -> 2 ranks ] worst relative loss difference over 3 steps: %.3g\n",
+              worst);
+  EXPECT_LE(worst, 0.02);
 }
 
 }  // namespace
