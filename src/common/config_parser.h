@@ -177,6 +177,7 @@ class ConfigParser {
   // ---- aio ----
 
   Status ParseAio(const Field& f);
+  Status ParseTensorParallel(const Field& f);
 
   // ---- checkpoint ----
 

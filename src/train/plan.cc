@@ -180,32 +180,73 @@ void EstimateCompute(const StepShape& sh, TimeEstimate* t) {
   t->compute_s = Div(t->exec_flops, tflops * 1e12 * sh.hw.gpu_efficiency);
 }
 
-// Collectives (engine_grads.cc, engine_step.cc). Gradients are reduced in fp32; only trainable
-// units' gradients are reduced and their parameters gathered after the step.
+// Collectives (gradient_reducer.cc, parameter_store.cc). Gradients are reduced in fp32; only
+// trainable units' gradients are reduced and their parameters gathered after the step. Each
+// exchange is split into the bytes that stay within a node (at the NVLink rate) and those that
+// cross nodes (a ring over several nodes runs at its slowest link: every byte at the lower
+// rate). ZeRO++ moves bytes from the second kind to the first or shrinks them:
+//   qwZ  the stage-3 gathers move int8 and one fp32 scale per 2048 elements
+//   hpZ  backward's gathers (and recomputes') come from the node's secondary copies
+//   qgZ  the reduction is an int8 all-to-all within the node, then 1/L of it across nodes
 void EstimateCollectives(const StepShape& sh, TimeEstimate* t, Traffic* x) {
   const double N = sh.N, T = sh.T, csz = sh.csz, gas = sh.gas;
   const int W = sh.W;
+  const int L = static_cast<int>(sh.g);
+  const bool nodes = sh.hw.nodes > 1;
+  const ZeroConfig& z = sh.cfg.zero;
+  const double int8 = 1.0 + 4.0 / 2048.0;  // bytes per quantized element
+  // One exchange's bytes per rank: within the node, and (with several nodes) across them.
+  struct Bytes {
+    explicit Bytes(bool across) : across_nodes(across) {}
+    void AddRing(double bytes, int world) {  // a ring over `world` ranks spanning the nodes
+      (across_nodes ? inter : intra) += Ring(bytes, world);
+    }
+    const bool across_nodes;
+    double intra = 0, inter = 0;
+  };
+  Bytes fb(nodes), after(nodes);
+  const bool qgz = z.zero_quantized_gradients && sh.stage >= 2 && W > 1;
+  auto reduce = [&](Bytes& b, double elems) {
+    if (!qgz) return b.AddRing(4 * elems, W);
+    // Parts of elems / W: (L - 1) x (W / L) of them within the node, then one partial sum to
+    // each of the other W / L - 1 nodes.
+    const double part = int8 * elems / W;
+    b.intra += part * (L - 1) * (W / L);
+    (nodes ? b.inter : b.intra) += part * (W / L - 1);
+  };
   switch (sh.stage) {
     case 0:  // one all-reduce of the accumulated gradients
-      x->coll_after = 2 * Ring(4 * N * T, W);
+      after.AddRing(2 * 4 * N * T, W);
       break;
     case 1:  // reduce-scatter at the step's end, all-gather of the updated parameters
-      x->coll_after = Ring(4 * N * T, W) + Ring(csz * N * T, W);
+      after.AddRing(4 * N * T, W);
+      after.AddRing(csz * N * T, W);
       break;
     case 2:  // reduce-scatter per micro-batch, all-gather of the updated parameters
-      x->coll_fb = gas * Ring(4 * N * T, W);
-      x->coll_after = Ring(csz * N * T, W);
+      reduce(fb, gas * N * T);
+      after.AddRing(csz * N * T, W);
       break;
-    default:  // gather for forward and for backward (and to recompute), reduce-scatter, per micro-batch
-      x->coll_fb = gas * (2 * Ring(csz * N, W) +
-                          Ring(csz * static_cast<double>(sh.m.recompute_padded_elems), W) +
-                          Ring(4 * N * T, W));
+    default: {  // gather for forward and for backward (and to recompute), reduce, per micro-batch
+      const double gathered = z.zero_quantized_weights ? int8 : csz;
+      const double recompute = static_cast<double>(sh.m.recompute_padded_elems);
+      const bool hpz = z.zero_hpz_partition_size > 1 && nodes;
+      fb.AddRing(gas * gathered * N, W);
+      if (hpz) {
+        fb.intra += Ring(gas * csz * (N + recompute), L);
+      } else {
+        fb.AddRing(gas * gathered * (N + recompute), W);
+      }
+      reduce(fb, gas * N * T);
       break;
+    }
   }
-  const double bus = sh.hw.nodes > 1 ? std::min(sh.hw.nvlink, sh.hw.net) : sh.hw.nvlink;
+  const double slow = nodes ? std::min(sh.hw.nvlink, sh.hw.net) : sh.hw.nvlink;
+  x->coll_fb = fb.intra + fb.inter;
+  x->coll_after = after.intra + after.inter;
   t->collective_bytes = static_cast<uint64_t>(x->coll_fb + x->coll_after);
-  x->coll_fb_s = Div(x->coll_fb, bus);
-  x->coll_after_s = Div(x->coll_after, bus);
+  t->collective_inter_bytes = static_cast<uint64_t>(fb.inter + after.inter);
+  x->coll_fb_s = Div(fb.intra, sh.hw.nvlink) + Div(fb.inter, slow);
+  x->coll_after_s = Div(after.intra, sh.hw.nvlink) + Div(after.inter, slow);
   t->collective_s = x->coll_fb_s + x->coll_after_s;
 }
 
@@ -628,8 +669,12 @@ std::string FormatTimeEstimate(const TimeEstimate& t, const Hardware& hw) {
        fmt::format("{:.3g} TFLOP{}", t.exec_flops / 1e12,
                    t.exec_flops > t.model_flops * 1.001 ? " with recomputation" : ""));
   line("collectives", t.collective_s,
-       fmt::format("{} on the wire at {:.0f} GB/s", FormatBytes(t.collective_bytes),
-                   (hw.nodes > 1 ? std::min(hw.nvlink, hw.net) : hw.nvlink) / 1e9));
+       hw.nodes > 1
+           ? fmt::format("{} on the wire, {} of it across nodes at {:.0f} GB/s",
+                         FormatBytes(t.collective_bytes), FormatBytes(t.collective_inter_bytes),
+                         std::min(hw.nvlink, hw.net) / 1e9)
+           : fmt::format("{} on the wire at {:.0f} GB/s", FormatBytes(t.collective_bytes),
+                         hw.nvlink / 1e9));
   line("PCIe host to device", t.h2d_s, FormatBytes(t.h2d_bytes));
   line("PCIe device to host", t.d2h_s, FormatBytes(t.d2h_bytes));
   line("NVMe read (node's share)", t.nvme_read_s, FormatBytes(t.nvme_read_bytes) + " per rank");
@@ -689,6 +734,7 @@ nlohmann::json TimeEstimateJson(const TimeEstimate& t) {
   return {{"model_flops", t.model_flops},
           {"exec_flops", t.exec_flops},
           {"collective_bytes", t.collective_bytes},
+          {"collective_inter_bytes", t.collective_inter_bytes},
           {"h2d_bytes", t.h2d_bytes},
           {"d2h_bytes", t.d2h_bytes},
           {"nvme_read_bytes", t.nvme_read_bytes},

@@ -77,6 +77,7 @@ struct TimeEstimate {
   double model_flops = 0;    // 6N + attention per token (what MFU counts)
   double exec_flops = 0;     // + the forward recomputed by activation checkpointing, if on
   uint64_t collective_bytes = 0;  // on the wire (ring), all-gathers and reductions
+  uint64_t collective_inter_bytes = 0;  // the part of them that crosses nodes
   uint64_t h2d_bytes = 0, d2h_bytes = 0;
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
   uint64_t optimizer_params = 0;  // elements one rank's optimizer updates

@@ -382,6 +382,17 @@ TEST(ConfigZeroPlusPlusTest, HpzAndQuantizedGradientsAreReadAndSaidToHaveNoEffec
               HasSubstr("zero_optimization.zero_hpz_partition_size"));
 }
 
+TEST(ConfigZeroPlusPlusTest, TensorParallelAboveOneIsRefusedNotIgnored) {
+  // A degree of 1 is plain data parallelism; DeepSpeed's module-rewriting keys are reported.
+  Config one = Ok(R"({"tensor_parallel": {"autotp_size": 1, "tp_grain_size": 64}})");
+  EXPECT_THAT(one.diagnostics.ignored_keys, ElementsAre("tensor_parallel.tp_grain_size"));
+  EXPECT_THAT(ErrorOf(R"({"tensor_parallel": {"autotp_size": 8}})", StatusCode::kUnimplemented),
+              AllOf(HasSubstr("tensor_parallel.autotp_size is 8"),
+                    HasSubstr("does not implement tensor parallelism")));
+  EXPECT_THAT(ErrorOf(R"({"tensor_parallel": {"autotp_size": 0}})"),
+              HasSubstr("tensor_parallel.autotp_size"));
+}
+
 TEST(ConfigIgnoredTest, EveryIgnoredKeyIsListedOnceWithItsPath) {
   Config c = Ok(R"({
     "wall_clock_breakdown": false,

@@ -175,6 +175,36 @@ TEST(TimeModelTest, CountsTheBytesOfAStage3NvmeStep) {
   EXPECT_DOUBLE_EQ(w.nvme_days, 1e15 / (2 * 12 * S * 86400.0 / w.step_s));
 }
 
+TEST(TimeModelTest, ZeroPlusPlusMovesBytesOffTheNetwork) {
+  // 2 nodes x 8 GPUs, stage 3, bf16, 2 micro-batches: plain ZeRO-3 puts every gather and
+  // reduction on rings that cross nodes; qwZ shrinks the gathers to int8, hpZ keeps backward's
+  // gathers in the node, qgZ sends 1/8 of the int8 reduction across nodes.
+  const std::string plain = R"({"stage": 3})";
+  const std::string zeropp =
+      R"({"stage": 3, "zero_quantized_weights": true, "zero_hpz_partition_size": 8,
+          "zero_quantized_gradients": true})";
+  Hardware hw = Big(8);
+  hw.nodes = 2;
+  const EstimateInput a = Input(plain, 16), b = Input(zeropp, 16);
+  Result<MemoryEstimate> ma = EstimateMemory(a), mb = EstimateMemory(b);
+  ASSERT_TRUE(ma.ok() && mb.ok());
+  const TimeEstimate ta = EstimateTime(a, *ma, hw), tb = EstimateTime(b, *mb, hw);
+  const double N = static_cast<double>(ma->padded_elems), W = 16, q = 1 + 4.0 / 2048;
+  // Plain: two bf16 gathers and one fp32 reduce-scatter per micro-batch, all across nodes.
+  EXPECT_NEAR(static_cast<double>(ta.collective_inter_bytes), 2 * (2 * 2 * N + 4 * N) * 15 / W,
+              2.0);
+  EXPECT_EQ(ta.collective_inter_bytes, ta.collective_bytes);
+  // ZeRO++: the int8 forward gather across nodes, and one int8 part per other node.
+  EXPECT_NEAR(static_cast<double>(tb.collective_inter_bytes), 2 * (q * N * 15 / W + q * N / W),
+              2.0);
+  EXPECT_LT(static_cast<double>(tb.collective_inter_bytes),
+            0.3 * static_cast<double>(ta.collective_inter_bytes));
+  EXPECT_LT(tb.collective_s, ta.collective_s);
+  // One node: nothing crosses, and hpZ has nothing to do.
+  const TimeEstimate one = EstimateTime(b, *mb, Big(16));
+  EXPECT_EQ(one.collective_inter_bytes, 0u);
+}
+
 TEST(TimeModelTest, SingleRankStage0HasNoCollectivesAndADeviceOptimizer) {
   const EstimateInput in = Input(R"({"stage": 0})");
   Result<MemoryEstimate> m = EstimateMemory(in);

@@ -59,6 +59,7 @@ struct RankResult {
   std::vector<double> losses;
   // The bytes the rank sent over the whole run, per phase (comm/topology.h).
   std::array<comm::Traffic, comm::kTrafficPhases> traffic{};
+  uint64_t device_peak = 0;  // the device allocator's peak (EngineStats::device_peak_bytes)
 };
 
 // Trains `o` on a world of `world` ranks, one thread each, and returns every rank's outcome.
@@ -87,7 +88,10 @@ std::vector<RankResult> TrainRanks(int world, const ToyRun::Options& o) {
       }
       for (const StepResult& s : run.results)
         result.losses.push_back(s.loss);
-      if (run.engine) result.traffic = run.engine->stats().traffic;
+      if (run.engine) {
+        result.traffic = run.engine->stats().traffic;
+        result.device_peak = run.engine->stats().device_peak_bytes;
+      }
     });
   }
   for (auto& t : threads)
@@ -465,6 +469,64 @@ TEST(InProcessZeroPlusPlusTest, AllThreeCutTheBytesAcrossNodesAndTrainLikePlainS
               "stage 3's; worst relative loss difference %.3g; final loss %.4f (plain %.4f)\n",
               ratio, worst, zpp[0].losses.back(), plain[0].losses.back());
   EXPECT_LE(worst, 0.03);
+}
+
+TEST(InProcessZeroPlusPlusTest, TheEstimatePlansHpzCopiesAndQgzStaging) {
+  // What hpZ's node-local copies and qgZ's staging add to a rank's device peak is at most what
+  // Engine::PlanMemory (strata estimate's inventory) lists for them, and most of it.
+  constexpr int kWorld = 4;
+  ToyRun::Options o;
+  o.steps = 2;
+  o.ranks_per_node = 2;
+  o.config_json = ConfigJson(3, "none");
+  const std::vector<RankResult> plain = TrainRanks(kWorld, o);
+  const std::string hpz_json = ConfigJson(3, "none", R"(, "zero_hpz_partition_size": 2)");
+  const std::string qgz_json = ConfigJson(3, "none", R"(, "zero_quantized_gradients": true)");
+  auto planned = [&](const std::string& json, std::string_view what) -> uint64_t {
+    Result<Config> config = ParseConfig(json, "<test config>");
+    EXPECT_TRUE(config.ok()) << config.status().ToString();
+    if (!config.ok()) return 0;
+    config->batch.train_micro_batch_size_per_gpu = o.samples_per_micro_batch;
+    device::DeviceOptions d;
+    auto device = device::CreateDevice(d);
+    EXPECT_TRUE(device.ok());
+    if (!device.ok()) return 0;
+    testing::ToyModel model(**device, o.layers, o.width);
+    auto plan = Engine::PlanMemory(model.units(), {}, *config, kWorld);
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    if (!plan.ok()) return 0;
+    for (const auto* items : {&plan->device, &plan->device_step}) {
+      for (const MemoryPlanItem& i : *items) {
+        if (i.what.find(what) != std::string::npos) return i.bytes;
+      }
+    }
+    ADD_FAILURE() << "the plan has no line '" << what << "'";
+    return 0;
+  };
+  const uint64_t hpz_planned = planned(hpz_json, "hpZ node-local parameter copies");
+  const uint64_t qgz_planned = planned(qgz_json, "qgZ staging");
+  o.config_json = hpz_json;
+  const std::vector<RankResult> hpz = TrainRanks(kWorld, o);
+  o.config_json = qgz_json;
+  const std::vector<RankResult> qgz = TrainRanks(kWorld, o);
+  for (int r = 0; r < kWorld; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    ASSERT_TRUE(hpz[static_cast<size_t>(r)].status.ok());
+    ASSERT_TRUE(qgz[static_cast<size_t>(r)].status.ok());
+    const uint64_t base = plain[static_cast<size_t>(r)].device_peak;
+    for (const auto& [what, run, plan] :
+         {std::tuple<const char*, const RankResult*, uint64_t>{"hpZ", &hpz[static_cast<size_t>(r)],
+                                                               hpz_planned},
+          {"qgZ", &qgz[static_cast<size_t>(r)], qgz_planned}}) {
+      const uint64_t added = run->device_peak - std::min(run->device_peak, base);
+      std::printf("  %s: device peak +%llu B on rank %d, planned %llu B\n", what,
+                  static_cast<unsigned long long>(added), r,
+                  static_cast<unsigned long long>(plan));
+      EXPECT_GT(added, 0u) << what;
+      EXPECT_LE(added, plan) << what;
+      EXPECT_GE(added, plan / 4) << what;
+    }
+  }
 }
 
 // A checkpoint in memory that the ranks of a world save into together (each its own pieces).
