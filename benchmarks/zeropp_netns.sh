@@ -20,15 +20,21 @@
 # "plain" bit for bit. Exits 1 when a target is missed. Needs root (network namespaces) and the Python environment
 # of deploy/hf-venv.sh (the model's tokenizer). About 25 minutes on 2 cores at 300 steps.
 #
-#   benchmarks/zeropp_netns.sh [BUILD_DIR] [STEPS] [WORK]
+#   benchmarks/zeropp_netns.sh [BUILD_DIR] [STEPS] [WORK] [MODE]
+#
+# MODE "full" (the default) checks every target; "bytes" (ctest zeropp_netns_bytes, a short run)
+# checks the byte ratio and the bits with everything off only, and asks no prompts. Exits 77
+# (skipped) without root or network namespaces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build/default}"
 steps="${2:-300}"
 work="${3:-$build/zeropp-netns}"
+mode="${4:-full}"
 strata="$(realpath "$build/strata")"
 [ -x "$strata" ] || { echo "zeropp_netns: $strata not found; build first" >&2; exit 2; }
-[ "$(id -u)" = 0 ] || { echo "zeropp_netns: network namespaces need root" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "SKIP: network namespaces need root"; exit 77; }
+command -v ip >/dev/null || { echo "SKIP: no ip (iproute2)"; exit 77; }
 python="$(./deploy/hf-venv.sh "$build/hf-venv")"
 
 n=$((RANDOM % 200 + 20))
@@ -39,7 +45,7 @@ cleanup() {
   ip netns del "$b" 2>/dev/null || true
 }
 trap cleanup EXIT
-ip netns add "$a"
+ip netns add "$a" 2>/dev/null || { echo "SKIP: cannot create a network namespace here"; exit 77; }
 ip netns add "$b"
 ip link add "$va" type veth peer name "$vb"
 ip link set "$va" netns "$a"
@@ -122,14 +128,15 @@ echo $(( $(date +%s) - start )) >"$work/one.seconds"
 # What the main job measures: the trained model, loaded by transformers, answers the 200
 # held-out prompts.
 for run in plain zeropp; do
+  [ "$mode" = full ] || break
   echo "zeropp_netns: transformers asks $run's model the held-out prompts"
   "$python" tools/skill_task.py ask "$work/checkpoint-$run/latest" "$work/held-reverse.jsonl" \
     --json "$work/accuracy-$run.json" >"$work/ask-$run.out" 2>&1 || { tail -n 20 "$work/ask-$run.out"; exit 1; }
 done
 
-python3 - "$work" "$steps" <<'PY'
-import json, sys
-work, steps = sys.argv[1], int(sys.argv[2])
+python3 - "$work" "$steps" "$mode" <<'PY'
+import json, os, sys
+work, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def load(path):
     return [json.loads(l) for l in open(path)]
 plain = load(f"{work}/plain.node-a.0.jsonl")
@@ -140,7 +147,8 @@ def per_step(run, key):  # --metrics reports each step's own bytes: the last ste
 phases = ["forward_gathers", "backward_gathers", "gradient_reductions"]
 out = {"steps": steps, "topology": "2 nodes x 2 ranks (network namespaces, TCP)", "runs": {}}
 for name, run in (("plain", plain), ("zeropp", zeropp)):
-    acc = json.load(open(f"{work}/accuracy-{name}.json"))
+    path = f"{work}/accuracy-{name}.json"
+    acc = json.load(open(path)) if os.path.exists(path) else {"correct": 0, "total": 0}
     r = {"final_loss": run[-1]["loss"],
          "mean_loss": sum(s["loss"] for s in run) / len(run),
          "held_out_correct": acc["correct"], "held_out_total": acc["total"],
@@ -166,8 +174,10 @@ quality = z["held_out_correct"] >= p["held_out_correct"] - 0.01 * p["held_out_to
 out["loss_target_literal_met"] = loss_literal
 out["both_converged"] = converged
 out["held_out_as_good"] = quality
-ok = (out["inter_bytes_ratio"] <= 0.3 and (loss_literal or (converged and quality))
-      and out["off_equals_one_machine"] and len(zeropp) == steps and len(plain) == steps)
+ok = (out["inter_bytes_ratio"] <= 0.3 and out["off_equals_one_machine"]
+      and len(zeropp) == steps and len(plain) == steps)
+if mode == "full":
+    ok = ok and (loss_literal or (converged and quality))
 out["passed"] = ok
 print(json.dumps(out, indent=1))
 print()

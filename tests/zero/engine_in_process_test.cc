@@ -329,12 +329,12 @@ double WorstLossDifference(const std::vector<double>& a, const std::vector<doubl
 }
 
 TEST(InProcessZeroPlusPlusTest, HpzBackwardGathersStayWithinTheNodeAndGiveTheSameBits) {
-  // 4 ranks as 2 nodes x 2, stage 3 with parameters on NVMe. hpZ gathers the very bytes plain
-  // stage 3 gathers, only from the node's secondary copies in backward: the same losses and
-  // weights bit for bit, and backward's gathers never leave the node.
+  // 4 ranks as 2 nodes x 2, stage 3 with parameters on NVMe, 50 steps. hpZ gathers the very
+  // bytes plain stage 3 gathers, only from the node's secondary copies in backward: the same
+  // losses and weights bit for bit, and backward's gathers never leave the node.
   constexpr int kWorld = 4;
   ToyRun::Options o;
-  o.steps = 8;
+  o.steps = 50;
   o.ranks_per_node = 2;
   o.config_json = ConfigJson(3, "nvme");
   const std::vector<RankResult> plain = TrainRanks(kWorld, o);
