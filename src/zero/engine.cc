@@ -347,6 +347,7 @@ EngineStats Engine::stats() const {
   m.params.AddStats(s);
   m.adam.AddStats(s);
   s.device_peak_bytes = m.device.memory_stats().peak;
+  s.qgz_staging_bytes = m.reducer.qgz_staging_bytes();
   if (m.options.traffic != nullptr) {
     for (int p = 0; p < comm::kTrafficPhases; ++p) {
       s.traffic[static_cast<size_t>(p)] = m.options.traffic->of(static_cast<comm::TrafficPhase>(p));

@@ -176,6 +176,10 @@ struct EngineStats {
   int units = 0;
   // Bytes this rank sent since the start, per phase (EngineOptions::traffic; zero without).
   std::array<comm::Traffic, comm::kTrafficPhases> traffic{};
+  // ZeRO++ device memory: the most hpZ's node-local parameter copies held at once (their
+  // allocations, counted when made and when their last use is enqueued), and qgZ's staging.
+  uint64_t hpz_copies_peak_bytes = 0;
+  uint64_t qgz_staging_bytes = 0;
 };
 
 // One line of a memory plan.

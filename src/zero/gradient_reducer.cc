@@ -65,8 +65,8 @@ Status GradientReducer::AllocateShared() {
       if (!s.is_frozen(u)) max_count = std::max(max_count, layout(u).shard_numel);
     }
     const auto count = static_cast<size_t>(max_count);
-    STRATA_ASSIGN_OR_RETURN(qgz_staging_, device_.Alloc(QuantizedReduceScatter::StagingBytes(
-                                              s.topology, count)));
+    qgz_staging_bytes_ = QuantizedReduceScatter::StagingBytes(s.topology, count);
+    STRATA_ASSIGN_OR_RETURN(qgz_staging_, device_.Alloc(qgz_staging_bytes_));
     qgz_.emplace(device_, s.topology, groups_, qgz_staging_, count);
   }
   if (s.cpu_optimizer) {

@@ -133,6 +133,9 @@ class GradientReducer {
   // buffers are freed by LiveBuffers::FreeOwned).
   void ForgetStep();
 
+  // qgZ's staging on the device (0 without qgZ).
+  uint64_t qgz_staging_bytes() const { return qgz_staging_bytes_; }
+
  private:
   struct BucketEntry {
     int unit;
@@ -190,6 +193,7 @@ class GradientReducer {
   std::vector<void*> pending_grads_;
   // qgZ (EngineSetup::quantized_grads): its staging (device) and the reduction over it.
   void* qgz_staging_ = nullptr;
+  uint64_t qgz_staging_bytes_ = 0;
   std::optional<QuantizedReduceScatter> qgz_;
 };
 

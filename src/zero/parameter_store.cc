@@ -241,6 +241,8 @@ Status ParameterStore::KeepSecondary(int u, const void* full) {
   }
   secondary_[static_cast<size_t>(u)] = *slice;
   uses_left_[static_cast<size_t>(u)] = backward_uses_[static_cast<size_t>(u)];
+  secondary_bytes_ += bytes;
+  secondary_peak_bytes_ = std::max(secondary_peak_bytes_, secondary_bytes_);
   const uint64_t offset = static_cast<uint64_t>(setup_.topology.local_rank()) * bytes;
   return device_.CopyAsync(*slice, static_cast<const char*>(full) + offset, bytes,
                            device::CopyKind::kDeviceToDevice, *streams_.comm);
@@ -260,7 +262,11 @@ Status ParameterStore::UsedSecondary(int u) {
   void* slice = std::exchange(secondary_[i], nullptr);
   Status st = device_.Notify(*streams_.comm,
                              [device = &device_, slice](const Status&) { device->Free(slice); });
-  if (!st.ok()) secondary_[i] = slice;  // not enqueued: the clean-up after the step frees it
+  if (!st.ok()) {
+    secondary_[i] = slice;  // not enqueued: the clean-up after the step frees it
+    return st;
+  }
+  secondary_bytes_ -= SecondaryElems(u) * setup_.compute_bytes;
   return st;
 }
 
@@ -270,6 +276,7 @@ void ParameterStore::FreeSecondaries() {
     if (p != nullptr) device_.Free(p);
     p = nullptr;
   }
+  secondary_bytes_ = 0;
 }
 
 Status ParameterStore::Release(int u, const UnitView& view, bool eval) {
@@ -374,6 +381,7 @@ void ParameterStore::ForgetStep(bool in_step) {
 }
 
 void ParameterStore::AddStats(EngineStats& s) const {
+  s.hpz_copies_peak_bytes = secondary_peak_bytes_;
   if (!tiers_) return;
   const auto nvme = tiers_->stats(Tier::kNvme);
   const auto host = tiers_->stats(Tier::kHost);

@@ -151,6 +151,8 @@ class ParameterStore {
   std::vector<void*> secondary_;
   std::vector<int> backward_uses_;
   std::vector<int> uses_left_;
+  uint64_t secondary_bytes_ = 0;       // held now (driving thread)
+  uint64_t secondary_peak_bytes_ = 0;  // the most held at once
 };
 
 }  // namespace strata::zero::engine_internal
