@@ -189,9 +189,9 @@ Status Engine::Impl::BackwardUnit(int u, int mb, bool last, StepTimes& times) {
   }
   STRATA_RETURN_IF_ERROR(clock.Stamp());
   STRATA_RETURN_IF_ERROR(ReleaseViews(u, views, false));
-  if (setup.is_frozen(u)) return reducer.SkipFrozen(u);
+  // A frozen unit reduces nothing of its own, but unit 0's end of backward flushes the bucket.
   Phase(comm::TrafficPhase::kReduce);
-  const Status reduced = reducer.Reduce(u, g, mb, last);
+  const Status reduced = setup.is_frozen(u) ? reducer.SkipFrozen(u) : reducer.Reduce(u, g, mb, last);
   Phase(comm::TrafficPhase::kOther);
   return reduced;
 }
