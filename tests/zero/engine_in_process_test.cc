@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "comm/in_process_collective.h"
+#include "device/device_wrapper.h"
 #include "toy_model.h"
 
 namespace strata::zero {
@@ -519,6 +520,49 @@ TEST(InProcessZeroPlusPlusTest, TheEstimatePlansHpzCopiesAndQgzStaging) {
     EXPECT_EQ(q.stats.hpz_copies_peak_bytes, 0u);
     EXPECT_GT(q.stats.qgz_staging_bytes, 0u);
     EXPECT_LE(q.stats.qgz_staging_bytes, qgz_planned);
+  }
+}
+
+// A device whose allocations of exactly `refused` bytes fail (ResourceExhausted, as a full
+// device's do).
+class RefusingDevice final : public device::DeviceWrapper {
+ public:
+  RefusingDevice(std::unique_ptr<device::Device> inner, size_t refused)
+      : DeviceWrapper(std::move(inner)), refused_(refused) {}
+  Result<void*> Alloc(size_t bytes) override {
+    if (bytes == refused_) return ResourceExhaustedError("the test's device refuses this size");
+    return DeviceWrapper::Alloc(bytes);
+  }
+
+ private:
+  const size_t refused_;
+};
+
+TEST(InProcessZeroPlusPlusTest, HpzCopiesThatDoNotFitNameHpzAndTheUnit) {
+  // Every rank's device refuses the size of a unit's node-local copy (half a gathered unit):
+  // the step fails with an error that says what could not be allocated, and why it was wanted.
+  ToyRun::Options o;
+  o.steps = 1;
+  o.ranks_per_node = 2;
+  o.config_json = ConfigJson(3, "none", R"(, "zero_hpz_partition_size": 2)");
+  device::DeviceOptions d;
+  Result<std::unique_ptr<device::Device>> probe = device::CreateDevice(d);
+  ASSERT_TRUE(probe.ok());
+  const testing::ToyModel probe_model(**probe, o.layers, o.width);
+  Result<std::vector<UnitLayout>> layouts = LayoutModel(probe_model.units(), 4);
+  ASSERT_TRUE(layouts.ok());
+  const size_t copy_bytes = static_cast<size_t>(layouts->front().padded_numel()) / 2 * 4;
+  o.wrap_device = [copy_bytes](std::unique_ptr<device::Device> inner) {
+    return std::unique_ptr<device::Device>(
+        std::make_unique<RefusingDevice>(std::move(inner), copy_bytes));
+  };
+  for (const RankResult& r : TrainRanks(4, o)) {
+    EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted) << r.status.ToString();
+    EXPECT_NE(r.status.message().find("hpZ (zero_optimization.zero_hpz_partition_size)"),
+              std::string_view::npos)
+        << r.status.ToString();
+    EXPECT_NE(r.status.message().find("node-local copy"), std::string_view::npos)
+        << r.status.ToString();
   }
 }
 
