@@ -17,8 +17,9 @@
 # and the targets: cross-node bytes with ZeRO++ at most 0.3x plain's; its final loss within 1%
 # of plain's (where both runs have learned the task and their losses are near zero, that ratio
 # is noise, and the held-out answers decide instead: at least plain's, less 1%); "one" equal to
-# "plain" bit for bit. Exits 1 when a target is missed. Needs root (network namespaces) and the Python environment
-# of deploy/hf-venv.sh (the model's tokenizer). About 25 minutes on 2 cores at 300 steps.
+# "plain" bit for bit. Exits 1 when a target is missed. Needs root (network namespaces) and the
+# Python environment of deploy/hf-venv.sh (the model's tokenizer). About 8 minutes on 2 cores at
+# 300 steps.
 #
 #   benchmarks/zeropp_netns.sh [BUILD_DIR] [STEPS] [WORK] [MODE]
 #

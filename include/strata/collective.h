@@ -49,8 +49,9 @@ class TraceRecorder;
 
 namespace strata::comm {
 
-enum class ReduceOp : uint8_t { kSum, kAvg };
-std::string_view ReduceOpName(ReduceOp op);  // "sum", "avg"
+// kMax: the largest value over ranks, exact in every dtype (NaN where any rank's is NaN).
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
+std::string_view ReduceOpName(ReduceOp op);  // "sum", "avg", "max"
 
 enum class Backend : uint8_t { kAuto, kSingle, kMpi, kNccl, kInProcess };
 // "auto", "single", "mpi", "nccl", "in-process"

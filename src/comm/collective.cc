@@ -23,6 +23,8 @@ std::string_view ReduceOpName(ReduceOp op) {
       return "sum";
     case ReduceOp::kAvg:
       return "avg";
+    case ReduceOp::kMax:
+      return "max";
   }
   return "unknown";
 }

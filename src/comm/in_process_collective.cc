@@ -381,7 +381,6 @@ void InProcessCollective::Compute(const std::vector<internal::OpDesc>& descs,
   const size_t elem = device::DTypeSize(mine.dtype);
   auto* recv = static_cast<std::byte*>(mine.recv);
   std::vector<const std::byte*> sources(world);
-  const float scale = mine.op == ReduceOp::kAvg ? internal::AvgScale(s_->world) : 1.0f;
   switch (mine.kind) {
     case OpKind::kAllGather:
       for (size_t q = 0; q < world; ++q) {
@@ -394,7 +393,7 @@ void InProcessCollective::Compute(const std::vector<internal::OpDesc>& descs,
         sources[q] =
             static_cast<const std::byte*>(descs[q].send) + static_cast<size_t>(rank_) * n * elem;
       }
-      internal::SumInRankOrder(sources.data(), world, mine.dtype, scale, recv, n);
+      internal::ReduceInRankOrder(sources.data(), world, mine.dtype, mine.op, recv, n);
       return;
     case OpKind::kAllReduce: {
       for (size_t q = 0; q < world; ++q)
@@ -404,7 +403,7 @@ void InProcessCollective::Compute(const std::vector<internal::OpDesc>& descs,
         scratch->resize(n * elem);
         out = scratch->data();
       }
-      internal::SumInRankOrder(sources.data(), world, mine.dtype, scale, out, n);
+      internal::ReduceInRankOrder(sources.data(), world, mine.dtype, mine.op, out, n);
       return;
     }
     case OpKind::kAllToAll:

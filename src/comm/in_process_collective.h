@@ -8,7 +8,7 @@
 //   auto comm = (*world)->Join(r, *device);   // a Collective of rank r of 4
 //
 // Results are the MPI backend's, bit for bit: all-gathers and broadcasts copy bytes; reductions
-// add every element over the ranks in rank order in fp32 and round once (SumInRankOrder in
+// add every element over the ranks in rank order in fp32 and round once (ReduceInRankOrder in
 // comm/op.h, the very function the MPI backend uses), kAvg scaling by AvgScale(world). The
 // ordering contract is the MPI backend's too (mpi_runtime.h): an operation is enqueued as one
 // host task on its stream, which starts after the stream's earlier work and blocks the stream

@@ -853,8 +853,7 @@ Status MpiRuntime::Thread::ReducePiece(const MpiOp& op, const std::byte* const* 
           Context(op), (rank + world - k) % world, received, mine));
     }
   }
-  const float scale = d.op == ReduceOp::kAvg ? AvgScale(g.size) : 1.0f;
-  SumInRankOrder(sources.data(), world, d.dtype, scale, out, mine);
+  ReduceInRankOrder(sources.data(), world, d.dtype, d.op, out, mine);
   return Status::Ok();
 }
 

@@ -62,6 +62,9 @@ Status CudaStatus(cudaError_t error, std::string_view call, std::string_view con
                                    cudaGetErrorString(error), cudaGetErrorName(error)));
 }
 
+// kAvg is a sum scaled afterwards (the contract's arithmetic); kMax is NCCL's own.
+ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : ncclSum; }
+
 ncclDataType_t NcclType(device::DType dtype) {
   switch (dtype) {
     case device::DType::kF32:
@@ -356,9 +359,9 @@ Status NcclCollective::Issue(const OpDesc& desc, const std::string& name, void* 
                     "ncclAllReduce (barrier)");
     case OpKind::kAllReduce:
       if (scratch == nullptr) {
-        STRATA_RETURN_IF_ERROR(
-            settle(ncclAllReduce(desc.send, desc.recv, n, ncclFloat32, ncclSum, comm_, cuda_stream),
-                   "ncclAllReduce"));
+        STRATA_RETURN_IF_ERROR(settle(ncclAllReduce(desc.send, desc.recv, n, ncclFloat32,
+                                                    NcclOp(desc.op), comm_, cuda_stream),
+                                      "ncclAllReduce"));
         if (scale != 1.0f) {
           STRATA_RETURN_IF_ERROR(device_.Scale(desc.recv, device::DType::kF32, scale, n, stream));
         }
@@ -366,18 +369,18 @@ Status NcclCollective::Issue(const OpDesc& desc, const std::string& name, void* 
       }
       STRATA_RETURN_IF_ERROR(
           device_.Cast(desc.send, desc.dtype, scratch, device::DType::kF32, n, stream));
-      STRATA_RETURN_IF_ERROR(
-          settle(ncclAllReduce(scratch, scratch, n, ncclFloat32, ncclSum, comm_, cuda_stream),
-                 "ncclAllReduce"));
+      STRATA_RETURN_IF_ERROR(settle(
+          ncclAllReduce(scratch, scratch, n, ncclFloat32, NcclOp(desc.op), comm_, cuda_stream),
+          "ncclAllReduce"));
       if (scale != 1.0f) {
         STRATA_RETURN_IF_ERROR(device_.Scale(scratch, device::DType::kF32, scale, n, stream));
       }
       return device_.Cast(scratch, device::DType::kF32, desc.recv, desc.dtype, n, stream);
     case OpKind::kReduceScatter: {
       if (scratch == nullptr) {
-        STRATA_RETURN_IF_ERROR(settle(
-            ncclReduceScatter(desc.send, desc.recv, n, ncclFloat32, ncclSum, comm_, cuda_stream),
-            "ncclReduceScatter"));
+        STRATA_RETURN_IF_ERROR(settle(ncclReduceScatter(desc.send, desc.recv, n, ncclFloat32,
+                                                        NcclOp(desc.op), comm_, cuda_stream),
+                                      "ncclReduceScatter"));
         if (scale != 1.0f) {
           STRATA_RETURN_IF_ERROR(device_.Scale(desc.recv, device::DType::kF32, scale, n, stream));
         }
@@ -387,9 +390,9 @@ Status NcclCollective::Issue(const OpDesc& desc, const std::string& name, void* 
       float* mine = static_cast<float*>(scratch) + static_cast<size_t>(rank_) * n;
       STRATA_RETURN_IF_ERROR(
           device_.Cast(desc.send, desc.dtype, scratch, device::DType::kF32, whole, stream));
-      STRATA_RETURN_IF_ERROR(
-          settle(ncclReduceScatter(scratch, mine, n, ncclFloat32, ncclSum, comm_, cuda_stream),
-                 "ncclReduceScatter"));
+      STRATA_RETURN_IF_ERROR(settle(
+          ncclReduceScatter(scratch, mine, n, ncclFloat32, NcclOp(desc.op), comm_, cuda_stream),
+          "ncclReduceScatter"));
       if (scale != 1.0f) {
         STRATA_RETURN_IF_ERROR(device_.Scale(mine, device::DType::kF32, scale, n, stream));
       }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -23,7 +24,7 @@ bool KnownDType(device::DType dtype) {
 }
 
 bool KnownOp(ReduceOp op) {
-  return op == ReduceOp::kSum || op == ReduceOp::kAvg;
+  return op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kMax;
 }
 
 bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
@@ -242,8 +243,9 @@ void NarrowFromF32(const float* src, float scale, void* dst, device::DType dtype
   }
 }
 
-void SumInRankOrder(const std::byte* const* src, size_t world, device::DType dtype, float scale,
-                    std::byte* out, size_t n) {
+void ReduceInRankOrder(const std::byte* const* src, size_t world, device::DType dtype,
+                       ReduceOp op, std::byte* out, size_t n) {
+  const float scale = op == ReduceOp::kAvg ? AvgScale(static_cast<int>(world)) : 1.0f;
   constexpr size_t kBlock = 2048;
   const size_t elem = device::DTypeSize(dtype);
   alignas(64) float acc[kBlock];
@@ -258,8 +260,15 @@ void SumInRankOrder(const std::byte* const* src, size_t world, device::DType dty
       } else {
         WidenToF32(src[q] + at * elem, dtype, wide, len);
       }
-      for (size_t i = 0; i < len; ++i)
-        acc[i] += add[i];
+      if (op == ReduceOp::kMax) {
+        // A NaN anywhere wins (a comparison with NaN is false, so acc keeps one once it has it).
+        for (size_t i = 0; i < len; ++i) {
+          if (add[i] > acc[i] || std::isnan(add[i])) acc[i] = add[i];
+        }
+      } else {
+        for (size_t i = 0; i < len; ++i)
+          acc[i] += add[i];
+      }
     }
     NarrowFromF32(acc, scale, out + at * elem, dtype, len);
   }

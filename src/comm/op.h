@@ -94,13 +94,14 @@ void WidenToF32(const void* src, device::DType dtype, float* dst, size_t n);
 // dst[i] = src[i] * scale rounded to `dtype` (scale 1.0f leaves fp32 values untouched).
 void NarrowFromF32(const float* src, float scale, void* dst, device::DType dtype, size_t n);
 
-// out[i] = scale * (src[0][i] + src[1][i] + ... + src[world - 1][i]) for i < n: the sources, of
-// `dtype`, widened to fp32, added in exactly that order (rank order), and rounded once to `dtype`.
-// The reduction of every backend that reduces on the host (mpi, in-process), so that they give
-// the same bits. Block by block, so `out` may be one of the sources (each block of the sources is
-// read before that block of `out` is written).
-void SumInRankOrder(const std::byte* const* src, size_t world, device::DType dtype, float scale,
-                    std::byte* out, size_t n);
+// out[i] = `op` over src[0][i], src[1][i], ..., src[world - 1][i] for i < n: the sources, of
+// `dtype`, widened to fp32, combined in exactly that order (rank order), and rounded once to
+// `dtype`. kSum adds; kAvg adds, then scales by AvgScale(world); kMax keeps the largest (exact;
+// NaN where any source is NaN). The reduction of every backend that reduces on the host (mpi,
+// in-process), so that they give the same bits. Block by block, so `out` may be one of the
+// sources (each block of the sources is read before that block of `out` is written).
+void ReduceInRankOrder(const std::byte* const* src, size_t world, device::DType dtype,
+                       ReduceOp op, std::byte* out, size_t n);
 
 // A Collective whose six operations are one OpDesc each, run by `Run` (every backend).
 class OpCollective : public Collective {

@@ -152,7 +152,8 @@ Status Engine::Impl::RecomputeFor(int u, StepTimes& times) {
   for (const int r : setup.recompute[static_cast<size_t>(u)]) {
     const int64_t t1 = TraceRecorder::NowNs();
     Phase(comm::TrafficPhase::kBackwardGather);
-    STRATA_ASSIGN_OR_RETURN(UnitView pr, params.Acquire(r, GatherUse::kBackward, "recompute", &times.io_wait_ns));
+    STRATA_ASSIGN_OR_RETURN(
+        UnitView pr, params.Acquire(r, GatherUse::kBackward, "recompute", &times.io_wait_ns));
     times.exposed_io_s += clock.ExposedSince(t1);
     STRATA_RETURN_IF_ERROR(model.Recompute(r, pr, *streams.compute));
     STRATA_RETURN_IF_ERROR(clock.Stamp());
@@ -167,7 +168,8 @@ Status Engine::Impl::BackwardUnit(int u, int mb, bool last, StepTimes& times) {
   STRATA_RETURN_IF_ERROR(RecomputeFor(u, times));
   const int64_t t0 = TraceRecorder::NowNs();
   Phase(comm::TrafficPhase::kBackwardGather);
-  STRATA_ASSIGN_OR_RETURN(UnitView p, params.Acquire(u, GatherUse::kBackward, "backward", &times.io_wait_ns));
+  STRATA_ASSIGN_OR_RETURN(
+      UnitView p, params.Acquire(u, GatherUse::kBackward, "backward", &times.io_wait_ns));
   // The unit's gradient buffer: the one a tying unit already added to, or a zeroed one. A frozen
   // unit has none: the model sees a null gradient view and computes only the input gradients.
   STRATA_ASSIGN_OR_RETURN(void* g, reducer.GradientBuffer(u));
@@ -191,7 +193,8 @@ Status Engine::Impl::BackwardUnit(int u, int mb, bool last, StepTimes& times) {
   STRATA_RETURN_IF_ERROR(ReleaseViews(u, views, false));
   // A frozen unit reduces nothing of its own, but unit 0's end of backward flushes the bucket.
   Phase(comm::TrafficPhase::kReduce);
-  const Status reduced = setup.is_frozen(u) ? reducer.SkipFrozen(u) : reducer.Reduce(u, g, mb, last);
+  const Status reduced =
+      setup.is_frozen(u) ? reducer.SkipFrozen(u) : reducer.Reduce(u, g, mb, last);
   Phase(comm::TrafficPhase::kOther);
   return reduced;
 }

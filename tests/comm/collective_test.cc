@@ -237,7 +237,7 @@ class MpiSingletonTest : public ::testing::Test {
   // each result is its input.
   void CheckIdentity(Collective& collective, size_t count) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
         SCOPED_TRACE(
             fmt::format("{} {} count {}", device::DTypeName(dtype), ReduceOpName(op), count));
         void* send = Buffer(count, dtype);

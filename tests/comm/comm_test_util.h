@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -70,6 +71,14 @@ inline uint32_t LoadBits(const void* buffer, DType dtype, size_t i) {
 
 // The bits a reduction must produce from an exact fp32 sum: sum (times 1/world for avg) rounded
 // once to `dtype`.
+// The largest InputValue over `world` ranks at element i: what kMax gives (the values are exact
+// in every dtype, so rounding does not enter).
+inline float MaxInput(size_t i, int world) {
+  float m = InputValue(0, i);
+  for (int q = 1; q < world; ++q) m = std::max(m, InputValue(q, i));
+  return m;
+}
+
 inline uint32_t ExpectedBits(DType dtype, float exact_sum, ReduceOp op, int world) {
   const float value =
       op == ReduceOp::kAvg ? exact_sum * (1.0f / static_cast<float>(world)) : exact_sum;

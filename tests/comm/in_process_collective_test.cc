@@ -37,6 +37,7 @@ using testing::ExactSum;
 using testing::ExpectedBits;
 using testing::InputValue;
 using testing::LoadBits;
+using testing::MaxInput;
 using testing::StoreValue;
 
 // One rank: its device, two streams, its collective and its buffers.
@@ -243,6 +244,45 @@ INSTANTIATE_TEST_SUITE_P(Ops, InProcessAllToAllTest,
                          AllToAllParamName);
 
 // ---- the rest ----------------------------------------------------------------------------------
+
+TEST(InProcessCollectiveTest, MaxTakesTheLargestValueAndANanWins) {
+  for (int world : {1, 3, 4}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(fmt::format("world {}, {}", world, device::DTypeName(dtype)));
+      RunRanks(world, [&](Rank& r) {
+        const size_t whole = kCount * static_cast<size_t>(world);
+        void* send = r.Buffer(whole, dtype);
+        void* reduced = r.Buffer(whole, dtype);
+        void* scattered = r.Buffer(kCount, dtype);
+        FillInput(send, dtype, whole, r.rank);
+        // The last rank's element 1 is NaN: the result there is NaN on every rank.
+        if (r.rank == world - 1) StoreValue(send, dtype, 1, std::nanf(""));
+        ASSERT_OK(r.comm->AllReduce(send, reduced, whole, dtype, ReduceOp::kMax, *r.a));
+        ASSERT_OK(r.comm->ReduceScatter(send, scattered, kCount, dtype, ReduceOp::kMax, *r.a));
+        ASSERT_OK(r.device->Synchronize(*r.a));
+        for (size_t i = 0; i < whole; ++i) {
+          if (i == 1) {
+            float back = 0.0f;
+            device::ConvertHost(static_cast<const char*>(reduced) + device::DTypeSize(dtype),
+                                dtype, &back, DType::kF32, 1);
+            EXPECT_TRUE(std::isnan(back));
+            continue;
+          }
+          ASSERT_EQ(LoadBits(reduced, dtype, i),
+                    ExpectedBits(dtype, MaxInput(i, world), ReduceOp::kMax, world))
+              << "all-reduce element " << i << " on rank " << r.rank;
+        }
+        for (size_t i = 0; i < kCount; ++i) {
+          const size_t at = static_cast<size_t>(r.rank) * kCount + i;
+          if (at == 1) continue;
+          ASSERT_EQ(LoadBits(scattered, dtype, i),
+                    ExpectedBits(dtype, MaxInput(at, world), ReduceOp::kMax, world))
+              << "reduce-scatter element " << i << " on rank " << r.rank;
+        }
+      });
+    }
+  }
+}
 
 TEST(InProcessCollectiveTest, ReductionsAddInRankOrderAsTheMpiBackendDoes) {
   // The check of mpi_collective_test.cc's ReductionsAddInRankOrder: inputs whose sums round and

@@ -264,6 +264,32 @@ class MpiCollectiveTest : public MpiFixture, public ::testing::Test {
   void TearDown() override { Close(); }
 };
 
+TEST_F(MpiCollectiveTest, MaxTakesTheLargestValue) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(device::DTypeName(dtype));
+    const size_t n = 10007;
+    const size_t whole = n * static_cast<size_t>(world_);
+    void* send = Buffer(whole, dtype);
+    void* reduced = Buffer(whole, dtype);
+    void* scattered = Buffer(n, dtype);
+    FillInput(send, dtype, whole, rank_);
+    ASSERT_OK(collective_->AllReduce(send, reduced, whole, dtype, ReduceOp::kMax, *a_));
+    ASSERT_OK(collective_->ReduceScatter(send, scattered, n, dtype, ReduceOp::kMax, *a_));
+    ASSERT_OK(device_->Synchronize(*a_));
+    for (size_t i = 0; i < whole; ++i) {
+      ASSERT_EQ(LoadBits(reduced, dtype, i),
+                ExpectedBits(dtype, testing::MaxInput(i, world_), ReduceOp::kMax, world_))
+          << "all-reduce element " << i << " on rank " << rank_;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const size_t at = static_cast<size_t>(rank_) * n + i;
+      ASSERT_EQ(LoadBits(scattered, dtype, i),
+                ExpectedBits(dtype, testing::MaxInput(at, world_), ReduceOp::kMax, world_))
+          << "reduce-scatter element " << i << " on rank " << rank_;
+    }
+  }
+}
+
 TEST_F(MpiCollectiveTest, RankAndWorldComeFromTheLauncher) {
   const LaunchInfo launch = DetectLaunch();
   EXPECT_EQ(collective_->backend(), Backend::kMpi);

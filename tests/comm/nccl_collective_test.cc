@@ -136,10 +136,10 @@ TEST_P(NcclGpuTest, SplitMakesAWorkingSubCommunicator) {
   EXPECT_EQ(collective_->Split(-1, 0).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST_P(NcclGpuTest, ReduceScatterAndAllReduceSumAndAverage) {
+TEST_P(NcclGpuTest, ReduceScatterAndAllReduceSumAverageAndMax) {
   const DType dtype = GetParam();
   for (size_t n : kCounts) {
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
       const std::string name(ReduceOpName(op));
       void* send = Upload(n, dtype);
       void* recv = Upload(n, dtype, 9.0f);
