@@ -566,39 +566,6 @@ TEST(InProcessZeroPlusPlusTest, HpzCopiesThatDoNotFitNameHpzAndTheUnit) {
   }
 }
 
-// A checkpoint in memory that the ranks of a world save into together (each its own pieces).
-struct SharedCheckpoint {
-  using Key = std::tuple<int, int, StateKind>;
-  std::mutex mu;
-  std::map<Key, std::vector<float>> values;
-  EngineCounters counters;
-
-  Status Save(Engine& engine) {
-    const auto& layouts = engine.layouts();
-    return engine.SaveStates([&](const StatePiece& p, const void* data, device::DType dtype) {
-      std::lock_guard lock(mu);
-      auto& v = values[Key{p.unit, p.slot, p.kind}];
-      v.resize(static_cast<size_t>(layouts.at(p.unit).slots.at(p.slot).numel));
-      device::ConvertHost(data, dtype, v.data() + p.offset, device::DType::kF32,
-                          static_cast<size_t>(p.count));
-      return Status::Ok();
-    });
-  }
-  InitialStates Reader() {
-    InitialStates init;
-    init.with_optimizer = true;
-    init.read = [this](const StatePiece& p, void* out, device::DType dtype) -> Status {
-      std::lock_guard lock(mu);
-      auto it = values.find(Key{p.unit, p.slot, p.kind});
-      if (it == values.end()) return NotFoundError("no such state");
-      device::ConvertHost(it->second.data() + p.offset, device::DType::kF32, out, dtype,
-                          static_cast<size_t>(p.count));
-      return Status::Ok();
-    };
-    return init;
-  }
-};
-
 TEST(InProcessZeroPlusPlusTest, AZeroPlusPlusRunResumesOnAnotherRankCount) {
   // Saved after 3 steps on 4 ranks (2 nodes x 2, all three features on), resumed on 2 ranks of
   // one node with the same config (hpZ then has nothing to do): every state comes back exactly,
@@ -608,7 +575,7 @@ TEST(InProcessZeroPlusPlusTest, AZeroPlusPlusRunResumesOnAnotherRankCount) {
                  R"(, "zero_quantized_weights": true, "zero_hpz_partition_size": 2,)"
                  R"( "zero_quantized_gradients": true)",
                  R"(, "bf16": {"enabled": true})");
-  SharedCheckpoint ck;
+  testing::MemoryCheckpoint ck;
   std::vector<std::vector<double>> continued(4);
   std::vector<Masters> saved(4);
   {
@@ -656,7 +623,7 @@ TEST(InProcessZeroPlusPlusTest, AZeroPlusPlusRunResumesOnAnotherRankCount) {
       o.rank = r;
       o.ranks_per_node = 2;
       o.samples_per_micro_batch = 4;
-      o.initial = ck.Reader();
+      o.initial = ck.Reader(true);
       st[r] = run.Setup(o);
       if (st[r].ok()) st[r] = run.engine->RestoreCounters(ck.counters);
       if (st[r].ok()) {

@@ -18,6 +18,7 @@
 namespace strata::zero {
 namespace {
 
+using testing::MemoryCheckpoint;
 using testing::ToyRun;
 
 std::string Json(int stage, const std::string& param_dev, const std::string& optim_dev,
@@ -26,55 +27,6 @@ std::string Json(int stage, const std::string& param_dev, const std::string& opt
                                 R"(, "sub_group_size": 2048, "stage3_param_persistence_threshold": 0)",
                                 R"(, "gradient_clipping": 1.0)" + extra, optim_extra);
 }
-
-// A checkpoint in memory: per (unit, slot, kind), the whole tensor in fp32, and how many times
-// each element was written.
-struct MemoryCheckpoint {
-  using Key = std::tuple<int, int, StateKind>;
-  std::map<Key, std::vector<float>> values;
-  std::map<Key, std::vector<int>> writes;
-  EngineCounters counters;
-
-  Status Save(Engine& engine) {
-    const auto& layouts = engine.layouts();
-    return engine.SaveStates([&](const StatePiece& p, const void* data, device::DType dtype) {
-      const ParamSlot& slot = layouts.at(p.unit).slots.at(p.slot);
-      const Key key{p.unit, p.slot, p.kind};
-      auto& v = values[key];
-      auto& w = writes[key];
-      v.resize(static_cast<size_t>(slot.numel));
-      w.resize(static_cast<size_t>(slot.numel));
-      if (p.offset < 0 || p.count <= 0 || p.offset + p.count > slot.numel) {
-        return InternalError(fmt::format("piece [{}, +{}) outside '{}'", p.offset, p.count, slot.name));
-      }
-      if ((p.kind == StateKind::kParams) != (dtype == engine.compute_dtype()) &&
-          dtype != device::DType::kF32) {
-        return InternalError("unexpected dtype");
-      }
-      device::ConvertHost(data, dtype, v.data() + p.offset, device::DType::kF32,
-                          static_cast<size_t>(p.count));
-      for (int64_t i = 0; i < p.count; ++i) w[static_cast<size_t>(p.offset + i)]++;
-      return Status::Ok();
-    });
-  }
-
-  InitialStates Reader(bool with_optimizer) const {
-    InitialStates init;
-    init.with_optimizer = with_optimizer;
-    init.read = [this](const StatePiece& p, void* out, device::DType dtype) -> Status {
-      // fp32, or the compute dtype for a frozen unit's parameters (StateReader's contract).
-      if (dtype != device::DType::kF32 && p.kind != StateKind::kParams) {
-        return InternalError("reader asked for a non-fp32 optimizer state");
-      }
-      auto it = values.find(Key{p.unit, p.slot, p.kind});
-      if (it == values.end()) return NotFoundError("no such state");
-      device::ConvertHost(it->second.data() + p.offset, device::DType::kF32, out, dtype,
-                          static_cast<size_t>(p.count));
-      return Status::Ok();
-    };
-    return init;
-  }
-};
 
 ToyRun::Options Opts(const std::string& json) {
   ToyRun::Options o;

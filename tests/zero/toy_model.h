@@ -16,12 +16,14 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "comm/in_process_collective.h"
@@ -465,5 +467,58 @@ inline double MaxRelDiff(const std::vector<std::vector<float>>& a,
   }
   return worst;
 }
+
+// A checkpoint in memory: per (unit, slot, kind), the whole tensor in fp32, and how many times
+// each element was written. The ranks of an in-process world may save into one and read from it
+// at once (each its own pieces): `mu` guards the maps.
+struct MemoryCheckpoint {
+  using Key = std::tuple<int, int, StateKind>;
+  std::map<Key, std::vector<float>> values;
+  std::map<Key, std::vector<int>> writes;
+  EngineCounters counters;
+  std::mutex mu;
+
+  Status Save(Engine& engine) {
+    const auto& layouts = engine.layouts();
+    return engine.SaveStates([&](const StatePiece& p, const void* data, device::DType dtype) {
+      std::lock_guard lock(mu);
+      const ParamSlot& slot = layouts.at(p.unit).slots.at(p.slot);
+      const Key key{p.unit, p.slot, p.kind};
+      auto& v = values[key];
+      auto& w = writes[key];
+      v.resize(static_cast<size_t>(slot.numel));
+      w.resize(static_cast<size_t>(slot.numel));
+      if (p.offset < 0 || p.count <= 0 || p.offset + p.count > slot.numel) {
+        return InternalError(fmt::format("piece [{}, +{}) outside '{}'", p.offset, p.count, slot.name));
+      }
+      if ((p.kind == StateKind::kParams) != (dtype == engine.compute_dtype()) &&
+          dtype != device::DType::kF32) {
+        return InternalError("unexpected dtype");
+      }
+      device::ConvertHost(data, dtype, v.data() + p.offset, device::DType::kF32,
+                          static_cast<size_t>(p.count));
+      for (int64_t i = 0; i < p.count; ++i) w[static_cast<size_t>(p.offset + i)]++;
+      return Status::Ok();
+    });
+  }
+
+  InitialStates Reader(bool with_optimizer) {
+    InitialStates init;
+    init.with_optimizer = with_optimizer;
+    init.read = [this](const StatePiece& p, void* out, device::DType dtype) -> Status {
+      // fp32, or the compute dtype for a frozen unit's parameters (StateReader's contract).
+      if (dtype != device::DType::kF32 && p.kind != StateKind::kParams) {
+        return InternalError("reader asked for a non-fp32 optimizer state");
+      }
+      std::lock_guard lock(mu);
+      auto it = values.find(Key{p.unit, p.slot, p.kind});
+      if (it == values.end()) return NotFoundError("no such state");
+      device::ConvertHost(it->second.data() + p.offset, device::DType::kF32, out, dtype,
+                          static_cast<size_t>(p.count));
+      return Status::Ok();
+    };
+    return init;
+  }
+};
 
 }  // namespace strata::zero::testing
