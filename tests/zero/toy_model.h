@@ -26,6 +26,8 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "comm/in_process_collective.h"
 #include "comm/single_collective.h"
 #include "device/pinned_pool.h"
