@@ -446,4 +446,103 @@ Status CrossEntropyBackward(const float* logits, const int32_t* targets, const f
   return Status::Ok();
 }
 
+// ---- The vocabulary split over tensor-parallel ranks --------------------------------------------
+
+namespace {
+
+// The row of `token` among the rank's rows [vocab_begin, vocab_begin + vocab), or -1.
+int64_t OwnRow(int32_t token, size_t vocab_begin, size_t vocab) {
+  const int64_t row = static_cast<int64_t>(token) - static_cast<int64_t>(vocab_begin);
+  return row >= 0 && row < static_cast<int64_t>(vocab) ? row : -1;
+}
+
+}  // namespace
+
+void ShardEmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
+                           size_t vocab_begin, size_t vocab, size_t hidden, float* out) {
+  const size_t row_bytes = hidden * device::DTypeSize(weight.dtype);
+  for (size_t t = 0; t < num_tokens; ++t) {
+    const int64_t row = OwnRow(tokens[t], vocab_begin, vocab);
+    if (row < 0) {
+      std::fill(out + t * hidden, out + (t + 1) * hidden, 0.0f);
+      continue;
+    }
+    const auto* src = static_cast<const char*>(weight.data) + static_cast<size_t>(row) * row_bytes;
+    ConvertToFloat(src, weight.dtype, hidden, out + t * hidden);
+  }
+}
+
+void ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                            size_t vocab_begin, size_t vocab, size_t hidden, float* dweight,
+                            int32_t skip_token) {
+  for (size_t t = 0; t < num_tokens; ++t) {
+    const int64_t row = OwnRow(tokens[t], vocab_begin, vocab);
+    if (row < 0 || tokens[t] == skip_token) continue;
+    float* dst = dweight + static_cast<size_t>(row) * hidden;
+    const float* src = dout + t * hidden;
+    for (size_t i = 0; i < hidden; ++i)
+      dst[i] += src[i];
+  }
+}
+
+void CrossEntropyShardMax(const float* logits, size_t num_tokens, size_t vocab, float* max) {
+  for (size_t t = 0; t < num_tokens; ++t) {
+    const float* row = logits + t * vocab;
+    float m = -std::numeric_limits<float>::infinity();
+    for (size_t j = 0; j < vocab; ++j)
+      m = std::max(m, row[j]);
+    max[t] = m;
+  }
+}
+
+void CrossEntropyShardSums(const float* logits, const int32_t* targets, size_t num_tokens,
+                           size_t vocab_begin, size_t vocab, int32_t ignore_index,
+                           const float* max, float* sums) {
+  for (size_t t = 0; t < num_tokens; ++t) {
+    const float* row = logits + t * vocab;
+    double sum = 0.0;
+    for (size_t j = 0; j < vocab; ++j)
+      sum += std::exp(static_cast<double>(row[j]) - max[t]);
+    sums[t] = static_cast<float>(sum);
+    const int64_t own = targets[t] == ignore_index ? -1 : OwnRow(targets[t], vocab_begin, vocab);
+    sums[num_tokens + t] = own < 0 ? 0.0f : row[own];
+  }
+}
+
+float CrossEntropyShardFinish(const int32_t* targets, size_t num_tokens, int32_t ignore_index,
+                              const float* max, const float* sums, float* lse) {
+  double total = 0.0;
+  size_t count = 0;
+  for (size_t t = 0; t < num_tokens; ++t) {
+    const double row_lse = static_cast<double>(max[t]) + std::log(static_cast<double>(sums[t]));
+    lse[t] = static_cast<float>(row_lse);
+    if (targets[t] == ignore_index) continue;
+    total += row_lse - sums[num_tokens + t];
+    ++count;
+  }
+  return count == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(count));
+}
+
+void CrossEntropyShardBackward(const float* logits, const int32_t* targets, const float* lse,
+                               size_t num_tokens, size_t vocab_begin, size_t vocab,
+                               int32_t ignore_index, float dloss, float* dlogits) {
+  size_t count = 0;
+  for (size_t t = 0; t < num_tokens; ++t)
+    count += targets[t] != ignore_index ? 1 : 0;
+  const float scale = count == 0 ? 0.0f : dloss / static_cast<float>(count);
+  for (size_t t = 0; t < num_tokens; ++t) {
+    const float* row = logits + t * vocab;
+    float* drow = dlogits + t * vocab;  // may be `row` itself
+    if (targets[t] == ignore_index) {
+      std::fill(drow, drow + vocab, 0.0f);
+      continue;
+    }
+    const float row_lse = lse[t];
+    for (size_t j = 0; j < vocab; ++j)
+      drow[j] = std::exp(row[j] - row_lse) * scale;
+    const int64_t own = OwnRow(targets[t], vocab_begin, vocab);
+    if (own >= 0) drow[own] -= scale;
+  }
+}
+
 }  // namespace strata::model::cpu

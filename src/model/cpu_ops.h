@@ -151,4 +151,37 @@ Status CrossEntropyBackward(const float* logits, const int32_t* targets, const f
                             size_t num_tokens, size_t vocab, int32_t ignore_index, float dloss,
                             float* dlogits);
 
+
+// ---- The vocabulary split over tensor-parallel ranks --------------------------------------------
+// A rank holds rows [vocab_begin, vocab_begin + vocab) of the [V, H] embedding and LM head
+// (Megatron's vocabulary-parallel layers). Tokens and targets are ids of the whole vocabulary,
+// checked by the caller; those outside the rank's rows are another rank's.
+
+// out[t, :] = weight[tokens[t] - vocab_begin, :] for the rank's tokens, 0 for the others (the
+// all-reduce over the ranks then gives every token its row).
+void ShardEmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
+                           size_t vocab_begin, size_t vocab, size_t hidden, float* out);
+// dweight[tokens[t] - vocab_begin, :] += dout[t, :] for the rank's tokens but `skip_token`.
+void ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                            size_t vocab_begin, size_t vocab, size_t hidden, float* dweight,
+                            int32_t skip_token);
+// The cross-entropy over logits split by vocabulary, in three steps around two all-reduces
+// (the whole [T, V] logits never exist on one rank):
+//   1. max[t] = the largest of the rank's logits of row t          (then all-reduce max)
+//   2. sums[t] = sum_j exp(logits[t, j] - max[t]) over the rank's j, and sums[T + t] = the
+//      target's logit when the rank holds it, else 0               (then all-reduce sum)
+//   3. lse[t] = max[t] + log(sums[t]); the loss is the mean of lse[t] - sums[T + t] over the
+//      targets that are not `ignore_index` (0 with none).
+void CrossEntropyShardMax(const float* logits, size_t num_tokens, size_t vocab, float* max);
+void CrossEntropyShardSums(const float* logits, const int32_t* targets, size_t num_tokens,
+                           size_t vocab_begin, size_t vocab, int32_t ignore_index,
+                           const float* max, float* sums);
+float CrossEntropyShardFinish(const int32_t* targets, size_t num_tokens, int32_t ignore_index,
+                              const float* max, const float* sums, float* lse);
+// CrossEntropyBackward for the rank's columns: the one-hot only where the rank holds the target;
+// count = the targets that are not `ignore_index` (every rank counts the same).
+void CrossEntropyShardBackward(const float* logits, const int32_t* targets, const float* lse,
+                               size_t num_tokens, size_t vocab_begin, size_t vocab,
+                               int32_t ignore_index, float dloss, float* dlogits);
+
 }  // namespace strata::model::cpu

@@ -180,6 +180,90 @@ std::string ProjectionPrefix(int layer, int p) {
 
 }  // namespace
 
+// ---- tensor parallelism -------------------------------------------------------------------------
+
+Result<LlamaConfig> LlamaTensorParallelConfig(const LlamaConfig& c, int size) {
+  if (size < 1) {
+    return InvalidArgumentError(fmt::format("tensor_parallel.autotp_size {} < 1", size));
+  }
+  LlamaConfig local = c;
+  if (size == 1) return local;
+  const std::pair<const char*, int64_t> dims[] = {
+      {"num_attention_heads", c.num_attention_heads},
+      {"intermediate_size", c.intermediate_size},
+      {"vocab_size", c.vocab_size}};
+  for (const auto& [what, value] : dims) {
+    if (value % size != 0) {
+      return InvalidArgumentError(fmt::format(
+          "tensor_parallel.autotp_size {} does not divide {} = {} of model '{}': every "
+          "tensor-parallel rank must hold an equal part",
+          size, what, value, c.name));
+    }
+  }
+  const int64_t kv = c.num_key_value_heads;
+  if (kv >= size ? kv % size != 0 : size % kv != 0) {
+    return InvalidArgumentError(fmt::format(
+        "tensor_parallel.autotp_size {} and num_key_value_heads = {} of model '{}': the KV heads "
+        "must divide over the ranks, or the ranks over the KV heads (each then replicated)",
+        size, kv, c.name));
+  }
+  local.explicit_head_dim = c.head_dim();
+  local.num_attention_heads = c.num_attention_heads / size;
+  local.num_key_value_heads = std::max<int64_t>(kv / size, 1);
+  local.intermediate_size = c.intermediate_size / size;
+  local.vocab_size = c.vocab_size / size;
+  return local;
+}
+
+namespace {
+
+bool EndsWith(std::string_view s, std::string_view tail) {
+  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
+}
+
+}  // namespace
+
+TensorSlice LlamaTensorParallelSlice(const LlamaConfig& c, int rank, int size,
+                                     std::string_view name) {
+  if (size <= 1) return {};
+  const int64_t r = rank;
+  const int64_t d = c.head_dim();
+  const int64_t q_part = c.q_dim() / size, inter_part = c.intermediate_size / size;
+  const int64_t kv = c.num_key_value_heads;
+  // KV heads: divided, or each replicated on size / kv ranks.
+  const int64_t kv_begin = kv >= size ? r * (kv / size) * d : r / (size / kv) * d;
+  const int64_t kv_count = kv >= size ? kv / size * d : d;
+  if (EndsWith(name, "embed_tokens.weight") || EndsWith(name, "lm_head.weight")) {
+    return {0, r * (c.vocab_size / size), c.vocab_size / size};
+  }
+  // The projection a name belongs to, and whether it is split by rows (its output) or columns.
+  struct Split {
+    std::string_view proj;
+    bool rows;
+    int64_t begin, count;
+  };
+  const Split splits[] = {{"q_proj", true, r * q_part, q_part},
+                          {"k_proj", true, kv_begin, kv_count},
+                          {"v_proj", true, kv_begin, kv_count},
+                          {"o_proj", false, r * q_part, q_part},
+                          {"gate_proj", true, r * inter_part, inter_part},
+                          {"up_proj", true, r * inter_part, inter_part},
+                          {"down_proj", false, r * inter_part, inter_part}};
+  for (const Split& sp : splits) {
+    const std::string prefix = fmt::format(".{}.", sp.proj);
+    const size_t at = name.find(prefix);
+    if (at == std::string_view::npos) continue;
+    const std::string_view rest = name.substr(at + prefix.size());
+    if (rest == "weight") return {sp.rows ? 0 : 1, sp.begin, sp.count};
+    if (rest == "bias") return sp.rows ? TensorSlice{0, sp.begin, sp.count} : TensorSlice{};
+    // LoRA: A [r, in] is split with its projection's columns, B [out, r] with its rows.
+    if (rest == "lora_A.weight") return sp.rows ? TensorSlice{} : TensorSlice{1, sp.begin, sp.count};
+    if (rest == "lora_B.weight") return sp.rows ? TensorSlice{0, sp.begin, sp.count} : TensorSlice{};
+    return {};
+  }
+  return {};  // norms: whole on every rank
+}
+
 std::vector<int> LlamaRecomputeUnits(const LlamaConfig& c, int unit, bool split_blocks,
                                      bool keep_activations) {
   if (!split_blocks || keep_activations) return {};
@@ -357,6 +441,8 @@ struct LlamaActivations {
   // The head: normalised input, its rstd, logits (their gradient in place), log-sum-exp, loss.
   float *head_x = nullptr, *head_rstd = nullptr, *logits = nullptr, *lse = nullptr;
   float* loss = nullptr;  // one float
+  // Tensor parallelism: the cross-entropy's row maxima [T] and sums [2T] (cpu_ops.h).
+  float *ce_max = nullptr, *ce_sums = nullptr;
   // LoRA: the gradient of x A^T [T, r], and the adapter's output [T, out] before it is added
   // (the MLP's dup buffer, free during a block's forward, when it is large enough).
   float* lora_dx = nullptr;
@@ -364,7 +450,7 @@ struct LlamaActivations {
 
   // Lays the buffers out from `base` (nullptr: only measures); returns the bytes used.
   size_t Layout(char* base, const LlamaConfig& c, size_t batch, size_t seq, const LlamaLora& lora,
-                bool keep, bool offload) {
+                bool keep, bool offload, bool vocab_split) {
     const size_t t = batch * seq, h = static_cast<size_t>(c.hidden_size);
     const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
     const size_t vocab = static_cast<size_t>(c.vocab_size);
@@ -422,6 +508,10 @@ struct LlamaActivations {
     logits = m.Take<float>(t * vocab);
     lse = m.Take<float>(t);
     loss = m.Take<float>(1);
+    if (vocab_split) {
+      ce_max = m.Take<float>(t);
+      ce_sums = m.Take<float>(2 * t);
+    }
     if (lora.enabled()) {
       lora_dx = m.Take<float>(t * static_cast<size_t>(lora.rank));
       // The adapter's output of any projection: h, q, kv or inter columns.
@@ -465,13 +555,21 @@ struct LlamaModel::State {
   std::unique_ptr<device::Event> caller_ready, model_done;
   std::unique_ptr<LlamaOps> cuda_ops;
   OpProfiler* profiler = nullptr;  // the ops' wrapper with LlamaModelOptions::profile_ops
+
+  // Tensor parallelism: on the CPU device the stream the group's all-reduces run on (the ops,
+  // inside a HostTask of the caller's stream, wait for each); with KV heads replicated over the
+  // group, the ranks that share this rank's KV head.
+  std::unique_ptr<device::Stream> tp_stream;
+  std::unique_ptr<comm::Collective> kv_group;
 };
 
-LlamaModel::LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
-                       int64_t micro_batch, uint64_t init_seed, const LlamaLora& lora,
-                       bool split_blocks)
+LlamaModel::LlamaModel(device::Device& device, const LlamaConfig& config, const LlamaConfig& local,
+                       int64_t seq_len, int64_t micro_batch, uint64_t init_seed,
+                       const LlamaLora& lora, bool split_blocks, const LlamaTensorParallel& tp)
     : device_(device),
-      config_(config),
+      full_config_(config),
+      config_(local),
+      tp_(tp),
       seq_len_(seq_len),
       micro_batch_(micro_batch),
       init_seed_(init_seed),
@@ -483,6 +581,7 @@ LlamaModel::~LlamaModel() {
   State& st = *state_;
   st.cuda_ops.reset();  // waits for the model's stream
   if (st.stream) (void)device_.Synchronize(*st.stream);
+  if (st.tp_stream) (void)device_.Synchronize(*st.tp_stream);
   if (st.ckpt_stream) (void)device_.Synchronize(*st.ckpt_stream);
   if (st.ckpt_registered) (void)device_.UnregisterHost(st.ckpt_host.data());
   if (st.host_registered) (void)device_.UnregisterHost(st.host.data());
@@ -491,10 +590,10 @@ LlamaModel::~LlamaModel() {
 
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
                               const LlamaLora& lora, bool keep_activations,
-                              bool offload_checkpoints) {
+                              bool offload_checkpoints, bool vocab_split) {
   LlamaActivations a;
   return a.Layout(nullptr, config, static_cast<size_t>(micro_batch), static_cast<size_t>(seq_len),
-                  lora, keep_activations, offload_checkpoints);
+                  lora, keep_activations, offload_checkpoints, vocab_split);
 }
 
 int64_t LlamaOffloadedCheckpoints(const LlamaConfig& config, bool keep_activations,
@@ -528,11 +627,21 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
     return InvalidArgumentError(fmt::format("LoRA rank {} / scale {}: expected a rank >= 1",
                                             options.lora.rank, options.lora.scale));
   }
+  const LlamaTensorParallel& tp = options.tensor_parallel;
+  if (tp.enabled() && (tp.group == nullptr || tp.group->world_size() != tp.size ||
+                       tp.group->rank() != tp.rank)) {
+    return InvalidArgumentError(fmt::format(
+        "tensor parallelism: rank {} of {} needs a collective of that rank and size (got {})",
+        tp.rank, tp.size,
+        tp.group == nullptr ? std::string("none")
+                            : fmt::format("rank {} of {}", tp.group->rank(), tp.group->world_size())));
+  }
+  STRATA_ASSIGN_OR_RETURN(const LlamaConfig local, LlamaTensorParallelConfig(config, tp.size));
   // A rank above a projection's smaller side adds nothing a full update would not (and the CUDA
   // ops' workspace is sized for the model's own widths).
   for (int p = 0; p < kLlamaProjections && options.lora.enabled(); ++p) {
     if (!options.lora.targets[static_cast<size_t>(p)]) continue;
-    const auto [in, out] = ProjectionShape(config, p);
+    const auto [in, out] = ProjectionShape(local, p);
     if (options.lora.rank > std::min(in, out)) {
       return InvalidArgumentError(fmt::format(
           "strata.lora.r {} is larger than {}'s smaller side ({} in, {} out) in model '{}'; "
@@ -549,8 +658,8 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
         "offloaded activation checkpoints (strata.offload_checkpoints) need activation "
         "checkpointing; every block's internals are kept (strata.activation_checkpointing off)");
   }
-  std::unique_ptr<LlamaModel> m(new LlamaModel(device, config, seq_len, micro_batch, init_seed,
-                                               options.lora, options.split_blocks));
+  std::unique_ptr<LlamaModel> m(new LlamaModel(device, config, local, seq_len, micro_batch,
+                                               init_seed, options.lora, options.split_blocks, tp));
   STRATA_RETURN_IF_ERROR(m->SetUp(options));
   return m;
 }
@@ -560,7 +669,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   st.tokens = b * s;
   st.block_bytes = st.a.Layout(nullptr, config_, b, s, lora_, options.keep_activations,
-                               options.offload_checkpoints);
+                               options.offload_checkpoints, tp_.enabled());
   Result<void*> block = device_.Alloc(st.block_bytes);
   if (!block.ok()) {
     return block.status().WithContext(fmt::format(
@@ -571,7 +680,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   }
   st.block = *block;
   st.a.Layout(static_cast<char*>(st.block), config_, b, s, lora_, options.keep_activations,
-              options.offload_checkpoints);
+              options.offload_checkpoints, tp_.enabled());
 
   STRATA_ASSIGN_OR_RETURN(
       st.host, HostRegion::Allocate(4 * st.tokens * sizeof(int32_t) + sizeof(float),
@@ -607,6 +716,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
     st.profiler = profiler.get();
     return profiler;
   };
+  if (tp_.enabled()) STRATA_RETURN_IF_ERROR(SetUpTensorParallel());
   if (device_.type() == device::DeviceType::kCpu) {
     st.cpu_ops = profiled(CreateCpuLlamaOps());
     return Status::Ok();
@@ -620,6 +730,35 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   st.cuda_ops = profiled(std::move(cuda_ops));
   st.workspace_bytes = CudaLlamaOpsWorkspaceBytes(shape);
   return Status::Ok();
+}
+
+Status LlamaModel::SetUpTensorParallel() {
+  State& st = *state_;
+  if (device_.type() != device::DeviceType::kCpu) {
+    return UnimplementedError(fmt::format(
+        "tensor parallelism (tensor_parallel.autotp_size {}) runs on the CPU device so far: the "
+        "vocabulary-parallel embedding and cross-entropy have no {} kernels yet",
+        tp_.size, device::DeviceTypeName(device_.type())));
+  }
+  STRATA_ASSIGN_OR_RETURN(st.tp_stream, device_.CreateStream("llama-tensor-parallel"));
+  const int64_t kv = full_config_.num_key_value_heads;
+  if (kv < tp_.size) {
+    // The ranks that share a KV head: size / kv consecutive ranks.
+    const int replicas = tp_.size / static_cast<int>(kv);
+    STRATA_ASSIGN_OR_RETURN(st.kv_group, tp_.group->Split(tp_.rank / replicas, tp_.rank));
+  }
+  return Status::Ok();
+}
+
+Status LlamaModel::TpAllReduce(float* buf, size_t n, comm::ReduceOp op, comm::Collective* group) {
+  if (!tp_.enabled()) return Status::Ok();
+  State& st = *state_;
+  comm::Collective& over = group != nullptr ? *group : *tp_.group;
+  if (st.cpu_ops) {
+    STRATA_RETURN_IF_ERROR(over.AllReduce(buf, buf, n, device::DType::kF32, op, *st.tp_stream));
+    return device_.Synchronize(*st.tp_stream);
+  }
+  return over.AllReduce(buf, buf, n, device::DType::kF32, op, *st.stream);
 }
 
 std::vector<OpTime> LlamaModel::op_profile() const {
@@ -694,6 +833,15 @@ Status LlamaModel::InitUnitRange(int unit, const std::vector<zero::ParamSlot>& s
   }
   const int64_t end = std::min(begin + static_cast<int64_t>(out.size()), used_numel);
   std::fill(out.begin(), out.end(), 0.0f);  // alignment gaps and padding
+  // With tensor parallelism a parameter holds this rank's part of the whole model's tensor and
+  // takes the values the whole tensor has there: the same seeds, the whole tensor's indices.
+  const std::vector<zero::ParamSpec> whole =
+      tp_.enabled() ? LlamaUnitParams(full_config_, unit, lora_, split_blocks_)
+                    : std::vector<zero::ParamSpec>{};
+  if (tp_.enabled() && whole.size() != slots.size()) {
+    return InternalError(fmt::format("llama: unit {} has {} parameters, the whole model's {}", unit,
+                                     slots.size(), whole.size()));
+  }
   for (size_t i = 0; i < slots.size(); ++i) {
     const zero::ParamSlot& s = slots[i];
     // The part of parameter i in the range: its elements [lo, hi), at out[s.offset + lo - begin].
@@ -703,16 +851,39 @@ Status LlamaModel::InitUnitRange(int unit, const std::vector<zero::ParamSlot>& s
     float* dst = out.data() + (s.offset + lo - begin);
     uint64_t seed_state =
         init_seed_ * 1000003u + static_cast<uint64_t>(seed_unit) * 131u + seed_slot + i + 1;
+    const std::vector<int64_t>& shape = tp_.enabled() ? whole[i].shape : s.shape;
+    int64_t numel = 1;
+    for (int64_t extent : shape) numel *= extent;
+    const TensorSlice slice = tp_.enabled()
+                                  ? LlamaTensorParallelSlice(full_config_, tp_.rank, tp_.size, s.name)
+                                  : TensorSlice{};
+    // fill(dst, first, last): the whole tensor's elements [first, last) into dst, for each run of
+    // this rank's elements [lo, hi) that is consecutive in the whole tensor.
+    auto for_runs = [&](auto&& fill) {
+      if (slice.dim < 0) return fill(dst, lo, hi);
+      const int64_t row = numel / shape[0];  // elements per row of the whole tensor
+      if (slice.dim == 0) return fill(dst, slice.begin * row + lo, slice.begin * row + hi);
+      for (int64_t k = lo; k < hi;) {  // columns [begin, begin + count) of each row
+        const int64_t r = k / slice.count, c = k % slice.count;
+        const int64_t run = std::min(hi - k, slice.count - c);
+        const int64_t first = r * row + slice.begin + c;
+        fill(dst + (k - lo), first, first + run);
+        k += run;
+      }
+    };
     if (adapter) {
       // PEFT's: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_ with a = sqrt(5)), B = 0, so
       // the adapted model starts as the base model.
       if (i % 2 == 1) continue;  // zeros
-      const float bound = 1.0f / std::sqrt(static_cast<float>(s.shape[1]));
-      uint64_t state = SplitMix64(seed_state) + static_cast<uint64_t>(lo) * kSplitMixGamma;
-      for (int64_t k = lo; k < hi; ++k) {
-        const float u = static_cast<float>(SplitMix64(state) >> 40) * 0x1.0p-24f;  // [0, 1)
-        dst[k - lo] = (2.0f * u - 1.0f) * bound;
-      }
+      const float bound = 1.0f / std::sqrt(static_cast<float>(shape[1]));
+      const uint64_t stream = SplitMix64(seed_state);
+      for_runs([&](float* to, int64_t first, int64_t last) {
+        uint64_t state = stream + static_cast<uint64_t>(first) * kSplitMixGamma;
+        for (int64_t k = first; k < last; ++k) {
+          const float u = static_cast<float>(SplitMix64(state) >> 40) * 0x1.0p-24f;  // [0, 1)
+          to[k - first] = (2.0f * u - 1.0f) * bound;
+        }
+      });
       continue;
     }
     // Hugging Face's init: norm weights 1, biases 0, matrices N(0, 0.02).
@@ -721,7 +892,10 @@ Status LlamaModel::InitUnitRange(int unit, const std::vector<zero::ParamSlot>& s
       std::fill(dst, dst + (hi - lo), bias ? 0.0f : 1.0f);
       continue;
     }
-    FillNormalRange(dst, s.numel, lo, hi, 0.02f, SplitMix64(seed_state));
+    const uint64_t seed = SplitMix64(seed_state);
+    for_runs([&](float* to, int64_t first, int64_t last) {
+      FillNormalRange(to, numel, first, last, 0.02f, seed);
+    });
   }
   return Status::Ok();
 }
@@ -774,6 +948,23 @@ Status LlamaModel::BeginMicroBatch(const zero::Batch& batch, float loss_scale,
     std::memcpy(targets + s * seq_len_, seq + 1, static_cast<size_t>(seq_len_) * sizeof(int32_t));
   }
   if (!b->targets.empty()) std::memcpy(targets, b->targets.data(), t * sizeof(int32_t));
+  if (tp_.enabled()) {
+    // Each rank holds part of the vocabulary, and its ops cannot tell a bad id from one of
+    // another rank's rows: the whole vocabulary is checked here.
+    const int64_t v = full_config_.vocab_size;
+    for (size_t i = 0; i < t; ++i) {
+      if (inputs[i] < 0 || inputs[i] >= v) {
+        return InvalidArgumentError(fmt::format(
+            "LlamaModel: token id {} at position {} is outside [0, {})", inputs[i], i, v));
+      }
+      if (targets[i] != cpu::kIgnoreIndex && (targets[i] < 0 || targets[i] >= v)) {
+        return InvalidArgumentError(fmt::format(
+            "LlamaModel: target {} at position {} is outside [0, {}) and is not the ignore index "
+            "{}",
+            targets[i], i, v, cpu::kIgnoreIndex));
+      }
+    }
+  }
   size_t upload = 2 * st.tokens;
   if (packed) {
     std::memcpy(st.host_tokens + 2 * t, b->positions.data(), t * sizeof(int32_t));
@@ -858,8 +1049,15 @@ Status LlamaModel::Forward(int unit, const zero::UnitView& params, device::Strea
         State& st = *state_;
         const size_t h = static_cast<size_t>(config_.hidden_size);
         if (where.kind == LlamaUnit::kEmbed) {
-          return ops.EmbeddingForward(st.a.tokens, st.tokens, W(p, 0),
-                                      static_cast<size_t>(config_.vocab_size), h, st.a.In(0));
+          if (!tp_.enabled()) {
+            return ops.EmbeddingForward(st.a.tokens, st.tokens, W(p, 0),
+                                        static_cast<size_t>(config_.vocab_size), h, st.a.In(0));
+          }
+          // This rank's rows, zeros for the others' tokens, summed over the group.
+          const Status looked_up = ops.ShardEmbeddingForward(
+              st.a.tokens, st.tokens, W(p, 0), VocabBegin(), static_cast<size_t>(config_.vocab_size),
+              h, st.a.In(0));
+          return looked_up.ok() ? TpAllReduce(st.a.In(0), st.tokens * h) : looked_up;
         }
         if (where.kind == LlamaUnit::kHead) {
           if (config_.tie_word_embeddings) {
@@ -891,6 +1089,11 @@ Status LlamaModel::Backward(int unit, const zero::UnitView& params, const zero::
         const size_t h = static_cast<size_t>(config_.hidden_size);
         if (where.kind == LlamaUnit::kEmbed) {
           if (g.data == nullptr) return Status::Ok();  // frozen: nothing to compute
+          if (tp_.enabled()) {
+            return ops.ShardEmbeddingBackward(st.a.tokens, st.tokens, st.a.dres, VocabBegin(),
+                                              static_cast<size_t>(config_.vocab_size), h, G(g, 0),
+                                              static_cast<int32_t>(config_.pad_token_id));
+          }
           return ops.EmbeddingBackward(st.a.tokens, st.tokens, st.a.dres,
                                        static_cast<size_t>(config_.vocab_size), h, G(g, 0),
                                        static_cast<int32_t>(config_.pad_token_id));
@@ -1074,8 +1277,13 @@ Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int pro
   const size_t t = state_->tokens;
   const int slot = proj < 4 ? proj + 1 : proj + 2;
   const int bias = kQBias + proj;
+  // Tensor parallelism: o and down take this rank's columns of their input, so their products
+  // (and the adapter's x A^T) are partial sums, summed over the group before the bias and the
+  // adapter's output are added once.
+  const bool split_input = tp_.enabled() && (proj == 3 || proj == 6);
   if (y != nullptr) {
     STRATA_RETURN_IF_ERROR(ops.LinearForward(x, w.W(slot), t, in, out, y));
+    if (split_input) STRATA_RETURN_IF_ERROR(TpAllReduce(y, t * out));
     if (w.Has(bias)) STRATA_RETURN_IF_ERROR(ops.BiasForward(y, w.W(bias), t, out));
   }
   const size_t k = static_cast<size_t>(proj);
@@ -1084,6 +1292,7 @@ Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int pro
   LlamaActivations::Internals& bi = a.Of(layer);
   const size_t r = static_cast<size_t>(lora_.rank);
   STRATA_RETURN_IF_ERROR(ops.LinearForward(x, Weight{ad->a[k], ad->dtype}, t, in, r, bi.lora_x[k]));
+  if (split_input) STRATA_RETURN_IF_ERROR(TpAllReduce(bi.lora_x[k], t * r));
   STRATA_RETURN_IF_ERROR(ops.Scale(bi.lora_x[k], t * r, lora_.scale));
   if (y == nullptr) return Status::Ok();
   STRATA_RETURN_IF_ERROR(
@@ -1222,13 +1431,18 @@ Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part p
       return ProjectBackward(ops, layer, ad, 6, bi.hm, w, dres, inter, h, a.dhm, false);
     case LlamaUnit::kMlpUp:
       STRATA_RETURN_IF_ERROR(ops.SiluMulBackward(bi.gate, bi.up, a.dhm, t * inter, dgate, a.dup));
-      return ProjectBackward(ops, layer, ad, 5, bi.h2, w, a.dup, h, inter, a.dh2, false);
+      STRATA_RETURN_IF_ERROR(
+          ProjectBackward(ops, layer, ad, 5, bi.h2, w, a.dup, h, inter, a.dh2, false));
+      return ReducePartialGradients(part, w, ad);
     case LlamaUnit::kMlpGate:
       STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 4, bi.h2, w, dgate, h, inter, a.dh2,
                                              true));
+      // Tensor parallelism: each rank's gate and up rows gave part of h2's gradient.
+      STRATA_RETURN_IF_ERROR(TpAllReduce(a.dh2, t * h));
       STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(bi.x2, w.W(kPostNorm), bi.rstd2, a.dh2, t, h,
                                                  a.dx2, w.G(kPostNorm)));
-      return ops.AccumulateGradient(dres, t * h, a.dx2);  // the residual path
+      STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(dres, t * h, a.dx2));  // the residual path
+      return ReducePartialGradients(part, w, ad);
     case LlamaUnit::kAttn:
       STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 3, bi.attn, w, a.dx2, q, h, a.dattn,
                                              false));
@@ -1246,11 +1460,13 @@ Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part p
       STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 0, bi.h1, w, a.dq, h, q, a.dh1, false));
       STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 1, bi.h1, w, a.dk, h, kv, a.dh1, true));
       STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 2, bi.h1, w, a.dv, h, kv, a.dh1, true));
+      // Tensor parallelism: each rank's heads gave part of h1's gradient.
+      STRATA_RETURN_IF_ERROR(TpAllReduce(a.dh1, t * h));
       STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(x, w.W(kInNorm), bi.rstd1, a.dh1, t, h,
                                                  a.dres_next, w.G(kInNorm)));
       STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(a.dx2, t * h, a.dres_next));
       std::swap(a.dres, a.dres_next);
-      return Status::Ok();
+      return ReducePartialGradients(part, w, ad);
   }
   return Status::Ok();
 }
@@ -1278,7 +1494,18 @@ Status LlamaModel::HeadForward(LlamaOps& ops, const zero::UnitView& p, const voi
                                             static_cast<float>(config_.rms_norm_eps), a.head_x,
                                             a.head_rstd));
   STRATA_RETURN_IF_ERROR(ops.LinearForward(a.head_x, cpu::Weight{lm, p.dtype}, t, h, v, a.logits));
-  return ops.CrossEntropyForward(a.logits, a.tokens + t, t, v, cpu::kIgnoreIndex, a.lse, a.loss);
+  if (!tp_.enabled()) {
+    return ops.CrossEntropyForward(a.logits, a.tokens + t, t, v, cpu::kIgnoreIndex, a.lse, a.loss);
+  }
+  // This rank's logits are a slice of the vocabulary: the log-sum-exp from the group's maxima and
+  // sums (cpu_ops.h), the target's logit from the rank that holds it.
+  STRATA_RETURN_IF_ERROR(ops.CrossEntropyShardMax(a.logits, t, v, a.ce_max));
+  STRATA_RETURN_IF_ERROR(TpAllReduce(a.ce_max, t, comm::ReduceOp::kMax));
+  STRATA_RETURN_IF_ERROR(ops.CrossEntropyShardSums(a.logits, a.tokens + t, t, VocabBegin(), v,
+                                                   cpu::kIgnoreIndex, a.ce_max, a.ce_sums));
+  STRATA_RETURN_IF_ERROR(TpAllReduce(a.ce_sums, 2 * t));
+  return ops.CrossEntropyShardFinish(a.tokens + t, t, cpu::kIgnoreIndex, a.ce_max, a.ce_sums,
+                                     a.lse, a.loss);
 }
 
 Status LlamaModel::HeadBackward(LlamaOps& ops, const zero::UnitView& p, const zero::UnitView& g,
@@ -1288,13 +1515,61 @@ Status LlamaModel::HeadBackward(LlamaOps& ops, const zero::UnitView& p, const ze
   const size_t t = st.tokens, h = static_cast<size_t>(config_.hidden_size);
   const size_t v = static_cast<size_t>(config_.vocab_size);
   float* dlogits = a.logits;  // in place
-  STRATA_RETURN_IF_ERROR(ops.CrossEntropyBackward(a.logits, a.tokens + t, a.lse, t, v,
-                                                  cpu::kIgnoreIndex, st.loss_scale, dlogits));
+  if (tp_.enabled()) {
+    STRATA_RETURN_IF_ERROR(ops.CrossEntropyShardBackward(a.logits, a.tokens + t, a.lse, t,
+                                                         VocabBegin(), v, cpu::kIgnoreIndex,
+                                                         st.loss_scale, dlogits));
+  } else {
+    STRATA_RETURN_IF_ERROR(ops.CrossEntropyBackward(a.logits, a.tokens + t, a.lse, t, v,
+                                                    cpu::kIgnoreIndex, st.loss_scale, dlogits));
+  }
   float* dxn = a.dh1;  // free until the next block's backward
   STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.head_x, cpu::Weight{lm, p.dtype}, dlogits, t, h, v,
                                             dxn, Accumulate::kOverwrite, dlm));
+  // Tensor parallelism: each rank's vocabulary rows gave part of the input's gradient.
+  STRATA_RETURN_IF_ERROR(TpAllReduce(dxn, t * h));
   const float* x = a.In(config_.num_hidden_layers);
   return ops.RmsNormBackward(x, W(p, 0), a.head_rstd, dxn, t, h, a.dres, G(g, 0));
+}
+
+Status LlamaModel::ReducePartialGradients(LlamaUnit::Part part, const BlockWeights& w,
+                                          const Adapters* ad) {
+  if (!tp_.enabled()) return Status::Ok();
+  const size_t h = static_cast<size_t>(config_.hidden_size);
+  const size_t d = static_cast<size_t>(config_.head_dim());
+  const size_t kv = static_cast<size_t>(config_.kv_dim());
+  const size_t r = static_cast<size_t>(lora_.rank);
+  auto reduce = [&](float* grad, size_t n, comm::Collective* group) {
+    return grad == nullptr ? Status::Ok() : TpAllReduce(grad, n, comm::ReduceOp::kSum, group);
+  };
+  // The adapter A of a projection split by rows sees the sum of every rank's rows' gradients.
+  auto adapter_a = [&](int proj, size_t in) {
+    return ad == nullptr ? Status::Ok() : reduce(ad->da[static_cast<size_t>(proj)], r * in, nullptr);
+  };
+  switch (part) {
+    case LlamaUnit::kAttn: {
+      // Qwen3's q and k norms are shared by every head; each rank has its own heads'.
+      STRATA_RETURN_IF_ERROR(reduce(w.G(kQNorm), d, nullptr));
+      STRATA_RETURN_IF_ERROR(reduce(w.G(kKNorm), d, nullptr));
+      for (int proj = 0; proj < 3; ++proj) STRATA_RETURN_IF_ERROR(adapter_a(proj, h));
+      comm::Collective* kv_group = state_->kv_group.get();
+      if (kv_group == nullptr) return Status::Ok();
+      // A replicated KV head: each of its ranks has its own query heads' part of its gradient.
+      STRATA_RETURN_IF_ERROR(reduce(w.G(kK), kv * h, kv_group));
+      STRATA_RETURN_IF_ERROR(reduce(w.G(kV), kv * h, kv_group));
+      STRATA_RETURN_IF_ERROR(reduce(w.G(kKBias), kv, kv_group));
+      STRATA_RETURN_IF_ERROR(reduce(w.G(kVBias), kv, kv_group));
+      if (ad == nullptr) return Status::Ok();
+      STRATA_RETURN_IF_ERROR(reduce(ad->db[1], kv * r, kv_group));
+      return reduce(ad->db[2], kv * r, kv_group);
+    }
+    case LlamaUnit::kMlpGate:
+      return adapter_a(4, h);
+    case LlamaUnit::kMlpUp:
+      return adapter_a(5, h);
+    default:
+      return Status::Ok();
+  }
 }
 
 }  // namespace strata::model

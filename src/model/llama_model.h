@@ -51,6 +51,7 @@
 
 #include "model/llama_config.h"
 #include "model/op_time.h"
+#include "strata/collective.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "zero/model.h"
@@ -128,9 +129,11 @@ std::vector<int> LlamaRecomputeUnits(const LlamaConfig& config, int unit, bool s
 // with activation checkpointing or, with keep_activations, without.
 // With offload_checkpoints (LlamaModelOptions) the device holds three block inputs instead of
 // L + 1 (LlamaOffloadedCheckpoints of them live in host memory instead).
+// With `vocab_split` (tensor parallelism; `config` the rank's LlamaTensorParallelConfig) the
+// cross-entropy's per-token pieces besides.
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
                               const LlamaLora& lora = {}, bool keep_activations = false,
-                              bool offload_checkpoints = false);
+                              bool offload_checkpoints = false, bool vocab_split = false);
 // Activation checkpoints offloaded to host memory (LlamaModelOptions::offload_checkpoints, with
 // checkpointing): the inputs of blocks 0 .. L - 3, as many as this returns (0 for L <= 2 or
 // without checkpointing). The last two blocks' inputs stay on the device: backward starts with
@@ -139,6 +142,37 @@ int64_t LlamaOffloadedCheckpoints(const LlamaConfig& config, bool keep_activatio
                                   bool offload_checkpoints);
 uint64_t LlamaCheckpointHostBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
                                   bool keep_activations, bool offload_checkpoints);
+
+// Tensor parallelism within a node (tensor_parallel.autotp_size; docs/zero.md "Tensor
+// parallelism"), Megatron's layers: q, k, v, gate and up (and their biases) are split by output
+// rows, o and down by input columns, the embedding and the LM head by vocabulary rows; the
+// attention heads are divided over the ranks, and KV heads too when there are at least as many as
+// ranks (otherwise each KV head is replicated on size / num_key_value_heads ranks). Norms, o's and
+// down's biases are whole on every rank. Four all-reduces of [T, H] per block and micro-batch
+// (the outputs of o and down forward; the inputs' gradients of q/k/v and of gate/up backward),
+// one of the embedding's output and of the head's input gradient, and the loss's log-sum-exp in
+// pieces of [T] (the logits are never gathered). The group's ranks must run the same batches.
+struct LlamaTensorParallel {
+  int rank = 0;  // in the group
+  int size = 1;
+  comm::Collective* group = nullptr;  // the tensor-parallel group (rank and size above)
+  bool enabled() const { return size > 1; }
+};
+// What one of `size` tensor-parallel ranks computes with: `config` with its heads, KV heads (at
+// least 1), intermediate size and vocabulary divided by `size`, and head_dim explicit.
+// InvalidArgument naming the dimension that does not divide (heads, KV heads, intermediate size,
+// vocabulary), and both numbers.
+Result<LlamaConfig> LlamaTensorParallelConfig(const LlamaConfig& config, int size);
+// Where tensor-parallel rank `rank`'s part of parameter `name` (a Hugging Face or PEFT name of
+// the whole model `config`) lies in the whole tensor: dim -1 the whole tensor (replicated),
+// 0 rows [begin, begin + count), 1 columns [begin, begin + count) of a matrix.
+struct TensorSlice {
+  int dim = -1;
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+TensorSlice LlamaTensorParallelSlice(const LlamaConfig& config, int rank, int size,
+                                     std::string_view name);
 
 struct LlamaModelOptions {
   // CUDA: fp32 GEMMs on TF32 tensor cores (strata.tf32). No effect on the CPU device or with
@@ -162,6 +196,9 @@ struct LlamaModelOptions {
   // device holds three block inputs (a ring of two and the final norm's) instead of L + 1. The
   // same arithmetic, bit for bit; L - 2 block inputs each way over PCIe per micro-batch.
   bool offload_checkpoints = false;
+  // This rank's place in a tensor-parallel group (LlamaTensorParallel); the model's parameters
+  // are then this rank's parts (LlamaTensorParallelSlice), under the whole model's names.
+  LlamaTensorParallel tensor_parallel = {};
 };
 
 class LlamaModel final : public zero::Model {
@@ -197,7 +234,11 @@ class LlamaModel final : public zero::Model {
   Status BackwardShared(int unit, std::span<const zero::UnitView> params,
                         std::span<const zero::UnitView> grads, device::Stream& stream) override;
 
-  const LlamaConfig& config() const { return config_; }
+  // The whole model's config; with tensor parallelism, local_config() is this rank's part of it
+  // (LlamaTensorParallelConfig), config() otherwise.
+  const LlamaConfig& config() const { return full_config_; }
+  const LlamaConfig& local_config() const { return config_; }
+  const LlamaTensorParallel& tensor_parallel() const { return tp_; }
   const LlamaLora& lora() const { return lora_; }
   bool split_blocks() const { return split_blocks_; }
   // Device memory held since Create: activations, and the CUDA ops' workspace (0 on the CPU).
@@ -215,9 +256,11 @@ class LlamaModel final : public zero::Model {
   struct State;
   struct Adapters;
   struct BlockWeights;
-  LlamaModel(device::Device& device, const LlamaConfig& config, int64_t seq_len,
-             int64_t micro_batch, uint64_t init_seed, const LlamaLora& lora, bool split_blocks);
+  LlamaModel(device::Device& device, const LlamaConfig& config, const LlamaConfig& local,
+             int64_t seq_len, int64_t micro_batch, uint64_t init_seed, const LlamaLora& lora,
+             bool split_blocks, const LlamaTensorParallel& tp);
   Status SetUp(const LlamaModelOptions& options);
+  Status SetUpTensorParallel();
   // Runs `fn` with the device's ops in the order of `stream` (see the header comment).
   Status Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn, std::string_view label);
   // `w`: the block's parameters and gradients, from its whole unit or one part's
@@ -248,6 +291,19 @@ class LlamaModel final : public zero::Model {
   Status HeadForward(LlamaOps& ops, const zero::UnitView& p, const void* lm);
   Status HeadBackward(LlamaOps& ops, const zero::UnitView& p, const zero::UnitView& g,
                       const void* lm, float* dlm);
+  // Tensor parallelism: buf[0, n) summed (or the max) over the group, in the ops' order (called
+  // by the ops' code; on the CPU device it waits for the result). Nothing without.
+  // `group`: null for the tensor-parallel group.
+  Status TpAllReduce(float* buf, size_t n, comm::ReduceOp op = comm::ReduceOp::kSum,
+                     comm::Collective* group = nullptr);
+  // The first vocabulary row this rank holds (0 without tensor parallelism).
+  size_t VocabBegin() const {
+    return static_cast<size_t>(tp_.rank) * static_cast<size_t>(config_.vocab_size);
+  }
+  // The gradients of this micro-batch that each rank computed only part of (Qwen3's q/k norms,
+  // the adapters' A of the projections split by rows, replicated KV heads' k and v), summed over the
+  // ranks that share them, at the end of `part`'s backward.
+  Status ReducePartialGradients(LlamaUnit::Part part, const BlockWeights& w, const Adapters* ad);
   // Offloaded checkpoints (LlamaModelOptions::offload_checkpoints), in the order of `stream`:
   // block `layer`'s input to host memory once written, back to its device slot for backward, and
   // the waits before a slot is written or read.
@@ -260,7 +316,9 @@ class LlamaModel final : public zero::Model {
   Status AfterBackward(const LlamaUnit& where, device::Stream& stream);
 
   device::Device& device_;
-  const LlamaConfig config_;
+  const LlamaConfig full_config_;  // the whole model
+  const LlamaConfig config_;       // what this rank computes (the whole model without TP)
+  const LlamaTensorParallel tp_;
   const int64_t seq_len_;
   const int64_t micro_batch_;
   const uint64_t init_seed_;

@@ -118,6 +118,45 @@ class CpuLlamaOps final : public LlamaOps {
     return cpu::CrossEntropyBackward(logits, targets, lse, num_tokens, vocab, ignore_index, dloss,
                                      dlogits);
   }
+  Status ShardEmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
+                               size_t vocab_begin, size_t vocab, size_t hidden,
+                               float* out) override {
+    cpu::ShardEmbeddingForward(tokens, num_tokens, weight, vocab_begin, vocab, hidden, out);
+    return Status::Ok();
+  }
+  Status ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                                size_t vocab_begin, size_t vocab, size_t hidden, float* dweight,
+                                int32_t skip_token) override {
+    cpu::ShardEmbeddingBackward(tokens, num_tokens, dout, vocab_begin, vocab, hidden, dweight,
+                                skip_token);
+    return Status::Ok();
+  }
+  Status CrossEntropyShardMax(const float* logits, size_t num_tokens, size_t vocab,
+                              float* max) override {
+    cpu::CrossEntropyShardMax(logits, num_tokens, vocab, max);
+    return Status::Ok();
+  }
+  Status CrossEntropyShardSums(const float* logits, const int32_t* targets, size_t num_tokens,
+                               size_t vocab_begin, size_t vocab, int32_t ignore_index,
+                               const float* max, float* sums) override {
+    cpu::CrossEntropyShardSums(logits, targets, num_tokens, vocab_begin, vocab, ignore_index, max,
+                               sums);
+    return Status::Ok();
+  }
+  Status CrossEntropyShardFinish(const int32_t* targets, size_t num_tokens, int32_t ignore_index,
+                                 const float* max, const float* sums, float* lse,
+                                 float* loss) override {
+    *loss = cpu::CrossEntropyShardFinish(targets, num_tokens, ignore_index, max, sums, lse);
+    return Status::Ok();
+  }
+  Status CrossEntropyShardBackward(const float* logits, const int32_t* targets, const float* lse,
+                                   size_t num_tokens, size_t vocab_begin, size_t vocab,
+                                   int32_t ignore_index, float dloss, float* dlogits) override {
+    cpu::CrossEntropyShardBackward(logits, targets, lse, num_tokens, vocab_begin, vocab,
+                                   ignore_index, dloss, dlogits);
+    return Status::Ok();
+  }
+  bool HasShardOps() const override { return true; }
   Status CheckDataErrors() override { return Status::Ok(); }
 
   Status Mark() override {
@@ -293,6 +332,53 @@ Status OpProfiler::CrossEntropyBackward(const float* logits, const int32_t* targ
   return Timed("CrossEntropyBackward", [&] {
     return inner_->CrossEntropyBackward(logits, targets, lse, num_tokens, vocab, ignore_index,
                                         dloss, dlogits);
+  });
+}
+
+Status OpProfiler::ShardEmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
+                                         size_t vocab_begin, size_t vocab, size_t hidden,
+                                         float* out) {
+  return Timed("ShardEmbeddingForward", [&] {
+    return inner_->ShardEmbeddingForward(tokens, num_tokens, weight, vocab_begin, vocab, hidden,
+                                         out);
+  });
+}
+Status OpProfiler::ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens,
+                                          const float* dout, size_t vocab_begin, size_t vocab,
+                                          size_t hidden, float* dweight, int32_t skip_token) {
+  return Timed("ShardEmbeddingBackward", [&] {
+    return inner_->ShardEmbeddingBackward(tokens, num_tokens, dout, vocab_begin, vocab, hidden,
+                                          dweight, skip_token);
+  });
+}
+Status OpProfiler::CrossEntropyShardMax(const float* logits, size_t num_tokens, size_t vocab,
+                                        float* max) {
+  return Timed("CrossEntropyShardMax",
+               [&] { return inner_->CrossEntropyShardMax(logits, num_tokens, vocab, max); });
+}
+Status OpProfiler::CrossEntropyShardSums(const float* logits, const int32_t* targets,
+                                         size_t num_tokens, size_t vocab_begin, size_t vocab,
+                                         int32_t ignore_index, const float* max, float* sums) {
+  return Timed("CrossEntropyShardSums", [&] {
+    return inner_->CrossEntropyShardSums(logits, targets, num_tokens, vocab_begin, vocab,
+                                         ignore_index, max, sums);
+  });
+}
+Status OpProfiler::CrossEntropyShardFinish(const int32_t* targets, size_t num_tokens,
+                                           int32_t ignore_index, const float* max,
+                                           const float* sums, float* lse, float* loss) {
+  return Timed("CrossEntropyShardFinish", [&] {
+    return inner_->CrossEntropyShardFinish(targets, num_tokens, ignore_index, max, sums, lse,
+                                           loss);
+  });
+}
+Status OpProfiler::CrossEntropyShardBackward(const float* logits, const int32_t* targets,
+                                             const float* lse, size_t num_tokens,
+                                             size_t vocab_begin, size_t vocab,
+                                             int32_t ignore_index, float dloss, float* dlogits) {
+  return Timed("CrossEntropyShardBackward", [&] {
+    return inner_->CrossEntropyShardBackward(logits, targets, lse, num_tokens, vocab_begin, vocab,
+                                             ignore_index, dloss, dlogits);
   });
 }
 

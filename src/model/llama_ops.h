@@ -92,6 +92,47 @@ class LlamaOps {
   virtual Status CrossEntropyBackward(const float* logits, const int32_t* targets,
                                       const float* lse, size_t num_tokens, size_t vocab,
                                       int32_t ignore_index, float dloss, float* dlogits) = 0;
+  // The vocabulary split over tensor-parallel ranks (cpu_ops.h: ShardEmbeddingForward and the
+  // others): tokens and targets are ids of the whole vocabulary, checked by the caller. Only the
+  // CPU ops have them so far; elsewhere they are Unimplemented (LlamaModel refuses tensor
+  // parallelism on such a device at Create, before any of them is called).
+  virtual Status ShardEmbeddingForward(const int32_t* /*tokens*/, size_t /*num_tokens*/,
+                                       Weight /*weight*/, size_t /*vocab_begin*/,
+                                       size_t /*vocab*/, size_t /*hidden*/, float* /*out*/) {
+    return ShardOpsMissing();
+  }
+  virtual Status ShardEmbeddingBackward(const int32_t* /*tokens*/, size_t /*num_tokens*/,
+                                        const float* /*dout*/, size_t /*vocab_begin*/,
+                                        size_t /*vocab*/, size_t /*hidden*/, float* /*dweight*/,
+                                        int32_t /*skip_token*/) {
+    return ShardOpsMissing();
+  }
+  virtual Status CrossEntropyShardMax(const float* /*logits*/, size_t /*num_tokens*/,
+                                      size_t /*vocab*/, float* /*max*/) {
+    return ShardOpsMissing();
+  }
+  virtual Status CrossEntropyShardSums(const float* /*logits*/, const int32_t* /*targets*/,
+                                       size_t /*num_tokens*/, size_t /*vocab_begin*/,
+                                       size_t /*vocab*/, int32_t /*ignore_index*/,
+                                       const float* /*max*/, float* /*sums*/) {
+    return ShardOpsMissing();
+  }
+  // *loss (one float of device memory): the mean cross-entropy.
+  virtual Status CrossEntropyShardFinish(const int32_t* /*targets*/, size_t /*num_tokens*/,
+                                         int32_t /*ignore_index*/, const float* /*max*/,
+                                         const float* /*sums*/, float* /*lse*/,
+                                         float* /*loss*/) {
+    return ShardOpsMissing();
+  }
+  virtual Status CrossEntropyShardBackward(const float* /*logits*/, const int32_t* /*targets*/,
+                                           const float* /*lse*/, size_t /*num_tokens*/,
+                                           size_t /*vocab_begin*/, size_t /*vocab*/,
+                                           int32_t /*ignore_index*/, float /*dloss*/,
+                                           float* /*dlogits*/) {
+    return ShardOpsMissing();
+  }
+  // Whether this device's ops have the vocabulary-split ops above.
+  virtual bool HasShardOps() const { return false; }
   // Bad tokens or targets met since the last call (CUDA: waits for the stream). OK on the CPU,
   // whose ops report them at once.
   virtual Status CheckDataErrors() = 0;
@@ -102,6 +143,12 @@ class LlamaOps {
   // on the ops' stream.
   virtual Status Mark() = 0;
   virtual Result<std::vector<double>> TakeMarks() = 0;
+
+ protected:
+  static Status ShardOpsMissing() {
+    return UnimplementedError(
+        "the vocabulary-parallel ops of tensor parallelism are not built for this device");
+  }
 };
 
 // The LlamaOps of `inner`, each call bracketed by two marks (strata train --profile-ops): where
@@ -158,6 +205,24 @@ class OpProfiler final : public LlamaOps {
   Status CrossEntropyBackward(const float* logits, const int32_t* targets, const float* lse,
                               size_t num_tokens, size_t vocab, int32_t ignore_index, float dloss,
                               float* dlogits) override;
+  Status ShardEmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
+                               size_t vocab_begin, size_t vocab, size_t hidden,
+                               float* out) override;
+  Status ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                                size_t vocab_begin, size_t vocab, size_t hidden, float* dweight,
+                                int32_t skip_token) override;
+  Status CrossEntropyShardMax(const float* logits, size_t num_tokens, size_t vocab,
+                              float* max) override;
+  Status CrossEntropyShardSums(const float* logits, const int32_t* targets, size_t num_tokens,
+                               size_t vocab_begin, size_t vocab, int32_t ignore_index,
+                               const float* max, float* sums) override;
+  Status CrossEntropyShardFinish(const int32_t* targets, size_t num_tokens, int32_t ignore_index,
+                                 const float* max, const float* sums, float* lse,
+                                 float* loss) override;
+  Status CrossEntropyShardBackward(const float* logits, const int32_t* targets, const float* lse,
+                                   size_t num_tokens, size_t vocab_begin, size_t vocab,
+                                   int32_t ignore_index, float dloss, float* dlogits) override;
+  bool HasShardOps() const override { return inner_->HasShardOps(); }
   Status CheckDataErrors() override { return inner_->CheckDataErrors(); }
   Status Mark() override { return inner_->Mark(); }
   Result<std::vector<double>> TakeMarks() override { return inner_->TakeMarks(); }

@@ -16,9 +16,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "comm/in_process_collective.h"
 #include "comm/single_collective.h"
 #include "device/pinned_pool.h"
 #include "strata/block_store.h"
@@ -1438,6 +1440,253 @@ TEST(LlamaModelGpuPackedTest, PackedMicroBatchMatchesTheCpuDevice) {
     EXPECT_NEAR(got->loss, want->loss, (bf16 ? 1e-2 : 1e-5) * std::fabs(want->loss));
     EXPECT_LE(WorstGradGap(init->layouts, got->grads, want->grads), bf16 ? 3e-2 : 1e-4);
   }
+}
+
+
+// ---- tensor parallelism -------------------------------------------------------------------------
+
+// Rank `rank`'s part of a whole tensor (LlamaTensorParallelSlice), as a flat vector.
+std::vector<float> SliceOf(const float* whole, const std::vector<int64_t>& shape,
+                           const TensorSlice& slice) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  if (slice.dim < 0) return std::vector<float>(whole, whole + numel);
+  const int64_t row = numel / shape[0];
+  if (slice.dim == 0) return std::vector<float>(whole + slice.begin * row, whole + (slice.begin + slice.count) * row);
+  std::vector<float> out;
+  for (int64_t r = 0; r < shape[0]; ++r) {
+    out.insert(out.end(), whole + r * row + slice.begin, whole + r * row + slice.begin + slice.count);
+  }
+  return out;
+}
+
+struct TpCase {
+  const char* name;
+  int tp;
+  LlamaConfig config;
+  LlamaModelOptions options;
+  bool random_adapters = false;
+};
+
+void PrintTo(const TpCase& c, std::ostream* os) { *os << c.name; }
+
+std::string TpCaseName(const ::testing::TestParamInfo<TpCase>& param_info) {
+  return param_info.param.name;
+}
+
+// One micro-batch of the whole model on one rank against the same micro-batch on `tp`
+// tensor-parallel ranks (threads of an in-process world, each with its own CPU device), every
+// rank holding its slices of the same weights: every rank's loss is the whole model's, and every
+// gradient it computes is its slice of the whole model's gradient (to fp32 tolerance: the splits
+// change the order of the sums). The ranks' own initialisation is their slice of the whole
+// model's, bit for bit.
+class LlamaTensorParallelTest : public ::testing::TestWithParam<TpCase> {};
+
+TEST_P(LlamaTensorParallelTest, EveryRankHasTheWholeModelsLossAndItsSliceOfTheGradients) {
+  const TpCase& c = GetParam();
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  const int64_t batch = 2, seq = 16;
+  std::mt19937 rng(5);
+  auto whole = InitialParams(**cpu, c.config, seq, batch, c.options, c.random_adapters ? &rng : nullptr);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  LlamaBatch b;
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.config.vocab_size) - 1);
+  for (int64_t i = 0; i < batch * (seq + 1); ++i) b.tokens.push_back(tok(rng));
+  b.tokens[5] = static_cast<int32_t>(c.config.vocab_size) - 1;  // the last rank's last row
+  auto want = RunMicroBatch(**cpu, c.config, seq, batch, whole->layouts, whole->params,
+                            device::DType::kF32, b, c.options);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  const auto whole_named = ByName(whole->layouts);
+
+  auto world = comm::InProcessWorld::Create({.world_size = c.tp});
+  ASSERT_TRUE(world.ok());
+  struct RankOutcome {
+    Status status;
+    std::vector<zero::UnitLayout> layouts;
+    std::vector<std::vector<float>> init, params;
+    MicroBatchResult got;
+  };
+  std::vector<RankOutcome> ranks(static_cast<size_t>(c.tp));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < c.tp; ++r) {
+    threads.emplace_back([&, r] {
+      RankOutcome& out = ranks[static_cast<size_t>(r)];
+      out.status = [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(auto dev, device::CreateDevice({}));
+        STRATA_ASSIGN_OR_RETURN(auto group, (*world)->Join(r, *dev));
+        LlamaModelOptions o = c.options;
+        o.tensor_parallel = {.rank = r, .size = c.tp, .group = group.get()};
+        {
+          STRATA_ASSIGN_OR_RETURN(auto probe, LlamaModel::Create(*dev, c.config, seq, batch, 7, o));
+          STRATA_ASSIGN_OR_RETURN(out.layouts, zero::LayoutModel(probe->units(), 1));
+          for (const auto& l : out.layouts) {
+            out.init.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
+            STRATA_RETURN_IF_ERROR(probe->InitUnit(l.index, l.slots, out.init.back()));
+            out.params.emplace_back(static_cast<size_t>(l.padded_numel()), 0.0f);
+            for (const auto& s : l.slots) {
+              const NamedParam& w = whole_named.at(s.name);
+              const std::vector<float> part =
+                  SliceOf(whole->params[w.unit].data() + w.offset, w.shape,
+                          LlamaTensorParallelSlice(c.config, r, c.tp, s.name));
+              if (static_cast<int64_t>(part.size()) != s.numel) {
+                return InternalError(fmt::format("{}: {} elements, the slice {}", s.name, s.numel, part.size()));
+              }
+              std::copy(part.begin(), part.end(), out.params.back().begin() + s.offset);
+            }
+          }
+        }
+        STRATA_ASSIGN_OR_RETURN(out.got, RunMicroBatch(*dev, c.config, seq, batch, out.layouts,
+                                                       out.params, device::DType::kF32, b, o));
+        return Status::Ok();
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  int split_params = 0;
+  for (int r = 0; r < c.tp; ++r) {
+    const RankOutcome& out = ranks[static_cast<size_t>(r)];
+    ASSERT_TRUE(out.status.ok()) << "rank " << r << ": " << out.status.ToString();
+    EXPECT_NEAR(out.got.loss, want->loss, 1e-5 * std::fabs(want->loss)) << "rank " << r;
+    for (size_t u = 0; u < out.layouts.size(); ++u) {
+      for (const auto& s : out.layouts[u].slots) {
+        const NamedParam& w = whole_named.at(s.name);
+        const TensorSlice slice = LlamaTensorParallelSlice(c.config, r, c.tp, s.name);
+        split_params += slice.dim >= 0 ? 1 : 0;
+        if (!c.random_adapters || !IsLoraParamName(s.name)) {
+          const std::vector<float> init_want = SliceOf(whole->params[w.unit].data() + w.offset, w.shape, slice);
+          EXPECT_TRUE(std::equal(init_want.begin(), init_want.end(), out.init[u].begin() + s.offset))
+              << "rank " << r << " initialises " << s.name << " otherwise than its slice";
+        }
+        const std::vector<float> g_want = SliceOf(want->grads[w.unit].data() + w.offset, w.shape, slice);
+        double scale = 0, worst = 0;
+        for (size_t i = 0; i < g_want.size(); ++i) {
+          scale = std::max(scale, std::fabs(double{g_want[i]}));
+          worst = std::max(worst, std::fabs(double{out.got.grads[u][static_cast<size_t>(s.offset) + i]} - g_want[i]));
+        }
+        EXPECT_LE(worst, 1e-4 * scale + 1e-9) << "rank " << r << ": " << s.name;
+      }
+    }
+  }
+  EXPECT_GT(split_params, 0);
+}
+
+LlamaConfig QwenLikeConfig() {
+  LlamaConfig c = TinyConfig();
+  c.model_type = "qwen3";
+  c.qk_norm = true;
+  c.qkv_bias = true;
+  c.o_bias = true;
+  c.mlp_bias = true;
+  return c;
+}
+
+LlamaModelOptions LoraOptions() {
+  LlamaModelOptions o;
+  o.lora.rank = 2;
+  o.lora.alpha = 4;
+  o.lora.scale = 2.0f;
+  o.lora.targets.fill(true);
+  return o;
+}
+
+LlamaModelOptions SplitBlockOptions() {
+  LlamaModelOptions o;
+  o.split_blocks = true;
+  return o;
+}
+
+LlamaModelOptions KeptActivationOptions() {
+  LlamaModelOptions o;
+  o.keep_activations = true;
+  return o;
+}
+
+LlamaConfig TiedConfig() {
+  LlamaConfig c = TinyConfig();
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Splits, LlamaTensorParallelTest,
+    ::testing::Values(TpCase{"Tp2", 2, TinyConfig(), {}},
+                      // Two KV heads over four ranks: each replicated on two.
+                      TpCase{"Tp4ReplicatedKvHeads", 4, TinyConfig(), {}},
+                      TpCase{"Tp2QkNormAndBiases", 2, QwenLikeConfig(), {}},
+                      TpCase{"Tp4QkNormAndBiases", 4, QwenLikeConfig(), {}},
+                      TpCase{"Tp2Lora", 2, TinyConfig(), LoraOptions(), true},
+                      TpCase{"Tp4Lora", 4, TinyConfig(), LoraOptions(), true},
+                      TpCase{"Tp2TiedEmbeddings", 2, TiedConfig(), {}},
+                      TpCase{"Tp2SplitBlocks", 2, TinyConfig(), SplitBlockOptions()},
+                      TpCase{"Tp2KeptActivations", 2, TinyConfig(), KeptActivationOptions()}),
+    TpCaseName);
+
+TEST(LlamaTensorParallelConfigTest, UnevenShapesAreRefusedNamingTheDimension) {
+  const LlamaConfig c = TinyConfig();  // 4 heads, 2 KV heads, intermediate 48, vocabulary 64
+  auto local = LlamaTensorParallelConfig(c, 2);
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(local->num_attention_heads, 2);
+  EXPECT_EQ(local->num_key_value_heads, 1);
+  EXPECT_EQ(local->intermediate_size, 24);
+  EXPECT_EQ(local->vocab_size, 32);
+  EXPECT_EQ(local->head_dim(), c.head_dim());
+  auto four = LlamaTensorParallelConfig(c, 4);
+  ASSERT_TRUE(four.ok());
+  EXPECT_EQ(four->num_key_value_heads, 1);  // replicated on two ranks each
+  struct Uneven {
+    const char* dimension;
+    int tp;
+    LlamaConfig config;
+  };
+  LlamaConfig vocab = c, inter = c, heads = c, kv = c;
+  vocab.vocab_size = 66;
+  inter.intermediate_size = 50;
+  heads.num_attention_heads = 6;
+  heads.num_key_value_heads = 6;
+  kv.num_attention_heads = 12;
+  kv.num_key_value_heads = 3;
+  kv.explicit_head_dim = 8;
+  for (const Uneven& u : {Uneven{"vocab_size = 66", 4, vocab}, Uneven{"intermediate_size = 50", 4, inter},
+                          Uneven{"num_attention_heads = 6", 4, heads},
+                          Uneven{"num_key_value_heads = 3", 4, kv}}) {
+    auto r = LlamaTensorParallelConfig(u.config, u.tp);
+    ASSERT_FALSE(r.ok()) << u.dimension;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(u.dimension), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("autotp_size 4"), std::string::npos) << r.status().ToString();
+  }
+  auto bad_size = LlamaTensorParallelConfig(c, 0);
+  EXPECT_FALSE(bad_size.ok());
+}
+
+TEST(LlamaTensorParallelConfigTest, SlicesFollowMegatronsSplits) {
+  const LlamaConfig c = TinyConfig();  // q_dim 32, kv_dim 16 (head_dim 8), intermediate 48
+  EXPECT_EQ(LlamaTensorParallelSlice(c, 1, 2, "model.embed_tokens.weight").begin, 32);
+  const TensorSlice q = LlamaTensorParallelSlice(c, 1, 2, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(q.dim, 0);
+  EXPECT_EQ(q.begin, 16);
+  EXPECT_EQ(q.count, 16);
+  const TensorSlice o = LlamaTensorParallelSlice(c, 1, 2, "model.layers.0.self_attn.o_proj.weight");
+  EXPECT_EQ(o.dim, 1);
+  EXPECT_EQ(o.begin, 16);
+  const TensorSlice down = LlamaTensorParallelSlice(c, 1, 4, "model.layers.1.mlp.down_proj.weight");
+  EXPECT_EQ(down.dim, 1);
+  EXPECT_EQ(down.begin, 12);
+  EXPECT_EQ(down.count, 12);
+  // Two KV heads on four ranks: ranks 2 and 3 hold the second.
+  const TensorSlice k = LlamaTensorParallelSlice(c, 3, 4, "model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(k.dim, 0);
+  EXPECT_EQ(k.begin, 8);
+  EXPECT_EQ(k.count, 8);
+  EXPECT_EQ(LlamaTensorParallelSlice(c, 1, 2, "model.layers.0.input_layernorm.weight").dim, -1);
+  EXPECT_EQ(LlamaTensorParallelSlice(c, 1, 2, "model.layers.0.self_attn.o_proj.bias").dim, -1);
+  EXPECT_EQ(LlamaTensorParallelSlice(c, 1, 2, "model.layers.0.self_attn.q_proj.lora_A.weight").dim, -1);
+  EXPECT_EQ(LlamaTensorParallelSlice(c, 1, 2, "model.layers.0.self_attn.q_proj.lora_B.weight").dim, 0);
+  EXPECT_EQ(LlamaTensorParallelSlice(c, 1, 2, "model.layers.0.mlp.down_proj.lora_A.weight").dim, 1);
+  EXPECT_EQ(LlamaTensorParallelSlice(c, 1, 2, "model.layers.0.mlp.down_proj.lora_B.weight").dim, -1);
+  EXPECT_EQ(LlamaTensorParallelSlice(c, 0, 1, "lm_head.weight").dim, -1);
 }
 
 }  // namespace
