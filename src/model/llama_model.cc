@@ -556,10 +556,12 @@ struct LlamaModel::State {
   std::unique_ptr<LlamaOps> cuda_ops;
   OpProfiler* profiler = nullptr;  // the ops' wrapper with LlamaModelOptions::profile_ops
 
-  // Tensor parallelism: on the CPU device the stream the group's all-reduces run on (the ops,
-  // inside a HostTask of the caller's stream, wait for each); with KV heads replicated over the
-  // group, the ranks that share this rank's KV head.
-  std::unique_ptr<device::Stream> tp_stream;
+  // Tensor parallelism on the CPU device: the ops recorded as the engine calls the model and
+  // enqueued in pieces between the group's all-reduces (DeferredOps), on `run_stream` (the
+  // caller's, during Run). With KV heads replicated over the group: the ranks that share this
+  // rank's KV head.
+  std::unique_ptr<DeferredOps> deferred;
+  device::Stream* run_stream = nullptr;
   std::unique_ptr<comm::Collective> kv_group;
 };
 
@@ -581,7 +583,6 @@ LlamaModel::~LlamaModel() {
   State& st = *state_;
   st.cuda_ops.reset();  // waits for the model's stream
   if (st.stream) (void)device_.Synchronize(*st.stream);
-  if (st.tp_stream) (void)device_.Synchronize(*st.tp_stream);
   if (st.ckpt_stream) (void)device_.Synchronize(*st.ckpt_stream);
   if (st.ckpt_registered) (void)device_.UnregisterHost(st.ckpt_host.data());
   if (st.host_registered) (void)device_.UnregisterHost(st.host.data());
@@ -719,6 +720,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   if (tp_.enabled()) STRATA_RETURN_IF_ERROR(SetUpTensorParallel());
   if (device_.type() == device::DeviceType::kCpu) {
     st.cpu_ops = profiled(CreateCpuLlamaOps());
+    if (tp_.enabled()) st.deferred = std::make_unique<DeferredOps>(*st.cpu_ops);
     return Status::Ok();
   }
   STRATA_ASSIGN_OR_RETURN(st.stream, device_.CreateStream("llama"));
@@ -740,7 +742,6 @@ Status LlamaModel::SetUpTensorParallel() {
         "vocabulary-parallel embedding and cross-entropy have no {} kernels yet",
         tp_.size, device::DeviceTypeName(device_.type())));
   }
-  STRATA_ASSIGN_OR_RETURN(st.tp_stream, device_.CreateStream("llama-tensor-parallel"));
   const int64_t kv = full_config_.num_key_value_heads;
   if (kv < tp_.size) {
     // The ranks that share a KV head: size / kv consecutive ranks.
@@ -754,9 +755,11 @@ Status LlamaModel::TpAllReduce(float* buf, size_t n, comm::ReduceOp op, comm::Co
   if (!tp_.enabled()) return Status::Ok();
   State& st = *state_;
   comm::Collective& over = group != nullptr ? *group : *tp_.group;
-  if (st.cpu_ops) {
-    STRATA_RETURN_IF_ERROR(over.AllReduce(buf, buf, n, device::DType::kF32, op, *st.tp_stream));
-    return device_.Synchronize(*st.tp_stream);
+  if (st.deferred) {
+    // The ops recorded so far go first; the all-reduce follows them on the caller's stream.
+    if (st.run_stream == nullptr) return InternalError("llama: an all-reduce outside Run");
+    STRATA_RETURN_IF_ERROR(st.deferred->Flush(device_, *st.run_stream, "llama"));
+    return over.AllReduce(buf, buf, n, device::DType::kF32, op, *st.run_stream);
   }
   return over.AllReduce(buf, buf, n, device::DType::kF32, op, *st.stream);
 }
@@ -780,6 +783,16 @@ uint64_t LlamaModel::checkpoint_host_bytes() const {
 Status LlamaModel::Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn,
                        std::string_view label) {
   State& st = *state_;
+  if (st.deferred) {
+    // Tensor parallelism on the CPU device: the code runs now, recording its ops, and they are
+    // enqueued in pieces around its all-reduces (TpAllReduce); what is left goes last.
+    st.run_stream = &stream;
+    Status result = fn(*st.deferred);
+    if (result.ok()) result = st.deferred->Flush(device_, stream, label);
+    st.deferred->Discard();  // after a failure: none of what was recorded runs
+    st.run_stream = nullptr;
+    return result;
+  }
   if (st.cpu_ops) {
     return device_.HostTask(
         stream, [ops = st.cpu_ops.get(), fn = std::move(fn)]() { return fn(*ops); }, label);

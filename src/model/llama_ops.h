@@ -16,8 +16,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/cpu_ops.h"
@@ -49,11 +51,10 @@ class LlamaOps {
                                    int32_t skip_token) = 0;
   virtual Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden,
                                 float eps, float* y, float* rstd) = 0;
-  virtual Status RmsNormBackward(const float* x, Weight weight, const float* rstd,
-                                 const float* dy, size_t num_tokens, size_t hidden, float* dx,
-                                 float* dweight) = 0;
-  virtual Status LinearForward(const float* x, Weight weight, size_t num_tokens,
-                               size_t in_features, size_t out_features, float* y) = 0;
+  virtual Status RmsNormBackward(const float* x, Weight weight, const float* rstd, const float* dy,
+                                 size_t num_tokens, size_t hidden, float* dx, float* dweight) = 0;
+  virtual Status LinearForward(const float* x, Weight weight, size_t num_tokens, size_t in_features,
+                               size_t out_features, float* y) = 0;
   virtual Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
                                 size_t in_features, size_t out_features, float* dx,
                                 Accumulate dx_mode, float* dweight) = 0;
@@ -61,8 +62,7 @@ class LlamaOps {
   virtual Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) = 0;
   // `positions` (device memory, [batch * seq]; null: t mod seq): packed documents' positions.
   virtual Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                             float theta, const RopeScaling& scaling,
-                             const int32_t* positions) = 0;
+                             float theta, const RopeScaling& scaling, const int32_t* positions) = 0;
   virtual Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
                               float theta, const RopeScaling& scaling,
                               const int32_t* positions) = 0;
@@ -70,13 +70,12 @@ class LlamaOps {
   // (cuda::AttentionForward); the CPU ops compute in fp32 whatever it is.
   virtual Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
                                   size_t seq, size_t num_heads, size_t num_kv_heads,
-                                  size_t head_dim, float* out, float* lse,
-                                  device::DType precision, const int32_t* key_start) = 0;
-  virtual Status AttentionBackward(const float* q, const float* k, const float* v,
-                                   const float* out, const float* lse, const float* dout,
-                                   size_t batch, size_t seq, size_t num_heads,
-                                   size_t num_kv_heads, size_t head_dim, float* dq, float* dk,
-                                   float* dv, device::DType precision,
+                                  size_t head_dim, float* out, float* lse, device::DType precision,
+                                  const int32_t* key_start) = 0;
+  virtual Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
+                                   const float* lse, const float* dout, size_t batch, size_t seq,
+                                   size_t num_heads, size_t num_kv_heads, size_t head_dim,
+                                   float* dq, float* dk, float* dv, device::DType precision,
                                    const int32_t* key_start) = 0;
   virtual Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) = 0;
   virtual Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
@@ -86,19 +85,19 @@ class LlamaOps {
   // x *= s in place (LoRA's scale).
   virtual Status Scale(float* x, size_t n, float s) = 0;
   // *loss (one float of device memory) = the mean cross-entropy (cpu::CrossEntropyForward).
-  virtual Status CrossEntropyForward(const float* logits, const int32_t* targets,
-                                     size_t num_tokens, size_t vocab, int32_t ignore_index,
-                                     float* lse, float* loss) = 0;
-  virtual Status CrossEntropyBackward(const float* logits, const int32_t* targets,
-                                      const float* lse, size_t num_tokens, size_t vocab,
-                                      int32_t ignore_index, float dloss, float* dlogits) = 0;
+  virtual Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
+                                     size_t vocab, int32_t ignore_index, float* lse,
+                                     float* loss) = 0;
+  virtual Status CrossEntropyBackward(const float* logits, const int32_t* targets, const float* lse,
+                                      size_t num_tokens, size_t vocab, int32_t ignore_index,
+                                      float dloss, float* dlogits) = 0;
   // The vocabulary split over tensor-parallel ranks (cpu_ops.h: ShardEmbeddingForward and the
   // others): tokens and targets are ids of the whole vocabulary, checked by the caller. Only the
   // CPU ops have them so far; elsewhere they are Unimplemented (LlamaModel refuses tensor
   // parallelism on such a device at Create, before any of them is called).
   virtual Status ShardEmbeddingForward(const int32_t* /*tokens*/, size_t /*num_tokens*/,
-                                       Weight /*weight*/, size_t /*vocab_begin*/,
-                                       size_t /*vocab*/, size_t /*hidden*/, float* /*out*/) {
+                                       Weight /*weight*/, size_t /*vocab_begin*/, size_t /*vocab*/,
+                                       size_t /*hidden*/, float* /*out*/) {
     return ShardOpsMissing();
   }
   virtual Status ShardEmbeddingBackward(const int32_t* /*tokens*/, size_t /*num_tokens*/,
@@ -120,8 +119,7 @@ class LlamaOps {
   // *loss (one float of device memory): the mean cross-entropy.
   virtual Status CrossEntropyShardFinish(const int32_t* /*targets*/, size_t /*num_tokens*/,
                                          int32_t /*ignore_index*/, const float* /*max*/,
-                                         const float* /*sums*/, float* /*lse*/,
-                                         float* /*loss*/) {
+                                         const float* /*sums*/, float* /*lse*/, float* /*loss*/) {
     return ShardOpsMissing();
   }
   virtual Status CrossEntropyShardBackward(const float* /*logits*/, const int32_t* /*targets*/,
@@ -179,15 +177,13 @@ class OpProfiler final : public LlamaOps {
                         float* dweight) override;
   Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) override;
   Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) override;
-  Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                     float theta, const RopeScaling& scaling, const int32_t* positions) override;
+  Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                     const RopeScaling& scaling, const int32_t* positions) override;
   Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                      float theta, const RopeScaling& scaling,
-                      const int32_t* positions) override;
-  Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
-                          size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* out, float* lse, device::DType precision,
-                          const int32_t* key_start) override;
+                      float theta, const RopeScaling& scaling, const int32_t* positions) override;
+  Status AttentionForward(const float* q, const float* k, const float* v, size_t batch, size_t seq,
+                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out,
+                          float* lse, device::DType precision, const int32_t* key_start) override;
   Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
                            const float* lse, const float* dout, size_t batch, size_t seq,
                            size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
@@ -200,8 +196,7 @@ class OpProfiler final : public LlamaOps {
   Status AccumulateGradient(const float* dy, size_t n, float* dx) override;
   Status Scale(float* x, size_t n, float s) override;
   Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
-                             size_t vocab, int32_t ignore_index, float* lse,
-                             float* loss) override;
+                             size_t vocab, int32_t ignore_index, float* lse, float* loss) override;
   Status CrossEntropyBackward(const float* logits, const int32_t* targets, const float* lse,
                               size_t num_tokens, size_t vocab, int32_t ignore_index, float dloss,
                               float* dlogits) override;
@@ -237,6 +232,92 @@ class OpProfiler final : public LlamaOps {
   std::vector<OpTime> totals_;
 };
 
+// The ops of `inner` (the CPU ops), recorded instead of run: each call is kept, in order, until
+// Flush enqueues them as one HostTask on a stream. With tensor parallelism the model's code runs
+// when the engine calls it, as on CUDA, so that its collectives are enqueued between its ops in
+// program order, the same on every rank (the MPI backend runs operations in enqueue order).
+// Calls only record and return OK; an op's error comes from its HostTask (the stream's error).
+class DeferredOps final : public LlamaOps {
+ public:
+  explicit DeferredOps(LlamaOps& inner) : inner_(inner) {}
+
+  // Enqueues the calls recorded since the last Flush on `stream` (nothing if none).
+  Status Flush(device::Device& device, device::Stream& stream, std::string_view label);
+  // Forgets the calls recorded since the last Flush.
+  void Discard() { calls_.clear(); }
+
+  Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight, size_t vocab,
+                          size_t hidden, float* out) override;
+  Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                           size_t vocab, size_t hidden, float* dweight,
+                           int32_t skip_token) override;
+  Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden, float eps,
+                        float* y, float* rstd) override;
+  Status RmsNormBackward(const float* x, Weight weight, const float* rstd, const float* dy,
+                         size_t num_tokens, size_t hidden, float* dx, float* dweight) override;
+  Status LinearForward(const float* x, Weight weight, size_t num_tokens, size_t in_features,
+                       size_t out_features, float* y) override;
+  Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
+                        size_t in_features, size_t out_features, float* dx, Accumulate dx_mode,
+                        float* dweight) override;
+  Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) override;
+  Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) override;
+  Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                     const RopeScaling& scaling, const int32_t* positions) override;
+  Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
+                      float theta, const RopeScaling& scaling, const int32_t* positions) override;
+  Status AttentionForward(const float* q, const float* k, const float* v, size_t batch, size_t seq,
+                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out,
+                          float* lse, device::DType precision, const int32_t* key_start) override;
+  Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
+                           const float* lse, const float* dout, size_t batch, size_t seq,
+                           size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
+                           float* dk, float* dv, device::DType precision,
+                           const int32_t* key_start) override;
+  Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) override;
+  Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
+                         float* dgate, float* dup) override;
+  Status ResidualAdd(const float* a, const float* b, size_t n, float* y) override;
+  Status AccumulateGradient(const float* dy, size_t n, float* dx) override;
+  Status Scale(float* x, size_t n, float s) override;
+  Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
+                             size_t vocab, int32_t ignore_index, float* lse, float* loss) override;
+  Status CrossEntropyBackward(const float* logits, const int32_t* targets, const float* lse,
+                              size_t num_tokens, size_t vocab, int32_t ignore_index, float dloss,
+                              float* dlogits) override;
+  Status ShardEmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
+                               size_t vocab_begin, size_t vocab, size_t hidden,
+                               float* out) override;
+  Status ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                                size_t vocab_begin, size_t vocab, size_t hidden, float* dweight,
+                                int32_t skip_token) override;
+  Status CrossEntropyShardMax(const float* logits, size_t num_tokens, size_t vocab,
+                              float* max) override;
+  Status CrossEntropyShardSums(const float* logits, const int32_t* targets, size_t num_tokens,
+                               size_t vocab_begin, size_t vocab, int32_t ignore_index,
+                               const float* max, float* sums) override;
+  Status CrossEntropyShardFinish(const int32_t* targets, size_t num_tokens, int32_t ignore_index,
+                                 const float* max, const float* sums, float* lse,
+                                 float* loss) override;
+  Status CrossEntropyShardBackward(const float* logits, const int32_t* targets, const float* lse,
+                                   size_t num_tokens, size_t vocab_begin, size_t vocab,
+                                   int32_t ignore_index, float dloss, float* dlogits) override;
+  Status CheckDataErrors() override { return Status::Ok(); }
+  Status Mark() override;
+  Result<std::vector<double>> TakeMarks() override { return inner_.TakeMarks(); }
+  bool HasShardOps() const override { return inner_.HasShardOps(); }
+
+ private:
+  using Call = std::function<Status(LlamaOps&)>;
+  Status Defer(Call call) {
+    calls_.push_back(std::move(call));
+    return Status::Ok();
+  }
+
+  LlamaOps& inner_;
+  std::vector<Call> calls_;
+};
+
 // The CPU ops (stateless; one instance serves every stream).
 std::unique_ptr<LlamaOps> CreateCpuLlamaOps();
 
@@ -244,8 +325,7 @@ std::unique_ptr<LlamaOps> CreateCpuLlamaOps();
 // WorkspaceBytes(shape) bytes allocated from `device` under its budget (freed with the ops).
 // Unimplemented in a build without CUDA.
 // `allow_tf32`: fp32 GEMMs on TF32 tensor cores (cuda::SetTf32).
-Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device& device,
-                                                     device::Stream& stream,
+Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device& device, device::Stream& stream,
                                                      const LlamaOpsShape& shape,
                                                      bool allow_tf32 = false);
 // The workspace CreateCudaLlamaOps allocates (the same arithmetic in a build without CUDA).
