@@ -466,6 +466,10 @@ struct Config {
   std::string source_name;  // the file name given to the loader
   BatchConfig batch;
   double gradient_clipping = 0.0;  // max global gradient norm; 0 disables clipping
+  // tensor_parallel.autotp_size: Megatron tensor parallelism over this many consecutive ranks of
+  // a node, ZeRO over the ranks with the same place in their groups (docs/zero.md "Tensor
+  // parallelism"). 1: none.
+  int tensor_parallel_size = 1;
   int64_t steps_per_print = 10;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;

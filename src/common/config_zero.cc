@@ -227,17 +227,17 @@ Status ConfigParser::ParseAio(const Field& f) {
   return WalkObject(f, specs);
 }
 
-// DeepSpeed's AutoTP training section. Strata reads autotp_size only to refuse a degree above 1:
-// tensor parallelism is not built yet (docs/zeropp-tp-design.md), and training without it what
-// the user sized for it would be the wrong run. Its other keys configure DeepSpeed's module
-// rewriting and have no meaning here.
+// DeepSpeed's AutoTP training section: autotp_size is the tensor-parallel degree over the ranks
+// of a node, as in DeepSpeed. Its other keys configure DeepSpeed's module rewriting and have no
+// meaning here (Strata's Llama model has its tensor-parallel layers built in). Whether the degree
+// fits the ranks and the model is checked where those are known (train/runtime.h,
+// model::LlamaTensorParallelConfig).
 Status ConfigParser::ParseTensorParallel(const Field& f) {
-  int autotp_size = 1;
   std::vector<KeySpec> specs = {
       {.name = "autotp_size",
        .parse =
            [&](const Field& v) {
-             return ReadInt(v, 1, kIntMax, kPositiveInteger, &autotp_size);
+             return ReadInt(v, 1, kIntMax, kPositiveInteger, &config_.tensor_parallel_size);
            }},
       Ignored("tp_size"),
       Ignored("tp_grain_size"),
@@ -248,16 +248,7 @@ Status ConfigParser::ParseTensorParallel(const Field& f) {
       Ignored("keep_module_on_host"),
       Ignored("injection_policy_tuple"),
   };
-  STRATA_RETURN_IF_ERROR(WalkObject(f, specs));
-  if (autotp_size > 1) {
-    return UnimplementedError(fmt::format(
-        "{}.autotp_size is {}: Strata does not implement tensor parallelism yet, and training "
-        "without it would hold {} times the parameters per rank that the config was sized for. "
-        "Remove the key (or set it to 1) and use ZeRO stage 3 with offload, which partitions "
-        "every state across the ranks (docs/zero.md)",
-        f.path, autotp_size, autotp_size));
-  }
-  return Status::Ok();
+  return WalkObject(f, specs);
 }
 
 Status ConfigParser::ParseCheckpoint(const Field& f) {

@@ -31,12 +31,16 @@ uint64_t PeakResidentBytes() {
 }
 
 Runtime::~Runtime() {
+  data_parallel_group.reset();
+  tensor_parallel.reset();
   comm.reset();
   device.reset();
 }
 
 Runtime& Runtime::operator=(Runtime&& other) noexcept {
   if (this != &other) {
+    data_parallel_group.reset();
+    tensor_parallel.reset();
     comm.reset();
     device.reset();
     choice = std::move(other.choice);
@@ -45,9 +49,46 @@ Runtime& Runtime::operator=(Runtime&& other) noexcept {
     topology = other.topology;
     traffic = std::move(other.traffic);
     comm = std::move(other.comm);
+    tensor_parallel_size = other.tensor_parallel_size;
+    tensor_parallel = std::move(other.tensor_parallel);
+    data_parallel_group = std::move(other.data_parallel_group);
+    data_parallel_topology = other.data_parallel_topology;
   }
   return *this;
 }
+
+namespace {
+
+// Tensor parallelism's groups (Runtime): T must divide the ranks of a node, so that each group
+// is within one node, and the data-parallel ranks form nodes of ranks_per_node / T.
+Status SplitTensorParallel(const Config& config, Runtime& rt) {
+  const int t = config.tensor_parallel_size;
+  rt.tensor_parallel_size = t;
+  rt.data_parallel_topology = rt.topology;
+  if (t == 1) return Status::Ok();
+  const comm::Topology& topo = rt.topology;
+  if (topo.ranks_per_node % t != 0) {
+    return InvalidArgumentError(fmt::format(
+        "tensor_parallel.autotp_size {} does not divide the {} rank(s) per node of this run ({}): "
+        "a tensor-parallel group must lie within one node",
+        t, topo.ranks_per_node, topo.Describe()));
+  }
+  if (config.gradient_clipping > 0.0) {
+    return UnimplementedError(fmt::format(
+        "gradient_clipping {} with tensor_parallel.autotp_size {}: the global gradient norm over "
+        "tensor-parallel ranks (each parameter split or replicated, counted once) is not built "
+        "yet; set gradient_clipping to 0 for a tensor-parallel run",
+        config.gradient_clipping, t));
+  }
+  const int r = rt.comm->rank();
+  STRATA_ASSIGN_OR_RETURN(rt.tensor_parallel, rt.comm->Split(r / t, r % t));
+  STRATA_ASSIGN_OR_RETURN(rt.data_parallel_group, rt.comm->Split(r % t, r / t));
+  STRATA_ASSIGN_OR_RETURN(rt.data_parallel_topology,
+                          comm::Topology::Uniform(r / t, topo.world / t, topo.ranks_per_node / t));
+  return Status::Ok();
+}
+
+}  // namespace
 
 void EngineStack::Reset() {
   engine.reset();
@@ -118,6 +159,7 @@ Result<Runtime> OpenRuntime(const Config& config, const RuntimeOptions& options)
   }
   rt.traffic = std::make_unique<comm::TrafficCounters>();
   rt.comm = comm::CountTraffic(std::move(rt.comm), rt.topology, rt.traffic.get(), *rt.device);
+  STRATA_RETURN_IF_ERROR(SplitTensorParallel(config, rt));
   return rt;
 }
 
@@ -168,7 +210,8 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
     pool_bytes = options.pinned_pool.value_or(config.strata.memory.pinned_pool.value_or(0));
   } else {
     STRATA_ASSIGN_OR_RETURN(pool_bytes, zero::Engine::PlanPinnedPoolBytes(
-                                            model.units(), config, runtime.comm->world_size(),
+                                            model.units(), config,
+                                            runtime.data_parallel().world_size(),
                                             s.optimizer_pipeline_depth, runtime.device->type(),
                                             options.overlap_optimizer.value_or(true)));
     // "auto" sizes from the host too: a plan the machine cannot pin fails here, clearly, rather
@@ -194,9 +237,10 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
   zero::EngineOptions eo;
   eo.config = config;
   eo.device = runtime.device.get();
-  eo.comm = runtime.comm.get();
+  eo.comm = &runtime.data_parallel();
+  eo.file_rank = runtime.comm->rank();
   eo.traffic = runtime.traffic.get();
-  eo.topology = runtime.topology;
+  eo.topology = runtime.data_parallel_topology;
   eo.pool = s.pool.get();
   eo.store = s.store.get();
   eo.trace = options.trace;

@@ -73,8 +73,22 @@ struct Runtime {
   comm::Topology topology;
   std::unique_ptr<comm::TrafficCounters> traffic;
   std::unique_ptr<comm::Collective> comm;
+  // Tensor parallelism (tensor_parallel.autotp_size = T > 1): rank r is rank r mod T of the
+  // tensor-parallel group of ranks [r - r mod T, + T) (within a node), and rank r div T of the
+  // data-parallel group of the ranks with the same r mod T, which the engine partitions over.
+  // Both are split from `comm` (and counted with it). Without: null, and data_parallel() is comm.
+  int tensor_parallel_size = 1;
+  std::unique_ptr<comm::Collective> tensor_parallel;
+  std::unique_ptr<comm::Collective> data_parallel_group;
+  // The data-parallel group's nodes (its ranks in nodes of ranks_per_node / T): the engine's.
+  comm::Topology data_parallel_topology;
 
-  ~Runtime();  // the collective before the device it uses
+  comm::Collective& data_parallel() const {
+    return data_parallel_group ? *data_parallel_group : *comm;
+  }
+  int tensor_parallel_rank() const { return tensor_parallel ? tensor_parallel->rank() : 0; }
+
+  ~Runtime();  // the collectives before the device they use
   Runtime() = default;
   Runtime(Runtime&&) = default;
   Runtime& operator=(Runtime&& other) noexcept;  // releases its own in that order first

@@ -90,7 +90,7 @@ Status Engine::Impl::InitSchedules() {
 offload::NvmeLayoutOptions Engine::Impl::NvmeLayout() const {
   offload::NvmeLayoutOptions nvme;
   nvme.paths = setup.nvme_paths;
-  nvme.rank = setup.rank;
+  nvme.rank = setup.file_rank;
   nvme.stripe_unit = config.strata.io.stripe_unit;
   nvme.durable_writes = config.strata.io.durable_writes;
   return nvme;

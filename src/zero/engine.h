@@ -116,6 +116,9 @@ struct EngineOptions {
   io::BlockStore* store = nullptr;       // required for NVMe offload
   // NVMe directories for swap files (default: offload_param / offload_optimizer nvme_path).
   std::vector<std::string> nvme_paths;
+  // The rank in the swap files' names (strata.rank<r>.*.swap); -1: `comm`'s rank. Tensor
+  // parallelism sets the world rank: several ranks share a data-parallel rank.
+  int file_rank = -1;
   // Device bytes the stage-3 parameter shards may occupy (tier manager budget); 0 = device free.
   uint64_t param_device_budget = 0;
   // Pinned-pool bytes the parameter shards may occupy when homed on NVMe; 0 = 4x the prefetch

@@ -165,6 +165,7 @@ Result<EngineSetup> ResolveSetup(const Model& model, const EngineOptions& option
   const Config& cfg = options.config;
   EngineSetup s;
   s.rank = collective.rank();
+  s.file_rank = options.file_rank >= 0 ? options.file_rank : s.rank;
   s.world_size = collective.world_size();
   s.compute_dtype = ComputeDType(cfg);
   const Placement placement = PlacementOf(cfg);

@@ -183,6 +183,7 @@ inline Tier HomeOf(OffloadDevice device) {
 // The fixed facts of one engine (see the header comment).
 struct EngineSetup {
   int rank = 0;
+  int file_rank = 0;  // in the swap files' names (EngineOptions::file_rank)
   int world_size = 1;
   int stage = 0;
   DType compute_dtype = DType::kF32;

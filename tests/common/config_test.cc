@@ -382,13 +382,13 @@ TEST(ConfigZeroPlusPlusTest, HpzAndQuantizedGradientsAreReadAndSaidToHaveNoEffec
               HasSubstr("zero_optimization.zero_hpz_partition_size"));
 }
 
-TEST(ConfigZeroPlusPlusTest, TensorParallelAboveOneIsRefusedNotIgnored) {
+TEST(ConfigZeroPlusPlusTest, TensorParallelDegreeIsRead) {
   // A degree of 1 is plain data parallelism; DeepSpeed's module-rewriting keys are reported.
   Config one = Ok(R"({"tensor_parallel": {"autotp_size": 1, "tp_grain_size": 64}})");
+  EXPECT_EQ(one.tensor_parallel_size, 1);
   EXPECT_THAT(one.diagnostics.ignored_keys, ElementsAre("tensor_parallel.tp_grain_size"));
-  EXPECT_THAT(ErrorOf(R"({"tensor_parallel": {"autotp_size": 8}})", StatusCode::kUnimplemented),
-              AllOf(HasSubstr("tensor_parallel.autotp_size is 8"),
-                    HasSubstr("does not implement tensor parallelism")));
+  EXPECT_EQ(Ok(R"({"tensor_parallel": {"autotp_size": 8}})").tensor_parallel_size, 8);
+  EXPECT_EQ(Ok("{}").tensor_parallel_size, 1);
   EXPECT_THAT(ErrorOf(R"({"tensor_parallel": {"autotp_size": 0}})"),
               HasSubstr("tensor_parallel.autotp_size"));
 }
