@@ -27,6 +27,7 @@ struct EstimateArgs {
   std::string model;
   std::string config;
   int ranks = 0;
+  int tensor_parallel = 0;  // 0: the config's tensor_parallel.autotp_size
   int64_t seq_len = 0;
   std::string device = "cuda";
   bool json = false;
@@ -174,6 +175,14 @@ int RunEstimate(const EstimateArgs& a) {
     }
     hw->gpus_per_node = a.ranks;
   }
+  if (a.tensor_parallel > 0) in.config.tensor_parallel_size = a.tensor_parallel;
+  if (hw->gpus_per_node % in.config.tensor_parallel_size != 0) {
+    return ReportError(kCommand,
+                       InvalidArgumentError(fmt::format(
+                           "tensor parallelism of {} does not divide the {} GPU(s) per node: a "
+                           "tensor-parallel group lies within one node",
+                           in.config.tensor_parallel_size, hw->gpus_per_node)));
+  }
   in.seq_len = a.seq_len;
   in.device = a.device == "cpu" ? device::DeviceType::kCpu : device::DeviceType::kCuda;
   hw->shared_cores = in.device == device::DeviceType::kCpu;
@@ -285,6 +294,10 @@ void RegisterEstimateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--ranks", args->ranks,
                   "Data-parallel ranks (default --nodes x --gpus; alone it means one node of "
                   "that many GPUs)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--tensor-parallel", args->tensor_parallel,
+                  "Tensor-parallel ranks per group, within a node (default: the config's "
+                  "tensor_parallel.autotp_size, else 1)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seq-len", args->seq_len,
                   "Tokens per sequence (default: as strata train, min(256, max positions))")

@@ -23,19 +23,31 @@ Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
   if (in.world_size < 1) {
     return InvalidArgumentError(fmt::format("world size {}: expected at least 1", in.world_size));
   }
-  STRATA_ASSIGN_OR_RETURN(BatchSizes batch, ResolveBatchSizes(in.config.batch, in.world_size));
+  // Tensor parallelism: a rank holds its part of the model, and ZeRO partitions over the
+  // data-parallel ranks.
+  const int tp = in.config.tensor_parallel_size;
+  if (in.world_size % tp != 0) {
+    return InvalidArgumentError(fmt::format(
+        "tensor_parallel.autotp_size {} does not divide the {} rank(s)", tp, in.world_size));
+  }
+  STRATA_ASSIGN_OR_RETURN(const model::LlamaConfig part,
+                          model::LlamaTensorParallelConfig(in.model, tp));
+  const int dp = in.world_size / tp;
+  STRATA_ASSIGN_OR_RETURN(BatchSizes batch, ResolveBatchSizes(in.config.batch, dp));
   MemoryEstimate e;
   e.world_size = in.world_size;
+  e.tensor_parallel = tp;
+  e.data_parallel = dp;
   e.seq_len = in.seq_len > 0 ? in.seq_len
-                             : std::min<int64_t>(256, in.model.max_position_embeddings);
+                             : std::min<int64_t>(256, part.max_position_embeddings);
   e.micro_batch = batch.train_micro_batch_size_per_gpu;
   e.stage = in.config.zero.stage;
-  if (e.seq_len > in.model.max_position_embeddings) {
+  if (e.seq_len > part.max_position_embeddings) {
     return InvalidArgumentError(fmt::format(
         "sequence length {} is outside [1, max_position_embeddings = {}] of model '{}'", e.seq_len,
-        in.model.max_position_embeddings, in.model.name));
+        part.max_position_embeddings, part.name));
   }
-  e.parameters = static_cast<uint64_t>(in.model.ParameterCount());
+  e.parameters = static_cast<uint64_t>(part.ParameterCount());
   // The model (llama_model.cc SetUp): one device block for every activation, the CUDA ops'
   // workspace beside it; both charged rounded up to 256 bytes.
   auto charged = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
@@ -43,31 +55,33 @@ Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
   Config config = in.config;
   AddLoraTrainablePatterns(&config);
   e.activations_checkpointed =
-      charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch, lora, false));
+      charged(model::LlamaActivationBytes(part, e.seq_len, e.micro_batch, lora, false, false,
+                                          tp > 1));
   e.activations_kept =
-      charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch, lora, true));
+      charged(model::LlamaActivationBytes(part, e.seq_len, e.micro_batch, lora, true, false,
+                                          tp > 1));
   if (in.device == device::DeviceType::kCuda) {
     e.workspace = charged(model::CudaLlamaOpsWorkspaceBytes(
-        model::LlamaOpsShapeFor(in.model, e.seq_len, e.micro_batch)));
+        model::LlamaOpsShapeFor(part, e.seq_len, e.micro_batch)));
   }
   // The trainer's stop agreement (RankGather), on several ranks.
   if (in.world_size > 1) e.rank_agreement = charged(static_cast<uint64_t>(in.world_size) * 4);
 
   e.split_blocks = split;
-  const int n = model::LlamaNumUnits(in.model, lora, split);
+  const int n = model::LlamaNumUnits(part, lora, split);
   std::vector<zero::UnitSpec> units;
   std::vector<std::vector<int>> shared(static_cast<size_t>(n));
   for (int u = 0; u < n; ++u) {
-    units.push_back({fmt::format("unit {}", u), model::LlamaUnitParams(in.model, u, lora, split)});
+    units.push_back({fmt::format("unit {}", u), model::LlamaUnitParams(part, u, lora, split)});
     // LlamaModel::SharedUnits: a LoRA block reads its adapter unit.
-    if (model::LlamaUnitAt(in.model, lora, u, split).kind == model::LlamaUnit::kBlock &&
+    if (model::LlamaUnitAt(part, lora, u, split).kind == model::LlamaUnit::kBlock &&
         lora.enabled()) {
       shared[static_cast<size_t>(u)] = {u - 1};
     }
   }
-  if (in.model.tie_word_embeddings && n > 1) shared.back() = {0};  // LlamaModel::SharedUnits
+  if (part.tie_word_embeddings && n > 1) shared.back() = {0};  // LlamaModel::SharedUnits
   STRATA_ASSIGN_OR_RETURN(const std::vector<zero::UnitLayout> layouts,
-                          zero::LayoutModel(units, in.world_size));
+                          zero::LayoutModel(units, dp));
   e.units = n;
   for (const auto& l : layouts) {
     e.padded_elems += static_cast<uint64_t>(l.padded_numel());
@@ -77,7 +91,7 @@ Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
   const int depth = static_cast<int>(
       std::clamp<int64_t>(in.config.zero.offload_optimizer.buffer_count, 3, 1024));
   STRATA_ASSIGN_OR_RETURN(e.engine, zero::Engine::PlanMemory(units, shared, config,
-                                                             in.world_size, depth, in.device));
+                                                             dp, depth, in.device));
   // Parameters with the adapters, and those that train (frozen units: strata.freeze /
   // trainable, every base unit under LoRA).
   STRATA_ASSIGN_OR_RETURN(const std::vector<char> frozen,
@@ -113,13 +127,13 @@ Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
   if (split && e.checkpointing) {
     std::vector<std::vector<int>> recompute(static_cast<size_t>(n));
     for (int u = 0; u < n; ++u) {
-      recompute[static_cast<size_t>(u)] = model::LlamaRecomputeUnits(in.model, u, true, false);
+      recompute[static_cast<size_t>(u)] = model::LlamaRecomputeUnits(part, u, true, false);
       for (const int r : recompute[static_cast<size_t>(u)]) {
         e.recompute_padded_elems += static_cast<uint64_t>(layouts[static_cast<size_t>(r)].padded_numel());
         e.recompute_shard_elems += static_cast<uint64_t>(layouts[static_cast<size_t>(r)].shard_numel);
       }
     }
-    STRATA_ASSIGN_OR_RETURN(e.engine, zero::Engine::PlanMemory(units, shared, config, in.world_size,
+    STRATA_ASSIGN_OR_RETURN(e.engine, zero::Engine::PlanMemory(units, shared, config, dp,
                                                                depth, in.device, recompute));
   }
   e.activations = e.checkpointing ? e.activations_checkpointed : e.activations_kept;
@@ -127,14 +141,15 @@ Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
   // the budget. Nothing to offload with two blocks or fewer.
   const Toggle offload = in.config.strata.offload_checkpoints;
   e.offload_checkpoints =
-      e.checkpointing && model::LlamaOffloadedCheckpoints(in.model, false, true) > 0 &&
+      e.checkpointing && model::LlamaOffloadedCheckpoints(part, false, true) > 0 &&
       (offload == Toggle::kOn ||
        (offload == Toggle::kAuto && in.device_budget > 0 && e.device_peak() > in.device_budget));
   if (e.offload_checkpoints) {
     e.activations =
-        charged(model::LlamaActivationBytes(in.model, e.seq_len, e.micro_batch, lora, false, true));
+        charged(model::LlamaActivationBytes(part, e.seq_len, e.micro_batch, lora, false, true,
+                                            tp > 1));
     e.checkpoint_host_bytes =
-        model::LlamaCheckpointHostBytes(in.model, e.seq_len, e.micro_batch, false, true);
+        model::LlamaCheckpointHostBytes(part, e.seq_len, e.micro_batch, false, true);
   }
   return e;
 }
@@ -211,14 +226,19 @@ std::string Line(std::string_view what, uint64_t bytes) {
 
 std::string FormatMemoryEstimate(const MemoryEstimate& e) {
   std::string out = fmt::format(
-      "memory per rank: {:.1f}M parameters{}, {} rank(s), micro-batch {} x {} tokens\n",
+      "memory per rank: {:.1f}M parameters{}, {} rank(s){}, micro-batch {} x {} tokens\n",
       static_cast<double>(e.parameters) / 1e6,
       e.trainable_parameters < e.parameters
           ? fmt::format(" of which {:.1f}M train ({})",
                         static_cast<double>(e.trainable_parameters) / 1e6,
                         e.lora ? "LoRA: the base weights are frozen" : "the rest are frozen")
           : std::string(),
-      e.world_size, e.micro_batch, e.seq_len);
+      e.world_size,
+      e.tensor_parallel > 1
+          ? fmt::format(" = tensor-parallel {} x data-parallel {}", e.tensor_parallel,
+                        e.data_parallel)
+          : std::string(),
+      e.micro_batch, e.seq_len);
   out += "device\n";
   out += e.offload_checkpoints
              ? Line(e.split_blocks
@@ -265,6 +285,8 @@ nlohmann::json MemoryEstimateJson(const MemoryEstimate& e) {
     return a;
   };
   return {{"world_size", e.world_size},
+          {"tensor_parallel", e.tensor_parallel},
+          {"data_parallel", e.data_parallel},
           {"seq_len", e.seq_len},
           {"micro_batch", e.micro_batch},
           {"parameters", e.parameters},

@@ -35,10 +35,15 @@ struct EstimateInput {
 
 struct MemoryEstimate {
   int world_size = 1;
+  // tensor_parallel.autotp_size, and the data-parallel ranks ZeRO partitions over
+  // (world_size / tensor_parallel). With tensor parallelism a rank holds its part of the model
+  // (model::LlamaTensorParallelConfig): parameters, layouts and activations below are the part's.
+  int tensor_parallel = 1;
+  int data_parallel = 1;
   int64_t seq_len = 0;
   int64_t micro_batch = 0;
   int stage = 0;                // zero_optimization.stage
-  uint64_t parameters = 0;      // the model's (with LoRA adapters)
+  uint64_t parameters = 0;      // the model's (with LoRA adapters); one TP rank's part with TP
   uint64_t trainable_parameters = 0;  // those that train (all, unless frozen or LoRA)
   bool lora = false;                  // strata.lora: the base units are frozen
   bool from_weights = false;          // EstimateInput::from_weights

@@ -128,12 +128,14 @@ StepShape ShapeOf(const EstimateInput& in, const MemoryEstimate& m, const Hardwa
                   TimeEstimate* t) {
   StepShape sh(in, m, hw);
   const Config& cfg = in.config;
-  sh.W = m.world_size;
+  sh.W = m.data_parallel;  // ZeRO's ranks (tensor parallelism: the data-parallel group)
   sh.stage = m.stage;
   sh.csz = cfg.precision() == Precision::kFp32 ? 4.0 : 2.0;
   sh.gas = static_cast<double>(std::max<int64_t>(
       1, ResolveBatchSizes(cfg.batch, sh.W).value_or(BatchSizes{}).gradient_accumulation_steps));
-  sh.g = std::max(1, hw.gpus_per_node);
+  // The data-parallel group's ranks per node (a tensor-parallel group takes tensor_parallel of
+  // a node's ranks).
+  sh.g = std::max(1, hw.gpus_per_node / std::max(1, m.tensor_parallel));
   sh.N = static_cast<double>(m.padded_elems);
   sh.S = static_cast<double>(m.shard_elems);
   sh.param_dev = sh.stage == 3 ? cfg.zero.offload_param.device : OffloadDevice::kNone;
@@ -162,8 +164,10 @@ StepShape ShapeOf(const EstimateInput& in, const MemoryEstimate& m, const Hardwa
 // still there): blocks' forward = (per-token FLOPs - 6 V H) / 3.
 void EstimateCompute(const StepShape& sh, TimeEstimate* t) {
   const model::LlamaConfig& model = sh.in.model;
-  const double per_token = model.TrainFlopsPerToken(sh.m.seq_len);
-  const double head = 6.0 * static_cast<double>(model.vocab_size * model.hidden_size);
+  // Tensor parallelism divides every matrix product and the attention over the group's ranks.
+  const double tp = static_cast<double>(std::max(1, sh.m.tensor_parallel));
+  const double per_token = model.TrainFlopsPerToken(sh.m.seq_len) / tp;
+  const double head = 6.0 * static_cast<double>(model.vocab_size * model.hidden_size) / tp;
   const double layers = static_cast<double>(std::max<int64_t>(1, model.num_hidden_layers));
   t->model_flops = per_token * sh.tokens;
   t->exec_flops = per_token * sh.tokens;
@@ -172,12 +176,29 @@ void EstimateCompute(const StepShape& sh, TimeEstimate* t) {
   }
   // Frozen units skip their weight-gradient GEMMs (2 FLOPs per matrix parameter and token): the
   // frozen share of the matrices, taken as the frozen share of all elements (LoRA: nearly all).
-  const double matrix = model.TrainFlopsPerToken(0) / 6.0;
+  const double matrix = model.TrainFlopsPerToken(0) / 6.0 / tp;
   t->exec_flops -= 2.0 * std::min(matrix, (1.0 - sh.T) * sh.N) * sh.tokens;
   // fp32 runs on a GPU use TF32 at half the 16-bit rate; the CPU device computes in fp32 always.
   const double tflops = sh.hw.gpu_tflops *
                         (sh.cfg.precision() == Precision::kFp32 && IsCuda(sh.in) ? 0.5 : 1.0);
   t->compute_s = Div(t->exec_flops, tflops * 1e12 * sh.hw.gpu_efficiency);
+  // Tensor parallelism's all-reduces run in the compute's order (the next op needs their
+  // result), within the node: per micro-batch and block two in forward (o's and down's
+  // outputs), two in backward (the inputs' gradients of q/k/v and gate/up) and one more where a
+  // checkpointed block recomputes its attention; the embedding's output and the head's input
+  // gradient; each of [tokens, hidden] fp32, a ring all-reduce (2 (T - 1) / T of it per rank).
+  // The cross-entropy's per-token pieces are negligible beside them.
+  if (tp > 1) {
+    const double layers_all = static_cast<double>(model.num_hidden_layers);
+    const double per_block = 4.0 + (sh.m.checkpointing ? 1.0 : 0.0);
+    const double per_micro_batch = per_block * layers_all + 2.0;
+    const double bytes = 4.0 * static_cast<double>(sh.m.micro_batch * sh.m.seq_len) *
+                         static_cast<double>(model.hidden_size);
+    t->tensor_parallel_bytes = static_cast<uint64_t>(
+        sh.gas * per_micro_batch * 2.0 * Ring(bytes, static_cast<int>(tp)));
+    t->tensor_parallel_s = Div(static_cast<double>(t->tensor_parallel_bytes), sh.hw.nvlink);
+    t->compute_s += t->tensor_parallel_s;
+  }
 }
 
 // Collectives (gradient_reducer.cc, parameter_store.cc). Gradients are reduced in fp32; only
@@ -243,7 +264,7 @@ void EstimateCollectives(const StepShape& sh, TimeEstimate* t, Traffic* x) {
   const double slow = nodes ? std::min(sh.hw.nvlink, sh.hw.net) : sh.hw.nvlink;
   x->coll_fb = fb.intra + fb.inter;
   x->coll_after = after.intra + after.inter;
-  t->collective_bytes = static_cast<uint64_t>(x->coll_fb + x->coll_after);
+  t->collective_bytes = static_cast<uint64_t>(x->coll_fb + x->coll_after) + t->tensor_parallel_bytes;
   t->collective_inter_bytes = static_cast<uint64_t>(fb.inter + after.inter);
   x->coll_fb_s = Div(fb.intra, sh.hw.nvlink) + Div(fb.inter, slow);
   x->coll_after_s = Div(after.intra, sh.hw.nvlink) + Div(after.inter, slow);
@@ -666,15 +687,24 @@ std::string FormatTimeEstimate(const TimeEstimate& t, const Hardware& hw) {
     out += fmt::format("  {:<28} {:>10.4f} s  {}\n", what, s, detail);
   };
   line("compute", t.compute_s,
-       fmt::format("{:.3g} TFLOP{}", t.exec_flops / 1e12,
-                   t.exec_flops > t.model_flops * 1.001 ? " with recomputation" : ""));
+       fmt::format("{:.3g} TFLOP{}{}", t.exec_flops / 1e12,
+                   t.exec_flops > t.model_flops * 1.001 ? " with recomputation" : "",
+                   t.tensor_parallel_bytes > 0
+                       ? fmt::format(", and {:.4f} s of tensor-parallel all-reduces",
+                                     t.tensor_parallel_s)
+                       : std::string()));
+  const std::string tp_part =
+      t.tensor_parallel_bytes > 0
+          ? fmt::format(" ({} of it tensor-parallel, within the node)",
+                        FormatBytes(t.tensor_parallel_bytes))
+          : std::string();
   line("collectives", t.collective_s,
        hw.nodes > 1
-           ? fmt::format("{} on the wire, {} of it across nodes at {:.0f} GB/s",
-                         FormatBytes(t.collective_bytes), FormatBytes(t.collective_inter_bytes),
-                         std::min(hw.nvlink, hw.net) / 1e9)
-           : fmt::format("{} on the wire at {:.0f} GB/s", FormatBytes(t.collective_bytes),
-                         hw.nvlink / 1e9));
+           ? fmt::format("{} on the wire{}, {} of it across nodes at {:.0f} GB/s",
+                         FormatBytes(t.collective_bytes), tp_part,
+                         FormatBytes(t.collective_inter_bytes), std::min(hw.nvlink, hw.net) / 1e9)
+           : fmt::format("{} on the wire{} at {:.0f} GB/s", FormatBytes(t.collective_bytes),
+                         tp_part, hw.nvlink / 1e9));
   line("PCIe host to device", t.h2d_s, FormatBytes(t.h2d_bytes));
   line("PCIe device to host", t.d2h_s, FormatBytes(t.d2h_bytes));
   line("NVMe read (node's share)", t.nvme_read_s, FormatBytes(t.nvme_read_bytes) + " per rank");
@@ -735,6 +765,8 @@ nlohmann::json TimeEstimateJson(const TimeEstimate& t) {
           {"exec_flops", t.exec_flops},
           {"collective_bytes", t.collective_bytes},
           {"collective_inter_bytes", t.collective_inter_bytes},
+          {"tensor_parallel_bytes", t.tensor_parallel_bytes},
+          {"tensor_parallel_s", t.tensor_parallel_s},
           {"h2d_bytes", t.h2d_bytes},
           {"d2h_bytes", t.d2h_bytes},
           {"nvme_read_bytes", t.nvme_read_bytes},

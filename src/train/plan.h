@@ -78,6 +78,10 @@ struct TimeEstimate {
   double exec_flops = 0;     // + the forward recomputed by activation checkpointing, if on
   uint64_t collective_bytes = 0;  // on the wire (ring), all-gathers and reductions
   uint64_t collective_inter_bytes = 0;  // the part of them that crosses nodes
+  // Tensor parallelism's all-reduces (within the node; part of collective_bytes), and their
+  // seconds, which compute_s includes: they run in the compute's order.
+  uint64_t tensor_parallel_bytes = 0;
+  double tensor_parallel_s = 0;
   uint64_t h2d_bytes = 0, d2h_bytes = 0;
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
   uint64_t optimizer_params = 0;  // elements one rank's optimizer updates

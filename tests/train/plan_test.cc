@@ -10,6 +10,7 @@
 #include <string>
 
 #include "model/llama_config.h"
+#include "model/llama_model.h"
 #include "zero/engine.h"
 
 namespace strata::train {
@@ -203,6 +204,51 @@ TEST(TimeModelTest, ZeroPlusPlusMovesBytesOffTheNetwork) {
   // One node: nothing crosses, and hpZ has nothing to do.
   const TimeEstimate one = EstimateTime(b, *mb, Big(16));
   EXPECT_EQ(one.collective_inter_bytes, 0u);
+}
+
+TEST(TimeModelTest, TensorParallelismSplitsTheModelAndKeepsItsAllReducesInTheNode) {
+  // 2 nodes x 8 GPUs, stage 3, bf16: TP 8 within each node and ZeRO over the 2 data-parallel
+  // ranks, against ZeRO-3 over all 16.
+  Hardware hw = Big(8);
+  hw.nodes = 2;
+  EstimateInput plain = Input(R"({"stage": 3})", 16);
+  EstimateInput tp = Input(R"({"stage": 3})", 16, R"("tensor_parallel": {"autotp_size": 8}, )");
+  for (EstimateInput* in : {&plain, &tp}) {  // eight heads of 32, each with its own KV head
+    in->model.num_attention_heads = 8;
+    in->model.num_key_value_heads = 8;
+  }
+  Result<MemoryEstimate> mp = EstimateMemory(plain), mt = EstimateMemory(tp);
+  ASSERT_TRUE(mp.ok() && mt.ok()) << mt.status().ToString();
+  EXPECT_EQ(mt->tensor_parallel, 8);
+  EXPECT_EQ(mt->data_parallel, 2);
+  EXPECT_EQ(mp->data_parallel, 16);
+  // A rank holds an eighth of every split matrix and the whole norms.
+  const model::LlamaConfig part = *model::LlamaTensorParallelConfig(tp.model, 8);
+  EXPECT_EQ(mt->parameters, static_cast<uint64_t>(part.ParameterCount()));
+  EXPECT_EQ(mt->parameters * 8, mp->parameters + 7 * (2 * 4 + 1) * 256);
+  EXPECT_LT(mt->activations, mp->activations);
+  const TimeEstimate a = EstimateTime(plain, *mp, hw), b = EstimateTime(tp, *mt, hw);
+  // Per micro-batch and block 4 all-reduces and 1 for the recomputed attention, plus the
+  // embedding's and the head's, of 2 x 128 tokens x 256 fp32 each: a ring of 8.
+  const double ar = 2.0 * 7.0 / 8.0 * 4.0 * 2 * 128 * 256;
+  EXPECT_NEAR(static_cast<double>(b.tensor_parallel_bytes), 2 * (5 * 4 + 2) * ar, 2.0);
+  EXPECT_DOUBLE_EQ(b.tensor_parallel_s, static_cast<double>(b.tensor_parallel_bytes) / hw.nvlink);
+  // ZeRO's rings span 2 ranks (one per node), over an eighth of the model: far fewer bytes
+  // cross the nodes, and none of tensor parallelism's.
+  const double Np = static_cast<double>(mt->padded_elems);
+  EXPECT_NEAR(static_cast<double>(b.collective_inter_bytes), 2 * (2 * 2 * Np + 4 * Np) / 2, 2.0);
+  EXPECT_LT(static_cast<double>(b.collective_inter_bytes),
+            0.2 * static_cast<double>(a.collective_inter_bytes));
+  EXPECT_EQ(b.collective_bytes, b.collective_inter_bytes + b.tensor_parallel_bytes);
+  // Each rank computes an eighth of the FLOPs on the same tokens.
+  EXPECT_NEAR(b.model_flops * 8, a.model_flops, 1e-9 * a.model_flops);
+  EXPECT_DOUBLE_EQ(b.tokens_per_s, 2.0 * 128 * 2 * 2 / b.step_s);
+  // A degree that does not divide the ranks, or the model, is refused.
+  EXPECT_FALSE(EstimateMemory(Input(R"({"stage": 3})", 12, R"("tensor_parallel": {"autotp_size": 8}, )")).ok());
+  Result<MemoryEstimate> uneven =
+      EstimateMemory(Input(R"({"stage": 3})", 24, R"("tensor_parallel": {"autotp_size": 3}, )"));
+  ASSERT_FALSE(uneven.ok());
+  EXPECT_THAT(std::string(uneven.status().message()), HasSubstr("num_attention_heads = 4"));
 }
 
 TEST(TimeModelTest, SingleRankStage0HasNoCollectivesAndADeviceOptimizer) {
