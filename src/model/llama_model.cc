@@ -1545,6 +1545,19 @@ Status LlamaModel::HeadBackward(LlamaOps& ops, const zero::UnitView& p, const ze
   return ops.RmsNormBackward(x, W(p, 0), a.head_rstd, dxn, t, h, a.dres, G(g, 0));
 }
 
+int LlamaModel::TensorParallelCopies(int unit, size_t param) const {
+  if (!tp_.enabled()) return 0;
+  const std::vector<zero::ParamSpec> params = LlamaUnitParams(config_, unit, lora_, split_blocks_);
+  if (param >= params.size()) return 0;
+  const std::string& name = params[param].name;
+  if (LlamaTensorParallelSlice(full_config_, tp_.rank, tp_.size, name).dim < 0) return 0;
+  // Fewer KV heads than ranks: k and v rows (and what is split with them) on several ranks.
+  const int64_t kv = full_config_.num_key_value_heads;
+  const bool kv_part = (name.find(".k_proj.") != std::string::npos ||
+                        name.find(".v_proj.") != std::string::npos);
+  return kv_part && kv < tp_.size ? tp_.size / static_cast<int>(kv) : 1;
+}
+
 Status LlamaModel::ReducePartialGradients(LlamaUnit::Part part, const BlockWeights& w,
                                           const Adapters* ad) {
   if (!tp_.enabled()) return Status::Ok();

@@ -233,6 +233,9 @@ class LlamaModel final : public zero::Model {
                        device::Stream& stream) override;
   Status BackwardShared(int unit, std::span<const zero::UnitView> params,
                         std::span<const zero::UnitView> grads, device::Stream& stream) override;
+  // Tensor parallelism: 1 for the parts LlamaTensorParallelSlice splits, the replicas of a
+  // KV head for its k and v (and their biases and adapters' B), 0 for whole parameters.
+  int TensorParallelCopies(int unit, size_t param) const override;
 
   // The whole model's config; with tensor parallelism, local_config() is this rank's part of it
   // (LlamaTensorParallelConfig), config() otherwise.

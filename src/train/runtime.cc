@@ -73,13 +73,6 @@ Status SplitTensorParallel(const Config& config, Runtime& rt) {
         "a tensor-parallel group must lie within one node",
         t, topo.ranks_per_node, topo.Describe()));
   }
-  if (config.gradient_clipping > 0.0) {
-    return UnimplementedError(fmt::format(
-        "gradient_clipping {} with tensor_parallel.autotp_size {}: the global gradient norm over "
-        "tensor-parallel ranks (each parameter split or replicated, counted once) is not built "
-        "yet; set gradient_clipping to 0 for a tensor-parallel run",
-        config.gradient_clipping, t));
-  }
   const int r = rt.comm->rank();
   STRATA_ASSIGN_OR_RETURN(rt.tensor_parallel, rt.comm->Split(r / t, r % t));
   STRATA_ASSIGN_OR_RETURN(rt.data_parallel_group, rt.comm->Split(r % t, r / t));
@@ -239,6 +232,7 @@ Result<EngineStack> BuildEngine(Runtime& runtime, zero::Model& model, const Conf
   eo.device = runtime.device.get();
   eo.comm = &runtime.data_parallel();
   eo.file_rank = runtime.comm->rank();
+  eo.tensor_parallel = runtime.tensor_parallel.get();
   eo.traffic = runtime.traffic.get();
   eo.topology = runtime.data_parallel_topology;
   eo.pool = s.pool.get();

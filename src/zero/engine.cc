@@ -188,9 +188,7 @@ void Engine::Impl::StartCpuOptimizer() {
   work.take_sum_squares = setup.overlapped_optimizer;
   work.free_grad_shards = setup.stream_grad_shards;
   work.grad_sum_squares = [this](int u) {
-    return device::SumSquaresHost(reducer.HostShard(u), DType::kF32,
-                                  static_cast<size_t>(layout(u).shard_numel),
-                                  options.cpu_adam_threads);
+    return reducer.HostShardSumSquares(u, reducer.HostShard(u), options.cpu_adam_threads);
   };
   work.update = [this](int u, const optim::AdamHyper& hyper) { return CpuOptimizerUnit(u, hyper); };
   work.free_grad_shard = [this](int u) { reducer.FreeHostShard(u); };

@@ -142,6 +142,10 @@ struct EngineOptions {
   comm::Topology topology;
   // Where the initial states come from (unset: Model::InitUnit, moments zero).
   std::optional<InitialStates> initial;
+  // Tensor parallelism: the model's tensor-parallel group (null or size 1: none); `comm` is then
+  // its data-parallel group. The global gradient norm adds the group's ranks' sums, counting the
+  // parameters the model holds whole on every rank (Model::SplitOverTensorParallel) once.
+  comm::Collective* tensor_parallel = nullptr;
 };
 
 struct StepResult {

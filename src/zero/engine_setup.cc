@@ -182,6 +182,35 @@ Result<EngineSetup> ResolveSetup(const Model& model, const EngineOptions& option
   for (const auto& l : s.layouts) s.max_shard = std::max(s.max_shard, l.shard_numel);
   STRATA_RETURN_IF_ERROR(ResolveSharing(model, s));
   STRATA_RETURN_IF_ERROR(ResolveZeroPlusPlus(cfg, options, s));
+  if (options.tensor_parallel != nullptr && options.tensor_parallel->world_size() > 1) {
+    s.tensor_parallel = options.tensor_parallel->world_size();
+    s.tp_copied.resize(s.layouts.size());
+    for (size_t u = 0; u < s.layouts.size(); ++u) {
+      const auto& slots = s.layouts[u].slots;
+      for (size_t i = 0; i < slots.size(); ++i) {
+        int copies = model.TensorParallelCopies(static_cast<int>(u), i);
+        if (copies == 0) copies = s.tensor_parallel;
+        if (copies < 0 || copies > s.tensor_parallel || s.tensor_parallel % copies != 0) {
+          return InvalidArgumentError(fmt::format(
+              "the model says {} tensor-parallel ranks hold '{}'; expected a divisor of {}", copies,
+              slots[i].name, s.tensor_parallel));
+        }
+        if (copies == 1) continue;
+        auto at = std::find(s.tp_copies.begin(), s.tp_copies.end(), copies);
+        if (at == s.tp_copies.end()) {
+          if (static_cast<int>(s.tp_copies.size()) == EngineSetup::kMaxTensorParallelCopies) {
+            return UnimplementedError(fmt::format(
+                "the model's parameters are held by more than {} different numbers of "
+                "tensor-parallel ranks",
+                EngineSetup::kMaxTensorParallelCopies));
+          }
+          at = s.tp_copies.insert(s.tp_copies.end(), copies);
+        }
+        s.tp_copied[u].push_back({slots[i].offset, slots[i].offset + slots[i].numel,
+                                  static_cast<int>(at - s.tp_copies.begin())});
+      }
+    }
+  }
   return s;
 }
 

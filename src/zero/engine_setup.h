@@ -222,6 +222,19 @@ struct EngineSetup {
   // ZeRO++ qgZ (zero_quantized_gradients): stages 2-3 reduce gradients by the two-level int8
   // all-to-all (quantized_reduce.h) over the node groups.
   bool quantized_grads = false;
+  // Tensor parallelism (EngineOptions::tensor_parallel): the group's size, and per unit the
+  // element ranges of its flat buffer that other ranks of the group hold too
+  // (Model::TensorParallelCopies > 1, or 0: all of them), which the gradient norm weights by
+  // 1 / copies; `weight` indexes tp_copies, the distinct copy counts (at most
+  // kMaxTensorParallelCopies of them).
+  struct CopiedRange {
+    int64_t first = 0, last = 0;
+    int weight = 0;
+  };
+  static constexpr int kMaxTensorParallelCopies = 4;
+  int tensor_parallel = 1;
+  std::vector<int> tp_copies;
+  std::vector<std::vector<CopiedRange>> tp_copied;
   optim::Isa isa = optim::Isa::kScalar;
 
   int units() const { return static_cast<int>(layouts.size()); }

@@ -223,6 +223,13 @@ Result<GradientNorm> Engine::Impl::ComputeGradientNorm(double grad_scale, StepTi
     STRATA_ASSIGN_OR_RETURN(float all, scalars.AllReduce(local_f));
     total = all;
   }
+  // Tensor parallelism: the group's ranks hold different parts of the split parameters (each
+  // rank's sum counts the whole ones at 1/T).
+  if (setup.tensor_parallel > 1) {
+    STRATA_ASSIGN_OR_RETURN(float all, scalars.AllReduce(static_cast<float>(total),
+                                                         options.tensor_parallel));
+    total = all;
+  }
   times.exposed_comm_ns += TraceRecorder::NowNs() - t0 - norm_opt_wait_ns;
   GradientNorm norm;
   norm.overflow = !std::isfinite(total);

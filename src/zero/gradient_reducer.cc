@@ -316,6 +316,9 @@ Status GradientReducer::LandHostShard(int u, const void* device_shard, int mb) {
 
 // ---- the gradient norm --------------------------------------------------------------------------
 
+// With tensor parallelism each rank's sum counts the parts of parameters that c ranks of its
+// group hold (EngineSetup::tp_copies) at 1/c, so that the sum over every rank counts each element
+// of the model once.
 Result<double> GradientReducer::LocalSumSquares(int64_t* optimizer_wait_ns) {
   double total = 0.0;
   if (setup_.device_optimizer) {
@@ -334,20 +337,63 @@ Result<double> GradientReducer::LocalSumSquares(int64_t* optimizer_wait_ns) {
 Result<double> GradientReducer::DeviceSumSquares() {
   double* host = scalars_.host_sum();
   double* sum = scalars_.device_sum();
+  double* host_copied = scalars_.host_copied_sums();
+  double* copied = scalars_.device_copied_sums();
+  const size_t kinds = setup_.tp_copies.size();
   device::Stream& comm = *streams_.comm;
   host[0] = 0.0;
+  std::fill(host_copied, host_copied + kinds, 0.0);
   STRATA_RETURN_IF_ERROR(
       device_.CopyAsync(sum, host, sizeof(double), device::CopyKind::kHostToDevice, comm));
+  if (kinds > 0) {
+    STRATA_RETURN_IF_ERROR(device_.CopyAsync(copied, host_copied, kinds * sizeof(double),
+                                             device::CopyKind::kHostToDevice, comm));
+  }
   for (int u = 0; u < setup_.units(); ++u) {
     if (setup_.on_cpu(u) || setup_.is_frozen(u)) continue;
     const UnitLayout& l = layout(u);
     const size_t n = static_cast<size_t>(setup_.stage == 0 ? l.padded_numel() : l.shard_numel);
     STRATA_RETURN_IF_ERROR(device_.SumSquares(DeviceGradient(u), DType::kF32, n, sum, comm));
+    for (const EngineSetup::CopiedRange& r : CopiedRangesInShard(u)) {
+      STRATA_RETURN_IF_ERROR(device_.SumSquares(DeviceGradient(u) + r.first, DType::kF32,
+                                                static_cast<size_t>(r.last - r.first),
+                                                copied + r.weight, comm));
+    }
   }
   STRATA_RETURN_IF_ERROR(
       device_.CopyAsync(host, sum, sizeof(double), device::CopyKind::kDeviceToHost, comm));
+  if (kinds > 0) {
+    STRATA_RETURN_IF_ERROR(device_.CopyAsync(host_copied, copied, kinds * sizeof(double),
+                                             device::CopyKind::kDeviceToHost, comm));
+  }
   STRATA_RETURN_IF_ERROR(device_.Synchronize(comm));
-  return host[0];
+  double total = host[0];
+  for (size_t k = 0; k < kinds; ++k) total -= CopiedDiscount(static_cast<int>(k)) * host_copied[k];
+  return total;
+}
+
+std::vector<EngineSetup::CopiedRange> GradientReducer::CopiedRangesInShard(int u) const {
+  std::vector<EngineSetup::CopiedRange> out;
+  if (setup_.tensor_parallel == 1) return out;
+  const UnitLayout& l = layout(u);
+  const int64_t base = setup_.stage == 0 ? 0 : l.shard_offset(setup_.rank);
+  const int64_t n = setup_.stage == 0 ? l.padded_numel() : l.shard_numel;
+  for (const EngineSetup::CopiedRange& r : setup_.tp_copied[static_cast<size_t>(u)]) {
+    const int64_t lo = std::max(r.first, base), hi = std::min(r.last, base + n);
+    if (lo < hi) out.push_back({lo - base, hi - base, r.weight});
+  }
+  return out;
+}
+
+double GradientReducer::HostShardSumSquares(int u, const float* shard, int threads) const {
+  double total = device::SumSquaresHost(shard, DType::kF32,
+                                        static_cast<size_t>(layout(u).shard_numel), threads);
+  for (const EngineSetup::CopiedRange& r : CopiedRangesInShard(u)) {
+    total -= CopiedDiscount(r.weight) *
+             device::SumSquaresHost(shard + r.first, DType::kF32,
+                                    static_cast<size_t>(r.last - r.first), threads);
+  }
+  return total;
 }
 
 // A host-homed unit's sum of squares of its gradient shard: taken by the overlapped optimizer's
@@ -362,9 +408,7 @@ double GradientReducer::HostSumSquares(int u, int64_t* optimizer_wait_ns) {
   // A streamed shard that never landed (the step failed before it): the step reports that.
   const HostBuffer& shard = host_shards_[static_cast<size_t>(u)];
   if (shard.data() == nullptr) return 0.0;
-  return device::SumSquaresHost(shard.data(), DType::kF32,
-                                static_cast<size_t>(layout(u).shard_numel),
-                                cpu_adam_threads_);
+  return HostShardSumSquares(u, reinterpret_cast<const float*>(shard.data()), cpu_adam_threads_);
 }
 
 const float* GradientReducer::DeviceGradient(int u) const {

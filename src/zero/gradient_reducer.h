@@ -123,6 +123,9 @@ class GradientReducer {
   // Where the optimizer reads unit u's gradient: on the device (stage 0: the full accumulator;
   // 1: the rank's part of it; 2-3: the device shard) or on the host (CPU optimizer units).
   const float* DeviceGradient(int u) const;
+  // The sum of squares of unit `u`'s host gradient shard `shard`, with tensor parallelism
+  // weighted (GradientReducer::LocalSumSquares): on `threads` CPU threads.
+  double HostShardSumSquares(int u, const float* shard, int threads) const;
   const float* HostShard(int u) const {
     return reinterpret_cast<const float*>(host_shards_[static_cast<size_t>(u)].data());
   }
@@ -157,6 +160,15 @@ class GradientReducer {
   Status LandHostShard(int u, const void* device_shard, int mb);
   Status AllocateStreamedShard(int u);
   Result<double> DeviceSumSquares();
+  // Tensor parallelism: unit `u`'s ranges that other ranks of the group hold too
+  // (EngineSetup::tp_copied) within the gradient this rank sums (the unit at stage 0, else its
+  // shard), relative to its start. Empty without tensor parallelism.
+  std::vector<EngineSetup::CopiedRange> CopiedRangesInShard(int u) const;
+  // 1 - 1 / c for copy count tp_copies[weight]: the share of such a range's squares that the
+  // other c - 1 ranks count too.
+  double CopiedDiscount(int weight) const {
+    return 1.0 - 1.0 / setup_.tp_copies[static_cast<size_t>(weight)];
+  }
   double HostSumSquares(int u, int64_t* optimizer_wait_ns);
 
   const UnitLayout& layout(int u) const { return setup_.layouts[static_cast<size_t>(u)]; }

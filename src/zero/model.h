@@ -130,6 +130,13 @@ class Model {
 
   // Returns the micro-batch's (unscaled) loss; may synchronize `stream`.
   virtual Result<double> EndMicroBatch(device::Stream& stream) = 0;
+
+  // Tensor parallelism (EngineOptions::tensor_parallel): how many ranks of the tensor-parallel
+  // group hold the same values as this rank's parameter `param` of `unit`: 1 for a part of a
+  // split parameter that no other rank has, c for a part replicated on c ranks, 0 for a
+  // parameter whole on every rank. The gradient norm counts each element once over the group
+  // (each rank's squares weighted by 1 / copies). Default: 0.
+  virtual int TensorParallelCopies(int /*unit*/, size_t /*param*/) const { return 0; }
 };
 
 }  // namespace strata::zero

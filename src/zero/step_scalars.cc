@@ -8,14 +8,14 @@ StepScalars::~StepScalars() {
 }
 
 Status StepScalars::Allocate() {
-  STRATA_ASSIGN_OR_RETURN(on_device_, device_.Alloc(16));
+  STRATA_ASSIGN_OR_RETURN(on_device_, device_.Alloc(48));
   STRATA_ASSIGN_OR_RETURN(on_host_, HostRegion::Allocate(4096, HugePages::kOff));
   STRATA_RETURN_IF_ERROR(device_.RegisterHost(on_host_.data(), on_host_.size()));
   on_host_registered_ = true;
   return Status::Ok();
 }
 
-Result<float> StepScalars::AllReduce(float value) {
+Result<float> StepScalars::AllReduce(float value, comm::Collective* over) {
   auto* host = reinterpret_cast<float*>(on_host_.data() + 8);
   void* buf = static_cast<char*>(on_device_) + 8;
   *host = value;
@@ -23,7 +23,8 @@ Result<float> StepScalars::AllReduce(float value) {
   STRATA_RETURN_IF_ERROR(
       device_.CopyAsync(buf, host, sizeof(float), device::CopyKind::kHostToDevice, comm));
   STRATA_RETURN_IF_ERROR(
-      collective_.AllReduce(buf, buf, 1, device::DType::kF32, comm::ReduceOp::kSum, comm));
+      (over != nullptr ? *over : collective_)
+          .AllReduce(buf, buf, 1, device::DType::kF32, comm::ReduceOp::kSum, comm));
   STRATA_RETURN_IF_ERROR(
       device_.CopyAsync(host, buf, sizeof(float), device::CopyKind::kDeviceToHost, comm));
   STRATA_RETURN_IF_ERROR(device_.Synchronize(comm));

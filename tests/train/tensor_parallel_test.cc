@@ -62,22 +62,25 @@ struct RankRun {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> masters;  // this rank's parameters, by name
   int tp_rank = 0;
+  std::vector<double> grad_norms;
 };
 
 // `zero` goes into zero_optimization; "@DIR@" becomes a temporary directory (nvme_path).
-std::string ConfigJson(int tp, int accumulation, const std::string& zero, bool lora) {
+std::string ConfigJson(int tp, int accumulation, const std::string& zero, bool lora,
+                       double clipping) {
   return fmt::format(
       R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
+        "gradient_clipping": {},
         "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}},
         "tensor_parallel": {{"autotp_size": {}}},
         "zero_optimization": {{{}}}{}}})",
-      kBatch, accumulation, tp, zero,
+      kBatch, accumulation, clipping, tp, zero,
       lora ? R"(, "strata": {"lora": {"r": 2, "lora_alpha": 4, "target_modules": ["all-linear"]}})"
            : "");
 }
 
 std::vector<RankRun> Train(int world, int tp, const std::string& zero, bool lora,
-                           const LlamaConfig& cfg = TinyConfig()) {
+                           const LlamaConfig& cfg = TinyConfig(), double clipping = 0.0) {
   std::vector<RankRun> out(static_cast<size_t>(world));
   auto made = comm::InProcessWorld::Create({.world_size = world});
   if (!made.ok()) {
@@ -86,7 +89,7 @@ std::vector<RankRun> Train(int world, int tp, const std::string& zero, bool lora
   }
   strata::testing::TempDir dir;
   const int dp = world / tp, accumulation = kGlobalMicroBatches / dp;
-  std::string json = ConfigJson(tp, accumulation, zero, lora);
+  std::string json = ConfigJson(tp, accumulation, zero, lora, clipping);
   for (size_t pos; (pos = json.find("@DIR@")) != std::string::npos;) {
     json.replace(pos, 5, dir.path().string());
   }
@@ -123,6 +126,7 @@ std::vector<RankRun> Train(int world, int tp, const std::string& zero, bool lora
             for (const auto& b : batches) ptrs.push_back(&b);
             STRATA_ASSIGN_OR_RETURN(zero::StepResult s, stack.engine->TrainStep(ptrs));
             result.losses.push_back(s.loss);
+            result.grad_norms.push_back(s.grad_norm);
           }
           const auto& layouts = stack.engine->layouts();
           for (size_t u = 0; u < layouts.size(); ++u) {
@@ -162,11 +166,12 @@ std::vector<float> SliceOf(const std::vector<float>& whole, const std::vector<in
 }
 
 // The tensor-parallel run against plain data parallelism on as many ranks.
-void ExpectLikeDataParallel(int world, int tp, const std::string& zero, bool lora) {
+void ExpectLikeDataParallel(int world, int tp, const std::string& zero, bool lora,
+                            double clipping = 0.0) {
   const LlamaConfig cfg = TinyConfig();
-  const std::vector<RankRun> want = Train(world, 1, zero, lora);
+  const std::vector<RankRun> want = Train(world, 1, zero, lora, cfg, clipping);
   for (const RankRun& r : want) ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  const std::vector<RankRun> got = Train(world, tp, zero, lora);
+  const std::vector<RankRun> got = Train(world, tp, zero, lora, cfg, clipping);
   model::LlamaLora l;  // as the config's strata.lora resolves (the shapes only)
   if (lora) {
     l.rank = 2;
@@ -182,6 +187,9 @@ void ExpectLikeDataParallel(int world, int tp, const std::string& zero, bool lor
     ASSERT_EQ(g.losses.size(), want[0].losses.size());
     for (size_t s = 0; s < g.losses.size(); ++s) {
       EXPECT_NEAR(g.losses[s], want[0].losses[s], 2e-5 * std::fabs(want[0].losses[s]))
+          << "rank " << r << " step " << s;
+      // The global gradient norm: every element of the model counted once.
+      EXPECT_NEAR(g.grad_norms[s], want[0].grad_norms[s], 1e-4 * want[0].grad_norms[s])
           << "rank " << r << " step " << s;
     }
     EXPECT_LT(g.losses.back(), g.losses.front());
@@ -216,6 +224,13 @@ TEST(TensorParallelEngineTest, Tp2Dp2Stage3WithNvmeOffloadTrainsLikeDp4) {
 
 TEST(TensorParallelEngineTest, Tp2Dp2LoraStage3TrainsLikeDp4) {
   ExpectLikeDataParallel(4, 2, R"("stage": 3, "stage3_param_persistence_threshold": 0)", true);
+}
+
+// Clipping that bites every step (the norms are above 0.05): the norm over split and whole
+// parameters must be the data-parallel run's, with the optimizer on the device and on the CPU.
+TEST(TensorParallelEngineTest, ClippedTp2Dp2TrainsLikeClippedDp4) {
+  ExpectLikeDataParallel(4, 2, R"("stage": 2)", false, 0.05);
+  ExpectLikeDataParallel(4, 2, R"("stage": 3, "offload_optimizer": {"device": "cpu"})", true, 0.05);
 }
 
 TEST(TensorParallelEngineTest, Tp4OnOneNodeTrainsLikeDp4) {
