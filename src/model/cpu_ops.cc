@@ -430,19 +430,9 @@ Status CrossEntropyBackward(const float* logits, const int32_t* targets, const f
                             float* dlogits) {
   size_t count = 0;
   STRATA_RETURN_IF_ERROR(CheckTargets(targets, num_tokens, vocab, ignore_index, &count));
-  const float scale = count == 0 ? 0.0f : dloss / static_cast<float>(count);
-  for (size_t t = 0; t < num_tokens; ++t) {
-    const float* row = logits + t * vocab;
-    float* drow = dlogits + t * vocab;  // may be `row` itself: each element is read, then written
-    if (targets[t] == ignore_index) {
-      std::fill(drow, drow + vocab, 0.0f);
-      continue;
-    }
-    const float row_lse = lse[t];
-    for (size_t j = 0; j < vocab; ++j)
-      drow[j] = std::exp(row[j] - row_lse) * scale;
-    drow[targets[t]] -= scale;
-  }
+  // The whole vocabulary is one rank's "shard": the same arithmetic.
+  CrossEntropyShardBackward(logits, targets, lse, num_tokens, 0, vocab, ignore_index, dloss,
+                            dlogits);
   return Status::Ok();
 }
 

@@ -264,6 +264,23 @@ TensorSlice LlamaTensorParallelSlice(const LlamaConfig& c, int rank, int size,
   return {};  // norms: whole on every rank
 }
 
+std::vector<float> SliceTensor(std::span<const float> whole, const std::vector<int64_t>& shape,
+                               const TensorSlice& slice) {
+  if (slice.dim < 0 || shape.empty()) return std::vector<float>(whole.begin(), whole.end());
+  const auto row = static_cast<int64_t>(whole.size()) / shape[0];  // elements per row
+  if (slice.dim == 0) {
+    return std::vector<float>(whole.begin() + slice.begin * row,
+                              whole.begin() + (slice.begin + slice.count) * row);
+  }
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(shape[0] * slice.count));
+  for (int64_t r = 0; r < shape[0]; ++r) {
+    const auto first = whole.begin() + r * row + slice.begin;
+    out.insert(out.end(), first, first + slice.count);
+  }
+  return out;
+}
+
 std::vector<int> LlamaRecomputeUnits(const LlamaConfig& c, int unit, bool split_blocks,
                                      bool keep_activations) {
   if (!split_blocks || keep_activations) return {};

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -173,6 +174,10 @@ struct TensorSlice {
 };
 TensorSlice LlamaTensorParallelSlice(const LlamaConfig& config, int rank, int size,
                                      std::string_view name);
+// The elements of `whole` (a tensor of `shape`, row-major) that `slice` selects, in the part's
+// own row-major order.
+std::vector<float> SliceTensor(std::span<const float> whole, const std::vector<int64_t>& shape,
+                               const TensorSlice& slice);
 
 struct LlamaModelOptions {
   // CUDA: fp32 GEMMs on TF32 tensor cores (strata.tf32). No effect on the CPU device or with

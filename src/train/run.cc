@@ -176,16 +176,6 @@ Status AgreeOnPlacement(RunPlan* plan, Run* run, const MachineFacts& machine) {
 
 Status BuildModel(const RunPlan& plan, Run* run) {
   const MemoryChoice& memory = run->memory;
-  if (plan.config.tensor_parallel_size > 1) {
-    // The model and the engine run it (docs/zero.md "Tensor parallelism"); what strata train
-    // adds around them does not know the split yet.
-    return UnimplementedError(fmt::format(
-        "tensor_parallel.autotp_size {}: strata train does not run tensor parallelism yet: its "
-        "data sharding, Hugging Face weights and checkpoints do not slice tensors over the "
-        "tensor-parallel ranks (the model and the ZeRO engine do, see docs/zero.md); `strata "
-        "estimate` plans it. Set autotp_size to 1",
-        plan.config.tensor_parallel_size));
-  }
   STRATA_ASSIGN_OR_RETURN(
       run->model, model::LlamaModel::Create(run->device(), plan.model, plan.seq_len,
                                             plan.layout.micro_batch, plan.config.strata.seed,

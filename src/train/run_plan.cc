@@ -205,6 +205,16 @@ Result<RunPlan> ResolveRun(const TrainOptions& options, const comm::LaunchInfo& 
   plan.launch = launch;
   STRATA_RETURN_IF_ERROR(CheckFlags(options));
   STRATA_ASSIGN_OR_RETURN(plan.config, LoadRunConfig(options));
+  if (plan.config.tensor_parallel_size > 1) {
+    // The model and the engine run it (docs/zero.md "Tensor parallelism"); what strata train
+    // adds around them does not know the split yet.
+    return UnimplementedError(fmt::format(
+        "tensor_parallel.autotp_size {}: strata train does not run tensor parallelism yet: its "
+        "data sharding, Hugging Face weights and checkpoints do not slice tensors over the "
+        "tensor-parallel ranks (the model and the ZeRO engine do, see docs/zero.md); `strata "
+        "estimate` plans it. Set autotp_size to 1",
+        plan.config.tensor_parallel_size));
+  }
   // A checkpoint to resume: its trainer state fixes the data order, the schedule and the model.
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(plan.resume_dir, ResolveCheckpoint(options.resume_dir));

@@ -232,7 +232,7 @@ void AddLongLivedDeviceItems(const PlanInputs& in, const UnitSums& sums, EngineM
     Add(plan.device, "qgZ staging (zero_quantized_gradients)",
         Charged(QuantizedReduceScatter::StagingBytes(nodes, static_cast<size_t>(max_count))));
   }
-  Add(plan.device, "step scalars", Charged(16));
+  Add(plan.device, "step scalars", Charged(48));  // StepScalars::Allocate
 }
 
 // What the caller says about tied and recomputed units must name units that exist, before.

@@ -1450,14 +1450,7 @@ std::vector<float> SliceOf(const float* whole, const std::vector<int64_t>& shape
                            const TensorSlice& slice) {
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
-  if (slice.dim < 0) return std::vector<float>(whole, whole + numel);
-  const int64_t row = numel / shape[0];
-  if (slice.dim == 0) return std::vector<float>(whole + slice.begin * row, whole + (slice.begin + slice.count) * row);
-  std::vector<float> out;
-  for (int64_t r = 0; r < shape[0]; ++r) {
-    out.insert(out.end(), whole + r * row + slice.begin, whole + r * row + slice.begin + slice.count);
-  }
-  return out;
+  return SliceTensor(std::span<const float>(whole, static_cast<size_t>(numel)), shape, slice);
 }
 
 struct TpCase {
