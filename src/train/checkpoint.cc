@@ -161,6 +161,7 @@ nlohmann::json StateToJson(const TrainerState& st) {
   }
   j["sampler"] = SamplerToJson(st.sampler);
   j["world_size"] = st.world_size;
+  if (st.tensor_parallel > 1) j["tensor_parallel"] = st.tensor_parallel;
   j["global_batch"] = st.global_batch;
   j["seq_len"] = st.seq_len;
   j["scheduler_total_steps"] = st.scheduler_total_steps;
@@ -174,14 +175,21 @@ nlohmann::json StateToJson(const TrainerState& st) {
 }
 
 // The parameters: the model's (`adapters` false), or its LoRA adapters under PEFT's names.
+// The shape of slot `s`'s tensor in the files: the whole tensor's under tensor parallelism.
+std::vector<uint64_t> FileShape(const zero::ParamSlot& s, const TensorParts* parts) {
+  const TensorPart* part = parts != nullptr ? parts->Find(s.name) : nullptr;
+  return part != nullptr ? part->whole_shape : std::vector<uint64_t>(s.shape.begin(), s.shape.end());
+}
+
 std::vector<SafetensorsTensorSpec> ParamSpecs(const std::vector<zero::UnitLayout>& layouts,
-                                              SafetensorsDType dtype, bool adapters) {
+                                              SafetensorsDType dtype, bool adapters,
+                                              const TensorParts* parts) {
   std::vector<SafetensorsTensorSpec> specs;
   for (const auto& l : layouts) {
     for (const auto& s : l.slots) {
       if (model::IsLoraParamName(s.name) != adapters) continue;
-      specs.push_back({adapters ? model::PeftAdapterName(s.name) : s.name, dtype,
-                       std::vector<uint64_t>(s.shape.begin(), s.shape.end())});
+      specs.push_back(
+          {adapters ? model::PeftAdapterName(s.name) : s.name, dtype, FileShape(s, parts)});
     }
   }
   return specs;
@@ -189,7 +197,8 @@ std::vector<SafetensorsTensorSpec> ParamSpecs(const std::vector<zero::UnitLayout
 
 // Frozen units have no optimizer state (strata.freeze): none is written for them.
 std::vector<SafetensorsTensorSpec> OptimizerSpecs(const std::vector<zero::UnitLayout>& layouts,
-                                                  const std::vector<char>& frozen) {
+                                                  const std::vector<char>& frozen,
+                                                  const TensorParts* parts) {
   std::vector<SafetensorsTensorSpec> specs;
   for (zero::StateKind kind :
        {zero::StateKind::kMaster, zero::StateKind::kExpAvg, zero::StateKind::kExpAvgSq}) {
@@ -198,8 +207,8 @@ std::vector<SafetensorsTensorSpec> OptimizerSpecs(const std::vector<zero::UnitLa
         continue;
       }
       for (const auto& s : l.slots) {
-        specs.push_back({OptimizerName(kind, s.name), SafetensorsDType::kF32,
-                         std::vector<uint64_t>(s.shape.begin(), s.shape.end())});
+        specs.push_back(
+            {OptimizerName(kind, s.name), SafetensorsDType::kF32, FileShape(s, parts)});
       }
     }
   }
@@ -260,14 +269,17 @@ Result<Save> PlanSave(const zero::Engine& engine, const TrainerState& state,
   const SafetensorsDType param_dtype = ToSafetensorsDType(engine.compute_dtype());
   STRATA_ASSIGN_OR_RETURN(
       FileSet params,
-      PlanFiles("model", ParamSpecs(layouts, param_dtype, false), options.max_shard_bytes));
-  STRATA_ASSIGN_OR_RETURN(FileSet optim,
-                          PlanFiles("optimizer", OptimizerSpecs(layouts, engine.frozen_units()),
-                                    options.max_shard_bytes));
+      PlanFiles("model", ParamSpecs(layouts, param_dtype, false, options.parts),
+                options.max_shard_bytes));
+  STRATA_ASSIGN_OR_RETURN(
+      FileSet optim,
+      PlanFiles("optimizer", OptimizerSpecs(layouts, engine.frozen_units(), options.parts),
+                options.max_shard_bytes));
   save.sets.push_back(std::move(params));
   save.sets.push_back(std::move(optim));
   // A LoRA run's adapters: one adapter_model.safetensors, as PEFT writes it.
-  const std::vector<SafetensorsTensorSpec> adapter_specs = ParamSpecs(layouts, param_dtype, true);
+  const std::vector<SafetensorsTensorSpec> adapter_specs =
+      ParamSpecs(layouts, param_dtype, true, options.parts);
   if (!adapter_specs.empty()) {
     STRATA_ASSIGN_OR_RETURN(FileSet adapter,
                             PlanFiles("adapter_model", adapter_specs, ~uint64_t{0}));
@@ -310,7 +322,8 @@ Status OpenFiles(Save& save) {
 
 // Every rank writes its pieces of the engine's states. A checkpoint is the run's durable copy:
 // one with NaN or infinite values is never written, so `latest` never moves to one.
-Status WritePieces(zero::Engine& engine, Save& save, const zero::StateProgress& progress) {
+Status WritePieces(zero::Engine& engine, Save& save, const TensorParts* parts,
+                   const zero::StateProgress& progress) {
   const auto& layouts = engine.layouts();
   return engine.SaveStates(
       [&](const zero::StatePiece& p, const void* data, device::DType dtype) -> Status {
@@ -332,8 +345,18 @@ Status WritePieces(zero::Engine& engine, Save& save, const zero::StateProgress& 
         if (it == save.sets[k].file_of.end()) {
           return InternalError(fmt::format("checkpoint: no file for tensor '{}'", name));
         }
-        return save.writers[k][it->second]->WriteRange(name, static_cast<uint64_t>(p.offset),
-                                                       static_cast<uint64_t>(p.count), data, dtype);
+        // Tensor parallelism: this rank's part goes into the whole tensor, by its first holder.
+        const TensorPart* part = parts != nullptr ? parts->Find(pname) : nullptr;
+        if (part != nullptr && !part->writes) return Status::Ok();
+        SafetensorsWriter& writer = *save.writers[k][it->second];
+        const uint64_t size = device::DTypeSize(dtype);
+        for (const PartRun& run : TensorParts::Runs(part, static_cast<uint64_t>(p.offset),
+                                                    static_cast<uint64_t>(p.count))) {
+          STRATA_RETURN_IF_ERROR(writer.WriteStrided(
+              name, run.offset, run.chunk, run.chunks, run.stride,
+              static_cast<const char*>(data) + run.part_offset * size, dtype));
+        }
+        return Status::Ok();
       },
       progress);
 }
@@ -450,7 +473,7 @@ Result<std::string> SaveCheckpoint(zero::Engine& engine, comm::Collective& comm,
   STRATA_RETURN_IF_ERROR(
       AgreeOk(comm, device, *stream, rank == 0 ? CreateFiles(save) : Status::Ok(), what));
   Status st = rank == 0 ? Status::Ok() : OpenFiles(save);
-  if (st.ok()) st = WritePieces(engine, save, progress);
+  if (st.ok()) st = WritePieces(engine, save, options.parts, progress);
   STRATA_RETURN_IF_ERROR(AgreeOk(comm, device, *stream, FinishFiles(save, rank, st), what));
   if (rank == 0) {
     st = WriteSmallFiles(save, engine, config, state, options, comm.world_size());
@@ -588,6 +611,7 @@ Result<TrainerState> ReadTrainerState(const std::string& step_dir, FileSystem& f
     st.sampler.seed = sj.at("seed").get<uint64_t>();
     STRATA_ASSIGN_OR_RETURN(st.sampler.mode, ParseSamplingMode(sj.at("mode").get<std::string>()));
     st.world_size = j.at("world_size").get<int>();
+    st.tensor_parallel = j.value("tensor_parallel", 1);
     st.global_batch = j.at("global_batch").get<uint64_t>();
     st.seq_len = j.at("seq_len").get<uint64_t>();
     st.scheduler_total_steps = j.at("scheduler_total_steps").get<int64_t>();
@@ -657,6 +681,7 @@ struct StateFiles::Impl {
   std::unique_ptr<SafetensorsModel> optimizer;  // null for weights only
   std::vector<std::vector<std::string>> names;   // [unit][slot]
   uint64_t total_bytes = 0;
+  TensorParts parts;  // tensor parallelism: this rank's parts of the files' whole tensors
 };
 
 namespace {
@@ -668,10 +693,10 @@ std::string ShapeString(const std::vector<uint64_t>& shape) {
 }
 
 // Every tensor `name` of `units` (through `rename`) must exist in `m` with the parameter's shape
-// and a float dtype.
+// (the whole tensor's under tensor parallelism) and a float dtype.
 Status CheckTensors(const SafetensorsModel& m, const std::vector<zero::UnitSpec>& units,
                     const std::function<std::string(const std::string&)>& rename,
-                    uint64_t* bytes) {
+                    const TensorParts& parts, uint64_t* bytes) {
   for (const auto& u : units) {
     for (const auto& p : u.params) {
       const std::string name = rename(p.name);
@@ -679,7 +704,9 @@ Status CheckTensors(const SafetensorsModel& m, const std::vector<zero::UnitSpec>
       if (!t.ok()) {
         return NotFoundError(fmt::format("{}: the model's tensor '{}' is missing", m.source(), name));
       }
-      const std::vector<uint64_t> want(p.shape.begin(), p.shape.end());
+      const TensorPart* part = parts.Find(p.name);
+      const std::vector<uint64_t> want =
+          part != nullptr ? part->whole_shape : std::vector<uint64_t>(p.shape.begin(), p.shape.end());
       Result<const SafetensorsFile*> file = m.FileOf(name);
       const std::string where = file.ok() ? (*file)->path() : m.source();
       if ((*t)->shape != want) {
@@ -715,9 +742,11 @@ StateFiles::~StateFiles() = default;
 Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& path,
                                                             const std::vector<zero::UnitSpec>& units,
                                                             const std::string& adapter_dir,
+                                                            const TensorParts& parts,
                                                             FileSystem& files) {
   auto impl = std::make_unique<Impl>();
   impl->source = path;
+  impl->parts = parts;
   STRATA_ASSIGN_OR_RETURN(impl->weights, SafetensorsModel::Open(path, files));
   // The base weights here; LoRA adapters (units of their own) from the adapter directory.
   std::vector<zero::UnitSpec> base, adapters;
@@ -731,14 +760,15 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& p
     if (!adapters.back().params.empty() && adapter_dir.empty()) impl->init_from_model[u] = 1;
   }
   STRATA_RETURN_IF_ERROR(CheckTensors(*impl->weights, base,
-                                      [](const std::string& n) { return n; }, &impl->total_bytes));
+                                      [](const std::string& n) { return n; }, parts,
+                                      &impl->total_bytes));
   if (!adapter_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(
         impl->adapter,
         SafetensorsModel::Open((fs::path(adapter_dir) / kAdapterModelFile).string(), files));
     STRATA_RETURN_IF_ERROR(CheckTensors(
         *impl->adapter, adapters, [](const std::string& n) { return model::PeftAdapterName(n); },
-        &impl->total_bytes));
+        parts, &impl->total_bytes));
   }
   impl->names = SlotNames(units);
   return std::unique_ptr<StateFiles>(new StateFiles(std::move(impl)));
@@ -746,14 +776,14 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& p
 
 Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
     const std::string& step_dir, const std::vector<zero::UnitSpec>& units,
-    const std::vector<char>& frozen, FileSystem& files) {
+    const std::vector<char>& frozen, const TensorParts& parts, FileSystem& files) {
   // A LoRA run's checkpoint holds its adapters in PEFT's layout beside the weights.
   bool has_adapters = false;
   for (const auto& u : units) {
     for (const auto& p : u.params) has_adapters = has_adapters || model::IsLoraParamName(p.name);
   }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StateFiles> opened,
-                          OpenWeights(step_dir, units, has_adapters ? step_dir : "", files));
+                          OpenWeights(step_dir, units, has_adapters ? step_dir : "", parts, files));
   Impl& impl = *opened->impl_;
   const fs::path dir(step_dir);
   const std::string single = (dir / "optimizer.safetensors").string();
@@ -782,12 +812,12 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
     }
   }
   STRATA_RETURN_IF_ERROR(CheckTensors(*impl.weights, kept, [](const std::string& n) { return n; },
-                                      &impl.total_bytes));
+                                      parts, &impl.total_bytes));
   for (zero::StateKind kind :
        {zero::StateKind::kMaster, zero::StateKind::kExpAvg, zero::StateKind::kExpAvgSq}) {
     Status st = CheckTensors(
         *impl.optimizer, trained, [&](const std::string& n) { return OptimizerName(kind, n); },
-        &impl.total_bytes);
+        parts, &impl.total_bytes);
     if (st.code() == StatusCode::kNotFound) {
       return st.WithContext(fmt::format(
           "resuming from {} (a checkpoint saved with these parameters frozen, strata.freeze or "
@@ -812,19 +842,30 @@ zero::InitialStates StateFiles::Initial(zero::StateProgress progress) const {
       return InternalError(fmt::format("checkpoint: no parameter {} of unit {}", p.slot, p.unit));
     }
     const std::string& name = impl->names[p.unit][p.slot];
-    if (p.kind == zero::StateKind::kParams) {
-      if (model::IsLoraParamName(name)) {
-        if (!impl->adapter) return InternalError(fmt::format("checkpoint: no adapter file for '{}'", name));
-        return impl->adapter->ReadRange(model::PeftAdapterName(name),
-                                        static_cast<uint64_t>(p.offset),
-                                        static_cast<uint64_t>(p.count), out, dtype);
-      }
-      return impl->weights->ReadRange(name, static_cast<uint64_t>(p.offset),
-                                      static_cast<uint64_t>(p.count), out, dtype);
+    // The file and the tensor's name in it.
+    const SafetensorsModel* file = impl->weights.get();
+    std::string file_name = name;
+    if (p.kind != zero::StateKind::kParams) {
+      if (!impl->optimizer) return InternalError("checkpoint: no optimizer states opened");
+      file = impl->optimizer.get();
+      file_name = OptimizerName(p.kind, name);
+    } else if (model::IsLoraParamName(name)) {
+      if (!impl->adapter) return InternalError(fmt::format("checkpoint: no adapter file for '{}'", name));
+      file = impl->adapter.get();
+      file_name = model::PeftAdapterName(name);
     }
-    if (!impl->optimizer) return InternalError("checkpoint: no optimizer states opened");
-    return impl->optimizer->ReadRange(OptimizerName(p.kind, name), static_cast<uint64_t>(p.offset),
-                                      static_cast<uint64_t>(p.count), out, dtype);
+    // Tensor parallelism: this rank's part of the whole tensor, run by run.
+    const uint64_t size = device::DTypeSize(dtype);
+    for (const PartRun& run : TensorParts::Runs(impl->parts.Find(name),
+                                                static_cast<uint64_t>(p.offset),
+                                                static_cast<uint64_t>(p.count))) {
+      for (uint64_t c = 0; c < run.chunks; ++c) {
+        STRATA_RETURN_IF_ERROR(file->ReadRange(
+            file_name, run.offset + c * run.stride, run.chunk,
+            static_cast<char*>(out) + (run.part_offset + c * run.chunk) * size, dtype));
+      }
+    }
+    return Status::Ok();
   };
   return init;
 }

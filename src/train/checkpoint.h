@@ -41,6 +41,7 @@
 #include "strata/file_system.h"
 #include "strata/status.h"
 #include "train/data.h"
+#include "train/tensor_parts.h"
 #include "zero/engine.h"
 #include "zero/model.h"
 
@@ -54,6 +55,7 @@ struct TrainerState {
   zero::EngineCounters counters;
   SamplerState sampler;
   int world_size = 1;       // of the run that saved (informational)
+  int tensor_parallel = 1;  // its tensor_parallel.autotp_size (informational)
   uint64_t global_batch = 0;
   uint64_t seq_len = 0;
   int64_t scheduler_total_steps = 0;  // the LR schedule's length when it was derived from --steps
@@ -92,6 +94,9 @@ struct SaveOptions {
   // Where the files go (the file seam); null: the local file system. Tests pass a
   // CrashFileSystem (common/crash_file_system.h) to crash the save at each sync point.
   FileSystem* fs = nullptr;
+  // Tensor parallelism: where this rank's parts lie in the whole tensors the files hold
+  // (tensor_parts.h); null: the engine holds whole tensors.
+  const TensorParts* parts = nullptr;
 };
 
 // Collective (every rank, between steps): writes `state` and the engine's states as
@@ -133,16 +138,20 @@ class StateFiles {
   // of `units` must be there with its shape (errors name the file, the tensor and both shapes).
   // LoRA adapter parameters (model::IsLoraParamName) come from `adapter_dir`'s
   // adapter_model.safetensors under PEFT's names; without one, their units start from
-  // Model::InitUnit (InitialStates::init_from_model).
+  // Model::InitUnit (InitialStates::init_from_model). With tensor parallelism `parts` says
+  // which part of each whole tensor this rank's units hold (the file's shape is checked against
+  // the whole tensor's).
   static Result<std::unique_ptr<StateFiles>> OpenWeights(const std::string& path,
                                                          const std::vector<zero::UnitSpec>& units,
                                                          const std::string& adapter_dir = "",
+                                                         const TensorParts& parts = {},
                                                          FileSystem& fs = LocalFileSystem());
   // A checkpoint step directory: weights and optimizer states (those of the units not `frozen`,
   // per unit; none given: every unit's).
   static Result<std::unique_ptr<StateFiles>> OpenCheckpoint(const std::string& step_dir,
                                                             const std::vector<zero::UnitSpec>& units,
                                                             const std::vector<char>& frozen = {},
+                                                            const TensorParts& parts = {},
                                                             FileSystem& fs = LocalFileSystem());
   ~StateFiles();
 

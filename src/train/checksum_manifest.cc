@@ -29,20 +29,30 @@ Result<nlohmann::json> ReadJson(FileSystem& files, const std::string& path) {
 nlohmann::json RangesToJson(const std::vector<SafetensorsWriter::WrittenRange>& ranges) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& r : ranges) {
-    out.push_back({r.offset, r.length, io::ChecksumHex(r.checksum), r.what});
+    nlohmann::json e = {r.offset, r.length, io::ChecksumHex(r.checksum), r.what};
+    if (r.chunks > 1) {
+      e.push_back(r.chunks);
+      e.push_back(r.stride);
+    }
+    out.push_back(std::move(e));
   }
   return out;
 }
 
-// [[offset, length, "hex", "what"], ...]
+// [[offset, length, "hex", "what"(, chunks, stride)], ...]
 Status RangesFromJson(const nlohmann::json& j, const std::string& where,
                       std::vector<SafetensorsWriter::WrittenRange>* out) {
   if (!j.is_array()) return InvalidArgumentError(fmt::format("{}: ranges: not a list", where));
   for (const auto& e : j) {
-    if (!e.is_array() || e.size() != 4 || !e[0].is_number_unsigned() ||
-        !e[1].is_number_unsigned() || !e[2].is_string() || !e[3].is_string()) {
+    const bool strided = e.is_array() && e.size() == 6;
+    if (!e.is_array() || (e.size() != 4 && !strided) || !e[0].is_number_unsigned() ||
+        !e[1].is_number_unsigned() || !e[2].is_string() || !e[3].is_string() ||
+        (strided && (!e[4].is_number_unsigned() || !e[5].is_number_unsigned() ||
+                     e[4].get<uint64_t>() < 2 || e[5].get<uint64_t>() < e[1].get<uint64_t>()))) {
       return InvalidArgumentError(fmt::format(
-          "{}: a range is not [offset, length, \"checksum\", \"what\"]: {}", where, e.dump()));
+          "{}: a range is not [offset, length, \"checksum\", \"what\"] or [..., chunks >= 2, "
+          "stride >= length]: {}",
+          where, e.dump()));
     }
     SafetensorsWriter::WrittenRange r;
     r.offset = e[0].get<uint64_t>();
@@ -59,22 +69,45 @@ Status RangesFromJson(const nlohmann::json& j, const std::string& where,
           fmt::format("{}: checksum '{}' is not 16 hex digits", where, hex));
     }
     r.what = e[3].get<std::string>();
+    if (strided) {
+      r.chunks = e[4].get<uint64_t>();
+      r.stride = e[5].get<uint64_t>();
+    }
     out->push_back(std::move(r));
   }
   return Status::Ok();
 }
 
-// The XXH3 of `length` bytes of `file` from `offset`.
+// The XXH3 of `length` bytes of `file` from `offset`, and of `chunks` such runs `stride` bytes
+// apart, in order.
 Result<uint64_t> HashRange(const File& file, uint64_t offset, uint64_t length,
-                           std::vector<char>& buffer) {
+                           std::vector<char>& buffer, uint64_t chunks = 1, uint64_t stride = 0) {
   io::Checksum64Stream hash;
-  for (uint64_t done = 0; done < length;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(length - done, buffer.size()));
-    STRATA_RETURN_IF_ERROR(file.ReadAt(offset + done, buffer.data(), n));
-    hash.Update(buffer.data(), n);
-    done += n;
+  for (uint64_t c = 0; c < chunks; ++c) {
+    for (uint64_t done = 0; done < length;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(length - done, buffer.size()));
+      STRATA_RETURN_IF_ERROR(file.ReadAt(offset + c * stride + done, buffer.data(), n));
+      hash.Update(buffer.data(), n);
+      done += n;
+    }
   }
   return hash.Digest();
+}
+
+// Each contiguous run a range covers, as [offset, length) with the range it belongs to: strided
+// ranges (a tensor-parallel rank's columns) interleave with other ranks' and are checked run by
+// run.
+struct ByteRun {
+  uint64_t offset, length;
+  const SafetensorsWriter::WrittenRange* range;
+};
+std::vector<ByteRun> RunsOf(const std::vector<SafetensorsWriter::WrittenRange>& ranges) {
+  std::vector<ByteRun> runs;
+  for (const auto& r : ranges) {
+    for (uint64_t c = 0; c < r.chunks; ++c) runs.push_back({r.offset + c * r.stride, r.length, &r});
+  }
+  std::sort(runs.begin(), runs.end(), [](const ByteRun& a, const ByteRun& b) { return a.offset < b.offset; });
+  return runs;
 }
 
 }  // namespace
@@ -120,12 +153,12 @@ Status WriteManifest(const std::string& dir, int world, const std::vector<std::s
     std::sort(f.ranges.begin(), f.ranges.end(),
               [](const auto& a, const auto& b) { return a.offset < b.offset; });
     uint64_t at = 0;
-    for (const auto& r : f.ranges) {
+    for (const ByteRun& r : RunsOf(f.ranges)) {
       if (r.offset != at) {
         return InternalError(fmt::format(
             "checkpoint {}: {} bytes [{}, {}) {} (before '{}')", dir, name,
             std::min(at, r.offset), std::max(at, r.offset),
-            r.offset > at ? "were written by no rank" : "were written twice", r.what));
+            r.offset > at ? "were written by no rank" : "were written twice", r.range->what));
       }
       at = r.offset + r.length;
     }
@@ -200,17 +233,20 @@ VerifyResult VerifyManifest(const std::string& dir, const Manifest& manifest, in
       if (static_cast<int>(index++ % static_cast<size_t>(std::max(shares, 1))) != share) continue;
       read_any = true;
       ++out.ranges;
-      Result<uint64_t> h = HashRange(**file, r.offset, r.length, buffer);
+      Result<uint64_t> h = HashRange(**file, r.offset, r.length, buffer, r.chunks, r.stride);
       if (!h.ok()) {
         out.problems.push_back(fmt::format("{}: {}", name, h.status().message()));
         continue;
       }
-      out.bytes += r.length;
+      out.bytes += r.length * r.chunks;
       if (*h != r.checksum) {
         out.problems.push_back(fmt::format(
-            "{}: bytes [{}, {}) ({}) differ from what was written (XXH3 {} written, {} now)", name,
-            r.offset, r.offset + r.length, r.what, io::ChecksumHex(r.checksum),
-            io::ChecksumHex(*h)));
+            "{}: bytes [{}, {}){} ({}) differ from what was written (XXH3 {} written, {} now)",
+            name, r.offset, r.end(),
+            r.chunks > 1 ? fmt::format(" in {} runs of {} bytes every {}", r.chunks, r.length,
+                                       r.stride)
+                         : std::string(),
+            r.what, io::ChecksumHex(r.checksum), io::ChecksumHex(*h)));
       }
     }
     if (read_any) ++out.files;

@@ -184,7 +184,12 @@ Status BuildModel(const RunPlan& plan, Run* run) {
                                              .lora = plan.lora,
                                              .keep_activations = memory.keep_activations,
                                              .split_blocks = memory.split_blocks,
-                                             .offload_checkpoints = memory.offload_checkpoints}));
+                                             .offload_checkpoints = memory.offload_checkpoints,
+                                             .tensor_parallel = {
+                                                 .rank = run->runtime.tensor_parallel_rank(),
+                                                 .size = plan.tensor_parallel(),
+                                                 .group = run->runtime.tensor_parallel.get()}}));
+  run->parts = TensorParts::Of(*run->model);
   // Frozen parameters (strata.freeze / strata.trainable), whole units.
   const Config& config = plan.config;
   STRATA_ASSIGN_OR_RETURN(run->frozen, zero::FrozenUnits(run->model->units(), config.strata.freeze,
@@ -213,11 +218,15 @@ std::string ZeroPlusPlusNames(const Config& config) {
 std::string ModelLine(const RunPlan& plan, const Run& run) {
   const Config& config = plan.config;
   return fmt::format(
-      "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s){}, ZeRO stage {}{}, "
+      "strata {}: model {} ({:.1f}M parameters, {} layers), {} rank(s){}{}, ZeRO stage {}{}, "
       "parameters on {}, {}{}, {}",
       plan.eval_only() ? "eval" : "train", plan.model.name,
       static_cast<double>(plan.model.ParameterCount()) / 1e6, plan.model.num_hidden_layers,
       run.world(),
+      plan.tensor_parallel() > 1
+          ? fmt::format(" (tensor parallelism {} x data parallelism {})", plan.tensor_parallel(),
+                        plan.data_world())
+          : std::string(),
       run.runtime.topology.nodes() > 1 ? " on " + run.runtime.topology.Describe() : std::string(),
       config.zero.stage, ZeroPlusPlusNames(config),
       OffloadDeviceName(config.zero.offload_param.device),
@@ -318,10 +327,12 @@ Status OpenStateFiles(const RunPlan& plan, Run* run) {
   if (plan.resumed) {
     STRATA_RETURN_IF_ERROR(VerifyCheckpoint(plan.resume_dir, run->comm(), run->device(), run->say));
     STRATA_ASSIGN_OR_RETURN(run->files,
-                            StateFiles::OpenCheckpoint(plan.resume_dir, units, run->frozen));
+                            StateFiles::OpenCheckpoint(plan.resume_dir, units, run->frozen,
+                                                       run->parts));
   } else if (HasWeights(plan.model_dir)) {
     STRATA_ASSIGN_OR_RETURN(run->files,
-                            StateFiles::OpenWeights(plan.model_dir, units, plan.adapter_dir));
+                            StateFiles::OpenWeights(plan.model_dir, units, plan.adapter_dir,
+                                                    run->parts));
   } else if (!plan.adapter_dir.empty()) {
     return InvalidArgumentError(
         fmt::format("--adapter {}: adapters need the base model's weights, and {} holds none "
@@ -427,7 +438,7 @@ Status LoadRun(const RunPlan& plan, Run* run) {
   if (!plan.options.eval_data.empty()) {
     STRATA_ASSIGN_OR_RETURN(run->eval_data, TrainingData::Open(plan.options.eval_data, plan.data));
     STRATA_RETURN_IF_ERROR(CheckTokenizer(plan, *run->eval_data, "--eval-data"));
-    const Result<EvalSize> size = EvalBatches(plan, *run->eval_data, run->world());
+    const Result<EvalSize> size = EvalBatches(plan, *run->eval_data, plan.data_world());
     if (!size.ok()) return size.status();
   }
   return Status::Ok();
@@ -446,8 +457,12 @@ Result<bool> ResumeRun(const RunPlan& plan, Run* run) {
         resumed.global_batch, plan.layout.global_batch()));
   }
   run->first_step = resumed.step;
-  run->say(fmt::format("  resumed {} at step {} (saved on {} rank(s), now {})", plan.resume_dir,
-                       run->first_step, resumed.world_size, run->world()));
+  const auto tp = [](int t) {
+    return t > 1 ? fmt::format(" with tensor parallelism {}", t) : std::string();
+  };
+  run->say(fmt::format("  resumed {} at step {} (saved on {} rank(s){}, now {}{})",
+                       plan.resume_dir, run->first_step, resumed.world_size,
+                       tp(resumed.tensor_parallel), run->world(), tp(plan.tensor_parallel())));
   if (run->first_step >= plan.options.steps) {
     run->say(fmt::format("the checkpoint is at step {}; --steps {}: nothing to do", run->first_step,
                          plan.options.steps));
@@ -459,8 +474,8 @@ Result<bool> ResumeRun(const RunPlan& plan, Run* run) {
 Result<EvalResult> Evaluate(const RunPlan& plan, Run& run) {
   const TrainingData& data = *run.eval_data;
   const uint64_t per_rank = static_cast<uint64_t>(plan.layout.micro_batch);
-  const uint64_t global = per_rank * static_cast<uint64_t>(run.world());
-  STRATA_ASSIGN_OR_RETURN(const EvalSize size, EvalBatches(plan, data, run.world()));
+  const uint64_t global = per_rank * static_cast<uint64_t>(plan.data_world());
+  STRATA_ASSIGN_OR_RETURN(const EvalSize size, EvalBatches(plan, data, plan.data_world()));
   const uint64_t batches = size.batches;
   const auto t0 = std::chrono::steady_clock::now();
   model::LlamaBatch mb;
@@ -473,14 +488,14 @@ Result<EvalResult> Evaluate(const RunPlan& plan, Run& run) {
     for (uint64_t s = 0; s < global; ++s)
       all[s] = b * global + s;
     for (uint64_t s = 0; s < per_rank; ++s) {
-      mine[s] = b * global + static_cast<uint64_t>(run.rank()) * per_rank + s;
+      mine[s] = b * global + static_cast<uint64_t>(plan.data_rank()) * per_rank + s;
     }
     STRATA_ASSIGN_OR_RETURN(const uint64_t n, data.Read(mine, &mb));
-    uint64_t batch_targets = n * static_cast<uint64_t>(run.world());
+    uint64_t batch_targets = n * static_cast<uint64_t>(plan.data_world());
     if (data.prepared()) {
       STRATA_ASSIGN_OR_RETURN(batch_targets, data.TrainedTargets(all));
       const uint64_t one[1] = {n};
-      mb.loss_weight = LossWeights(one, batch_targets, run.world())[0];
+      mb.loss_weight = LossWeights(one, batch_targets, plan.data_world())[0];
     }
     const zero::Batch* one[1] = {&mb};
     STRATA_ASSIGN_OR_RETURN(double loss, run.engine().EvalLoss(one));
@@ -497,13 +512,13 @@ Result<EvalResult> Evaluate(const RunPlan& plan, Run& run) {
   return r;
 }
 
-std::string EvalLine(const RunPlan& plan, const Run& run, const EvalResult& r) {
+std::string EvalLine(const RunPlan& plan, const Run& /*run*/, const EvalResult& r) {
   return fmt::format(
       "loss {:.4f}, perplexity {:.4g} over {} sequence(s) x {} tokens of {}{} in {:.2f} s ({:.0f} "
       "tok/s)",
       r.loss, std::exp(r.loss), r.sequences, plan.seq_len, plan.options.eval_data,
       r.dropped > 0 ? fmt::format(" ({} left out: not a whole batch of {} rank(s) x {})", r.dropped,
-                                  run.world(), plan.layout.micro_batch)
+                                  plan.data_world(), plan.layout.micro_batch)
                     : std::string(),
       r.seconds,
       static_cast<double>(r.sequences * static_cast<uint64_t>(plan.seq_len)) / r.seconds);

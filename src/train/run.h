@@ -51,6 +51,7 @@ struct Run {
   MemoryChoice memory;
   std::unique_ptr<model::LlamaModel> model;
   std::vector<char> frozen;  // per unit
+  TensorParts parts;         // tensor parallelism: where the model's parts lie in whole tensors
   std::unique_ptr<StateFiles> files;
   EngineStack stack;
   std::unique_ptr<TrainingData> eval_data;  // --eval-data (--data for `strata eval`)

@@ -137,7 +137,15 @@ Status ResolveSequence(RunPlan* plan) {
 Status ResolveBatches(RunPlan* plan) {
   const TrainOptions& o = plan->options;
   const std::optional<TrainerState>& resumed = plan->resumed;
-  STRATA_ASSIGN_OR_RETURN(BatchSizes batch, ResolveBatchSizes(plan->config.batch, plan->world()));
+  if (plan->world() % plan->tensor_parallel() != 0) {
+    return InvalidArgumentError(fmt::format(
+        "tensor_parallel.autotp_size {} does not divide the run's {} rank(s): each tensor-parallel "
+        "group is that many ranks",
+        plan->tensor_parallel(), plan->world()));
+  }
+  // The batch is split over the data-parallel ranks; a tensor-parallel group reads one share.
+  STRATA_ASSIGN_OR_RETURN(BatchSizes batch,
+                          ResolveBatchSizes(plan->config.batch, plan->data_world()));
   if (!plan->config.scheduler.total_num_steps.has_value() &&
       (plan->config.scheduler.type == SchedulerType::kWarmupDecayLR ||
        plan->config.scheduler.type == SchedulerType::kWarmupCosineLR)) {
@@ -147,7 +155,8 @@ Status ResolveBatches(RunPlan* plan) {
     plan->config.scheduler.total_num_steps = plan->scheduler_total_steps;
   }
   STRATA_ASSIGN_OR_RETURN(plan->token_dtype, ParseTokenDtype(o.data_dtype));
-  plan->layout = BatchLayout{plan->world(), static_cast<int>(batch.train_micro_batch_size_per_gpu),
+  plan->layout = BatchLayout{plan->data_world(),
+                             static_cast<int>(batch.train_micro_batch_size_per_gpu),
                              static_cast<int>(batch.gradient_accumulation_steps)};
   SamplerOptions& s = plan->sampler;
   s.seq_len = static_cast<uint64_t>(plan->seq_len);
@@ -205,16 +214,6 @@ Result<RunPlan> ResolveRun(const TrainOptions& options, const comm::LaunchInfo& 
   plan.launch = launch;
   STRATA_RETURN_IF_ERROR(CheckFlags(options));
   STRATA_ASSIGN_OR_RETURN(plan.config, LoadRunConfig(options));
-  if (plan.config.tensor_parallel_size > 1) {
-    // The model and the engine run it (docs/zero.md "Tensor parallelism"); what strata train
-    // adds around them does not know the split yet.
-    return UnimplementedError(fmt::format(
-        "tensor_parallel.autotp_size {}: strata train does not run tensor parallelism yet: its "
-        "data sharding, Hugging Face weights and checkpoints do not slice tensors over the "
-        "tensor-parallel ranks (the model and the ZeRO engine do, see docs/zero.md); `strata "
-        "estimate` plans it. Set autotp_size to 1",
-        plan.config.tensor_parallel_size));
-  }
   // A checkpoint to resume: its trainer state fixes the data order, the schedule and the model.
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(plan.resume_dir, ResolveCheckpoint(options.resume_dir));

@@ -59,7 +59,7 @@ struct RunPlan {
 
   int64_t seq_len = 0;
   uint64_t seed = 0;                  // the data order's
-  BatchLayout layout;                 // ranks x micro-batch x accumulation
+  BatchLayout layout;                 // data-parallel ranks x micro-batch x accumulation
   int64_t scheduler_total_steps = 0;  // the LR schedule's length when derived from --steps
   SamplerOptions sampler;
   TokenDtype token_dtype = TokenDtype::kUint16;
@@ -68,6 +68,12 @@ struct RunPlan {
   bool eval_only() const { return options.eval_only; }
   int world() const { return launch.world_size; }
   int rank() const { return launch.rank; }
+  // Tensor parallelism (tensor_parallel.autotp_size = T): ranks [r - r mod T, + T) split the
+  // model and read the same rows; the data-parallel ranks are world / T, this one r div T (as
+  // the runtime splits them, runtime.h).
+  int tensor_parallel() const { return std::max(config.tensor_parallel_size, 1); }
+  int data_world() const { return world() / tensor_parallel(); }
+  int data_rank() const { return rank() / tensor_parallel(); }
   // Validation during training is due after `done` steps (the last step always has one).
   bool EvalDue(int64_t done) const {
     return options.eval_every > 0 && (done % options.eval_every == 0 || done == options.steps);

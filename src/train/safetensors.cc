@@ -581,8 +581,11 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   // other nodes after the caller's barrier; make the size and header durable and visible first.
   STRATA_RETURN_IF_ERROR(f->Sync());
   std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter(path, layout, std::move(f)));
-  w->written_.push_back({0, layout.header().size(),
-                         io::Checksum64(std::as_bytes(std::span(layout.header()))), "header"});
+  {
+    MutexLock lock(w->written_mu_);
+    w->written_.push_back({0, layout.header().size(),
+                           io::Checksum64(std::as_bytes(std::span(layout.header()))), "header"});
+  }
   return w;
 }
 
@@ -610,6 +613,12 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Open(
 
 Status SafetensorsWriter::WriteRange(std::string_view name, uint64_t element_offset, uint64_t count,
                                      const void* src, DType src_dtype) {
+  return WriteStrided(name, element_offset, count, 1, count, src, src_dtype);
+}
+
+Status SafetensorsWriter::WriteStrided(std::string_view name, uint64_t element_offset,
+                                       uint64_t chunk, uint64_t chunks, uint64_t stride,
+                                       const void* src, DType src_dtype) {
   if (!file_) {
     return FailedPreconditionError(fmt::format("{}: WriteRange after Finish", path_));
   }
@@ -617,29 +626,39 @@ Status SafetensorsWriter::WriteRange(std::string_view name, uint64_t element_off
   if (tensor == nullptr) {
     return NotFoundError(fmt::format("{}: the layout has no tensor named '{}'", path_, name));
   }
-  STRATA_ASSIGN_OR_RETURN(DType file_dtype, CheckRange(*tensor, element_offset, count, path_));
+  if (chunks > 1 && stride < chunk) {
+    return InvalidArgumentError(fmt::format(
+        "{}: tensor '{}': chunks of {} elements {} apart would overlap", path_, name, chunk, stride));
+  }
+  const uint64_t span = chunks == 0 ? 0 : (chunks - 1) * stride + chunk;
+  STRATA_ASSIGN_OR_RETURN(DType file_dtype, CheckRange(*tensor, element_offset, span, path_));
+  if (chunk == 0 || chunks == 0) return Status::Ok();
   const uint64_t file_size = device::DTypeSize(file_dtype);
-  const uint64_t offset = tensor->file_offset + element_offset * file_size;
-  if (count == 0) return Status::Ok();
-  if (src_dtype == file_dtype) {
-    STRATA_RETURN_IF_ERROR(file_->WriteAt(offset, src, count * file_size));
-    written_.push_back({offset, count * file_size,
-                        io::Checksum64({static_cast<const std::byte*>(src), count * file_size}),
-                        std::string(name)});
-    return Status::Ok();
-  }
-  std::vector<char> bounce(std::min(count, kBounceElements) * file_size);
   const uint64_t src_size = device::DTypeSize(src_dtype);
+  const uint64_t offset = tensor->file_offset + element_offset * file_size;
   io::Checksum64Stream hash;
-  for (uint64_t done = 0; done < count;) {
-    const uint64_t n = std::min(count - done, kBounceElements);
-    ConvertElements(static_cast<const char*>(src) + done * src_size, src_dtype, bounce.data(),
-                    file_dtype, n);
-    STRATA_RETURN_IF_ERROR(file_->WriteAt(offset + done * file_size, bounce.data(), n * file_size));
-    hash.Update(bounce.data(), n * file_size);
-    done += n;
+  std::vector<char> bounce;
+  if (src_dtype != file_dtype) bounce.resize(std::min(chunk, kBounceElements) * file_size);
+  for (uint64_t c = 0; c < chunks; ++c) {
+    const char* from = static_cast<const char*>(src) + c * chunk * src_size;
+    const uint64_t at = offset + c * stride * file_size;
+    if (src_dtype == file_dtype) {
+      STRATA_RETURN_IF_ERROR(file_->WriteAt(at, from, chunk * file_size));
+      hash.Update(from, chunk * file_size);
+      continue;
+    }
+    for (uint64_t done = 0; done < chunk;) {
+      const uint64_t n = std::min(chunk - done, kBounceElements);
+      ConvertElements(from + done * src_size, src_dtype, bounce.data(), file_dtype, n);
+      STRATA_RETURN_IF_ERROR(file_->WriteAt(at + done * file_size, bounce.data(), n * file_size));
+      hash.Update(bounce.data(), n * file_size);
+      done += n;
+    }
   }
-  written_.push_back({offset, count * file_size, hash.Digest(), std::string(name)});
+  WrittenRange range{offset, chunk * file_size, hash.Digest(), std::string(name), chunks,
+                     chunks > 1 ? stride * file_size : 0};
+  MutexLock lock(written_mu_);
+  written_.push_back(std::move(range));
   return Status::Ok();
 }
 

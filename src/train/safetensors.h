@@ -47,6 +47,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "strata/device.h"
 #include "strata/file_system.h"
 #include "strata/status.h"
@@ -245,19 +246,31 @@ class SafetensorsWriter {
   // tensor's end, FailedPrecondition after Finish.
   Status WriteRange(std::string_view name, uint64_t element_offset, uint64_t count, const void* src,
                     device::DType src_dtype);
+  // `chunks` runs of `chunk` elements each, read one after another from `src`, written at
+  // elements element_offset + i * stride of tensor `name` (stride >= chunk): a block of columns
+  // of a row-major matrix, as a tensor-parallel rank holds it. One written range (below) covers
+  // them all. The same errors as WriteRange; InvalidArgument for stride < chunk.
+  Status WriteStrided(std::string_view name, uint64_t element_offset, uint64_t chunk,
+                      uint64_t chunks, uint64_t stride, const void* src, device::DType src_dtype);
 
   // fsyncs and closes the file. Further writes are FailedPrecondition; a second Finish is a no-op.
   Status Finish();
 
   // The byte ranges this writer wrote (the header for the one that created the file, then each
-  // WriteRange) with the XXH3-64 of the bytes as written: a checkpoint's manifest is made of them.
+  // WriteRange or WriteStrided) with the XXH3-64 of the bytes as written: a checkpoint's manifest
+  // is made of them. Call after the writes (not while another thread writes).
   struct WrittenRange {
     uint64_t offset = 0;
-    uint64_t length = 0;
-    uint64_t checksum = 0;
-    std::string what;  // "header" or the tensor's name
+    uint64_t length = 0;  // bytes: of the range, or of each chunk of a strided one
+    uint64_t checksum = 0;  // of every chunk's bytes in order
+    std::string what;     // "header" or the tensor's name
+    // A strided range (WriteStrided): `chunks` runs of `length` bytes, `stride` bytes apart
+    // from `offset`. 1 and 0 for a contiguous one.
+    uint64_t chunks = 1;
+    uint64_t stride = 0;
+    uint64_t end() const { return offset + (chunks - 1) * stride + length; }
   };
-  const std::vector<WrittenRange>& written() const { return written_; }
+  const std::vector<WrittenRange>& written() const NO_THREAD_SAFETY_ANALYSIS { return written_; }
 
  private:
   SafetensorsWriter(std::string path, SafetensorsLayout layout, std::unique_ptr<File> file);
@@ -265,7 +278,8 @@ class SafetensorsWriter {
   std::string path_;
   SafetensorsLayout layout_;
   std::unique_ptr<File> file_;  // null after Finish
-  std::vector<WrittenRange> written_;
+  Mutex written_mu_;
+  std::vector<WrittenRange> written_ GUARDED_BY(written_mu_);
 };
 
 // Writes a Hugging Face index ({"metadata": {"total_size": N}, "weight_map": {tensor: file}}) to

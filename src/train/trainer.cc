@@ -111,14 +111,14 @@ class StepBatches {
     std::vector<uint64_t> mine(mbs_.size());
     for (size_t a = 0; a < mbs_.size(); ++a) {
       STRATA_ASSIGN_OR_RETURN(const std::vector<uint64_t> rows,
-                              run.sampler->RankWindows(s, plan.layout, run.rank(),
+                              run.sampler->RankWindows(s, plan.layout, plan.data_rank(),
                                                        static_cast<int>(a)));
       STRATA_ASSIGN_OR_RETURN(mine[a], run.data->Read(rows, &mbs_[a]));
     }
     if (!run.data->prepared()) return Status::Ok();
     STRATA_ASSIGN_OR_RETURN(const std::vector<uint64_t> all, run.sampler->GlobalBatchWindows(s));
     STRATA_ASSIGN_OR_RETURN(const uint64_t global, run.data->TrainedTargets(all));
-    const std::vector<double> weights = LossWeights(mine, global, run.world());
+    const std::vector<double> weights = LossWeights(mine, global, plan.data_world());
     for (size_t a = 0; a < mbs_.size(); ++a) mbs_[a].loss_weight = weights[a];
     return Status::Ok();
   }
@@ -135,6 +135,7 @@ TrainerState StateAfter(const RunPlan& plan, const Run& run, int64_t done_steps)
   ts.counters = run.engine().counters();
   ts.sampler = run.sampler->state();
   ts.world_size = run.world();
+  ts.tensor_parallel = plan.tensor_parallel();
   ts.global_batch = plan.layout.global_batch();
   ts.seq_len = static_cast<uint64_t>(plan.seq_len);
   ts.scheduler_total_steps = plan.scheduler_total_steps;
@@ -154,6 +155,7 @@ Result<std::string> Save(const RunPlan& plan, Run& run, int64_t done) {
   options.lora = plan.lora;
   options.print = run.say;
   options.tokenizer_dir = plan.model_dir;
+  options.parts = &run.parts;
   return SaveCheckpoint(run.engine(), run.comm(), run.device(), plan.model,
                         StateAfter(plan, run, done), plan.options.save_dir, options);
 }

@@ -111,12 +111,12 @@ TEST(TrainCommandTest, BadInputIsOneClearError) {
   r = RunStrata({"train", "--config", config, "--model", "llama-tiny", "--data", odd});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr(odd));
-  // Tensor parallelism, which strata train does not run yet: refused, not ignored.
+  // A tensor-parallel degree larger than the run: refused with both numbers.
   const std::string tp = dir.file("tp.json");
   std::ofstream(tp) << R"({"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 1}})";
   r = RunStrata({"train", "--config", tp, "--model", "llama-tiny", "--data", data});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.err, HasSubstr("tensor_parallel.autotp_size 2: strata train does not run"));
+  EXPECT_THAT(r.err, HasSubstr("tensor_parallel.autotp_size 2 does not divide the run's 1 rank(s)"));
 }
 
 // The whole file, byte for byte.

@@ -99,7 +99,7 @@ class CheckpointCrashTest : public ::testing::Test {
     const Status verified = VerifyCheckpoint(*dir, *runtime_.comm, *runtime_.device, {}, fs);
     EXPECT_TRUE(verified.ok()) << *dir << ": " << verified.ToString();
     EXPECT_TRUE(CheckSameModel(*dir, model_config_, fs).ok());
-    auto files = StateFiles::OpenCheckpoint(*dir, model_->units(), {}, fs);
+    auto files = StateFiles::OpenCheckpoint(*dir, model_->units(), {}, {}, fs);
     EXPECT_TRUE(files.ok()) << files.status().ToString();
     // Every parameter file's bytes, in name order.
     auto model = SafetensorsModel::Open(*dir, fs);
