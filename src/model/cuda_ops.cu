@@ -341,22 +341,25 @@ OpError TakeDataError(OpsContext* context, DataError* out) {
 
 namespace {
 
+// The weight holds rows [vocab_begin, vocab_begin + vocab). With `shard` (tensor parallelism)
+// a token outside them is another rank's: a zero row, not an error.
 template <typename E>
 __global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, size_t num_tokens,
-                                       const typename E::T* __restrict__ weight, size_t vocab,
-                                       size_t hidden, float* __restrict__ out,
+                                       const typename E::T* __restrict__ weight,
+                                       size_t vocab_begin, size_t vocab, size_t hidden,
+                                       float* __restrict__ out, bool shard,
                                        DeviceDataError* record) {
   const size_t n = num_tokens * hidden;
   for (size_t idx = FirstIndex(); idx < n; idx += GridStride()) {
     const size_t t = idx / hidden;
     const size_t i = idx - t * hidden;
-    const int32_t token = tokens[t];
-    if (token < 0 || static_cast<size_t>(token) >= vocab) {
-      if (i == 0) RecordDataError(record, DataErrorKind::kToken, t, token, vocab);
+    const int64_t row = static_cast<int64_t>(tokens[t]) - static_cast<int64_t>(vocab_begin);
+    if (row < 0 || static_cast<size_t>(row) >= vocab) {
+      if (i == 0 && !shard) RecordDataError(record, DataErrorKind::kToken, t, tokens[t], vocab);
       out[idx] = 0.0f;
       continue;
     }
-    out[idx] = E::Load(weight[static_cast<size_t>(token) * hidden + i]);
+    out[idx] = E::Load(weight[static_cast<size_t>(row) * hidden + i]);
   }
 }
 
@@ -365,16 +368,19 @@ __global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, size_
 // ordered compaction, kBlockThreads positions at a time) and adds their rows of dout in that
 // order, which is the CPU's order. Blocks for later occurrences do nothing, so no two blocks
 // write one row and no atomics are needed.
+// dweight holds rows [vocab_begin, vocab_begin + vocab); with `shard` a token outside them is
+// another rank's and adds nothing here.
 __global__ void EmbeddingBackwardKernel(const int32_t* __restrict__ tokens, size_t num_tokens,
-                                        const float* __restrict__ dout, size_t vocab, size_t hidden,
-                                        float* __restrict__ dweight, int32_t skip_token,
-                                        DeviceDataError* record) {
+                                        const float* __restrict__ dout, size_t vocab_begin,
+                                        size_t vocab, size_t hidden, float* __restrict__ dweight,
+                                        int32_t skip_token, bool shard, DeviceDataError* record) {
   __shared__ size_t matches[kBlockThreads];
   __shared__ unsigned warp_counts[kWarpsPerBlock];
   const size_t t = blockIdx.x;
   const int32_t token = tokens[t];
-  if (token < 0 || static_cast<size_t>(token) >= vocab) {  // uniform over the block
-    if (threadIdx.x == 0) RecordDataError(record, DataErrorKind::kToken, t, token, vocab);
+  const int64_t own = static_cast<int64_t>(token) - static_cast<int64_t>(vocab_begin);
+  if (own < 0 || static_cast<size_t>(own) >= vocab) {  // uniform over the block
+    if (threadIdx.x == 0 && !shard) RecordDataError(record, DataErrorKind::kToken, t, token, vocab);
     return;
   }
   if (token == skip_token) return;  // padding_idx: uniform over the block
@@ -383,7 +389,7 @@ __global__ void EmbeddingBackwardKernel(const int32_t* __restrict__ tokens, size
     earlier = earlier || tokens[u] == token;
   if (__syncthreads_or(earlier)) return;
 
-  float* row = dweight + static_cast<size_t>(token) * hidden;
+  float* row = dweight + static_cast<size_t>(own) * hidden;
   const unsigned lane = threadIdx.x & 31;
   const unsigned warp = threadIdx.x / 32;
   for (size_t base = t; base < num_tokens; base += blockDim.x) {
@@ -420,8 +426,21 @@ OpError EmbeddingForward(OpsContext* context, const int32_t* tokens, size_t num_
   return ForWeightDType(weight.dtype, kOp, [&](auto tag) {
     using E = decltype(tag);
     EmbeddingForwardKernel<E><<<GridFor(num_tokens * hidden), kBlockThreads, 0, context->stream>>>(
-        tokens, num_tokens, static_cast<const typename E::T*>(weight.data), vocab, hidden, out,
-        context->data_error);
+        tokens, num_tokens, static_cast<const typename E::T*>(weight.data), 0, vocab, hidden, out,
+        false, context->data_error);
+  });
+}
+
+OpError ShardEmbeddingForward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
+                              Weight weight, size_t vocab_begin, size_t vocab, size_t hidden,
+                              float* out) {
+  constexpr const char* kOp = "ShardEmbeddingForward";
+  if (num_tokens == 0 || hidden == 0) return OpError{};
+  return ForWeightDType(weight.dtype, kOp, [&](auto tag) {
+    using E = decltype(tag);
+    EmbeddingForwardKernel<E><<<GridFor(num_tokens * hidden), kBlockThreads, 0, context->stream>>>(
+        tokens, num_tokens, static_cast<const typename E::T*>(weight.data), vocab_begin, vocab,
+        hidden, out, true, context->data_error);
   });
 }
 
@@ -432,7 +451,19 @@ OpError EmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num
   if (num_tokens == 0 || hidden == 0) return OpError{};
   if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
   EmbeddingBackwardKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
-      tokens, num_tokens, dout, vocab, hidden, dweight, skip_token, context->data_error);
+      tokens, num_tokens, dout, 0, vocab, hidden, dweight, skip_token, false, context->data_error);
+  return LaunchResult(kOp);
+}
+
+OpError ShardEmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
+                               const float* dout, size_t vocab_begin, size_t vocab, size_t hidden,
+                               float* dweight, int32_t skip_token) {
+  constexpr const char* kOp = "ShardEmbeddingBackward";
+  if (num_tokens == 0 || hidden == 0) return OpError{};
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
+  EmbeddingBackwardKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+      tokens, num_tokens, dout, vocab_begin, vocab, hidden, dweight, skip_token, true,
+      context->data_error);
   return LaunchResult(kOp);
 }
 
@@ -1365,6 +1396,171 @@ OpError CrossEntropyBackward(OpsContext* context, const float* logits, const int
   if (!error.ok()) return error;
   CrossEntropyGradKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
       logits, targets, lse, vocab, ignore_index, scale, dlogits);
+  return LaunchResult(kOp);
+}
+
+// ---- Cross-entropy over the vocabulary split (tensor parallelism) -------------------------------
+
+namespace {
+
+// The rank's column of a target, or -1 (another rank's, or ignored).
+__device__ inline int64_t OwnColumn(int32_t target, int32_t ignore_index, size_t vocab_begin,
+                                    size_t vocab) {
+  if (target == ignore_index) return -1;
+  const int64_t col = static_cast<int64_t>(target) - static_cast<int64_t>(vocab_begin);
+  return col >= 0 && static_cast<size_t>(col) < vocab ? col : -1;
+}
+
+// One block per row: max[t] = the largest of the rank's logits of row t.
+__global__ void CrossEntropyShardMaxKernel(const float* __restrict__ logits, size_t vocab,
+                                           float* __restrict__ max) {
+  __shared__ float scratch[kWarpsPerBlock];
+  const float* row = logits + blockIdx.x * vocab;
+  float m = -INFINITY;
+  for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
+    m = fmaxf(m, row[j]);
+  m = BlockMax(m, scratch);
+  if (threadIdx.x == 0) max[blockIdx.x] = m;
+}
+
+// One block per row: sums[t] = sum_j exp(logits[t, j] - max[t]); sums[T + t] = the target's
+// logit where the rank holds it, else 0.
+__global__ void CrossEntropyShardSumsKernel(const float* __restrict__ logits,
+                                            const int32_t* __restrict__ targets, size_t num_tokens,
+                                            size_t vocab_begin, size_t vocab, int32_t ignore_index,
+                                            const float* __restrict__ max,
+                                            float* __restrict__ sums) {
+  __shared__ float scratch[kWarpsPerBlock];
+  const size_t t = blockIdx.x;
+  const float* row = logits + t * vocab;
+  const float m = max[t];
+  float sum = 0.0f;
+  for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
+    sum += expf(row[j] - m);
+  sum = BlockSum(sum, scratch);
+  if (threadIdx.x != 0) return;
+  sums[t] = sum;
+  const int64_t own = OwnColumn(targets[t], ignore_index, vocab_begin, vocab);
+  sums[num_tokens + t] = own < 0 ? 0.0f : row[own];
+}
+
+// One block: lse[t] = max[t] + log(sums[t]); *loss = the mean of lse[t] - sums[T + t] over the
+// targets that are not ignored (0 with none).
+__global__ void CrossEntropyShardFinishKernel(const int32_t* __restrict__ targets,
+                                              size_t num_tokens, int32_t ignore_index,
+                                              const float* __restrict__ max,
+                                              const float* __restrict__ sums,
+                                              float* __restrict__ lse, float* loss) {
+  __shared__ float sum_scratch[kWarpsPerBlock];
+  __shared__ unsigned long long count_scratch[kWarpsPerBlock];
+  float total = 0.0f;
+  unsigned long long count = 0;
+  for (size_t t = threadIdx.x; t < num_tokens; t += blockDim.x) {
+    const float row_lse = max[t] + logf(sums[t]);
+    lse[t] = row_lse;
+    if (targets[t] == ignore_index) continue;
+    total += row_lse - sums[num_tokens + t];
+    ++count;
+  }
+  total = BlockSum(total, sum_scratch);
+  count = BlockSum(count, count_scratch);
+  if (threadIdx.x == 0) *loss = count == 0 ? 0.0f : total / static_cast<float>(count);
+}
+
+// One block: *scale = dloss / the targets that are not ignored (0 with none).
+__global__ void CrossEntropyShardScaleKernel(const int32_t* __restrict__ targets,
+                                             size_t num_tokens, int32_t ignore_index, float dloss,
+                                             float* scale) {
+  __shared__ unsigned long long count_scratch[kWarpsPerBlock];
+  unsigned long long count = 0;
+  for (size_t t = threadIdx.x; t < num_tokens; t += blockDim.x)
+    count += targets[t] != ignore_index ? 1 : 0;
+  count = BlockSum(count, count_scratch);
+  if (threadIdx.x == 0) *scale = count == 0 ? 0.0f : __fdiv_rn(dloss, static_cast<float>(count));
+}
+
+// One block per row: the rank's columns of (softmax - onehot) * scale; 0 for ignored rows.
+// dlogits may alias logits: each element is read, then written, by one thread.
+__global__ void CrossEntropyShardGradKernel(const float* logits,
+                                            const int32_t* __restrict__ targets,
+                                            const float* __restrict__ lse, size_t vocab_begin,
+                                            size_t vocab, int32_t ignore_index,
+                                            const float* __restrict__ scale_ptr, float* dlogits) {
+  const size_t t = blockIdx.x;
+  const int32_t target = targets[t];
+  const float* row = logits + t * vocab;
+  float* drow = dlogits + t * vocab;
+  if (target == ignore_index) {
+    for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
+      drow[j] = 0.0f;
+    return;
+  }
+  const float scale = *scale_ptr;
+  const float row_lse = lse[t];
+  const int64_t own = OwnColumn(target, ignore_index, vocab_begin, vocab);
+  for (size_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    float g = __fmul_rn(expf(__fsub_rn(row[j], row_lse)), scale);
+    if (static_cast<int64_t>(j) == own) g = __fsub_rn(g, scale);
+    drow[j] = g;
+  }
+}
+
+}  // namespace
+
+OpError CrossEntropyShardMax(OpsContext* context, const float* logits, size_t num_tokens,
+                             size_t vocab, float* max) {
+  constexpr const char* kOp = "CrossEntropyShardMax";
+  if (num_tokens == 0) return OpError{};
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
+  if (vocab == 0) return ArgumentError("vocab is 0", kOp);
+  CrossEntropyShardMaxKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0,
+                               context->stream>>>(logits, vocab, max);
+  return LaunchResult(kOp);
+}
+
+OpError CrossEntropyShardSums(OpsContext* context, const float* logits, const int32_t* targets,
+                              size_t num_tokens, size_t vocab_begin, size_t vocab,
+                              int32_t ignore_index, const float* max, float* sums) {
+  constexpr const char* kOp = "CrossEntropyShardSums";
+  if (num_tokens == 0) return OpError{};
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
+  if (vocab == 0) return ArgumentError("vocab is 0", kOp);
+  CrossEntropyShardSumsKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0,
+                                context->stream>>>(logits, targets, num_tokens, vocab_begin, vocab,
+                                                   ignore_index, max, sums);
+  return LaunchResult(kOp);
+}
+
+OpError CrossEntropyShardFinish(OpsContext* context, const int32_t* targets, size_t num_tokens,
+                                int32_t ignore_index, const float* max, const float* sums,
+                                float* lse, float* loss) {
+  constexpr const char* kOp = "CrossEntropyShardFinish";
+  if (num_tokens == 0) {
+    return CudaResult(cudaMemsetAsync(loss, 0, sizeof(float), context->stream), "cudaMemsetAsync",
+                      kOp);
+  }
+  CrossEntropyShardFinishKernel<<<1, kBlockThreads, 0, context->stream>>>(
+      targets, num_tokens, ignore_index, max, sums, lse, loss);
+  return LaunchResult(kOp);
+}
+
+OpError CrossEntropyShardBackward(OpsContext* context, const float* logits,
+                                  const int32_t* targets, const float* lse, size_t num_tokens,
+                                  size_t vocab_begin, size_t vocab, int32_t ignore_index,
+                                  float dloss, float* dlogits) {
+  constexpr const char* kOp = "CrossEntropyShardBackward";
+  if (num_tokens == 0 || vocab == 0) return OpError{};
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
+  OpError error = Reserve(context, sizeof(float), kOp);
+  if (!error.ok()) return error;
+  float* scale = WorkspaceCarver(context).Take<float>(1);
+  CrossEntropyShardScaleKernel<<<1, kBlockThreads, 0, context->stream>>>(targets, num_tokens,
+                                                                         ignore_index, dloss, scale);
+  error = LaunchResult(kOp);
+  if (!error.ok()) return error;
+  CrossEntropyShardGradKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0,
+                                context->stream>>>(logits, targets, lse, vocab_begin, vocab,
+                                                   ignore_index, scale, dlogits);
   return LaunchResult(kOp);
 }
 

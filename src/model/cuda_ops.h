@@ -245,4 +245,31 @@ OpError CrossEntropyBackward(OpsContext* context, const float* logits, const int
                              const float* lse, size_t num_tokens, size_t vocab,
                              int32_t ignore_index, float dloss, float* dlogits);
 
+// ---- The vocabulary split over tensor-parallel ranks --------------------------------------------
+// As cpu::ShardEmbeddingForward and the others (cpu_ops.h): the rank holds rows [vocab_begin,
+// vocab_begin + vocab) of the embedding and the LM head; tokens and targets are ids of the whole
+// vocabulary, checked by the caller (ids outside the rank's rows are another rank's, not errors).
+// The embedding's backward adds repeated tokens in position order, as EmbeddingBackward; the
+// row sums accumulate in fp32 (the CPU's in double).
+OpError ShardEmbeddingForward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
+                              Weight weight, size_t vocab_begin, size_t vocab, size_t hidden,
+                              float* out);
+OpError ShardEmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
+                               const float* dout, size_t vocab_begin, size_t vocab, size_t hidden,
+                               float* dweight, int32_t skip_token);
+OpError CrossEntropyShardMax(OpsContext* context, const float* logits, size_t num_tokens,
+                             size_t vocab, float* max);
+OpError CrossEntropyShardSums(OpsContext* context, const float* logits, const int32_t* targets,
+                              size_t num_tokens, size_t vocab_begin, size_t vocab,
+                              int32_t ignore_index, const float* max, float* sums);
+// *loss: one device float.
+OpError CrossEntropyShardFinish(OpsContext* context, const int32_t* targets, size_t num_tokens,
+                                int32_t ignore_index, const float* max, const float* sums,
+                                float* lse, float* loss);
+// dlogits may alias logits.
+OpError CrossEntropyShardBackward(OpsContext* context, const float* logits,
+                                  const int32_t* targets, const float* lse, size_t num_tokens,
+                                  size_t vocab_begin, size_t vocab, int32_t ignore_index,
+                                  float dloss, float* dlogits);
+
 }  // namespace strata::model::cuda

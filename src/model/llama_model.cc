@@ -746,6 +746,12 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   const LlamaOpsShape shape = LlamaOpsShapeFor(config_, seq_len_, micro_batch_);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<LlamaOps> cuda_ops,
                           CreateCudaLlamaOps(device_, *st.stream, shape, options.allow_tf32));
+  if (tp_.enabled() && !cuda_ops->HasShardOps()) {
+    return UnimplementedError(fmt::format(
+        "tensor parallelism (tensor_parallel.autotp_size {}): the {} device's ops have no "
+        "vocabulary-parallel embedding and cross-entropy",
+        tp_.size, device::DeviceTypeName(device_.type())));
+  }
   st.cuda_ops = profiled(std::move(cuda_ops));
   st.workspace_bytes = CudaLlamaOpsWorkspaceBytes(shape);
   return Status::Ok();
@@ -753,12 +759,6 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
 
 Status LlamaModel::SetUpTensorParallel() {
   State& st = *state_;
-  if (device_.type() != device::DeviceType::kCpu) {
-    return UnimplementedError(fmt::format(
-        "tensor parallelism (tensor_parallel.autotp_size {}) runs on the CPU device so far: the "
-        "vocabulary-parallel embedding and cross-entropy have no {} kernels yet",
-        tp_.size, device::DeviceTypeName(device_.type())));
-  }
   const int64_t kv = full_config_.num_key_value_heads;
   if (kv < tp_.size) {
     // The ranks that share a KV head: size / kv consecutive ranks.

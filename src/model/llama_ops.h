@@ -92,8 +92,8 @@ class LlamaOps {
                                       size_t num_tokens, size_t vocab, int32_t ignore_index,
                                       float dloss, float* dlogits) = 0;
   // The vocabulary split over tensor-parallel ranks (cpu_ops.h: ShardEmbeddingForward and the
-  // others): tokens and targets are ids of the whole vocabulary, checked by the caller. Only the
-  // CPU ops have them so far; elsewhere they are Unimplemented (LlamaModel refuses tensor
+  // others): tokens and targets are ids of the whole vocabulary, checked by the caller. The CPU
+  // and CUDA ops have them; elsewhere they are Unimplemented (LlamaModel refuses tensor
   // parallelism on such a device at Create, before any of them is called).
   virtual Status ShardEmbeddingForward(const int32_t* /*tokens*/, size_t /*num_tokens*/,
                                        Weight /*weight*/, size_t /*vocab_begin*/, size_t /*vocab*/,

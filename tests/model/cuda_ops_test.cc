@@ -618,6 +618,83 @@ TEST_F(CudaOpsGpuTest, CrossEntropyWithEveryTargetIgnoredIsZero) {
     EXPECT_EQ(g, 0.0f);
 }
 
+// Tensor parallelism's vocabulary split: each of 3 ranks' shard ops on the GPU against the CPU's,
+// with repeated tokens, a padding token, ignored targets and targets of other ranks. The
+// embedding is bit for bit (as the whole one); the cross-entropy within the fp32 tolerance.
+TEST_F(CudaOpsGpuTest, VocabularyShardOpsMatchTheCpu) {
+  const size_t T = 45, V = 36, H = 40, ranks = 3, part = V / ranks;
+  const auto tokens = RandomTokens(T, static_cast<int32_t>(V), 101);
+  auto targets = RandomTokens(T, static_cast<int32_t>(V), 102);
+  for (size_t t = 0; t < T; t += 7)
+    targets[t] = cpu::kIgnoreIndex;
+  const auto logits_all = RandomVector(T * V, 103, 3.0f);
+  const auto dout = RandomVector(T * H, 104);
+  const float dloss = 0.9f;
+  const int32_t* d_tokens = Upload(tokens);
+  const int32_t* d_targets = Upload(targets);
+  for (size_t r = 0; r < ranks; ++r) {
+    const size_t begin = r * part;
+    const std::string rank = " (rank " + std::to_string(r) + ")";
+    // The embedding's rows [begin, begin + part).
+    const auto w = RandomVector(part * H, 105 + r);
+    for (const DType dtype : kDTypes) {
+      const HostWeight hw = MakeWeight(w, dtype);
+      std::vector<float> out_cpu(T * H);
+      cpu::ShardEmbeddingForward(tokens.data(), T, hw.cpu(), begin, part, H, out_cpu.data());
+      float* d_out = Alloc<float>(out_cpu.size());
+      ASSERT_OP_OK(cuda::ShardEmbeddingForward(context(), d_tokens, T, Upload(hw), begin, part, H,
+                                               d_out));
+      ExpectBitEqual(Label("shard embedding out" + rank, dtype), Download(d_out, T * H), out_cpu);
+    }
+    const auto dw0 = RandomVector(part * H, 110 + r);
+    std::vector<float> dw_cpu = dw0;
+    cpu::ShardEmbeddingBackward(tokens.data(), T, dout.data(), begin, part, H, dw_cpu.data(),
+                                tokens[1]);
+    float* d_dw = Upload(dw0);
+    ASSERT_OP_OK(cuda::ShardEmbeddingBackward(context(), d_tokens, T, Upload(dout), begin, part, H,
+                                              d_dw, tokens[1]));
+    ExpectBitEqual("shard embedding dweight" + rank, Download(d_dw, dw_cpu.size()), dw_cpu);
+
+    // The cross-entropy's three steps on the rank's columns [begin, begin + part) of every row,
+    // each rank alone (the all-reduces between them are the model's, tested there).
+    std::vector<float> logits(T * part);
+    for (size_t t = 0; t < T; ++t) {
+      std::copy_n(logits_all.begin() + static_cast<std::ptrdiff_t>(t * V + begin), part,
+                  logits.begin() + static_cast<std::ptrdiff_t>(t * part));
+    }
+    std::vector<float> max_cpu(T), sums_cpu(2 * T), lse_cpu(T), dlogits_cpu(T * part);
+    cpu::CrossEntropyShardMax(logits.data(), T, part, max_cpu.data());
+    cpu::CrossEntropyShardSums(logits.data(), targets.data(), T, begin, part, cpu::kIgnoreIndex,
+                               max_cpu.data(), sums_cpu.data());
+    const float loss_cpu = cpu::CrossEntropyShardFinish(targets.data(), T, cpu::kIgnoreIndex,
+                                                        max_cpu.data(), sums_cpu.data(),
+                                                        lse_cpu.data());
+    cpu::CrossEntropyShardBackward(logits.data(), targets.data(), lse_cpu.data(), T, begin, part,
+                                   cpu::kIgnoreIndex, dloss, dlogits_cpu.data());
+    float* d_logits = Upload(logits);
+    float* d_max = Alloc<float>(T);
+    float* d_sums = Alloc<float>(2 * T);
+    float* d_lse = Alloc<float>(T);
+    float* d_loss = Alloc<float>(1);
+    ASSERT_OP_OK(cuda::CrossEntropyShardMax(context(), d_logits, T, part, d_max));
+    ExpectBitEqual("shard cross-entropy max" + rank, Download(d_max, T), max_cpu);
+    ASSERT_OP_OK(cuda::CrossEntropyShardSums(context(), d_logits, d_targets, T, begin, part,
+                                             cuda::kIgnoreIndex, d_max, d_sums));
+    ExpectClose("shard cross-entropy sums" + rank, Download(d_sums, 2 * T), sums_cpu,
+                kF32Tolerance);
+    ASSERT_OP_OK(cuda::CrossEntropyShardFinish(context(), d_targets, T, cuda::kIgnoreIndex, d_max,
+                                               d_sums, d_lse, d_loss));
+    ExpectClose("shard cross-entropy loss" + rank, Download(d_loss, 1), {loss_cpu},
+                kF32Tolerance);
+    ExpectClose("shard cross-entropy lse" + rank, Download(d_lse, T), lse_cpu, kF32Tolerance);
+    ASSERT_OP_OK(cuda::CrossEntropyShardBackward(context(), d_logits, d_targets, d_lse, T, begin,
+                                                 part, cuda::kIgnoreIndex, dloss, d_logits));
+    ExpectClose("shard cross-entropy dlogits (in place)" + rank, Download(d_logits, T * part),
+                dlogits_cpu, kF32Tolerance);
+  }
+  EXPECT_OK(cuda::CheckDataErrors(context()));
+}
+
 // ---- without a GPU ------------------------------------------------------------------------------
 
 TEST(CudaOpsTest, ErrorsBecomeStatusesNamingTheOpAndTheCall) {
