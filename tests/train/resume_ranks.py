@@ -12,24 +12,11 @@ usage: resume_ranks.py STRATA_BINARY MPIEXEC WORK_DIR
 import json
 import os
 import shutil
-import subprocess
 import sys
 
+from ranks_util import run, losses
+
 TOLERANCE = 1e-5
-
-
-def run(cmd):
-    print("+", " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    if r.returncode != 0:
-        print(r.stdout)
-        sys.exit(f"command failed with exit code {r.returncode}")
-    return r.stdout
-
-
-def losses(path):
-    with open(path) as f:
-        return {json.loads(line)["step"]: json.loads(line)["loss"] for line in f if line.strip()}
 
 
 def main():

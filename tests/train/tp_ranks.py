@@ -21,7 +21,6 @@ usage: tp_ranks.py STRATA_BINARY MPIEXEC WORK_DIR   (run with the hf venv's pyth
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -30,23 +29,11 @@ import torch.nn.functional as F
 from safetensors.numpy import load_file
 from transformers import AutoModelForCausalLM
 
+from ranks_util import run, losses
+
 LOSS_RTOL = 1e-4
 TENSOR_RTOL = 1e-4
 SEQ = 32
-
-
-def run(cmd):
-    print("+", " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    if r.returncode != 0:
-        print(r.stdout)
-        sys.exit(f"command failed with exit code {r.returncode}")
-    return r.stdout
-
-
-def losses(path):
-    with open(path) as f:
-        return {json.loads(line)["step"]: json.loads(line)["loss"] for line in f if line.strip()}
 
 
 def write_config(path, work, tp):
