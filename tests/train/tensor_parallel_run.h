@@ -80,7 +80,7 @@ std::string ConfigJson(int tp, int accumulation, const std::string& zero, bool l
 
 // One rank of a run of `world` ranks with tensor-parallel degree `tp` (1: plain data
 // parallelism), `zero` in zero_optimization, `dir` for NVMe homes; `ro` says how the rank finds
-// the others (its launch and collective). Every rank trains kSteps steps on its data-parallel
+// the others (its launch and collective) and on which device it runs (the CPU unless it says). Every rank trains kSteps steps on its data-parallel
 // rank's share of kGlobalMicroBatches micro-batches.
 inline RankRun TrainRank(RuntimeOptions ro, int world, int tp, const std::string& zero, bool lora,
                          const LlamaConfig& cfg, double clipping, const std::string& dir) {
@@ -90,7 +90,7 @@ inline RankRun TrainRank(RuntimeOptions ro, int world, int tp, const std::string
   for (size_t pos; (pos = json.find("@DIR@")) != std::string::npos;) json.replace(pos, 5, dir);
   result.status = [&]() -> Status {
     STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(json, "<tp test>"));
-    ro.device = DeviceKind::kCpu;
+    if (!ro.device) ro.device = DeviceKind::kCpu;
     STRATA_ASSIGN_OR_RETURN(Runtime runtime, OpenRuntime(config, ro));
     model::LlamaModelOptions mo;
     STRATA_ASSIGN_OR_RETURN(mo.lora, model::ResolveLlamaLora(config.strata.lora));
