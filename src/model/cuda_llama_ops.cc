@@ -121,16 +121,14 @@ class CudaLlamaOps final : public LlamaOps {
   Status ShardEmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
                                size_t vocab_begin, size_t vocab, size_t hidden,
                                float* out) override {
-    return cuda::ToStatus(cuda::ShardEmbeddingForward(ctx(), tokens, num_tokens,
-                                                      cuda::ToCudaWeight(weight), vocab_begin,
-                                                      vocab, hidden, out));
+    return cuda::ToStatus(cuda::ShardEmbeddingForward(
+        ctx(), tokens, num_tokens, cuda::ToCudaWeight(weight), vocab_begin, vocab, hidden, out));
   }
   Status ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
                                 size_t vocab_begin, size_t vocab, size_t hidden, float* dweight,
                                 int32_t skip_token) override {
-    return cuda::ToStatus(cuda::ShardEmbeddingBackward(ctx(), tokens, num_tokens, dout,
-                                                       vocab_begin, vocab, hidden, dweight,
-                                                       skip_token));
+    return cuda::ToStatus(cuda::ShardEmbeddingBackward(ctx(), tokens, num_tokens, dout, vocab_begin,
+                                                       vocab, hidden, dweight, skip_token));
   }
   Status CrossEntropyShardMax(const float* logits, size_t num_tokens, size_t vocab,
                               float* max) override {
@@ -151,9 +149,8 @@ class CudaLlamaOps final : public LlamaOps {
   Status CrossEntropyShardBackward(const float* logits, const int32_t* targets, const float* lse,
                                    size_t num_tokens, size_t vocab_begin, size_t vocab,
                                    int32_t ignore_index, float dloss, float* dlogits) override {
-    return cuda::ToStatus(cuda::CrossEntropyShardBackward(ctx(), logits, targets, lse, num_tokens,
-                                                          vocab_begin, vocab, ignore_index, dloss,
-                                                          dlogits));
+    return cuda::ToStatus(cuda::CrossEntropyShardBackward(
+        ctx(), logits, targets, lse, num_tokens, vocab_begin, vocab, ignore_index, dloss, dlogits));
   }
   bool HasShardOps() const override { return true; }
   Status CheckDataErrors() override { return cuda::CheckDataErrors(ctx()); }

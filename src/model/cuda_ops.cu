@@ -345,10 +345,9 @@ namespace {
 // a token outside them is another rank's: a zero row, not an error.
 template <typename E>
 __global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, size_t num_tokens,
-                                       const typename E::T* __restrict__ weight,
-                                       size_t vocab_begin, size_t vocab, size_t hidden,
-                                       float* __restrict__ out, bool shard,
-                                       DeviceDataError* record) {
+                                       const typename E::T* __restrict__ weight, size_t vocab_begin,
+                                       size_t vocab, size_t hidden, float* __restrict__ out,
+                                       bool shard, DeviceDataError* record) {
   const size_t n = num_tokens * hidden;
   for (size_t idx = FirstIndex(); idx < n; idx += GridStride()) {
     const size_t t = idx / hidden;
@@ -1468,9 +1467,8 @@ __global__ void CrossEntropyShardFinishKernel(const int32_t* __restrict__ target
 }
 
 // One block: *scale = dloss / the targets that are not ignored (0 with none).
-__global__ void CrossEntropyShardScaleKernel(const int32_t* __restrict__ targets,
-                                             size_t num_tokens, int32_t ignore_index, float dloss,
-                                             float* scale) {
+__global__ void CrossEntropyShardScaleKernel(const int32_t* __restrict__ targets, size_t num_tokens,
+                                             int32_t ignore_index, float dloss, float* scale) {
   __shared__ unsigned long long count_scratch[kWarpsPerBlock];
   unsigned long long count = 0;
   for (size_t t = threadIdx.x; t < num_tokens; t += blockDim.x)
@@ -1544,18 +1542,17 @@ OpError CrossEntropyShardFinish(OpsContext* context, const int32_t* targets, siz
   return LaunchResult(kOp);
 }
 
-OpError CrossEntropyShardBackward(OpsContext* context, const float* logits,
-                                  const int32_t* targets, const float* lse, size_t num_tokens,
-                                  size_t vocab_begin, size_t vocab, int32_t ignore_index,
-                                  float dloss, float* dlogits) {
+OpError CrossEntropyShardBackward(OpsContext* context, const float* logits, const int32_t* targets,
+                                  const float* lse, size_t num_tokens, size_t vocab_begin,
+                                  size_t vocab, int32_t ignore_index, float dloss, float* dlogits) {
   constexpr const char* kOp = "CrossEntropyShardBackward";
   if (num_tokens == 0 || vocab == 0) return OpError{};
   if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
   OpError error = Reserve(context, sizeof(float), kOp);
   if (!error.ok()) return error;
   float* scale = WorkspaceCarver(context).Take<float>(1);
-  CrossEntropyShardScaleKernel<<<1, kBlockThreads, 0, context->stream>>>(targets, num_tokens,
-                                                                         ignore_index, dloss, scale);
+  CrossEntropyShardScaleKernel<<<1, kBlockThreads, 0, context->stream>>>(
+      targets, num_tokens, ignore_index, dloss, scale);
   error = LaunchResult(kOp);
   if (!error.ok()) return error;
   CrossEntropyShardGradKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0,

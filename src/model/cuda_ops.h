@@ -267,9 +267,8 @@ OpError CrossEntropyShardFinish(OpsContext* context, const int32_t* targets, siz
                                 int32_t ignore_index, const float* max, const float* sums,
                                 float* lse, float* loss);
 // dlogits may alias logits.
-OpError CrossEntropyShardBackward(OpsContext* context, const float* logits,
-                                  const int32_t* targets, const float* lse, size_t num_tokens,
-                                  size_t vocab_begin, size_t vocab, int32_t ignore_index,
-                                  float dloss, float* dlogits);
+OpError CrossEntropyShardBackward(OpsContext* context, const float* logits, const int32_t* targets,
+                                  const float* lse, size_t num_tokens, size_t vocab_begin,
+                                  size_t vocab, int32_t ignore_index, float dloss, float* dlogits);
 
 }  // namespace strata::model::cuda

@@ -178,7 +178,8 @@ nlohmann::json StateToJson(const TrainerState& st) {
 // The shape of slot `s`'s tensor in the files: the whole tensor's under tensor parallelism.
 std::vector<uint64_t> FileShape(const zero::ParamSlot& s, const TensorParts* parts) {
   const TensorPart* part = parts != nullptr ? parts->Find(s.name) : nullptr;
-  return part != nullptr ? part->whole_shape : std::vector<uint64_t>(s.shape.begin(), s.shape.end());
+  return part != nullptr ? part->whole_shape
+                         : std::vector<uint64_t>(s.shape.begin(), s.shape.end());
 }
 
 std::vector<SafetensorsTensorSpec> ParamSpecs(const std::vector<zero::UnitLayout>& layouts,
@@ -207,8 +208,7 @@ std::vector<SafetensorsTensorSpec> OptimizerSpecs(const std::vector<zero::UnitLa
         continue;
       }
       for (const auto& s : l.slots) {
-        specs.push_back(
-            {OptimizerName(kind, s.name), SafetensorsDType::kF32, FileShape(s, parts)});
+        specs.push_back({OptimizerName(kind, s.name), SafetensorsDType::kF32, FileShape(s, parts)});
       }
     }
   }
@@ -267,10 +267,9 @@ Result<Save> PlanSave(const zero::Engine& engine, const TrainerState& state,
   save.tmp_dir = (fs::path(save_dir) / ("." + StepDirName(state.step) + ".tmp")).string();
   const auto& layouts = engine.layouts();
   const SafetensorsDType param_dtype = ToSafetensorsDType(engine.compute_dtype());
-  STRATA_ASSIGN_OR_RETURN(
-      FileSet params,
-      PlanFiles("model", ParamSpecs(layouts, param_dtype, false, options.parts),
-                options.max_shard_bytes));
+  STRATA_ASSIGN_OR_RETURN(FileSet params,
+                          PlanFiles("model", ParamSpecs(layouts, param_dtype, false, options.parts),
+                                    options.max_shard_bytes));
   STRATA_ASSIGN_OR_RETURN(
       FileSet optim,
       PlanFiles("optimizer", OptimizerSpecs(layouts, engine.frozen_units(), options.parts),
@@ -352,9 +351,9 @@ Status WritePieces(zero::Engine& engine, Save& save, const TensorParts* parts,
         const uint64_t size = device::DTypeSize(dtype);
         for (const PartRun& run : TensorParts::Runs(part, static_cast<uint64_t>(p.offset),
                                                     static_cast<uint64_t>(p.count))) {
-          STRATA_RETURN_IF_ERROR(writer.WriteStrided(
-              name, run.offset, run.chunk, run.chunks, run.stride,
-              static_cast<const char*>(data) + run.part_offset * size, dtype));
+          STRATA_RETURN_IF_ERROR(
+              writer.WriteStrided(name, run.offset, run.chunk, run.chunks, run.stride,
+                                  static_cast<const char*>(data) + run.part_offset * size, dtype));
         }
         return Status::Ok();
       },
@@ -706,7 +705,8 @@ Status CheckTensors(const SafetensorsModel& m, const std::vector<zero::UnitSpec>
       }
       const TensorPart* part = parts.Find(p.name);
       const std::vector<uint64_t> want =
-          part != nullptr ? part->whole_shape : std::vector<uint64_t>(p.shape.begin(), p.shape.end());
+          part != nullptr ? part->whole_shape
+                          : std::vector<uint64_t>(p.shape.begin(), p.shape.end());
       Result<const SafetensorsFile*> file = m.FileOf(name);
       const std::string where = file.ok() ? (*file)->path() : m.source();
       if ((*t)->shape != want) {
@@ -739,11 +739,9 @@ std::vector<std::vector<std::string>> SlotNames(const std::vector<zero::UnitSpec
 StateFiles::StateFiles(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StateFiles::~StateFiles() = default;
 
-Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& path,
-                                                            const std::vector<zero::UnitSpec>& units,
-                                                            const std::string& adapter_dir,
-                                                            const TensorParts& parts,
-                                                            FileSystem& files) {
+Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(
+    const std::string& path, const std::vector<zero::UnitSpec>& units,
+    const std::string& adapter_dir, const TensorParts& parts, FileSystem& files) {
   auto impl = std::make_unique<Impl>();
   impl->source = path;
   impl->parts = parts;
@@ -759,9 +757,8 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenWeights(const std::string& p
     }
     if (!adapters.back().params.empty() && adapter_dir.empty()) impl->init_from_model[u] = 1;
   }
-  STRATA_RETURN_IF_ERROR(CheckTensors(*impl->weights, base,
-                                      [](const std::string& n) { return n; }, parts,
-                                      &impl->total_bytes));
+  STRATA_RETURN_IF_ERROR(CheckTensors(
+      *impl->weights, base, [](const std::string& n) { return n; }, parts, &impl->total_bytes));
   if (!adapter_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(
         impl->adapter,
@@ -811,8 +808,8 @@ Result<std::unique_ptr<StateFiles>> StateFiles::OpenCheckpoint(
       }
     }
   }
-  STRATA_RETURN_IF_ERROR(CheckTensors(*impl.weights, kept, [](const std::string& n) { return n; },
-                                      parts, &impl.total_bytes));
+  STRATA_RETURN_IF_ERROR(CheckTensors(
+      *impl.weights, kept, [](const std::string& n) { return n; }, parts, &impl.total_bytes));
   for (zero::StateKind kind :
        {zero::StateKind::kMaster, zero::StateKind::kExpAvg, zero::StateKind::kExpAvgSq}) {
     Status st = CheckTensors(
@@ -850,15 +847,16 @@ zero::InitialStates StateFiles::Initial(zero::StateProgress progress) const {
       file = impl->optimizer.get();
       file_name = OptimizerName(p.kind, name);
     } else if (model::IsLoraParamName(name)) {
-      if (!impl->adapter) return InternalError(fmt::format("checkpoint: no adapter file for '{}'", name));
+      if (!impl->adapter)
+        return InternalError(fmt::format("checkpoint: no adapter file for '{}'", name));
       file = impl->adapter.get();
       file_name = model::PeftAdapterName(name);
     }
     // Tensor parallelism: this rank's part of the whole tensor, run by run.
     const uint64_t size = device::DTypeSize(dtype);
-    for (const PartRun& run : TensorParts::Runs(impl->parts.Find(name),
-                                                static_cast<uint64_t>(p.offset),
-                                                static_cast<uint64_t>(p.count))) {
+    for (const PartRun& run :
+         TensorParts::Runs(impl->parts.Find(name), static_cast<uint64_t>(p.offset),
+                           static_cast<uint64_t>(p.count))) {
       for (uint64_t c = 0; c < run.chunks; ++c) {
         STRATA_RETURN_IF_ERROR(file->ReadRange(
             file_name, run.offset + c * run.stride, run.chunk,

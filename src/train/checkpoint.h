@@ -148,11 +148,10 @@ class StateFiles {
                                                          FileSystem& fs = LocalFileSystem());
   // A checkpoint step directory: weights and optimizer states (those of the units not `frozen`,
   // per unit; none given: every unit's).
-  static Result<std::unique_ptr<StateFiles>> OpenCheckpoint(const std::string& step_dir,
-                                                            const std::vector<zero::UnitSpec>& units,
-                                                            const std::vector<char>& frozen = {},
-                                                            const TensorParts& parts = {},
-                                                            FileSystem& fs = LocalFileSystem());
+  static Result<std::unique_ptr<StateFiles>> OpenCheckpoint(
+      const std::string& step_dir, const std::vector<zero::UnitSpec>& units,
+      const std::vector<char>& frozen = {}, const TensorParts& parts = {},
+      FileSystem& fs = LocalFileSystem());
   ~StateFiles();
 
   // EngineOptions::initial / Engine::LoadStates for these files (with the optimizer states when

@@ -104,9 +104,11 @@ struct ByteRun {
 std::vector<ByteRun> RunsOf(const std::vector<SafetensorsWriter::WrittenRange>& ranges) {
   std::vector<ByteRun> runs;
   for (const auto& r : ranges) {
-    for (uint64_t c = 0; c < r.chunks; ++c) runs.push_back({r.offset + c * r.stride, r.length, &r});
+    for (uint64_t c = 0; c < r.chunks; ++c)
+      runs.push_back({r.offset + c * r.stride, r.length, &r});
   }
-  std::sort(runs.begin(), runs.end(), [](const ByteRun& a, const ByteRun& b) { return a.offset < b.offset; });
+  std::sort(runs.begin(), runs.end(),
+            [](const ByteRun& a, const ByteRun& b) { return a.offset < b.offset; });
   return runs;
 }
 
@@ -156,8 +158,8 @@ Status WriteManifest(const std::string& dir, int world, const std::vector<std::s
     for (const ByteRun& r : RunsOf(f.ranges)) {
       if (r.offset != at) {
         return InternalError(fmt::format(
-            "checkpoint {}: {} bytes [{}, {}) {} (before '{}')", dir, name,
-            std::min(at, r.offset), std::max(at, r.offset),
+            "checkpoint {}: {} bytes [{}, {}) {} (before '{}')", dir, name, std::min(at, r.offset),
+            std::max(at, r.offset),
             r.offset > at ? "were written by no rank" : "were written twice", r.range->what));
       }
       at = r.offset + r.length;
@@ -243,9 +245,9 @@ VerifyResult VerifyManifest(const std::string& dir, const Manifest& manifest, in
         out.problems.push_back(fmt::format(
             "{}: bytes [{}, {}){} ({}) differ from what was written (XXH3 {} written, {} now)",
             name, r.offset, r.end(),
-            r.chunks > 1 ? fmt::format(" in {} runs of {} bytes every {}", r.chunks, r.length,
-                                       r.stride)
-                         : std::string(),
+            r.chunks > 1
+                ? fmt::format(" in {} runs of {} bytes every {}", r.chunks, r.length, r.stride)
+                : std::string(),
             r.what, io::ChecksumHex(r.checksum), io::ChecksumHex(*h)));
       }
     }

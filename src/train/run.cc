@@ -177,18 +177,18 @@ Status AgreeOnPlacement(RunPlan* plan, Run* run, const MachineFacts& machine) {
 Status BuildModel(const RunPlan& plan, Run* run) {
   const MemoryChoice& memory = run->memory;
   STRATA_ASSIGN_OR_RETURN(
-      run->model, model::LlamaModel::Create(run->device(), plan.model, plan.seq_len,
-                                            plan.layout.micro_batch, plan.config.strata.seed,
-                                            {.allow_tf32 = plan.config.strata.tf32,
-                                             .profile_ops = plan.options.profile_ops,
-                                             .lora = plan.lora,
-                                             .keep_activations = memory.keep_activations,
-                                             .split_blocks = memory.split_blocks,
-                                             .offload_checkpoints = memory.offload_checkpoints,
-                                             .tensor_parallel = {
-                                                 .rank = run->runtime.tensor_parallel_rank(),
-                                                 .size = plan.tensor_parallel(),
-                                                 .group = run->runtime.tensor_parallel.get()}}));
+      run->model,
+      model::LlamaModel::Create(
+          run->device(), plan.model, plan.seq_len, plan.layout.micro_batch, plan.config.strata.seed,
+          {.allow_tf32 = plan.config.strata.tf32,
+           .profile_ops = plan.options.profile_ops,
+           .lora = plan.lora,
+           .keep_activations = memory.keep_activations,
+           .split_blocks = memory.split_blocks,
+           .offload_checkpoints = memory.offload_checkpoints,
+           .tensor_parallel = {.rank = run->runtime.tensor_parallel_rank(),
+                               .size = plan.tensor_parallel(),
+                               .group = run->runtime.tensor_parallel.get()}}));
   run->parts = TensorParts::Of(*run->model);
   // Frozen parameters (strata.freeze / strata.trainable), whole units.
   const Config& config = plan.config;
@@ -223,10 +223,9 @@ std::string ModelLine(const RunPlan& plan, const Run& run) {
       plan.eval_only() ? "eval" : "train", plan.model.name,
       static_cast<double>(plan.model.ParameterCount()) / 1e6, plan.model.num_hidden_layers,
       run.world(),
-      plan.tensor_parallel() > 1
-          ? fmt::format(" (tensor parallelism {} x data parallelism {})", plan.tensor_parallel(),
-                        plan.data_world())
-          : std::string(),
+      plan.tensor_parallel() > 1 ? fmt::format(" (tensor parallelism {} x data parallelism {})",
+                                               plan.tensor_parallel(), plan.data_world())
+                                 : std::string(),
       run.runtime.topology.nodes() > 1 ? " on " + run.runtime.topology.Describe() : std::string(),
       config.zero.stage, ZeroPlusPlusNames(config),
       OffloadDeviceName(config.zero.offload_param.device),
@@ -326,13 +325,11 @@ Status OpenStateFiles(const RunPlan& plan, Run* run) {
   const std::vector<zero::UnitSpec> units = run->model->units();
   if (plan.resumed) {
     STRATA_RETURN_IF_ERROR(VerifyCheckpoint(plan.resume_dir, run->comm(), run->device(), run->say));
-    STRATA_ASSIGN_OR_RETURN(run->files,
-                            StateFiles::OpenCheckpoint(plan.resume_dir, units, run->frozen,
-                                                       run->parts));
+    STRATA_ASSIGN_OR_RETURN(
+        run->files, StateFiles::OpenCheckpoint(plan.resume_dir, units, run->frozen, run->parts));
   } else if (HasWeights(plan.model_dir)) {
-    STRATA_ASSIGN_OR_RETURN(run->files,
-                            StateFiles::OpenWeights(plan.model_dir, units, plan.adapter_dir,
-                                                    run->parts));
+    STRATA_ASSIGN_OR_RETURN(
+        run->files, StateFiles::OpenWeights(plan.model_dir, units, plan.adapter_dir, run->parts));
   } else if (!plan.adapter_dir.empty()) {
     return InvalidArgumentError(
         fmt::format("--adapter {}: adapters need the base model's weights, and {} holds none "
@@ -460,9 +457,9 @@ Result<bool> ResumeRun(const RunPlan& plan, Run* run) {
   const auto tp = [](int t) {
     return t > 1 ? fmt::format(" with tensor parallelism {}", t) : std::string();
   };
-  run->say(fmt::format("  resumed {} at step {} (saved on {} rank(s){}, now {}{})",
-                       plan.resume_dir, run->first_step, resumed.world_size,
-                       tp(resumed.tensor_parallel), run->world(), tp(plan.tensor_parallel())));
+  run->say(fmt::format("  resumed {} at step {} (saved on {} rank(s){}, now {}{})", plan.resume_dir,
+                       run->first_step, resumed.world_size, tp(resumed.tensor_parallel),
+                       run->world(), tp(plan.tensor_parallel())));
   if (run->first_step >= plan.options.steps) {
     run->say(fmt::format("the checkpoint is at step {}; --steps {}: nothing to do", run->first_step,
                          plan.options.steps));

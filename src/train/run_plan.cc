@@ -155,9 +155,9 @@ Status ResolveBatches(RunPlan* plan) {
     plan->config.scheduler.total_num_steps = plan->scheduler_total_steps;
   }
   STRATA_ASSIGN_OR_RETURN(plan->token_dtype, ParseTokenDtype(o.data_dtype));
-  plan->layout = BatchLayout{plan->data_world(),
-                             static_cast<int>(batch.train_micro_batch_size_per_gpu),
-                             static_cast<int>(batch.gradient_accumulation_steps)};
+  plan->layout =
+      BatchLayout{plan->data_world(), static_cast<int>(batch.train_micro_batch_size_per_gpu),
+                  static_cast<int>(batch.gradient_accumulation_steps)};
   SamplerOptions& s = plan->sampler;
   s.seq_len = static_cast<uint64_t>(plan->seq_len);
   s.global_batch = plan->layout.global_batch();

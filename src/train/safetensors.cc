@@ -627,8 +627,9 @@ Status SafetensorsWriter::WriteStrided(std::string_view name, uint64_t element_o
     return NotFoundError(fmt::format("{}: the layout has no tensor named '{}'", path_, name));
   }
   if (chunks > 1 && stride < chunk) {
-    return InvalidArgumentError(fmt::format(
-        "{}: tensor '{}': chunks of {} elements {} apart would overlap", path_, name, chunk, stride));
+    return InvalidArgumentError(
+        fmt::format("{}: tensor '{}': chunks of {} elements {} apart would overlap", path_, name,
+                    chunk, stride));
   }
   const uint64_t span = chunks == 0 ? 0 : (chunks - 1) * stride + chunk;
   STRATA_ASSIGN_OR_RETURN(DType file_dtype, CheckRange(*tensor, element_offset, span, path_));
@@ -655,8 +656,9 @@ Status SafetensorsWriter::WriteStrided(std::string_view name, uint64_t element_o
       done += n;
     }
   }
-  WrittenRange range{offset, chunk * file_size, hash.Digest(), std::string(name), chunks,
-                     chunks > 1 ? stride * file_size : 0};
+  WrittenRange range{offset,        chunk * file_size,
+                     hash.Digest(), std::string(name),
+                     chunks,        chunks > 1 ? stride * file_size : 0};
   MutexLock lock(written_mu_);
   written_.push_back(std::move(range));
   return Status::Ok();

@@ -261,9 +261,9 @@ class SafetensorsWriter {
   // is made of them. Call after the writes (not while another thread writes).
   struct WrittenRange {
     uint64_t offset = 0;
-    uint64_t length = 0;  // bytes: of the range, or of each chunk of a strided one
+    uint64_t length = 0;    // bytes: of the range, or of each chunk of a strided one
     uint64_t checksum = 0;  // of every chunk's bytes in order
-    std::string what;     // "header" or the tensor's name
+    std::string what;       // "header" or the tensor's name
     // A strided range (WriteStrided): `chunks` runs of `length` bytes, `stride` bytes apart
     // from `offset`. 1 and 0 for a contiguous one.
     uint64_t chunks = 1;

@@ -41,7 +41,8 @@ std::vector<PartRun> TensorParts::Runs(const TensorPart* part, uint64_t offset, 
     return {{offset, count, 1, 0, 0}};
   }
   uint64_t row = 1;  // elements of one row (of dim 0) of the whole tensor
-  for (size_t d = 1; d < part->whole_shape.size(); ++d) row *= part->whole_shape[d];
+  for (size_t d = 1; d < part->whole_shape.size(); ++d)
+    row *= part->whole_shape[d];
   const auto begin = static_cast<uint64_t>(part->slice.begin);
   if (part->slice.dim == 0) return {{begin * row + offset, count, 1, 0, 0}};
   // Columns [begin, begin + width) of every row.

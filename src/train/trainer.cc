@@ -110,9 +110,9 @@ class StepBatches {
     const auto s = static_cast<uint64_t>(step);
     std::vector<uint64_t> mine(mbs_.size());
     for (size_t a = 0; a < mbs_.size(); ++a) {
-      STRATA_ASSIGN_OR_RETURN(const std::vector<uint64_t> rows,
-                              run.sampler->RankWindows(s, plan.layout, plan.data_rank(),
-                                                       static_cast<int>(a)));
+      STRATA_ASSIGN_OR_RETURN(
+          const std::vector<uint64_t> rows,
+          run.sampler->RankWindows(s, plan.layout, plan.data_rank(), static_cast<int>(a)));
       STRATA_ASSIGN_OR_RETURN(mine[a], run.data->Read(rows, &mbs_[a]));
     }
     if (!run.data->prepared()) return Status::Ok();

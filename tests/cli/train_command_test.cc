@@ -116,7 +116,8 @@ TEST(TrainCommandTest, BadInputIsOneClearError) {
   std::ofstream(tp) << R"({"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 1}})";
   r = RunStrata({"train", "--config", tp, "--model", "llama-tiny", "--data", data});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.err, HasSubstr("tensor_parallel.autotp_size 2 does not divide the run's 1 rank(s)"));
+  EXPECT_THAT(r.err,
+              HasSubstr("tensor_parallel.autotp_size 2 does not divide the run's 1 rank(s)"));
 }
 
 // The whole file, byte for byte.

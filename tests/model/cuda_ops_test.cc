@@ -642,8 +642,8 @@ TEST_F(CudaOpsGpuTest, VocabularyShardOpsMatchTheCpu) {
       std::vector<float> out_cpu(T * H);
       cpu::ShardEmbeddingForward(tokens.data(), T, hw.cpu(), begin, part, H, out_cpu.data());
       float* d_out = Alloc<float>(out_cpu.size());
-      ASSERT_OP_OK(cuda::ShardEmbeddingForward(context(), d_tokens, T, Upload(hw), begin, part, H,
-                                               d_out));
+      ASSERT_OP_OK(
+          cuda::ShardEmbeddingForward(context(), d_tokens, T, Upload(hw), begin, part, H, d_out));
       ExpectBitEqual(Label("shard embedding out" + rank, dtype), Download(d_out, T * H), out_cpu);
     }
     const auto dw0 = RandomVector(part * H, 110 + r);
@@ -666,9 +666,8 @@ TEST_F(CudaOpsGpuTest, VocabularyShardOpsMatchTheCpu) {
     cpu::CrossEntropyShardMax(logits.data(), T, part, max_cpu.data());
     cpu::CrossEntropyShardSums(logits.data(), targets.data(), T, begin, part, cpu::kIgnoreIndex,
                                max_cpu.data(), sums_cpu.data());
-    const float loss_cpu = cpu::CrossEntropyShardFinish(targets.data(), T, cpu::kIgnoreIndex,
-                                                        max_cpu.data(), sums_cpu.data(),
-                                                        lse_cpu.data());
+    const float loss_cpu = cpu::CrossEntropyShardFinish(
+        targets.data(), T, cpu::kIgnoreIndex, max_cpu.data(), sums_cpu.data(), lse_cpu.data());
     cpu::CrossEntropyShardBackward(logits.data(), targets.data(), lse_cpu.data(), T, begin, part,
                                    cpu::kIgnoreIndex, dloss, dlogits_cpu.data());
     float* d_logits = Upload(logits);
@@ -684,8 +683,7 @@ TEST_F(CudaOpsGpuTest, VocabularyShardOpsMatchTheCpu) {
                 kF32Tolerance);
     ASSERT_OP_OK(cuda::CrossEntropyShardFinish(context(), d_targets, T, cuda::kIgnoreIndex, d_max,
                                                d_sums, d_lse, d_loss));
-    ExpectClose("shard cross-entropy loss" + rank, Download(d_loss, 1), {loss_cpu},
-                kF32Tolerance);
+    ExpectClose("shard cross-entropy loss" + rank, Download(d_loss, 1), {loss_cpu}, kF32Tolerance);
     ExpectClose("shard cross-entropy lse" + rank, Download(d_lse, T), lse_cpu, kF32Tolerance);
     ASSERT_OP_OK(cuda::CrossEntropyShardBackward(context(), d_logits, d_targets, d_lse, T, begin,
                                                  part, cuda::kIgnoreIndex, dloss, d_logits));

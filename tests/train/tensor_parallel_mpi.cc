@@ -62,8 +62,8 @@ TEST(TensorParallelMpiGpuTest, Tp2Dp2AndTp4TrainLikeDp4OnGpus) {
   if (launch.world_size != 4) GTEST_SKIP() << "needs mpirun -np 4";
   const device::GpuReport gpus = device::QueryGpus();
   if (gpus.gpus.size() < 4) {
-    GTEST_SKIP() << "tensor parallelism on GPUs needs a GPU per rank: 4 ranks, "
-                 << gpus.gpus.size() << " GPU(s) here"
+    GTEST_SKIP() << "tensor parallelism on GPUs needs a GPU per rank: 4 ranks, " << gpus.gpus.size()
+                 << " GPU(s) here"
                  << (gpus.none_reason.empty() ? "" : " (" + gpus.none_reason + ")");
   }
   strata::testing::TempDir dir;

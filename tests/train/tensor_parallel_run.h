@@ -80,8 +80,9 @@ std::string ConfigJson(int tp, int accumulation, const std::string& zero, bool l
 
 // One rank of a run of `world` ranks with tensor-parallel degree `tp` (1: plain data
 // parallelism), `zero` in zero_optimization, `dir` for NVMe homes; `ro` says how the rank finds
-// the others (its launch and collective) and on which device it runs (the CPU unless it says). Every rank trains kSteps steps on its data-parallel
-// rank's share of kGlobalMicroBatches micro-batches.
+// the others (its launch and collective) and on which device it runs (the CPU unless it says).
+// Every rank trains kSteps steps on its data-parallel rank's share of kGlobalMicroBatches
+// micro-batches.
 inline RankRun TrainRank(RuntimeOptions ro, int world, int tp, const std::string& zero, bool lora,
                          const LlamaConfig& cfg, double clipping, const std::string& dir) {
   RankRun result;

@@ -46,14 +46,16 @@ TEST(TensorPartsTest, RunsCoverExactlyThePartsElementsInTheWholeTensor) {
   for (uint64_t offset = 0; offset <= 15; ++offset) {
     for (uint64_t count = 0; offset + count <= 15; ++count) {
       std::vector<uint64_t> want;
-      for (uint64_t e = offset; e < offset + count; ++e) want.push_back(e / 3 * 12 + 4 + e % 3);
+      for (uint64_t e = offset; e < offset + count; ++e)
+        want.push_back(e / 3 * 12 + 4 + e % 3);
       EXPECT_EQ(Mapped(columns, offset, count), want) << offset << "+" << count;
     }
   }
   for (uint64_t offset = 0; offset <= 8; ++offset) {
     for (uint64_t count = 0; offset + count <= 8; ++count) {
       std::vector<uint64_t> want;
-      for (uint64_t e = offset; e < offset + count; ++e) want.push_back(8 + e);
+      for (uint64_t e = offset; e < offset + count; ++e)
+        want.push_back(8 + e);
       EXPECT_EQ(Mapped(rows, offset, count), want) << offset << "+" << count;
     }
   }
@@ -95,10 +97,10 @@ TEST(TensorPartsTest, EachPartHasOneWriterAndTheWholeShape) {
     ASSERT_NE(k, nullptr);
     EXPECT_EQ(k->whole_shape, (std::vector<uint64_t>{16, 32}));
     EXPECT_EQ(k->slice.begin, r / 2 * 8);
-    for (const char* name : {"model.layers.0.self_attn.q_proj.weight",
-                             "model.layers.0.self_attn.k_proj.weight",
-                             "model.layers.0.input_layernorm.weight", "model.norm.weight",
-                             "model.embed_tokens.weight"}) {
+    for (const char* name :
+         {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+          "model.layers.0.input_layernorm.weight", "model.norm.weight",
+          "model.embed_tokens.weight"}) {
       writers[name] += parts.Find(name)->writes ? 1 : 0;
     }
   }
@@ -120,15 +122,18 @@ TEST(TensorPartsTest, ColumnPartsFromSeveralRanksTileVerifyAndReadBack) {
       {{"w", SafetensorsDType::kF32, {5, 12}}, {"b", SafetensorsDType::kBF16, {6}}});
   ASSERT_TRUE(layout.ok()) << layout.status().ToString();
   std::vector<float> whole(60);
-  for (size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<float>(i) * 0.5f - 3.0f;
+  for (size_t i = 0; i < whole.size(); ++i)
+    whole[i] = static_cast<float>(i) * 0.5f - 3.0f;
   for (int rank = 0; rank < 3; ++rank) {
-    Result<std::unique_ptr<SafetensorsWriter>> w =
-        rank == 0 ? SafetensorsWriter::Create(path, *layout) : SafetensorsWriter::Open(path, *layout);
+    Result<std::unique_ptr<SafetensorsWriter>> w = rank == 0
+                                                       ? SafetensorsWriter::Create(path, *layout)
+                                                       : SafetensorsWriter::Open(path, *layout);
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     const TensorPart part{{5, 12}, TensorSlice{1, rank * 4, 4}, true};
     std::vector<float> mine;  // the rank's [5, 4] part, row-major
     for (int r = 0; r < 5; ++r) {
-      for (int c = 0; c < 4; ++c) mine.push_back(whole[static_cast<size_t>(r * 12 + rank * 4 + c)]);
+      for (int c = 0; c < 4; ++c)
+        mine.push_back(whole[static_cast<size_t>(r * 12 + rank * 4 + c)]);
     }
     for (const auto& [offset, count] : {std::pair<uint64_t, uint64_t>{0, 7}, {7, 13}}) {
       for (const PartRun& run : TensorParts::Runs(&part, offset, count)) {
@@ -143,7 +148,8 @@ TEST(TensorPartsTest, ColumnPartsFromSeveralRanksTileVerifyAndReadBack) {
     }
     ASSERT_TRUE((*w)->Finish().ok());
     bool strided = false;
-    for (const auto& r : (*w)->written()) strided = strided || r.chunks > 1;
+    for (const auto& r : (*w)->written())
+      strided = strided || r.chunks > 1;
     EXPECT_TRUE(strided) << "rank " << rank << " wrote no strided range";
     ASSERT_TRUE(WriteManifestPart(dir.path(), rank, {{file, (*w)->written()}}).ok());
   }
