@@ -12,7 +12,9 @@ Scenarios (--scenarios, comma-separated):
              model FLOPs utilisation against --peak-tflops.
   cpu-optim  Strata ZeRO stage 2 with offload_optimizer "cpu" (gradients leave by D2H into the
              pinned pool, AdamW on the CPU, parameters return by H2D), against PyTorch FSDP2
-             with CPUOffloadPolicy (train_peers.py fsdp2-offload). Target: tokens/s >= 2x.
+             with CPUOffloadPolicy (train_peers.py fsdp2-offload). Target: tokens/s >= 2x. With
+             --deepspeed-python also against DeepSpeed ZeRO-3 with offload_optimizer "cpu"
+             (ZeRO-Offload, train_peers.py deepspeed-offload). Target: >= 1.5x.
   nvme       Strata ZeRO stage 3 with parameters and optimizer on NVMe (--nvme-dir). Reported
              against its floor: max(compute only = the hbm scenario's step time (or
              --compute-s), PCIe = the bytes stage 3 moves per parameter (two gathers in the
@@ -20,7 +22,9 @@ Scenarios (--scenarios, comma-separated):
              --nvme-read-gbs + bytes written / --nvme-write-gbs (one drive serves both),
              CPU Adam = the cpu-optim scenario's exposed optimizer time).
              Terms whose input was not measured in this run are left out and named. Target:
-             step time / floor <= 1.15.
+             step time / floor <= 1.15. With --deepspeed-python also against DeepSpeed ZeRO-3
+             with parameters and optimizer on NVMe (ZeRO-Infinity, train_peers.py
+             deepspeed-infinity, its "aio" section from --aio). Target: tokens/s >= 2x.
   largest    Strata ZeRO stage 3 with both homes "auto": the placement planner chooses where
              parameters and optimizer states live on this machine (HBM, host memory, --nvme-dir,
              or the states split between HBM and the host with offload_optimizer.ratio), with
@@ -267,13 +271,14 @@ def compare_estimates(results, args, model_dir, work):
         results[s]["estimate"] = e
 
 
-def run_peer(mode, args, model_dir):
-    cmd = [args.python, os.path.join(REPO, "benchmarks", "train_peers.py"), mode, "--config",
+def run_peer(mode, args, model_dir, python=None, extra=()):
+    cmd = [python or args.python, os.path.join(REPO, "benchmarks", "train_peers.py"), mode, "--config",
            os.path.join(model_dir, "config.json"), "--seq-len", str(args.seq_len),
            "--micro-batch", str(args.micro_batch), "--steps", str(args.steps), "--warmup",
            str(args.warmup), "--lr", str(args.lr), "--device", args.device]
     if args.bf16:
         cmd.append("--bf16")
+    cmd += list(extra)
     log("+ " + " ".join(cmd))
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -319,6 +324,11 @@ def main():
                     help="the GPU's dense bf16 peak for MFU (H100 SXM: 989)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--deepspeed-python", default=None,
+                    help="a python that imports deepspeed: cpu-optim and nvme also run DeepSpeed "
+                         "ZeRO-Offload and ZeRO-Infinity")
+    ap.add_argument("--aio", default=None,
+                    help="DeepSpeed's \"aio\" section (JSON) for ZeRO-Infinity")
     ap.add_argument("--zero", default=None,
                     help="the zero_optimization object (JSON) of the custom scenario")
     args = ap.parse_args()
@@ -352,8 +362,35 @@ def main():
             results[s]["pytorch"] = run_peer("eager", args, model_dir)
         elif s == "cpu-optim":
             results[s]["pytorch"] = run_peer("fsdp2-offload", args, model_dir)
+        if args.deepspeed_python and s in ("cpu-optim", "nvme"):
+            if s == "cpu-optim":
+                results[s]["deepspeed"] = run_peer("deepspeed-offload", args, model_dir,
+                                                   args.deepspeed_python)
+            else:
+                ds_dir = os.path.join(args.nvme_dir, "deepspeed-swap")
+                shutil.rmtree(ds_dir, ignore_errors=True)
+                os.makedirs(ds_dir)
+                extra = ["--nvme-dir", ds_dir] + (["--aio", args.aio] if args.aio else [])
+                results[s]["deepspeed"] = run_peer("deepspeed-infinity", args, model_dir,
+                                                   args.deepspeed_python, extra)
+                shutil.rmtree(ds_dir, ignore_errors=True)
     failed = any("error" in r.get("strata", {}) or "error" in r.get("pytorch", {})
                  for r in results.values())
+    # DeepSpeed's ratios: Strata's tokens/s over DeepSpeed's in the same run (its failure is
+    # reported, not a failed benchmark: its JIT-built ops may not build on a machine).
+    ds_rows = []
+    for s, name, target in (("cpu-optim", "cpu-optim vs DeepSpeed ZeRO-Offload", 1.5),
+                            ("nvme", "nvme vs DeepSpeed ZeRO-Infinity", 2.0)):
+        ds = results.get(s, {}).get("deepspeed")
+        if ds is None:
+            continue
+        st = results[s]["strata"]
+        r = (st["tokens_per_s"] / ds["tokens_per_s"]
+             if "tokens_per_s" in st and "tokens_per_s" in ds else None)
+        results[s]["deepspeed_ratio"] = r
+        results[s]["deepspeed_target"] = target
+        results[s]["deepspeed_met"] = r is not None and r >= target
+        ds_rows.append((name, s, r, f">= {target}"))
     if not args.no_estimate:
         compare_estimates(results, args, model_dir, args.work)
     if "largest" in results:
@@ -430,8 +467,16 @@ def main():
             ("skipped" if "skipped" in d else ("error" if "error" in d else "-"))
         print(f"{name:<32} {fmt(st):>13} {fmt(pt):>11} "
               f"{(f'{r:.2f}' if r is not None else '-'):>7} {target:>8}")
+    for name, s, r, target in ds_rows:
+        st, ds = results[s]["strata"], results[s]["deepspeed"]
+        fmt = lambda d: f"{d['tokens_per_s']:.0f}" if "tokens_per_s" in d else \
+            ("skipped" if "skipped" in d else ("error" if "error" in d else "-"))
+        print(f"{name:<32} {fmt(st):>13} {fmt(ds):>11} "
+              f"{(f'{r:.2f}' if r is not None else '-'):>7} {target:>8}")
+        if "deepspeed" in ds:
+            print(f"  {s}: DeepSpeed {ds['deepspeed']}, {json.dumps(ds.get('ds_config'))}")
     for s, r in results.items():
-        for side in ("strata", "pytorch"):
+        for side in ("strata", "pytorch", "deepspeed"):
             d = r.get(side, {})
             if "error" in d:
                 print(f"  {s} {side}: error: {d['error']}")

@@ -13,17 +13,23 @@ cross-entropy over shifted targets) on random tokens, with AdamW, and times the 
                  CPUOffloadPolicy on one rank: parameters and gradients live in pinned host
                  memory, the AdamW step runs on the CPU (torch.optim.AdamW, foreach), bf16 compute
                  through MixedPrecisionPolicy (with --bf16).
+  deepspeed-offload   DeepSpeed (the version importable by this python) ZeRO-3 on one rank with
+                 offload_optimizer "cpu": ZeRO-Offload, its AdamW on the CPU (DeepSpeedCPUAdam,
+                 whose op DeepSpeed JIT-builds on first use), bf16 through its "bf16" section.
+  deepspeed-infinity  ZeRO-3 with offload_param and offload_optimizer on NVMe (--nvme-dir):
+                 ZeRO-Infinity, its async_io op (libaio) JIT-built; --aio sets its "aio" section.
 
 Timing: torch.cuda.synchronize() around each step (forward, backward, optimizer step,
 zero_grad), the host clock; the first --warmup steps are left out; step_s is the median of the
 rest. tokens_per_s = micro_batch * seq_len / step_s.
 
-Output: one JSON object on stdout: {"impl": "pytorch", "mode", "device", "torch", "parameters",
+Output: one JSON object on stdout: {"impl": "pytorch" or "deepspeed", "mode", "device", "torch",
+("deepspeed", "ds_config" for DeepSpeed's), "parameters",
 "seq_len", "micro_batch", "steps", "step_s", "step_s_all", "tokens_per_s", "peak_device_bytes",
 "losses"}. Exit status 0 on success; 2 when torch (or the mode) cannot run here, with one line on
 stderr saying why; 1 when a step fails.
 
-Standalone: the standard library and torch only.
+Standalone: the standard library and torch only (and deepspeed for its modes).
 """
 
 import argparse
@@ -43,7 +49,8 @@ def log(msg):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=["eager", "fsdp2-offload"])
+    ap.add_argument("mode",
+                    choices=["eager", "fsdp2-offload", "deepspeed-offload", "deepspeed-infinity"])
     ap.add_argument("--config", required=True, help="a Hugging Face Llama config.json")
     ap.add_argument("--seq-len", type=int, required=True)
     ap.add_argument("--micro-batch", type=int, required=True)
@@ -54,9 +61,17 @@ def main():
     ap.add_argument("--checkpoint", action="store_true",
                     help="activation checkpointing per block (Strata always checkpoints)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--nvme-dir", default=None,
+                    help="deepspeed-infinity: the directory DeepSpeed swaps to")
+    ap.add_argument("--aio", default=None,
+                    help="deepspeed-infinity: DeepSpeed's \"aio\" section as JSON (block_size, "
+                         "queue_depth, thread_count, ...; default: DeepSpeed's own)")
     args = ap.parse_args()
     if args.steps <= args.warmup:
         ap.error("--steps must exceed --warmup")
+    deepspeed_mode = args.mode.startswith("deepspeed")
+    if args.mode == "deepspeed-infinity" and not args.nvme_dir:
+        ap.error("deepspeed-infinity needs --nvme-dir")
 
     try:
         import torch
@@ -153,7 +168,8 @@ def main():
             return logits
 
     torch.manual_seed(0)
-    home = dev if args.mode == "eager" else torch.device("cpu")
+    home = dev if args.mode in ("eager", "deepspeed-offload", "deepspeed-infinity") \
+        else torch.device("cpu")
     try:
         with torch.device("meta"):  # no init work for weights overwritten below
             model = Llama()
@@ -169,7 +185,50 @@ def main():
     params = sum(p.numel() for p in model.parameters())
 
     amp = torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16)
-    if args.mode == "eager":
+    engine, ds_version, zero = None, None, None
+    if deepspeed_mode:
+        if args.device != "cuda":
+            # A smoke run of the code path on DeepSpeed's CPU accelerator (gloo); not a peer
+            # figure.
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        try:
+            import deepspeed
+        except ImportError as e:
+            log(f"{sys.executable} cannot import deepspeed ({e})")
+            return SKIP
+        ds_version = deepspeed.__version__
+        for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29534"), ("RANK", "0"),
+                           ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+            os.environ.setdefault(key, value)
+        if args.device == "cuda":
+            torch.cuda.set_device(0)
+        deepspeed.init_distributed(dist_backend="nccl" if args.device == "cuda" else "gloo",
+                                   verbose=False)
+        if args.mode == "deepspeed-offload":
+            zero = {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+        else:
+            nvme = {"device": "nvme", "nvme_path": args.nvme_dir, "pin_memory": True}
+            zero = {"stage": 3, "offload_param": dict(nvme), "offload_optimizer": dict(nvme)}
+        zero.update({"overlap_comm": True, "contiguous_gradients": True})
+        ds_config = {
+            "train_micro_batch_size_per_gpu": b,
+            "gradient_accumulation_steps": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.999],
+                                                      "eps": 1e-8, "weight_decay": 0.0}},
+            "zero_optimization": zero,
+            "bf16": {"enabled": args.bf16},
+            "steps_per_print": 1 << 30,
+        }
+        if args.aio:
+            ds_config["aio"] = json.loads(args.aio)
+        try:
+            engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                   config=ds_config)
+        except Exception as e:  # an op that does not build, a config it refuses: say which
+            log(f"{args.mode}: deepspeed.initialize failed: {type(e).__name__}: {e}")
+            return 1
+        amp = torch.autocast(device_type=args.device, enabled=False)  # DeepSpeed's bf16 casts
+    elif args.mode == "eager":
         extra = {"fused": True} if args.device == "cuda" else {}
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                                 weight_decay=0.0, **extra)
@@ -214,11 +273,15 @@ def main():
             t0 = time.perf_counter()
             batch = tokens[step]
             with amp:
-                logits = model(batch[:, :s])
-            loss = F.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+                logits = (engine or model)(batch[:, :s])
+            loss = F.cross_entropy(logits.float().reshape(-1, vocab), batch[:, 1:].reshape(-1))
+            if engine is not None:
+                engine.backward(loss)
+                engine.step()
+            else:
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             sync()
             times.append(time.perf_counter() - t0)
             losses.append(float(loss.detach()))
@@ -228,7 +291,7 @@ def main():
         return 1
     step_s = statistics.median(times[args.warmup:])
     out = {
-        "impl": "pytorch",
+        "impl": "deepspeed" if deepspeed_mode else "pytorch",
         "mode": args.mode,
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -246,6 +309,9 @@ def main():
         "losses": losses,
         "finite": all(math.isfinite(x) for x in losses),
     }
+    if deepspeed_mode:
+        out["deepspeed"] = ds_version
+        out["ds_config"] = {"zero_optimization": zero, "aio": ds_config.get("aio", "defaults")}
     print(json.dumps(out))
     return 0
 

@@ -28,6 +28,15 @@ CARRY_LIMIT_MIB="${STRATA_GPU_CARRY_LIMIT_MIB:-56}"
 SYSTEM_LIBS_RE='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libresolv|libutil)\.so'
 CUDA_LIBS_RE='^(libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-ml)\.so'
 FALLBACK_LIBS_RE='^(libstdc\+\+|libgcc_s)\.so'
+# DeepSpeed, run --train's peer for the offloaded scenarios (ZeRO-Offload, ZeRO-Infinity): the GPU
+# machine reaches no registry and its image has no DeepSpeed, so `prepare` carries it as wheels for
+# that machine's CPython 3.12: DeepSpeed built without its compiled ops (pure Python; its cpu_adam
+# and async_io ops are JIT-built there against that machine's torch and nvcc), the packages it
+# needs that the image lacks, and libaio's library and header (async_io). Pins as
+# deploy/hf-venv.sh's and deploy/hf-requirements.txt's.
+DEEPSPEED_PIN="deepspeed==0.19.8"
+DEEPSPEED_DEPS=(pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0 hjson==3.1.0
+  typing_inspection==0.4.5)
 
 die() {
   echo "gpu-check: $*" >&2
@@ -158,6 +167,9 @@ prepare() {
     [ -z "$missing" ] || die "$(basename "$exe") would not start on the GPU machine: missing $missing"
   done
 
+  local deepspeed
+  deepspeed="$(prepare_deepspeed)"
+
   local glibc glibcxx size_kib commit dirty
   glibc="$(max_symbol_version GLIBC_ "$CARRY"/bin/* "$CARRY"/lib/*)"
   glibcxx="$(max_symbol_version GLIBCXX_ "$CARRY"/bin/* "$CARRY"/lib/*)"
@@ -175,6 +187,7 @@ prepare() {
     echo "  \"glibcxx_needed\": \"$glibcxx\","
     printf '  "runtime_libs": [%s],\n' "$(printf '"%s",' "${!runtime_libs[@]}" | sed 's/,$//')"
     printf '  "binaries": [%s],\n' "$(cd "$CARRY/bin" && printf '"%s",' * | sed 's/,$//')"
+    echo "  \"deepspeed\": \"$deepspeed\","
     printf '  "gpu_test_executables": {%s}\n' \
       "$(printf '%s\n' "${gpu_tests[@]}" | sed 's/^\(.*\):\(.*\)$/"\1": \2/' | paste -sd, | sed 's/,/, /g')"
     echo "}"
@@ -194,6 +207,40 @@ prepare() {
   echo "gpu-check prepare: $CARRY ready in $((SECONDS - t0)) s: $((size_kib / 1024)) MiB," \
     "${#gpu_tests[@]} test executables with GPU tests (${gpu_tests[*]}), needs glibc >= $glibc," \
     "CUDA libraries from the GPU machine: ${!runtime_libs[*]}"
+}
+
+# Lays out $CARRY/wheels and $CARRY/libaio (see DEEPSPEED_PIN above) and prints the DeepSpeed
+# version carried, or "not carried: <why>" (the rest of the check goes on without it).
+prepare_deepspeed() {
+  local wheels="$CARRY/wheels" venv="$BUILD_DIR/hf-venv" log="$BUILD_DIR.deepspeed.log"
+  rm -rf "$wheels" "$CARRY/libaio"
+  mkdir -p "$wheels" "$CARRY/libaio"
+  # DeepSpeed's setup.py imports torch: its wheel is built in the hf environment, which has it.
+  if ! "$ROOT/deploy/hf-venv.sh" "$venv" >"$log" 2>&1; then
+    echo "not carried: deploy/hf-venv.sh failed (see $log)"
+    return 0
+  fi
+  if ! DS_BUILD_OPS=0 "$venv/bin/pip" wheel --disable-pip-version-check --no-deps \
+    --no-build-isolation "$DEEPSPEED_PIN" -w "$wheels" >>"$log" 2>&1; then
+    echo "not carried: building the $DEEPSPEED_PIN wheel failed (see $log)"
+    return 0
+  fi
+  if ! "$venv/bin/pip" download --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$wheels" "${DEEPSPEED_DEPS[@]}" >>"$log" 2>&1; then
+    echo "not carried: downloading ${DEEPSPEED_DEPS[*]} for CPython 3.12 failed (see $log)"
+    return 0
+  fi
+  local aio
+  aio="$(ldconfig -p 2>/dev/null | awk '/libaio\.so\.1 .*x86-64/ { print $NF; exit }')"
+  if [ -z "$aio" ] || [ ! -f /usr/include/libaio.h ]; then
+    echo "not carried: libaio (libaio-dev, deploy/install-deps.sh) is not installed here"
+    return 0
+  fi
+  cp -L "$aio" "$CARRY/libaio/libaio.so.1"
+  cp -L "$aio" "$CARRY/libaio/libaio.so"  # the linker's name, a copy: the carry keeps no links
+  cp /usr/include/libaio.h "$CARRY/libaio/"
+  echo "${DEEPSPEED_PIN#deepspeed==}"
 }
 
 # ---- run ----------------------------------------------------------------------------------------
@@ -315,8 +362,28 @@ train_phase() {
   adam="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["hardware"]["cpu_adam_params_per_s"] / 1e9)' \
     "$WORK/steps/cpu_adam_rate.json" 2>/dev/null || echo 0)"
   T+=(--cpu-adam-gps "$adam")
+  # DeepSpeed (the carried wheels) in a virtual environment over this machine's torch; its ops
+  # build on first use, with the carried libaio.
+  local dspy=""
+  if [ -d "$CARRY/wheels" ] && ls "$CARRY"/wheels/deepspeed-*.whl >/dev/null 2>&1; then
+    step deepspeed_env 120 20 bash -c 'python3 -m venv --system-site-packages "$1" &&
+      "$1/bin/pip" install --quiet --no-index --find-links "$2" deepspeed &&
+      "$1/bin/python" -c "import deepspeed; print(\"DeepSpeed\", deepspeed.__version__)"' \
+      _ "$SCRATCH/ds-venv" "$CARRY/wheels"
+    "$SCRATCH/ds-venv/bin/python" -c 'import deepspeed' >/dev/null 2>&1 &&
+      dspy="$SCRATCH/ds-venv/bin/python"
+  else
+    echo "gpu-check: DeepSpeed was not carried ($(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("deepspeed", "no entry"))' "$CARRY/manifest.json" 2>/dev/null)): no DeepSpeed peer runs"
+  fi
+  local DS=()
+  if [ -n "$dspy" ]; then
+    DS=(--deepspeed-python "$dspy")
+    export CPATH="$CARRY/libaio${CPATH:+:$CPATH}"
+    export LIBRARY_PATH="$CARRY/libaio${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$CARRY/libaio${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
   step train_hbm 200 60 "${T[@]}" "${sizes[@]}" --scenarios hbm --json "$WORK/steps/train_hbm.json"
-  step train_cpu_optim 200 60 "${T[@]}" "${sizes[@]}" --scenarios cpu-optim \
+  step train_cpu_optim 360 60 "${T[@]}" "${sizes[@]}" --scenarios cpu-optim "${DS[@]}" \
     --json "$WORK/steps/train_cpu_optim.json"
   compute="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"]["hbm"]["strata"]["step_s"])' \
     "$WORK/steps/train_hbm.json" 2>/dev/null || echo 0)"
@@ -334,7 +401,7 @@ for r in json.load(open(sys.argv[1]))["results"]:
     for p in r["phases"]:
         rates[p["op"]] = max(rates.get(p["op"], 0), p["gb_per_s"])
 print(rates["read"], rates["write"])' "$WORK/steps/nvme_rate.json" 2>/dev/null || echo "0 0")
-  step train_nvme 240 60 "${T[@]}" "${sizes[@]}" --scenarios nvme --pcie-gbs "$pcie" \
+  step train_nvme 400 60 "${T[@]}" "${sizes[@]}" --scenarios nvme "${DS[@]}" --pcie-gbs "$pcie" \
     --compute-s "$compute" --nvme-read-gbs "${nvme_r:-0}" --nvme-write-gbs "${nvme_w:-0}" \
     --nvme-dir "$SCRATCH/train" --json "$WORK/steps/train_nvme.json"
   # The largest model with full AdamW (issue 18's >= 8B): Llama-3-8B's shape, both homes "auto"

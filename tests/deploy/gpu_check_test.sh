@@ -27,6 +27,32 @@ for lib in ("libcublas.so.13", "libnccl.so.2"):
     assert lib in m["runtime_libs"], f"{lib} not among the libraries the GPU machine must provide"
 print("manifest:", m["gpu_test_executables"], "glibc", m["glibc_needed"])
 PY
+# DeepSpeed travels as wheels for the GPU machine's CPython 3.12: every requirement of every wheel
+# is another wheel of the set or a package that machine's image has (the device library's
+# KINDS.md lists them), so that pip installs it there with no index.
+python3 - "$carry" <<'PY'
+import glob, json, os, re, sys, zipfile
+carry = sys.argv[1]
+m = json.load(open(os.path.join(carry, "manifest.json")))
+assert m.get("deepspeed") == "0.19.8", f"DeepSpeed not carried: {m.get('deepspeed')}"
+image = set("einops msgpack ninja numpy packaging psutil py-cpuinfo torch tqdm "
+            "typing-extensions".split())
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+names, reqs = set(), {}
+for w in glob.glob(os.path.join(carry, "wheels", "*.whl")):
+    z = zipfile.ZipFile(w)
+    text = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    name = norm(re.search(r"^Name: (.+)$", text, re.M).group(1))
+    names.add(name)
+    reqs[name] = [norm(re.match(r"[A-Za-z0-9_.\-]+", l[15:]).group(0)) for l in text.splitlines()
+                  if l.startswith("Requires-Dist: ") and "extra ==" not in l]
+assert "deepspeed" in names, names
+missing = {n: [r for r in rs if r not in names and r not in image] for n, rs in reqs.items()}
+assert not any(missing.values()), f"requirements neither carried nor on the GPU image: {missing}"
+for f in ("libaio.so.1", "libaio.so", "libaio.h"):
+    assert os.path.isfile(os.path.join(carry, "libaio", f)), f"libaio/{f} not carried"
+print("DeepSpeed carried:", sorted(names))
+PY
 size_mib=$(( $(du -sk "$carry" | cut -f1) / 1024 ))
 [ "$size_mib" -le 56 ] || fail "the carry folder is $size_mib MiB (at most 56)"
 
