@@ -51,7 +51,7 @@ cat > "$out/ds_config.json" <<JSON
   "train_micro_batch_size_per_gpu": 4,
   "gradient_accumulation_steps": 1,
   "gradient_clipping": 1.0,
-  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.01}},
+  "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "betas": [0.9, 0.95], "weight_decay": 0.01}},
   "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 20, "total_num_steps": "auto"}},
   "zero_optimization": {
     "stage": 3,

@@ -103,7 +103,7 @@ def main():
 
     # (a) Full AdamW, ZeRO-3 on 2 ranks, parameters and optimizer states on NVMe.
     nvme = os.path.join(work, "nvme")
-    full = ds_config(os.path.join(work, "full.json"), 3e-3, 0.01, {
+    full = ds_config(os.path.join(work, "full.json"), 2e-3, 0.01, {
         "stage": 3, "offload_param": {"device": "nvme", "nvme_path": nvme},
         "offload_optimizer": {"device": "nvme", "nvme_path": nvme}, "sub_group_size": 1000000})
     ck_full = os.path.join(work, "ck-full")
