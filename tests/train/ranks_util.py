@@ -1,5 +1,6 @@
 """Helpers of the scripts that run strata train on several ranks (resume_ranks.py, eval_ranks.py,
-tp_ranks.py): a command that must succeed, and a metrics file's losses."""
+tp_ranks.py): a command that must succeed, a metrics file's losses, and the tiny ZeRO-3 NVMe
+config two of them train with."""
 import json
 import subprocess
 import sys
@@ -20,3 +21,25 @@ def losses(path):
     """{step: loss} from a --metrics JSON-lines file."""
     with open(path) as f:
         return {json.loads(line)["step"]: json.loads(line)["loss"] for line in f if line.strip()}
+
+
+def write_nvme_config(path, nvme, tensor_parallel=1):
+    """ZeRO-3 with parameters and optimizer states in `nvme`, clipping, a warm-up cosine schedule,
+    a global batch of 8 (2 per rank), and tensor_parallel.autotp_size when above 1."""
+    config = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.004, "weight_decay": 0.1}},
+        "scheduler": {"type": "WarmupCosineLR",
+                      "params": {"warmup_num_steps": 2, "total_num_steps": "auto"}},
+        "zero_optimization": {
+            "stage": 3, "sub_group_size": 4096,
+            "offload_param": {"device": "nvme", "nvme_path": nvme},
+            "offload_optimizer": {"device": "nvme", "nvme_path": nvme},
+        },
+    }
+    if tensor_parallel > 1:
+        config["tensor_parallel"] = {"autotp_size": tensor_parallel}
+    with open(path, "w") as f:
+        json.dump(config, f)

@@ -9,12 +9,11 @@ most 1e-5 per step).
 
 usage: resume_ranks.py STRATA_BINARY MPIEXEC WORK_DIR
 """
-import json
 import os
 import shutil
 import sys
 
-from ranks_util import run, losses
+from ranks_util import losses, run, write_nvme_config
 
 TOLERANCE = 1e-5
 
@@ -26,20 +25,7 @@ def main():
     data = os.path.join(work, "tokens.bin")
     run([strata, "data", "synth", "--out", data, "--tokens", "60k", "--vocab", "256"])
     config = os.path.join(work, "ds.json")
-    with open(config, "w") as f:
-        json.dump({
-            "train_batch_size": 8,
-            "train_micro_batch_size_per_gpu": 2,
-            "gradient_clipping": 1.0,
-            "optimizer": {"type": "AdamW", "params": {"lr": 0.004, "weight_decay": 0.1}},
-            "scheduler": {"type": "WarmupCosineLR",
-                          "params": {"warmup_num_steps": 2, "total_num_steps": "auto"}},
-            "zero_optimization": {
-                "stage": 3, "sub_group_size": 4096,
-                "offload_param": {"device": "nvme", "nvme_path": os.path.join(work, "nvme")},
-                "offload_optimizer": {"device": "nvme", "nvme_path": os.path.join(work, "nvme")},
-            },
-        }, f)
+    write_nvme_config(config, os.path.join(work, "nvme"))
     mpi = [mpiexec, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
     train = ["train", "--config", config, "--data", data, "--steps", "6"]
     ckpt = os.path.join(work, "ckpt")

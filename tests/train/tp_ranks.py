@@ -29,30 +29,11 @@ import torch.nn.functional as F
 from safetensors.numpy import load_file
 from transformers import AutoModelForCausalLM
 
-from ranks_util import run, losses
+from ranks_util import losses, run, write_nvme_config
 
 LOSS_RTOL = 1e-4
 TENSOR_RTOL = 1e-4
 SEQ = 32
-
-
-def write_config(path, work, tp):
-    nvme = os.path.join(work, "nvme")
-    with open(path, "w") as f:
-        json.dump({
-            "train_batch_size": 8,
-            "train_micro_batch_size_per_gpu": 2,
-            "gradient_clipping": 1.0,
-            "optimizer": {"type": "AdamW", "params": {"lr": 0.004, "weight_decay": 0.1}},
-            "scheduler": {"type": "WarmupCosineLR",
-                          "params": {"warmup_num_steps": 2, "total_num_steps": "auto"}},
-            "zero_optimization": {
-                "stage": 3, "sub_group_size": 4096,
-                "offload_param": {"device": "nvme", "nvme_path": nvme},
-                "offload_optimizer": {"device": "nvme", "nvme_path": nvme},
-            },
-            "tensor_parallel": {"autotp_size": tp},
-        }, f)
 
 
 def tensors(step_dir):
@@ -79,7 +60,7 @@ def main():
     configs = {}
     for tp in (1, 2, 4):
         configs[tp] = os.path.join(work, f"tp{tp}.json")
-        write_config(configs[tp], work, tp)
+        write_nvme_config(configs[tp], os.path.join(work, "nvme"), tp)
     mpi = [mpiexec, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "4"]
     failures = []
 
