@@ -174,14 +174,13 @@ nlohmann::json StateToJson(const TrainerState& st) {
   return j;
 }
 
-// The parameters: the model's (`adapters` false), or its LoRA adapters under PEFT's names.
-// The shape of slot `s`'s tensor in the files: the whole tensor's under tensor parallelism.
+// The shape of slot `s`'s tensor in the files (`parts` null: the engine holds whole tensors).
 std::vector<uint64_t> FileShape(const zero::ParamSlot& s, const TensorParts* parts) {
-  const TensorPart* part = parts != nullptr ? parts->Find(s.name) : nullptr;
-  return part != nullptr ? part->whole_shape
-                         : std::vector<uint64_t>(s.shape.begin(), s.shape.end());
+  return parts != nullptr ? parts->FileShape(s.name, s.shape)
+                          : std::vector<uint64_t>(s.shape.begin(), s.shape.end());
 }
 
+// The parameters: the model's (`adapters` false), or its LoRA adapters under PEFT's names.
 std::vector<SafetensorsTensorSpec> ParamSpecs(const std::vector<zero::UnitLayout>& layouts,
                                               SafetensorsDType dtype, bool adapters,
                                               const TensorParts* parts) {
@@ -703,10 +702,7 @@ Status CheckTensors(const SafetensorsModel& m, const std::vector<zero::UnitSpec>
       if (!t.ok()) {
         return NotFoundError(fmt::format("{}: the model's tensor '{}' is missing", m.source(), name));
       }
-      const TensorPart* part = parts.Find(p.name);
-      const std::vector<uint64_t> want =
-          part != nullptr ? part->whole_shape
-                          : std::vector<uint64_t>(p.shape.begin(), p.shape.end());
+      const std::vector<uint64_t> want = parts.FileShape(p.name, p.shape);
       Result<const SafetensorsFile*> file = m.FileOf(name);
       const std::string where = file.ok() ? (*file)->path() : m.source();
       if ((*t)->shape != want) {

@@ -35,6 +35,12 @@ const TensorPart* TensorParts::Find(std::string_view name) const {
   return it == parts_.end() ? nullptr : &it->second;
 }
 
+std::vector<uint64_t> TensorParts::FileShape(std::string_view name,
+                                             const std::vector<int64_t>& shape) const {
+  const TensorPart* part = Find(name);
+  return part != nullptr ? part->whole_shape : std::vector<uint64_t>(shape.begin(), shape.end());
+}
+
 std::vector<PartRun> TensorParts::Runs(const TensorPart* part, uint64_t offset, uint64_t count) {
   if (count == 0) return {};
   if (part == nullptr || part->slice.dim < 0 || part->whole_shape.empty()) {

@@ -54,6 +54,9 @@ class TensorParts {
   // The part of the tensor named `name` (the model's name for it); null: the whole tensor, which
   // this rank writes.
   const TensorPart* Find(std::string_view name) const;
+  // The shape tensor `name` has in the files: its whole tensor's for a part, else `shape` (this
+  // rank's, which is then the whole tensor).
+  std::vector<uint64_t> FileShape(std::string_view name, const std::vector<int64_t>& shape) const;
   // The runs that elements [offset, offset + count) of `part` (null: a whole tensor) occupy in
   // the whole tensor: at most three.
   static std::vector<PartRun> Runs(const TensorPart* part, uint64_t offset, uint64_t count);
