@@ -37,7 +37,11 @@ Scenarios (--scenarios, comma-separated):
 
 Each Strata run is `strata train --device <--device> ... --steps --steps --metrics FILE`; the
 first --warmup steps are left out and the median of the rest is reported. A scenario whose run
-fails is reported with its error and does not stop the others.
+fails is reported with its error and does not stop the others. Each run (Strata's, a peer's) gets
+--timeout seconds; with --deadline SEC, also no more than what is left of SEC seconds from the
+start (less 10 s for the estimates and the output), and a run left under 10 s is reported as not
+run: a caller with a time budget (deploy/gpu-check.sh) then gets every result that finished, the
+slower peers cut first (each scenario runs Strata first).
 
 Against `strata estimate` (issue 20's check on a GPU): for hbm, cpu-optim and nvme, the same
 config's estimate (--gpus 1, this run's --pcie-gbs and NVMe rates, --cpu-adam-gps) beside the
@@ -143,6 +147,28 @@ class Streamed:
             returncode, stdout, stderr, timed_out)
 
 
+# Seconds kept back from --deadline for what follows the runs (the estimates, the output), and the
+# least a run is started with.
+DEADLINE_RESERVE_S = 10
+MIN_RUN_S = 10
+STARTED = time.monotonic()
+
+
+def run_timeout(args, wanted):
+    """The timeout of the next run: `wanted` seconds, cut to what --deadline leaves; None when
+    that is under MIN_RUN_S (the run is then not started)."""
+    if not args.deadline:
+        return wanted
+    left = int(args.deadline - (time.monotonic() - STARTED)) - DEADLINE_RESERVE_S
+    return min(wanted, left) if left >= MIN_RUN_S else None
+
+
+def out_of_time(args):
+    left = max(0, int(args.deadline - (time.monotonic() - STARTED)))
+    return {"error": f"not run: {left} s of --deadline {args.deadline} left (a run needs "
+                     f"{MIN_RUN_S} s, and {DEADLINE_RESERVE_S} s are kept for the output)"}
+
+
 def run_streaming(cmd, timeout, env):
     """Runs cmd, echoing its output to stderr line by line as it comes (so that a run cut off by
     an outer timeout still shows how far it got), and keeps it; kills it after `timeout` s."""
@@ -189,12 +215,15 @@ def run_strata(scenario, args, model_dir, data, work):
     if scenario == "hbm":
         # Where the compute goes, per op (two stream-ordered timestamps per op: ~1% of a step).
         cmd.append("--profile-ops")
+    timeout = run_timeout(args, args.timeout)
+    if timeout is None:
+        return out_of_time(args)
     log("+ " + " ".join(cmd))
     t0 = time.monotonic()
-    r = run_streaming(cmd, args.timeout, strata_env())
+    r = run_streaming(cmd, timeout, strata_env())
     wall = time.monotonic() - t0
     if r.timed_out:
-        return {"error": f"timed out after {args.timeout} s; last output: "
+        return {"error": f"timed out after {timeout} s; last output: "
                          f"{(r.stdout + r.stderr).strip()[-300:]}"}
     if r.returncode != 0:
         return {"error": f"exit status {r.returncode}: {r.stderr.strip()[-500:]}"}
@@ -241,7 +270,13 @@ def run_estimate(scenario, args, model_dir, work, efficiency):
                 "--nvme-write", f"{args.nvme_write_gbs * 1e9:.6g}"]
     if args.cpu_adam_gps > 0:
         cmd += ["--cpu-adam", f"{args.cpu_adam_gps * 1e9:.6g}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=strata_env())
+    timeout = run_timeout(args, 120)
+    if timeout is None:
+        return out_of_time(args)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=strata_env())
+    except subprocess.TimeoutExpired:
+        return {"error": f"strata estimate timed out after {timeout} s"}
     if r.returncode != 0:
         return {"error": f"strata estimate exited {r.returncode}: {r.stderr.strip()[-300:]}"}
     e = json.loads(r.stdout)
@@ -279,11 +314,14 @@ def run_peer(mode, args, model_dir, python=None, extra=()):
     if args.bf16:
         cmd.append("--bf16")
     cmd += list(extra)
+    timeout = run_timeout(args, args.timeout)
+    if timeout is None:
+        return out_of_time(args)
     log("+ " + " ".join(cmd))
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout} s"}
+        return {"error": f"timed out after {timeout} s"}
     sys.stderr.write(r.stderr[-2000:])
     if r.returncode == 2:
         return {"skipped": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "skipped"}
@@ -323,6 +361,9 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=989.0,
                     help="the GPU's dense bf16 peak for MFU (H100 SXM: 989)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    ap.add_argument("--deadline", type=int, default=0,
+                    help="seconds for the whole benchmark: each run's timeout is cut to what is "
+                         "left of them (less 10 s), and a run left under 10 s is not started")
     ap.add_argument("--json", default=None)
     ap.add_argument("--deepspeed-python", default=None,
                     help="a python that imports deepspeed: cpu-optim and nvme also run DeepSpeed "

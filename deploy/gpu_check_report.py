@@ -21,6 +21,9 @@ import traceback
 import xml.etree.ElementTree as ET
 
 ADAM_TARGET = 1.0  # Strata's fused AdamW step time against PyTorch's fused AdamW: >= 1.0x
+ATTENTION_TARGET = 0.9  # attention forward + backward against SDPA (issue 40): >= 0.9x
+# The micro-benchmarks' steps (gpu-check.sh run --micro): their tables appear when one ran.
+MICRO_STEPS = re.compile(r"^(copy_(strata|pytorch)|adam_(strata|pytorch)|checksum_cost|overlap_L\d+)$")
 OVERLAP_TARGET = 1.10  # overlap efficiency at L = 32 and 128: <= 1.10
 
 
@@ -249,7 +252,12 @@ def report(args, out):
 
     # ---- benchmarks
     bench = {}
-    if args.bench:
+    # The micro-benchmarks run with --micro only: their tables when any of their steps ran (or
+    # left a document).
+    micro = any(MICRO_STEPS.match(name) for name in steps) or any(
+        MICRO_STEPS.match(os.path.basename(p)[:-len(".json")])
+        for p in glob.glob(os.path.join(steps_dir, "*.json")))
+    if args.bench and micro:
         limit, limit_source = pcie_limit(env, os.path.join(steps_dir, "info_nvidia_smi.log"))
         cs, cs_err = load_json(os.path.join(steps_dir, "copy_strata.json"))
         cp, cp_err = load_json(os.path.join(steps_dir, "copy_pytorch.json"))
@@ -284,28 +292,6 @@ def report(args, out):
             "met": speedup is not None and speedup >= ADAM_TARGET,
             "check": (as_ or {}).get("check"),
             "errors": {k: v for k, v in (("strata", as_err), ("pytorch", ap_err)) if v}}
-
-        # Attention, one pair of documents per shape (attention_{strata,pytorch}_<shape>.json);
-        # informational: the end-to-end target is the training benchmark's.
-        att_rows = []
-        for path in sorted(glob.glob(os.path.join(steps_dir, "attention_strata_*.json"))):
-            tag = os.path.basename(path)[len("attention_strata_"):-len(".json")]
-            st, st_err = load_json(path)
-            pt, pt_err = load_json(os.path.join(steps_dir, f"attention_pytorch_{tag}.json"))
-            row = {"shape": tag, "errors": {k: v for k, v in (("strata", st_err),
-                                                                ("pytorch", pt_err)) if v}}
-            for key in ("forward", "forward_backward"):
-                sm = (st or {}).get("results", {}).get(key, {}).get("median_ms")
-                pm = (pt or {}).get("results", {}).get(key, {}).get("median_ms")
-                row[f"strata_{key}_ms"] = sm
-                row[f"pytorch_{key}_ms"] = pm
-                row[f"strata_{key}_tflops"] = (st or {}).get("results", {}).get(key, {}).get("tflops")
-                row[f"{key}_speedup_over_pytorch"] = pm / sm if sm and pm else None
-            sh = (st or pt or {}).get("shape")
-            row["description"] = (f"(b{sh['batch']} s{sh['seq']} h{sh['heads']}/{sh['kv_heads']} "
-                                  f"d{sh['head_dim']})") if sh else None
-            att_rows.append(row)
-        bench["attention"] = att_rows
 
         # Offload checksums' cost (strata nvme-bench --checksum-cost), issue 19's < 2% target.
         ck, ck_err = load_json(os.path.join(steps_dir, "checksum_cost.json"))
@@ -342,9 +328,50 @@ def report(args, out):
                             "store": (ov or {}).get("backend"), "direct": (ov or {}).get("direct"),
                             "unit_bytes": (ov or {}).get("unit_bytes"), "error": ov_err}
 
+    if args.bench:
+        # Attention, one pair of documents per shape (attention_{strata,pytorch}_<shape>.json),
+        # and Strata on its own kernels (attention_strata_kernels_<shape>.json, STRATA_ATTENTION=
+        # kernels: no cuDNN) as a second row against the same PyTorch document when present.
+        att_rows = []
+        tags = {re.sub(r"^attention_strata_(kernels_)?", "", os.path.basename(p)[:-len(".json")])
+                for p in glob.glob(os.path.join(steps_dir, "attention_strata_*.json"))}
+        for tag in sorted(tags, key=lambda t: (int(re.sub(r"\D", "", t) or 0), t)):
+            pt, pt_err = load_json(os.path.join(steps_dir, f"attention_pytorch_{tag}.json"))
+            for variant, name in (("", f"attention_strata_{tag}.json"),
+                                  ("kernels", f"attention_strata_kernels_{tag}.json")):
+                path = os.path.join(steps_dir, name)
+                if not os.path.exists(path) and name[:-len(".json")] not in steps:
+                    continue  # not measured in this run
+                st, st_err = load_json(path)
+                row = {"shape": tag, "strata_attention": variant,
+                       "errors": {k: v for k, v in (("strata", st_err), ("pytorch", pt_err)) if v}}
+                for key in ("forward", "forward_backward"):
+                    sm = (st or {}).get("results", {}).get(key, {}).get("median_ms")
+                    pm = (pt or {}).get("results", {}).get(key, {}).get("median_ms")
+                    row[f"strata_{key}_ms"] = sm
+                    row[f"pytorch_{key}_ms"] = pm
+                    row[f"strata_{key}_tflops"] = (st or {}).get("results", {}).get(key, {}).get("tflops")
+                    row[f"{key}_speedup_over_pytorch"] = pm / sm if sm and pm else None
+                # Which attention each side ran (strata_gpu_bench: cuDNN's, the tiled or the
+                # exact kernels; gpu_peers.py: the SDPA backend PyTorch chose), when it says.
+                row["strata_backend"] = (st or {}).get("backend")
+                row["pytorch_backend"] = (pt or {}).get("backend")
+                r = row["forward_backward_speedup_over_pytorch"]
+                row["target"] = ATTENTION_TARGET
+                row["met"] = None if r is None else r >= ATTENTION_TARGET
+                sh = (st or pt or {}).get("shape")
+                row["description"] = (f"(b{sh['batch']} s{sh['seq']} h{sh['heads']}/{sh['kv_heads']} "
+                                      f"d{sh['head_dim']})") if sh else None
+                att_rows.append(row)
+        bench["attention"] = att_rows
+
     # ---- training (run --train): one document per scenario, train_<scenario>.json
+    # In the order the steps ran (gpu-check.sh: the most important first).
     training = []
-    for path in sorted(glob.glob(os.path.join(steps_dir, "train_*.json"))):
+    order = {name: i for i, name in enumerate(steps)}
+    for path in sorted(glob.glob(os.path.join(steps_dir, "train_*.json")),
+                       key=lambda p: (order.get(os.path.basename(p)[:-len(".json")], len(order)),
+                                      p)):
         doc, err = load_json(path)
         if not doc:
             training.append({"file": os.path.basename(path), "error": err})
@@ -366,6 +393,25 @@ def report(args, out):
                 "placement": [l for l in st.get("placement", []) if l.startswith("chosen:")],
                 "op_profile": st.get("op_profile") or [],
                 "estimate": r.get("estimate")})
+            # DeepSpeed beside cpu-optim (ZeRO-Offload) and nvme (ZeRO-Infinity), when it ran:
+            # a row of its own; its failure is reported, not a failed check.
+            ds = r.get("deepspeed")
+            if ds is not None:
+                training.append({
+                    "scenario": scenario, "deepspeed_row": True,
+                    "model": doc.get("model"), "seq_len": doc.get("seq_len"),
+                    "micro_batch": doc.get("micro_batch"), "bf16": doc.get("bf16"),
+                    "strata_tokens_per_s": st.get("tokens_per_s"), "strata_step_s": st.get("step_s"),
+                    "strata_tflops": st.get("tflops"), "strata_error": None,
+                    "peer": " ".join(x for x in (
+                        "DeepSpeed", str(ds.get("deepspeed") or ""),
+                        "ZeRO-Offload" if scenario == "cpu-optim" else "ZeRO-Infinity") if x),
+                    "peer_tokens_per_s": ds.get("tokens_per_s"),
+                    "peer_error": ds.get("error") or ds.get("skipped"),
+                    "ratio": r.get("deepspeed_ratio"), "target": r.get("deepspeed_target"),
+                    "met": r.get("deepspeed_met") if ds.get("tokens_per_s") else None,
+                    "floor_terms_s": None, "floor_missing": None, "placement": [],
+                    "op_profile": [], "estimate": None})
     if args.phase == "train" and not training:
         problems.append("no training benchmark wrote its results")
 
@@ -397,7 +443,33 @@ def report(args, out):
         for exe, t in tests.items():
             md.append(f"| {exe} | {t['listed']} | {t.get('tests', 0)} | {t.get('passed', 0)} | "
                       f"{len(t.get('failed', []))} | {len(t.get('skipped', []))} |")
-    if bench:
+    if bench.get("attention"):
+        md.append("")
+        md.append("Attention (causal, GQA; Strata's fp32 activations with bf16 tensor-core "
+                  "arithmetic, PyTorch's scaled_dot_product_attention on bf16 tensors); ms, "
+                  f"and PyTorch / Strata (above 1: Strata faster; target fwd+bwd >= "
+                  f"{ATTENTION_TARGET}). Rows marked STRATA_ATTENTION=kernels ran Strata's own "
+                  "kernels (no cuDNN) against the same PyTorch run")
+        md.append("")
+        md.append("| shape | fwd Strata | fwd PyTorch | fwd ratio | fwd+bwd Strata | "
+                  "fwd+bwd PyTorch | fwd+bwd ratio | Strata TFLOP/s fwd+bwd | target | note |")
+        md.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+        for r in bench["attention"]:
+            label = (f"{r['shape']}, STRATA_ATTENTION={r['strata_attention']}"
+                     if r["strata_attention"] else f"{r['shape']} {r['description'] or ''}")
+            md.append(f"| {label} | "
+                      f"{fmt(r['strata_forward_ms'], '.3f')} | "
+                      f"{fmt(r['pytorch_forward_ms'], '.3f')} | "
+                      f"{fmt(r['forward_speedup_over_pytorch'])} | "
+                      f"{fmt(r['strata_forward_backward_ms'], '.3f')} | "
+                      f"{fmt(r['pytorch_forward_backward_ms'], '.3f')} | "
+                      f"{fmt(r['forward_backward_speedup_over_pytorch'])} | "
+                      f"{fmt(r['strata_forward_backward_tflops'], '.1f')} | "
+                      f"{'-' if r['met'] is None else ('met' if r['met'] else 'NOT met')} | "
+                      + "; ".join([f"{side} {r[key]}" for side, key in (
+                          ("Strata", "strata_backend"), ("SDPA", "pytorch_backend")) if r[key]]
+                                  + [f"{k}: {v}" for k, v in r["errors"].items()]) + " |")
+    if bench.get("copy"):
         c = bench["copy"]
         md.append("")
         md.append(f"Host <-> device copies through the registered pinned pool, GB/s (link: "
@@ -417,25 +489,6 @@ def report(args, out):
                   f"({fmt(a['pytorch_fused_gb_per_s'], '.0f')} GB/s): "
                   f"**{fmt(a['speedup_over_pytorch'])}x** (target >= {ADAM_TARGET}: "
                   f"{'met' if a['met'] else 'NOT met'})")
-        if bench.get("attention"):
-            md.append("")
-            md.append("Attention (causal, GQA; Strata's fp32 activations with bf16 tensor-core "
-                      "arithmetic, PyTorch's scaled_dot_product_attention on bf16 tensors); ms, "
-                      "and PyTorch / Strata (above 1: Strata faster)")
-            md.append("")
-            md.append("| shape | fwd Strata | fwd PyTorch | fwd ratio | fwd+bwd Strata | "
-                      "fwd+bwd PyTorch | fwd+bwd ratio | Strata TFLOP/s fwd+bwd | note |")
-            md.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-            for r in bench["attention"]:
-                md.append(f"| {r['shape']} {r['description'] or ''} | "
-                          f"{fmt(r['strata_forward_ms'], '.3f')} | "
-                          f"{fmt(r['pytorch_forward_ms'], '.3f')} | "
-                          f"{fmt(r['forward_speedup_over_pytorch'])} | "
-                          f"{fmt(r['strata_forward_backward_ms'], '.3f')} | "
-                          f"{fmt(r['pytorch_forward_backward_ms'], '.3f')} | "
-                          f"{fmt(r['forward_backward_speedup_over_pytorch'])} | "
-                          f"{fmt(r['strata_forward_backward_tflops'], '.1f')} | "
-                          f"{'; '.join(f'{k}: {v}' for k, v in r['errors'].items())} |")
         k = bench.get("checksum_cost") or {}
         if k:
             md.append("")
@@ -464,7 +517,8 @@ def report(args, out):
     if training:
         md.append("")
         md.append("Training (`strata train --device cuda`; hbm against PyTorch eager, cpu-optim "
-                  "against FSDP2 + CPUOffloadPolicy, nvme against its floor):")
+                  "against FSDP2 + CPUOffloadPolicy and DeepSpeed ZeRO-Offload, nvme against its "
+                  "floor and DeepSpeed ZeRO-Infinity):")
         md.append("")
         md.append("| scenario | model | seq x batch | Strata tok/s | TFLOPS | peer | peer tok/s "
                   "| ratio | target | note |")
@@ -480,7 +534,8 @@ def report(args, out):
                 f"missing {t['floor_missing']}" if t["floor_missing"] else "",
                 "; ".join(t.get("placement") or [])) if x)
             target = "-" if t["target"] is None else (
-                f"<= {t['target']}" if t["scenario"] == "nvme" else f">= {t['target']}")
+                f"<= {t['target']}" if t["scenario"] == "nvme" and not t.get("deepspeed_row")
+                else f">= {t['target']}")
             md.append(f"| {t['scenario']} | {t['model']} {'bf16' if t['bf16'] else 'fp32'} | "
                       f"{t['seq_len']} x {t['micro_batch']} | {fmt(t['strata_tokens_per_s'], '.0f')} | "
                       f"{fmt(t['strata_tflops'], '.1f')} | {t['peer'] or '-'} | "

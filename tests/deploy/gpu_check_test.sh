@@ -3,9 +3,10 @@
 #   1. `deploy/gpu-check.sh prepare` builds build/gpu-check and lays out the carry folder, which
 #      must hold a manifest, the CLI, the GPU benchmarks and at least one test executable with GPU
 #      tests, within the size a device call carries;
-#   2. `deploy/gpu-check.sh run --quick` runs every step here. Without a GPU every GPU test skips,
-#      and the check must then FAIL, counting each skip (a broken CUDA set-up must never pass);
-#      with a GPU it must pass.
+#   2. `deploy/gpu-check.sh run --quick --micro` runs every step here. Without a GPU every GPU
+#      test skips, and the check must then FAIL, counting each skip (a broken CUDA set-up must
+#      never pass); with a GPU it must pass.
+# First, the steps' order with stub binaries (tests/deploy/gpu_check_steps_test.sh).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${1:?usage: gpu_check_test.sh OUT_DIR}"
@@ -13,6 +14,8 @@ fail() {
   echo "gpu_check_test: $*" >&2
   exit 1
 }
+
+"$root/tests/deploy/gpu_check_steps_test.sh"
 
 "$root/deploy/gpu-check.sh" prepare
 carry="${STRATA_GPU_CARRY:-$root/build/gpu-carry}"
@@ -58,7 +61,7 @@ size_mib=$(( $(du -sk "$carry" | cut -f1) / 1024 ))
 
 rm -rf "$out"
 set +e
-"$root/deploy/gpu-check.sh" run --quick --budget 400 --out "$out" >"$out.log" 2>&1
+"$root/deploy/gpu-check.sh" run --quick --micro --budget 400 --out "$out" >"$out.log" 2>&1
 rc=$?
 set -e
 cat "$out.log"
