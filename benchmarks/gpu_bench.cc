@@ -993,6 +993,8 @@ Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
     STRATA_RETURN_IF_ERROR(dev->Synchronize(*stream));  // the staging block is reused
   }
 
+  // Which attention runs (cuDNN's, the tiled kernels, the exact ones), its set-up done here.
+  const std::string backend = ops->PrepareAttention(b, sq, h, kvh, d, dtype);
   auto forward = [&]() {
     return ops->AttentionForward(q, k, v, b, sq, h, kvh, d, out, lse, dtype, nullptr);
   };
@@ -1032,8 +1034,8 @@ Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
   const double f_tf = flops / (f_ms * 1e-3) / 1e12, fb_tf = 3.5 * flops / (fb_ms * 1e-3) / 1e12;
   Say(common.json_output,
       "strata_gpu_bench attention: device {}, {} precision, batch {}, seq {}, heads {}/{}, "
-      "head_dim {}; median of {} after {} warm-up\n",
-      Described(*dev, label), args.dtype, b, sq, h, kvh, d, common.reps, common.warmup);
+      "head_dim {}; attention: {}; median of {} after {} warm-up\n",
+      Described(*dev, label), args.dtype, b, sq, h, kvh, d, backend, common.reps, common.warmup);
   Say(common.json_output, "{:<18}{:>11}{:>11}{:>10}\n", "pass", "median ms", "min ms", "TFLOP/s");
   Say(common.json_output, "{:<18}{:>11.3f}{:>11.3f}{:>10.1f}\n", "forward", f_ms, Min(fwd) * 1e3,
       f_tf);
@@ -1043,6 +1045,7 @@ Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
     const json doc = {
         {"bench", "attention"},
         {"impl", "strata"},
+        {"backend", backend},
         {"device", label},
         {"shape", {{"batch", b}, {"seq", sq}, {"heads", h}, {"kv_heads", kvh}, {"head_dim", d}}},
         {"dtype", args.dtype},

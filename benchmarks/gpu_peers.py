@@ -415,6 +415,17 @@ def attention_flops(batch, seq, heads, head_dim):
     return 4.0 * batch * heads * head_dim * (seq * (seq + 1) / 2)
 
 
+def sdpa_backend(torch, q, k, v, extra):
+    """The kernel PyTorch's dispatcher picks for these inputs ("flash_attention", "cudnn_attention",
+    "efficient_attention", "math"), from its own choice function (a private one: "unknown" where
+    this torch lacks it)."""
+    try:
+        choice = torch._fused_sdp_choice(q, k, v, is_causal=True, **extra)
+        return torch.nn.attention.SDPBackend(choice).name.lower()
+    except Exception:  # noqa: BLE001 - any failure here only loses the label
+        return "unknown"
+
+
 def run_attention(torch, args):
     device = cuda_device(torch, args.ordinal)
     torch.cuda.set_device(device)
@@ -466,6 +477,7 @@ def run_attention(torch, args):
         out = sdpa(qg, kg, vg, is_causal=True, **extra)
         out.backward(dout)
 
+    backend = sdpa_backend(torch, q, k, v, extra)
     fwd = timed(forward)
     fwd_bwd = timed(forward_backward)
     out = forward()
@@ -478,7 +490,8 @@ def run_attention(torch, args):
     f_ms, fb_ms = statistics.median(fwd) * 1e3, statistics.median(fwd_bwd) * 1e3
     f_tf, fb_tf = flops / (f_ms * 1e-3) / 1e12, 3.5 * flops / (fb_ms * 1e-3) / 1e12
     say(args, f"gpu_peers.py attention: PyTorch {torch.__version__} on {name}, "
-              f"scaled_dot_product_attention (causal, {gqa}), {args.dtype} inputs, batch {b}, "
+              f"scaled_dot_product_attention (causal, {gqa}; backend {backend}), "
+              f"{args.dtype} inputs, batch {b}, "
               f"seq {s}, heads {h}/{kvh}, head_dim {d}; median of {args.reps} after "
               f"{args.warmup} warm-up")
     say(args, f"{'pass':<18}{'median ms':>11}{'min ms':>11}{'TFLOP/s':>10}")
@@ -491,6 +504,7 @@ def run_attention(torch, args):
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "gqa": gqa,
+        "backend": backend,
         "shape": {"batch": b, "seq": s, "heads": h, "kv_heads": kvh, "head_dim": d},
         "dtype": args.dtype,
         "reps": args.reps,

@@ -8,7 +8,7 @@ Scenarios (--scenarios, comma-separated):
 
   hbm        Strata ZeRO stage 0, parameters, gradients and optimizer in HBM (fused AdamW on
              the GPU), against PyTorch eager (train_peers.py eager). Target: tokens/s ratio
-             >= 1.0. Also reports TFLOPS (the trainer's 6N + attention FLOPs per token) and the
+             >= 1.1 (issue 40). Also reports TFLOPS (the trainer's 6N + attention FLOPs per token) and the
              model FLOPs utilisation against --peak-tflops.
   cpu-optim  Strata ZeRO stage 2 with offload_optimizer "cpu" (gradients leave by D2H into the
              pinned pool, AdamW on the CPU, parameters return by H2D), against PyTorch FSDP2
@@ -455,11 +455,11 @@ def main():
         results[s]["met"] = r >= target
         return r
     if "hbm" in results:
-        r = ratio("hbm", 1.0)
+        r = ratio("hbm", 1.1)
         st = results["hbm"]["strata"]
         if "tflops" in st:
             st["mfu"] = st["tflops"] / args.peak_tflops
-        rows.append(("hbm vs PyTorch eager", r, ">= 1.0"))
+        rows.append(("hbm vs PyTorch eager", r, ">= 1.1"))
     if "cpu-optim" in results:
         rows.append(("cpu-optim vs FSDP2 CPUOffload", ratio("cpu-optim", 2.0), ">= 2.0"))
     if "largest" in results:

@@ -50,6 +50,32 @@ if(NOT STRATA_WITH_CUDA STREQUAL "OFF")
   endif()
 endif()
 
+# --- cuDNN frontend headers (optional, only with CUDA) ---------------------------------------------
+# Header-only; deploy/cudnn-frontend.sh puts the pinned release in the cache directory below.
+# cuDNN itself is loaded at run time (src/model/cudnn_loader.h), so only its headers are needed
+# here, and those come with the CUDA toolkit.
+set(STRATA_HAVE_CUDNN_FRONTEND OFF)
+if(STRATA_HAVE_CUDA)
+  if(DEFINED ENV{STRATA_CACHE_DIR})
+    set(_strata_cache "$ENV{STRATA_CACHE_DIR}")
+  elseif(DEFINED ENV{XDG_CACHE_HOME})
+    set(_strata_cache "$ENV{XDG_CACHE_HOME}/strata")
+  else()
+    set(_strata_cache "$ENV{HOME}/.cache/strata")
+  endif()
+  set(STRATA_CUDNN_FRONTEND_DIR "${_strata_cache}/cudnn-frontend-1.32.0/include" CACHE PATH
+      "The cuDNN frontend's include directory (deploy/cudnn-frontend.sh fetches it)")
+  find_path(STRATA_CUDNN_HEADER cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} NO_CACHE)
+  if(EXISTS "${STRATA_CUDNN_FRONTEND_DIR}/cudnn_frontend.h" AND STRATA_CUDNN_HEADER)
+    set(STRATA_HAVE_CUDNN_FRONTEND ON)
+  elseif(NOT STRATA_CUDNN_HEADER)
+    message(STATUS "cuDNN attention: off (no cudnn.h with the CUDA toolkit)")
+  else()
+    message(STATUS "cuDNN attention: off (no cudnn_frontend.h in ${STRATA_CUDNN_FRONTEND_DIR}: "
+                   "run deploy/cudnn-frontend.sh and configure again)")
+  endif()
+endif()
+
 # --- NCCL (optional, only with CUDA) -----------------------------------------------------------
 set(STRATA_HAVE_NCCL OFF)
 if(STRATA_HAVE_CUDA)

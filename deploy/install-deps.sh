@@ -9,7 +9,8 @@
 #
 # Not installed here: the CUDA toolkit and NCCL (from NVIDIA's repositories or images). CMake
 # detects them when present (nvcc on PATH or in /usr/local/cuda) and builds the CUDA targets;
-# without them everything else builds and passes.
+# without them everything else builds and passes. With a toolkit, this also fetches the cuDNN
+# frontend's headers (deploy/cudnn-frontend.sh; cuDNN itself is found at run time).
 set -euo pipefail
 
 packages=(
@@ -45,6 +46,15 @@ case "${1:-}" in
   *) echo "install-deps: unknown argument '$1' (the only one is --build-only)" >&2; exit 2 ;;
 esac
 
+# With a CUDA toolkit: the cuDNN frontend's headers (PyPI, pinned; not a Debian package), for the
+# CUDA build's fused attention. Without them that build leaves cuDNN's attention out and says so.
+cudnn_frontend() {
+  if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    "$(dirname "${BASH_SOURCE[0]}")/cudnn-frontend.sh" >/dev/null ||
+      echo "install-deps: warning: the cuDNN frontend's headers could not be fetched; CUDA builds will use Strata's own attention kernels" >&2
+  fi
+}
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -54,6 +64,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages are installed"
+  [ -n "${STRATA_DEPS_DRY_RUN:-}" ] || cudnn_frontend
   exit 0
 fi
 
@@ -74,4 +85,5 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -q
 "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+cudnn_frontend
 echo "install-deps: done"

@@ -153,6 +153,11 @@ class CudaLlamaOps final : public LlamaOps {
         ctx(), logits, targets, lse, num_tokens, vocab_begin, vocab, ignore_index, dloss, dlogits));
   }
   bool HasShardOps() const override { return true; }
+  const char* PrepareAttention(size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
+                               size_t head_dim, device::DType precision) override {
+    return cuda::PrepareAttention(ctx(), batch, seq, num_heads, num_kv_heads, head_dim,
+                                  cuda::ToCudaDType(precision));
+  }
   Status CheckDataErrors() override { return cuda::CheckDataErrors(ctx()); }
   Status Mark() override { return cuda::ToStatus(cuda::RecordMark(ctx())); }
   Result<std::vector<double>> TakeMarks() override {

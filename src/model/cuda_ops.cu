@@ -14,12 +14,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "device/dtype_convert.h"
 #include "device/cuda_dtype_tags.h"
+#include "device/dtype_convert.h"
+#include "model/cuda_cudnn_attention.h"
 #include "model/cuda_ops.h"
 #include "model/cuda_ops_internal.cuh"
 
@@ -188,11 +191,23 @@ struct OpsContext {
   DeviceDataError* data_error = nullptr;
   std::vector<cudaEvent_t> marks;  // the profile's events (timing on); the first used_marks recorded
   size_t used_marks = 0;
+  // cuDNN's fused attention (cuda_cudnn_attention.h), created on first use; null when it is not
+  // available (sdpa_tried then says it was looked for).
+  detail::CudnnSdpa* sdpa = nullptr;
+  bool sdpa_tried = false;
+  // The shapes asked of cuDNN, and what each needs (ok false: the context's own kernels run).
+  struct SdpaPlan {
+    detail::SdpaShape shape;
+    bool ok = false;
+    size_t forward_bytes = 0, backward_bytes = 0;
+  };
+  std::vector<SdpaPlan> sdpa_plans;
 };
 
 void OpsContextDeleter::operator()(OpsContext* context) const {
   if (context == nullptr) return;
   (void)cudaStreamSynchronize(context->stream);
+  detail::CudnnSdpaDestroy(context->sdpa);
   for (cudaEvent_t e : context->marks) (void)cudaEventDestroy(e);
   if (!context->external_workspace) (void)cudaFree(context->workspace);
   (void)cudaFree(context->data_error);
@@ -1079,11 +1094,157 @@ AttentionShape MakeShape(size_t batch, size_t seq, size_t num_heads, size_t num_
 }
 
 // A developer switch, not a setting (docs/gpu.md): STRATA_ATTENTION=exact keeps 16-bit runs on
-// the exact kernels, which tells a fault of the tensor-core kernels from one elsewhere. Read at
-// every call (a getenv), so that tests can switch.
-bool TensorCoresAllowed() {
+// the exact kernels, which tells a fault of the tensor-core kernels from one elsewhere;
+// STRATA_ATTENTION=kernels keeps them on Strata's own kernels (no cuDNN), to compare the two.
+// Read at every call (a getenv), so that tests can switch.
+bool AttentionSwitch(const char* value) {
   const char* v = std::getenv("STRATA_ATTENTION");
-  return v == nullptr || std::strcmp(v, "exact") != 0;
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+bool TensorCoresAllowed() {
+  return !AttentionSwitch("exact");
+}
+bool CudnnAllowed() {
+  return !AttentionSwitch("exact") && !AttentionSwitch("kernels");
+}
+
+detail::SdpaShape SdpaShapeOf(DType precision, const AttentionShape& s) {
+  detail::SdpaShape out;
+  out.batch = static_cast<int64_t>(s.batch);
+  out.seq = static_cast<int64_t>(s.seq);
+  out.heads = static_cast<int64_t>(s.num_heads);
+  out.kv_heads = static_cast<int64_t>(s.num_kv_heads);
+  out.head_dim = static_cast<int64_t>(s.head_dim);
+  out.dtype = precision;
+  out.scale = s.scale;
+  return out;
+}
+
+bool SameSdpaShape(const detail::SdpaShape& a, const detail::SdpaShape& b) {
+  return a.batch == b.batch && a.seq == b.seq && a.heads == b.heads && a.kv_heads == b.kv_heads &&
+         a.head_dim == b.head_dim && a.dtype == b.dtype && a.scale == b.scale;
+}
+
+// The 16-bit copies a cuDNN call works on, in the workspace before cuDNN's own: q, k, v and out
+// for the forward; and dout, dq, dk, dv too for the backward.
+size_t SdpaCopiesBytes(const AttentionShape& s, bool backward) {
+  const size_t q = AlignUp(s.batch * s.seq * s.q_stride * 2);
+  const size_t kv = AlignUp(s.batch * s.seq * s.kv_stride * 2);
+  return backward ? 4 * q + 4 * kv : 2 * q + 2 * kv;
+}
+
+// cuDNN's plan for this call, or null when the context's own kernels run it: cuDNN not wanted
+// (STRATA_ATTENTION), packed documents (key_start), fp32, a head_dim other than 64 or 128, no
+// cuDNN, a shape cuDNN refuses, or a workspace too small for it.
+const OpsContext::SdpaPlan* SdpaPlanFor(OpsContext* context, DType precision,
+                                        const AttentionShape& s, const int32_t* key_start) {
+  if (key_start != nullptr || !CudnnAllowed()) return nullptr;
+  if (precision != DType::kBF16 && precision != DType::kF16) return nullptr;
+  if (s.head_dim != 64 && s.head_dim != 128) return nullptr;
+  if (!context->sdpa_tried) {
+    context->sdpa_tried = true;
+    std::string why;
+    context->sdpa = detail::CudnnSdpaCreate(context->stream, &why);
+  }
+  if (context->sdpa == nullptr) return nullptr;
+  const detail::SdpaShape shape = SdpaShapeOf(precision, s);
+  for (const OpsContext::SdpaPlan& p : context->sdpa_plans) {
+    if (SameSdpaShape(p.shape, shape)) return p.ok ? &p : nullptr;
+  }
+  OpsContext::SdpaPlan plan;
+  plan.shape = shape;
+  std::string why;
+  plan.ok = detail::CudnnSdpaPrepare(context->sdpa, shape, &plan.forward_bytes,
+                                     &plan.backward_bytes, &why);
+  // A workspace given by UseWorkspace cannot grow: cuDNN needing more than WorkspaceBytes
+  // reserved for it leaves this shape to the context's own kernels.
+  const size_t need = SdpaCopiesBytes(s, true) + AlignUp(plan.backward_bytes);
+  if (plan.ok && context->external_workspace && need > context->workspace_bytes) {
+    plan.ok = false;
+    detail::CudnnSdpaNote("cuDNN's attention needs " + std::to_string(need) +
+                          " bytes of workspace, more than the " +
+                          std::to_string(context->workspace_bytes) +
+                          " reserved; Strata's own kernels run for this shape");
+  }
+  context->sdpa_plans.push_back(plan);
+  return context->sdpa_plans.back().ok ? &context->sdpa_plans.back() : nullptr;
+}
+
+template <typename D>
+__global__ void WidenKernel(const typename D::T* __restrict__ x, float* __restrict__ y, size_t n) {
+  for (size_t i = FirstIndex(); i < n; i += GridStride())
+    y[i] = D::Load(x[i]);
+}
+
+// y[0, n) = x (bf16 or fp16) as fp32.
+OpError Widen(OpsContext* context, const void* x, size_t n, DType dtype, float* y, const char* op) {
+  if (dtype == DType::kBF16) {
+    WidenKernel<BF16>
+        <<<GridFor(n), kBlockThreads, 0, context->stream>>>(static_cast<const uint16_t*>(x), y, n);
+  } else {
+    WidenKernel<F16>
+        <<<GridFor(n), kBlockThreads, 0, context->stream>>>(static_cast<const uint16_t*>(x), y, n);
+  }
+  return LaunchResult(op);
+}
+
+OpError CudnnAttentionForward(OpsContext* context, const OpsContext::SdpaPlan& plan,
+                              const AttentionShape& s, const float* q, const float* k,
+                              const float* v, float* out, float* lse) {
+  constexpr const char* kOp = "AttentionForward";
+  const size_t qn = s.batch * s.seq * s.q_stride, kvn = s.batch * s.seq * s.kv_stride;
+  OpError error = Reserve(context, SdpaCopiesBytes(s, false) + AlignUp(plan.forward_bytes), kOp);
+  if (!error.ok()) return error;
+  WorkspaceCarver carver(context);
+  void* q16 = carver.Take<uint16_t>(qn);
+  void* k16 = carver.Take<uint16_t>(kvn);
+  void* v16 = carver.Take<uint16_t>(kvn);
+  void* o16 = carver.Take<uint16_t>(qn);
+  void* scratch = plan.forward_bytes > 0 ? carver.Take<char>(plan.forward_bytes) : nullptr;
+  const DType t = plan.shape.dtype;
+  for (auto [x, n, y] :
+       {std::tuple{q, qn, q16}, std::tuple{k, kvn, k16}, std::tuple{v, kvn, v16}}) {
+    error = RoundActivations(context, x, n, t, y, kOp);
+    if (!error.ok()) return error;
+  }
+  error = detail::CudnnSdpaForward(context->sdpa, plan.shape, q16, k16, v16, o16, lse, scratch);
+  if (!error.ok()) return error;
+  return Widen(context, o16, qn, t, out, kOp);
+}
+
+OpError CudnnAttentionBackward(OpsContext* context, const OpsContext::SdpaPlan& plan,
+                               const AttentionShape& s, const float* q, const float* k,
+                               const float* v, const float* out, const float* lse,
+                               const float* dout, float* dq, float* dk, float* dv) {
+  constexpr const char* kOp = "AttentionBackward";
+  const size_t qn = s.batch * s.seq * s.q_stride, kvn = s.batch * s.seq * s.kv_stride;
+  OpError error = Reserve(context, SdpaCopiesBytes(s, true) + AlignUp(plan.backward_bytes), kOp);
+  if (!error.ok()) return error;
+  WorkspaceCarver carver(context);
+  void* q16 = carver.Take<uint16_t>(qn);
+  void* k16 = carver.Take<uint16_t>(kvn);
+  void* v16 = carver.Take<uint16_t>(kvn);
+  void* o16 = carver.Take<uint16_t>(qn);
+  void* do16 = carver.Take<uint16_t>(qn);
+  void* dq16 = carver.Take<uint16_t>(qn);
+  void* dk16 = carver.Take<uint16_t>(kvn);
+  void* dv16 = carver.Take<uint16_t>(kvn);
+  void* scratch = plan.backward_bytes > 0 ? carver.Take<char>(plan.backward_bytes) : nullptr;
+  const DType t = plan.shape.dtype;
+  for (auto [x, n, y] : {std::tuple{q, qn, q16}, std::tuple{k, kvn, k16}, std::tuple{v, kvn, v16},
+                         std::tuple{out, qn, o16}, std::tuple{dout, qn, do16}}) {
+    error = RoundActivations(context, x, n, t, y, kOp);
+    if (!error.ok()) return error;
+  }
+  error = detail::CudnnSdpaBackward(context->sdpa, plan.shape, q16, k16, v16, o16, do16, lse, dq16,
+                                    dk16, dv16, scratch);
+  if (!error.ok()) return error;
+  for (auto [x, n, y] :
+       {std::tuple{dq16, qn, dq}, std::tuple{dk16, kvn, dk}, std::tuple{dv16, kvn, dv}}) {
+    error = Widen(context, x, n, t, y, kOp);
+    if (!error.ok()) return error;
+  }
+  return OpError{};
 }
 
 unsigned AttentionBlocks(size_t rows) {
@@ -1107,6 +1268,24 @@ void ForLanesPerHead(size_t head_dim, Fn&& fn) {
 
 }  // namespace
 
+const char* PrepareAttention(OpsContext* context, size_t batch, size_t seq, size_t num_heads,
+                             size_t num_kv_heads, size_t head_dim, DType precision,
+                             bool packed_documents) {
+  if (!IsKnown(precision) || num_kv_heads == 0 || num_heads % num_kv_heads != 0 || head_dim == 0) {
+    return "exact";
+  }
+  const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
+  static const int32_t kAnyKeyStart = 0;
+  if (SdpaPlanFor(context, precision, shape, packed_documents ? &kAnyKeyStart : nullptr)) {
+    return "cudnn";
+  }
+  if (!packed_documents && TensorCoresAllowed() &&
+      detail::TensorCoreAttentionSupports(precision, shape)) {
+    return "tensor cores";
+  }
+  return "exact";
+}
+
 OpError AttentionForward(OpsContext* context, const float* q, const float* k, const float* v,
                          size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
                          size_t head_dim, float* out, float* lse, DType precision,
@@ -1121,6 +1300,9 @@ OpError AttentionForward(OpsContext* context, const float* q, const float* k, co
     return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
   }
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
+  if (const OpsContext::SdpaPlan* plan = SdpaPlanFor(context, precision, shape, key_start)) {
+    return CudnnAttentionForward(context, *plan, shape, q, k, v, out, lse);
+  }
   // Packed documents take the exact kernels (the tiled ones mask causally only).
   if (key_start == nullptr && TensorCoresAllowed() &&
       detail::TensorCoreAttentionSupports(precision, shape)) {
@@ -1155,10 +1337,13 @@ OpError AttentionBackward(OpsContext* context, const float* q, const float* k, c
   if (rows / kAttentionWarps >= static_cast<size_t>(INT_MAX)) {
     return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
   }
+  const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
+  if (const OpsContext::SdpaPlan* plan = SdpaPlanFor(context, precision, shape, key_start)) {
+    return CudnnAttentionBackward(context, *plan, shape, q, k, v, out, lse, dout, dq, dk, dv);
+  }
   error = Reserve(context, rows * sizeof(float), kOp);
   if (!error.ok()) return error;
   float* delta = WorkspaceCarver(context).Take<float>(rows);
-  const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
   if (key_start == nullptr && TensorCoresAllowed() &&
       detail::TensorCoreAttentionSupports(precision, shape)) {
     return detail::TensorCoreAttentionBackward(context->stream, precision, shape, q, k, v, out,

@@ -62,6 +62,7 @@ enum class ErrorSource : uint8_t {
   kCuda,      // `code` is a cudaError_t
   kCublas,    // `code` is a cublasStatus_t
   kArgument,  // the sizes or dtypes are not supported; `what` says why
+  kCudnn,     // `code` is a cuDNN frontend error code (the log has its message)
 };
 
 // The outcome of one call. `what` is a string literal: the failing CUDA or cuBLAS call
@@ -120,6 +121,7 @@ struct WorkspaceShape {
   size_t hidden = 0, kv_dim = 0, intermediate = 0, vocab = 0;
   size_t num_heads = 0, head_dim = 0;
   size_t q_dim = 0;  // num_heads * head_dim (0: hidden)
+  size_t head_tokens = 0;  // tokens per call of the LM head's GEMMs (0: batch * seq)
 };
 // The most workspace any op of such a layer (and the head's loss) needs in one call, with any
 // weight dtype: a caller that gives the context this much (UseWorkspace) never sees it grow.
@@ -211,7 +213,21 @@ OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, s
 // the exact kernels at any precision: a query sees keys [key_start, i] only.
 // Both are deterministic (no atomics). The backward uses batch * num_heads * seq floats of the
 // workspace.
+//
+// cuDNN: for bf16 and fp16 at head_dim 64 and 128 without packed documents, cuDNN's fused
+// attention (flash attention; cuda_cudnn_attention.h) runs instead of the tiled kernels when a
+// cuDNN 9 is found at run time (cudnn_loader.h), on q, k, v (and out, dout) rounded to the dtype
+// in the workspace, its outputs widened to fp32. Its backward is cuDNN's deterministic one.
+// STRATA_ATTENTION=kernels keeps Strata's own kernels (to compare). Where cuDNN is absent the run
+// says so once (log) and the kernels above run.
 inline constexpr size_t kMaxAttentionHeadDim = 256;
+
+// Which kernels AttentionForward / AttentionBackward run for such a call: "cudnn", "tensor cores"
+// (the tiled kernels) or "exact". For "cudnn" it builds cuDNN's graphs for the shape now, if not
+// yet built: the model calls it at set-up so that no step builds them.
+const char* PrepareAttention(OpsContext* context, size_t batch, size_t seq, size_t num_heads,
+                             size_t num_kv_heads, size_t head_dim, DType precision,
+                             bool packed_documents = false);
 OpError AttentionForward(OpsContext* context, const float* q, const float* k, const float* v,
                          size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
                          size_t head_dim, float* out, float* lse,

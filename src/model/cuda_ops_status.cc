@@ -50,6 +50,12 @@ Status ToStatus(const OpError& error) {
     case ErrorSource::kCublas:
       (void)cudaGetLastError();
       return CublasErrorStatus(static_cast<cublasStatus_t>(error.code), error);
+    case ErrorSource::kCudnn:
+      (void)cudaGetLastError();
+      return InternalError(
+          fmt::format("{}: {} failed (cuDNN frontend error {}; the log has "
+                      "cuDNN's message)",
+                      error.op, error.what, error.code));
   }
   return InternalError(fmt::format("{}: unknown error source", error.op));
 }

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "common/host_memory.h"
+#include "common/log.h"
 #include "common/parallel_blocks.h"
 #include "model/cpu_ops.h"
 #include "model/llama_ops.h"
@@ -455,9 +456,12 @@ struct LlamaActivations {
   float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dh1 = nullptr;
   // The residual stream's gradient and the next one (swapped after each block).
   float *dres = nullptr, *dres_next = nullptr;
-  // The head: normalised input, its rstd, logits (their gradient in place), log-sum-exp, loss.
+  // The head: normalised input, its rstd, logits [chunk, V] (their gradient in place),
+  // log-sum-exp, loss; with chunks (LlamaHeadChunkTokens) a chunk's loss beside it.
   float *head_x = nullptr, *head_rstd = nullptr, *logits = nullptr, *lse = nullptr;
-  float* loss = nullptr;  // one float
+  float* loss = nullptr;        // one float
+  float* chunk_loss = nullptr;  // one float (chunks only)
+  size_t head_chunk = 0;        // tokens per chunk of the head (t_: one chunk)
   // Tensor parallelism: the cross-entropy's row maxima [T] and sums [2T] (cpu_ops.h).
   float *ce_max = nullptr, *ce_sums = nullptr;
   // LoRA: the gradient of x A^T [T, r], and the adapter's output [T, out] before it is added
@@ -467,7 +471,7 @@ struct LlamaActivations {
 
   // Lays the buffers out from `base` (nullptr: only measures); returns the bytes used.
   size_t Layout(char* base, const LlamaConfig& c, size_t batch, size_t seq, const LlamaLora& lora,
-                bool keep, bool offload, bool vocab_split) {
+                bool keep, bool offload, bool vocab_split, int64_t chunk_tokens) {
     const size_t t = batch * seq, h = static_cast<size_t>(c.hidden_size);
     const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
     const size_t vocab = static_cast<size_t>(c.vocab_size);
@@ -522,9 +526,13 @@ struct LlamaActivations {
     dres_next = m.Take<float>(t * h);
     head_x = m.Take<float>(t * h);
     head_rstd = m.Take<float>(t);
-    logits = m.Take<float>(t * vocab);
+    head_chunk = static_cast<size_t>(
+        chunk_tokens > 0 ? std::min<int64_t>(chunk_tokens, static_cast<int64_t>(t))
+                         : LlamaHeadChunkTokens(c, static_cast<int64_t>(t), vocab_split));
+    logits = m.Take<float>(head_chunk * vocab);
     lse = m.Take<float>(t);
     loss = m.Take<float>(1);
+    if (head_chunk < t) chunk_loss = m.Take<float>(1);
     if (vocab_split) {
       ce_max = m.Take<float>(t);
       ce_sums = m.Take<float>(2 * t);
@@ -545,6 +553,9 @@ struct LlamaModel::State {
   size_t block_bytes = 0;
   size_t workspace_bytes = 0;  // the CUDA ops' (allocated by CreateCudaLlamaOps)
   float loss_scale = 1.0f;  // the head's dloss (LlamaBatch::loss_weight included)
+  // With the head in chunks: each chunk's share of the micro-batch's counted targets (the weight
+  // of its mean loss; 0 with none counted), set with loss_scale.
+  std::vector<float> chunk_share;
   double loss_weight = 1.0;  // the micro-batch's LlamaBatch::loss_weight
   bool packed = false;       // the micro-batch has positions and key starts (packed documents)
   size_t tokens = 0;        // T
@@ -608,10 +619,17 @@ LlamaModel::~LlamaModel() {
 
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
                               const LlamaLora& lora, bool keep_activations,
-                              bool offload_checkpoints, bool vocab_split) {
+                              bool offload_checkpoints, bool vocab_split,
+                              int64_t head_chunk_tokens) {
   LlamaActivations a;
   return a.Layout(nullptr, config, static_cast<size_t>(micro_batch), static_cast<size_t>(seq_len),
-                  lora, keep_activations, offload_checkpoints, vocab_split);
+                  lora, keep_activations, offload_checkpoints, vocab_split, head_chunk_tokens);
+}
+
+int64_t LlamaHeadChunkTokens(const LlamaConfig& config, int64_t tokens, bool vocab_split) {
+  const uint64_t row = static_cast<uint64_t>(std::max<int64_t>(config.vocab_size, 1)) * 4;
+  if (vocab_split || static_cast<uint64_t>(tokens) * row <= kLlamaLogitsBytes) return tokens;
+  return std::max<int64_t>(static_cast<int64_t>(kLlamaLogitsBytes / row), 1);
 }
 
 int64_t LlamaOffloadedCheckpoints(const LlamaConfig& config, bool keep_activations,
@@ -687,18 +705,19 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   st.tokens = b * s;
   st.block_bytes = st.a.Layout(nullptr, config_, b, s, lora_, options.keep_activations,
-                               options.offload_checkpoints, tp_.enabled());
+                               options.offload_checkpoints, tp_.enabled(),
+                               options.head_chunk_tokens);
   Result<void*> block = device_.Alloc(st.block_bytes);
   if (!block.ok()) {
     return block.status().WithContext(fmt::format(
         "model '{}': activations for a micro-batch of {} x {} tokens ({} bytes, of which the "
         "logits take {})",
         config_.name, micro_batch_, seq_len_, st.block_bytes,
-        st.tokens * static_cast<size_t>(config_.vocab_size) * sizeof(float)));
+        st.a.head_chunk * static_cast<size_t>(config_.vocab_size) * sizeof(float)));
   }
   st.block = *block;
   st.a.Layout(static_cast<char*>(st.block), config_, b, s, lora_, options.keep_activations,
-              options.offload_checkpoints, tp_.enabled());
+              options.offload_checkpoints, tp_.enabled(), options.head_chunk_tokens);
 
   STRATA_ASSIGN_OR_RETURN(
       st.host, HostRegion::Allocate(4 * st.tokens * sizeof(int32_t) + sizeof(float),
@@ -743,7 +762,8 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   STRATA_ASSIGN_OR_RETURN(st.stream, device_.CreateStream("llama"));
   STRATA_ASSIGN_OR_RETURN(st.caller_ready, device_.CreateEvent());
   STRATA_ASSIGN_OR_RETURN(st.model_done, device_.CreateEvent());
-  const LlamaOpsShape shape = LlamaOpsShapeFor(config_, seq_len_, micro_batch_);
+  LlamaOpsShape shape = LlamaOpsShapeFor(config_, seq_len_, micro_batch_, tp_.enabled());
+  shape.head_tokens = st.a.head_chunk;  // LlamaModelOptions::head_chunk_tokens may set it
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<LlamaOps> cuda_ops,
                           CreateCudaLlamaOps(device_, *st.stream, shape, options.allow_tf32));
   if (tp_.enabled() && !cuda_ops->HasShardOps()) {
@@ -751,6 +771,17 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
         "tensor parallelism (tensor_parallel.autotp_size {}): the {} device's ops have no "
         "vocabulary-parallel embedding and cross-entropy",
         tp_.size, device::DeviceTypeName(device_.type())));
+  }
+  if (options.attention_dtype != device::DType::kF32) {
+    const LlamaConfig& c = config_;
+    const char* attention = cuda_ops->PrepareAttention(
+        static_cast<size_t>(micro_batch_), static_cast<size_t>(seq_len_),
+        static_cast<size_t>(c.num_attention_heads), static_cast<size_t>(c.num_key_value_heads),
+        static_cast<size_t>(c.head_dim()), options.attention_dtype);
+    STRATA_LOG(info, model,
+               "model '{}': attention on {} ({} x {} tokens, {}/{} heads, head_dim {})", c.name,
+               attention, micro_batch_, seq_len_, c.num_attention_heads, c.num_key_value_heads,
+               c.head_dim());
   }
   st.cuda_ops = profiled(std::move(cuda_ops));
   st.workspace_bytes = CudaLlamaOpsWorkspaceBytes(shape);
@@ -1005,9 +1036,28 @@ Status LlamaModel::BeginMicroBatch(const zero::Batch& batch, float loss_scale,
                                            device::CopyKind::kHostToDevice, stream));
   STRATA_RETURN_IF_ERROR(device_.Record(*st.upload_done, stream));
   const double weight = b->loss_weight;
+  // The head's chunks (LlamaHeadChunkTokens): each one's share of the counted targets.
+  std::vector<float> share;
+  if (st.a.head_chunk < t) {
+    std::vector<size_t> counted;
+    size_t total = 0;
+    for (size_t c0 = 0; c0 < t; c0 += st.a.head_chunk) {
+      const size_t end = std::min(t, c0 + st.a.head_chunk);
+      counted.push_back(static_cast<size_t>(
+          std::count_if(targets + c0, targets + end,
+                        [](int32_t target) { return target != cpu::kIgnoreIndex; })));
+      total += counted.back();
+    }
+    for (const size_t n : counted) {
+      share.push_back(total == 0 ? 0.0f
+                                 : static_cast<float>(static_cast<double>(n) /
+                                                      static_cast<double>(total)));
+    }
+  }
   return Run(
       stream,
-      [this, loss_scale, weight, packed](LlamaOps&) {
+      [this, loss_scale, weight, packed, share = std::move(share)](LlamaOps&) {
+        state_->chunk_share = share;
         state_->loss_scale = static_cast<float>(loss_scale * weight);
         state_->loss_weight = weight;
         state_->packed = packed;
@@ -1523,7 +1573,22 @@ Status LlamaModel::HeadForward(LlamaOps& ops, const zero::UnitView& p, const voi
   STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, W(p, 0), t, h,
                                             static_cast<float>(config_.rms_norm_eps), a.head_x,
                                             a.head_rstd));
-  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.head_x, cpu::Weight{lm, p.dtype}, t, h, v, a.logits));
+  const cpu::Weight head{lm, p.dtype};
+  if (a.head_chunk < t) {
+    // Chunk by chunk (LlamaHeadChunkTokens): the loss is the chunks' mean losses weighted by
+    // their shares of the counted targets.
+    for (size_t c0 = 0, i = 0; c0 < t; c0 += a.head_chunk, ++i) {
+      const size_t n = std::min(a.head_chunk, t - c0);
+      float* loss = i == 0 ? a.loss : a.chunk_loss;
+      STRATA_RETURN_IF_ERROR(ops.LinearForward(a.head_x + c0 * h, head, n, h, v, a.logits));
+      STRATA_RETURN_IF_ERROR(ops.CrossEntropyForward(a.logits, a.tokens + t + c0, n, v,
+                                                     cpu::kIgnoreIndex, a.lse + c0, loss));
+      STRATA_RETURN_IF_ERROR(ops.Scale(loss, 1, st.chunk_share[i]));
+      if (i > 0) STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(a.chunk_loss, 1, a.loss));
+    }
+    return Status::Ok();
+  }
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.head_x, head, t, h, v, a.logits));
   if (!tp_.enabled()) {
     return ops.CrossEntropyForward(a.logits, a.tokens + t, t, v, cpu::kIgnoreIndex, a.lse, a.loss);
   }
@@ -1545,6 +1610,24 @@ Status LlamaModel::HeadBackward(LlamaOps& ops, const zero::UnitView& p, const ze
   const size_t t = st.tokens, h = static_cast<size_t>(config_.hidden_size);
   const size_t v = static_cast<size_t>(config_.vocab_size);
   float* dlogits = a.logits;  // in place
+  float* dxn = a.dh1;         // free until the next block's backward
+  const cpu::Weight head{lm, p.dtype};
+  if (a.head_chunk < t) {
+    // Chunk by chunk: the chunk's logits again, then its gradient, scaled by its share of the
+    // counted targets (CrossEntropyBackward divides by the chunk's own count), and its rows of
+    // the input's gradient and its part of the head's.
+    for (size_t c0 = 0, i = 0; c0 < t; c0 += a.head_chunk, ++i) {
+      const size_t n = std::min(a.head_chunk, t - c0);
+      STRATA_RETURN_IF_ERROR(ops.LinearForward(a.head_x + c0 * h, head, n, h, v, a.logits));
+      STRATA_RETURN_IF_ERROR(ops.CrossEntropyBackward(a.logits, a.tokens + t + c0, a.lse + c0, n,
+                                                      v, cpu::kIgnoreIndex,
+                                                      st.loss_scale * st.chunk_share[i], dlogits));
+      STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.head_x + c0 * h, head, dlogits, n, h, v,
+                                                dxn + c0 * h, Accumulate::kOverwrite, dlm));
+    }
+    const float* x = a.In(config_.num_hidden_layers);
+    return ops.RmsNormBackward(x, W(p, 0), a.head_rstd, dxn, t, h, a.dres, G(g, 0));
+  }
   if (tp_.enabled()) {
     STRATA_RETURN_IF_ERROR(ops.CrossEntropyShardBackward(a.logits, a.tokens + t, a.lse, t,
                                                          VocabBegin(), v, cpu::kIgnoreIndex,
@@ -1553,9 +1636,8 @@ Status LlamaModel::HeadBackward(LlamaOps& ops, const zero::UnitView& p, const ze
     STRATA_RETURN_IF_ERROR(ops.CrossEntropyBackward(a.logits, a.tokens + t, a.lse, t, v,
                                                     cpu::kIgnoreIndex, st.loss_scale, dlogits));
   }
-  float* dxn = a.dh1;  // free until the next block's backward
-  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.head_x, cpu::Weight{lm, p.dtype}, dlogits, t, h, v,
-                                            dxn, Accumulate::kOverwrite, dlm));
+  STRATA_RETURN_IF_ERROR(
+      ops.LinearBackward(a.head_x, head, dlogits, t, h, v, dxn, Accumulate::kOverwrite, dlm));
   // Tensor parallelism: each rank's vocabulary rows gave part of the input's gradient.
   STRATA_RETURN_IF_ERROR(TpAllReduce(dxn, t * h));
   const float* x = a.In(config_.num_hidden_layers);

@@ -132,9 +132,21 @@ std::vector<int> LlamaRecomputeUnits(const LlamaConfig& config, int unit, bool s
 // L + 1 (LlamaOffloadedCheckpoints of them live in host memory instead).
 // With `vocab_split` (tensor parallelism; `config` the rank's LlamaTensorParallelConfig) the
 // cross-entropy's per-token pieces besides.
+// `head_chunk_tokens`: LlamaModelOptions::head_chunk_tokens (0: LlamaHeadChunkTokens).
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
                               const LlamaLora& lora = {}, bool keep_activations = false,
-                              bool offload_checkpoints = false, bool vocab_split = false);
+                              bool offload_checkpoints = false, bool vocab_split = false,
+                              int64_t head_chunk_tokens = 0);
+// The head's logits are computed for this many tokens at a time: all `tokens` when their fp32
+// logits [tokens, V] take at most kLlamaLogitsBytes, else as many as fit (at least one). With
+// fewer than all, the cross-entropy runs chunk by chunk: each chunk's logits, loss and
+// log-sum-exp in forward (the mean loss is the chunks' means weighted by their counted targets),
+// and in backward each chunk's logits again (one more head GEMM), its gradient and its share of
+// the input's and the LM head's gradients. No [T, V] tensor exists: Llama 3's 128256-word
+// vocabulary at 4 x 2048 tokens would take 4 GiB. Tensor parallelism (`vocab_split`) keeps all
+// tokens (its logits are already a slice of the vocabulary).
+inline constexpr uint64_t kLlamaLogitsBytes = uint64_t{256} << 20;
+int64_t LlamaHeadChunkTokens(const LlamaConfig& config, int64_t tokens, bool vocab_split = false);
 // Activation checkpoints offloaded to host memory (LlamaModelOptions::offload_checkpoints, with
 // checkpointing): the inputs of blocks 0 .. L - 3, as many as this returns (0 for L <= 2 or
 // without checkpointing). The last two blocks' inputs stay on the device: backward starts with
@@ -204,6 +216,13 @@ struct LlamaModelOptions {
   // This rank's place in a tensor-parallel group (LlamaTensorParallel); the model's parameters
   // are then this rank's parts (LlamaTensorParallelSlice), under the whole model's names.
   LlamaTensorParallel tensor_parallel = {};
+  // The weights' dtype in compute (the run's precision): on CUDA with bf16 or fp16, Create
+  // prepares the attention for it (cuDNN's graphs, cuda::PrepareAttention) so that no step builds
+  // them, and logs which attention runs.
+  device::DType attention_dtype = device::DType::kF32;
+  // Tokens per chunk of the head's cross-entropy (LlamaHeadChunkTokens; 0: that function's
+  // choice). Tests set it to check chunked against whole.
+  int64_t head_chunk_tokens = 0;
 };
 
 class LlamaModel final : public zero::Model {

@@ -11,6 +11,7 @@
 
 #include "model/cuda_ops.h"
 #include "model/llama_config.h"
+#include "model/llama_model.h"
 
 namespace strata::model {
 
@@ -574,7 +575,8 @@ Result<std::unique_ptr<LlamaOps>> CreateCudaLlamaOps(device::Device&, device::St
 }
 #endif
 
-LlamaOpsShape LlamaOpsShapeFor(const LlamaConfig& c, int64_t seq_len, int64_t micro_batch) {
+LlamaOpsShape LlamaOpsShapeFor(const LlamaConfig& c, int64_t seq_len, int64_t micro_batch,
+                               bool vocab_split) {
   LlamaOpsShape shape;
   shape.batch = static_cast<size_t>(micro_batch);
   shape.seq = static_cast<size_t>(seq_len);
@@ -585,6 +587,8 @@ LlamaOpsShape LlamaOpsShapeFor(const LlamaConfig& c, int64_t seq_len, int64_t mi
   shape.num_heads = static_cast<size_t>(c.num_attention_heads);
   shape.head_dim = static_cast<size_t>(c.head_dim());
   shape.q_dim = static_cast<size_t>(c.q_dim());
+  shape.head_tokens =
+      static_cast<size_t>(LlamaHeadChunkTokens(c, seq_len * micro_batch, vocab_split));
   return shape;
 }
 

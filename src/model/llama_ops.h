@@ -35,7 +35,9 @@ using LlamaOpsShape = cuda::WorkspaceShape;
 
 struct LlamaConfig;
 // The shape of `config` at micro_batch x seq_len tokens.
-LlamaOpsShape LlamaOpsShapeFor(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch);
+// `vocab_split`: tensor parallelism (the LM head then takes every token at once).
+LlamaOpsShape LlamaOpsShapeFor(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
+                               bool vocab_split = false);
 
 class LlamaOps {
  public:
@@ -129,6 +131,14 @@ class LlamaOps {
                                            float* /*dlogits*/) {
     return ShardOpsMissing();
   }
+  // Gets the attention ready for calls of this shape at `precision` (CUDA: cuDNN's graphs, built
+  // now rather than in the first step) and names the kernels that will run them
+  // (cuda::PrepareAttention); the CPU ops have one attention ("cpu").
+  virtual const char* PrepareAttention(size_t /*batch*/, size_t /*seq*/, size_t /*num_heads*/,
+                                       size_t /*num_kv_heads*/, size_t /*head_dim*/,
+                                       device::DType /*precision*/) {
+    return "cpu";
+  }
   // Whether this device's ops have the vocabulary-split ops above.
   virtual bool HasShardOps() const { return false; }
   // Bad tokens or targets met since the last call (CUDA: waits for the stream). OK on the CPU,
@@ -218,6 +228,10 @@ class OpProfiler final : public LlamaOps {
                                    size_t num_tokens, size_t vocab_begin, size_t vocab,
                                    int32_t ignore_index, float dloss, float* dlogits) override;
   bool HasShardOps() const override { return inner_->HasShardOps(); }
+  const char* PrepareAttention(size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
+                               size_t head_dim, device::DType precision) override {
+    return inner_->PrepareAttention(batch, seq, num_heads, num_kv_heads, head_dim, precision);
+  }
   Status CheckDataErrors() override { return inner_->CheckDataErrors(); }
   Status Mark() override { return inner_->Mark(); }
   Result<std::vector<double>> TakeMarks() override { return inner_->TakeMarks(); }

@@ -26,11 +26,25 @@ size_t WorkspaceBytes(const WorkspaceShape& s) {
                              {s.hidden, s.intermediate}, {s.intermediate, s.hidden},
                              {s.hidden, s.vocab}};
   for (const auto& p : pairs) {
-    most = std::max(most, AlignUp(t * p[0] * 2));                         // forward
-    most = std::max(most, AlignUp(t * p[1] * 2) + AlignUp(t * p[0] * 2));  // backward
+    // The LM head's GEMMs take its chunks' tokens (LlamaHeadChunkTokens).
+    const size_t rows = &p == &pairs[5] && s.head_tokens > 0 ? s.head_tokens : t;
+    most = std::max(most, AlignUp(rows * p[0] * 2));                            // forward
+    most = std::max(most, AlignUp(rows * p[1] * 2) + AlignUp(rows * p[0] * 2));  // backward
   }
   most = std::max(most, 2 * AlignUp(s.seq * (s.head_dim / 2) * sizeof(float)));  // RoPE tables
   most = std::max(most, AlignUp(s.batch * s.num_heads * s.seq * sizeof(float)));  // attention
+  // cuDNN's attention (16-bit weights, head_dim 64 or 128; cuda_ops.cu): the backward's 16-bit
+  // copies of q, k, v, out, dout and of the three gradients, then cuDNN's own workspace. That is
+  // known only once its graph is built on a GPU; this reserves an fp32 dq accumulator and two
+  // row statistics twice over, plus 16 MiB. A plan needing more runs Strata's own kernels, and
+  // the log says so.
+  if (s.head_dim == 64 || s.head_dim == 128) {
+    const size_t rows = s.batch * s.num_heads * s.seq;
+    const size_t copies = 4 * AlignUp(t * q * 2) + 4 * AlignUp(t * s.kv_dim * 2);
+    const size_t cudnn = 2 * (AlignUp(t * q * sizeof(float)) + 2 * AlignUp(rows * sizeof(float))) +
+                         (size_t{16} << 20);
+    most = std::max(most, copies + cudnn);
+  }
   most = std::max(most, AlignUp(t * sizeof(float)));                              // the loss
   return AlignUp(std::max<size_t>(most, 1));
 }

@@ -62,7 +62,7 @@ Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
                                           tp > 1));
   if (in.device == device::DeviceType::kCuda) {
     e.workspace = charged(model::CudaLlamaOpsWorkspaceBytes(
-        model::LlamaOpsShapeFor(part, e.seq_len, e.micro_batch)));
+        model::LlamaOpsShapeFor(part, e.seq_len, e.micro_batch, tp > 1)));
   }
   // The trainer's stop agreement (RankGather), on several ranks.
   if (in.world_size > 1) e.rank_agreement = charged(static_cast<uint64_t>(in.world_size) * 4);

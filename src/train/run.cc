@@ -174,21 +174,36 @@ Status AgreeOnPlacement(RunPlan* plan, Run* run, const MachineFacts& machine) {
   return Status::Ok();
 }
 
+// The dtype the model's attention computes in: that of the weights in compute (strata.bf16 /
+// fp16), for which the CUDA ops prepare their attention at set-up.
+device::DType AttentionDType(const Config& config) {
+  switch (config.precision()) {
+    case Precision::kBf16:
+      return device::DType::kBF16;
+    case Precision::kFp16:
+      return device::DType::kF16;
+    case Precision::kFp32:
+      break;
+  }
+  return device::DType::kF32;
+}
+
 Status BuildModel(const RunPlan& plan, Run* run) {
   const MemoryChoice& memory = run->memory;
   STRATA_ASSIGN_OR_RETURN(
       run->model,
-      model::LlamaModel::Create(
-          run->device(), plan.model, plan.seq_len, plan.layout.micro_batch, plan.config.strata.seed,
-          {.allow_tf32 = plan.config.strata.tf32,
-           .profile_ops = plan.options.profile_ops,
-           .lora = plan.lora,
-           .keep_activations = memory.keep_activations,
-           .split_blocks = memory.split_blocks,
-           .offload_checkpoints = memory.offload_checkpoints,
-           .tensor_parallel = {.rank = run->runtime.tensor_parallel_rank(),
-                               .size = plan.tensor_parallel(),
-                               .group = run->runtime.tensor_parallel.get()}}));
+      model::LlamaModel::Create(run->device(), plan.model, plan.seq_len, plan.layout.micro_batch,
+                                plan.config.strata.seed,
+                                {.allow_tf32 = plan.config.strata.tf32,
+                                 .profile_ops = plan.options.profile_ops,
+                                 .lora = plan.lora,
+                                 .keep_activations = memory.keep_activations,
+                                 .split_blocks = memory.split_blocks,
+                                 .offload_checkpoints = memory.offload_checkpoints,
+                                 .tensor_parallel = {.rank = run->runtime.tensor_parallel_rank(),
+                                                     .size = plan.tensor_parallel(),
+                                                     .group = run->runtime.tensor_parallel.get()},
+                                 .attention_dtype = AttentionDType(plan.config)}));
   run->parts = TensorParts::Of(*run->model);
   // Frozen parameters (strata.freeze / strata.trainable), whole units.
   const Config& config = plan.config;

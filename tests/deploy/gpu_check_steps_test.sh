@@ -4,10 +4,11 @@
 #   1. `deploy/gpu-check.sh --dry-run` lists:
 #      - run: the tests, then the attention benchmarks with Strata's own kernels
 #        (STRATA_ATTENTION=kernels) after the main ones; no micro-benchmark step, and a line saying
-#        they run only with --micro; default budget 170 s;
+#        they run only with --micro; default budget 130 s;
 #      - run --micro: the micro-benchmark steps after the attention ones; default budget 300 s;
-#      - run --train: train_hbm first, then the CPU-optimizer, NVMe and largest scenarios, each
-#        after the steps whose numbers it takes; nvme at 3 steps; default budget 370 s;
+#      - run --train: train_hbm first, then the CPU-optimizer and NVMe scenarios, each after the
+#        steps whose numbers it takes; nvme at 2 steps; default budget 410 s; the 8B run
+#        (train_largest) last, and only with --largest;
 #      - --micro with --train or --no-bench is refused; --budget is kept.
 #   2. `run`, `run --micro` and `run --train` against a carry folder of stub binaries (which answer
 #      at once, or fail) take their steps in that order, as steps.tsv records them.
@@ -74,12 +75,11 @@ train_order() {
   before train_cpu_optim train_nvme "$steps"
   before copy_strata train_nvme "$steps"
   before nvme_rate train_nvme "$steps"
-  before train_nvme train_largest "$steps"
 }
 
 # ---- 1. the dry-runs
 out="$("$check" --dry-run)"
-grep -q "budget 170 s" <<<"$out" || fail "run's default budget is not 170 s"
+grep -q "budget 130 s" <<<"$out" || fail "run's default budget is not 130 s"
 grep -q -- "--gtest_filter='\*Gpu\*'" <<<"$out" || fail "run does not list the GPU tests"
 grep -qi "skipped.*only with --micro" <<<"$out" ||
   fail "run's dry-run does not say that the micro-benchmarks run only with --micro"
@@ -95,14 +95,17 @@ out="$("$check" run --micro --budget 420 --dry-run)"
 grep -q "budget 420 s" <<<"$out" || fail "--budget 420 is not kept"
 
 out="$("$check" run --train --dry-run)"
-grep -q "budget 370 s" <<<"$out" || fail "run --train's default budget is not 370 s"
+grep -q "budget 410 s" <<<"$out" || fail "run --train's default budget is not 410 s"
 steps="$(steps_of <<<"$out")"
 train_order "$steps"
 before train_hbm deepspeed_env "$steps"
 before deepspeed_env train_cpu_optim "$steps"
-grep -q -- "--scenarios nvme, 3 steps" <<<"$out" || fail "run --train's nvme is not 3 steps"
+grep -q -- "--scenarios nvme, 2 steps" <<<"$out" || fail "run --train's nvme is not 2 steps"
+grep -q "2048 tokens (off)" <<<"$out" || fail "run --train's dry-run does not say the 8B run is off"
+out="$("$check" run --train --largest --dry-run)"
+grep -q "(on: --largest)" <<<"$out" || fail "run --train --largest's dry-run does not say the 8B run is on"
 
-for bad in "run --train --micro" "run --no-bench --micro"; do
+for bad in "run --train --micro" "run --no-bench --micro" "run --largest"; do
   # shellcheck disable=SC2086  # the words of $bad are the options
   if "$check" $bad --dry-run >/dev/null 2>&1; then
     fail "'$bad' was accepted"
@@ -170,8 +173,12 @@ micro_after_attention "$steps"
 
 steps="$(stubbed_run train --train --quick)"
 train_order "$steps"
-grep -E '^== train_nvme .*--steps 3 --warmup 1 .*--deadline [0-9]+' "$tmp/train.log" >/dev/null ||
-  fail "train_nvme does not run 3 steps with a --deadline"
+grep -E '^== train_nvme .*--steps 2 --warmup 1 .*--deadline [0-9]+' "$tmp/train.log" >/dev/null ||
+  fail "train_nvme does not run 2 steps with a --deadline"
+[ "$(index_of train_largest "$steps")" = 0 ] || fail "train_largest ran without --largest: $(flat "$steps")"
+steps="$(stubbed_run largest --train --quick --largest)"
+train_order "$steps"
+before train_nvme train_largest "$steps"
 grep -E '^== train_hbm .*--cpu-adam-gps' "$tmp/train.log" >/dev/null &&
   fail "train_hbm takes --cpu-adam-gps, measured after it"
 

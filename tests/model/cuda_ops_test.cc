@@ -36,6 +36,7 @@
 #include "device/device_test_util.h"
 #include "model/cpu_ops.h"
 #include "model/cuda_ops_status.h"
+#include "model/cudnn_loader.h"
 #include "strata/device.h"
 #include "test_support.h"
 
@@ -482,7 +483,17 @@ TEST_F(CudaOpsGpuTest, AttentionMatchesTheCpuAndIsDeterministic) {
 // 1e-2 of the largest element for the output and lse, 3e-2 (bf16) or 1e-2 (fp16) for the
 // gradients. Shapes cover one exact tile, partial tiles (seq 100, 130, 3), grouped-query and
 // multi-query heads. A head_dim the tiled kernels do not take (72) runs the exact kernels.
+// Sets STRATA_ATTENTION for one scope (cuda_ops.h: which attention kernels run).
+class AttentionSwitch {
+ public:
+  explicit AttentionSwitch(const char* value) { ::setenv("STRATA_ATTENTION", value, 1); }
+  ~AttentionSwitch() { ::unsetenv("STRATA_ATTENTION"); }
+  AttentionSwitch(const AttentionSwitch&) = delete;
+  AttentionSwitch& operator=(const AttentionSwitch&) = delete;
+};
+
 TEST_F(CudaOpsGpuTest, AttentionOnTensorCoresMatchesTheCpuOnRoundedInputs) {
+  const AttentionSwitch kernels("kernels");  // Strata's own, not cuDNN's
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     const double grad_tol = dtype == DType::kBF16 ? 3e-2 : 1e-2;
     for (const AttentionCase& c :
@@ -497,6 +508,43 @@ TEST_F(CudaOpsGpuTest, AttentionOnTensorCoresMatchesTheCpuOnRoundedInputs) {
       }
     }
   }
+}
+
+// cuDNN's fused attention (cuda_cudnn_attention.h), where a cuDNN 9 is found (on the GPU check's
+// machine: PyTorch's), against the CPU on rounded inputs with the tiled kernels' tolerances: one
+// tile, partial tiles, grouped-query and multi-query heads, and the benchmarks' head layouts
+// (llama-1b's 32/4 at d64, an 8B-class 32/8 at d128) at a sequence the CPU reference can afford.
+// CheckAttention's rerun holds the backward to the same bits (cuDNN's deterministic algorithm).
+// Packed documents stay on the exact kernels.
+TEST_F(CudaOpsGpuTest, AttentionFromCudnnMatchesTheCpuOnRoundedInputs) {
+  const char* first = cuda::PrepareAttention(context(), 1, 64, 2, 2, 64, cuda::DType::kBF16);
+  if (std::string(first) != "cudnn") {
+    const Result<cudnn::Library>& lib = cudnn::ProcessLibrary();
+    GTEST_SKIP() << "cuDNN's attention is not available here ("
+                 << (lib.ok() ? "loaded, but the GPU or the shape is not supported; see the log"
+                              : lib.status().ToString())
+                 << ")";
+  }
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const double grad_tol = dtype == DType::kBF16 ? 3e-2 : 1e-2;
+    const cuda::DType p = cuda::ToCudaDType(dtype);
+    for (const AttentionCase& c :
+         {AttentionCase{1, 64, 2, 2, 64}, AttentionCase{2, 100, 4, 2, 64},
+          AttentionCase{1, 130, 2, 1, 128}, AttentionCase{1, 3, 2, 1, 128},
+          AttentionCase{1, 512, 32, 4, 64}, AttentionCase{1, 256, 32, 8, 128}}) {
+      ASSERT_STREQ(
+          cuda::PrepareAttention(context(), c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, p),
+          "cudnn")
+          << Label(c.Name(), dtype);
+      CheckAttention(c, dtype, dtype, 1e-2, grad_tol, 70);
+    }
+  }
+  EXPECT_STREQ(cuda::PrepareAttention(context(), 1, 64, 2, 2, 64, cuda::DType::kBF16,
+                                      /*packed_documents=*/true),
+               "exact");
+  const AttentionSwitch kernels("kernels");
+  EXPECT_STREQ(cuda::PrepareAttention(context(), 1, 64, 2, 2, 64, cuda::DType::kBF16),
+               "tensor cores");
 }
 
 TEST_F(CudaOpsGpuTest, UnsupportedShapesAreInvalidArgument) {

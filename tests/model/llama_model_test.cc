@@ -1058,6 +1058,89 @@ TEST(LlamaModelTest, KeptActivationsGiveTheCheckpointedRunBitForBit) {
   }
 }
 
+// The head's cross-entropy in chunks of tokens (LlamaHeadChunkTokens): chunks of 5 of 32 tokens
+// (a partial last chunk), with ignored targets spread unevenly (one chunk has none counted), tied
+// and untied embeddings, fp32 and bf16, over two accumulated micro-batches: the loss and every
+// gradient as with the whole [T, V] logits, to fp32 rounding (the chunks' means are weighted and
+// the head's gradient summed chunk by chunk). The logits buffer is [5, V] instead of [32, V].
+TEST(LlamaModelTest, TheHeadInChunksGivesTheWholeHeadsLossAndGradients) {
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  const int64_t batch = 2, seq = 16, chunk = 5;
+  for (bool tied : {false, true}) {
+    for (device::DType dtype : {device::DType::kF32, device::DType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << "tied " << tied << " dtype "
+                                        << device::DTypeName(dtype));
+      LlamaConfig cfg = TinyConfig();
+      cfg.num_hidden_layers = 2;
+      cfg.tie_word_embeddings = tied;
+      const uint64_t whole = LlamaActivationBytes(cfg, seq, batch);
+      const uint64_t chunked = LlamaActivationBytes(cfg, seq, batch, {}, false, false, false, chunk);
+      const uint64_t v = static_cast<uint64_t>(cfg.vocab_size);
+      EXPECT_GE(whole - chunked, 4 * (batch * seq - chunk) * v - device::kDeviceAlignment);
+
+      std::mt19937 rng(11);
+      auto initial = InitialParams(**cpu, cfg, seq, batch, {}, &rng);
+      ASSERT_TRUE(initial.ok()) << initial.status().ToString();
+      std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
+      std::vector<LlamaBatch> batches(2);
+      for (size_t m = 0; m < batches.size(); ++m) {
+        LlamaBatch& b = batches[m];
+        for (int64_t i = 0; i < batch * (seq + 1); ++i) b.tokens.push_back(tok(rng));
+        for (int64_t s = 0; s < batch; ++s) {
+          for (int64_t i = 0; i < seq; ++i) {
+            b.targets.push_back(b.tokens[static_cast<size_t>(s * (seq + 1) + i + 1)]);
+          }
+        }
+        // Tokens 5-9 (the second chunk) ignored in the first micro-batch, and a few elsewhere.
+        for (size_t i : {5, 6, 7, 8, 9, 13, 20, 31}) {
+          if (m == 0 || i > 10) b.targets[i] = kIgnoreIndexForTests;
+        }
+      }
+      const std::vector<LlamaBatch> more(batches.begin() + 1, batches.end());
+      auto want = RunMicroBatch(**cpu, cfg, seq, batch, initial->layouts, initial->params, dtype,
+                                batches[0], {}, {}, more);
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      LlamaModelOptions options;
+      options.head_chunk_tokens = chunk;
+      auto model = LlamaModel::Create(**cpu, cfg, seq, batch, 7, options);
+      ASSERT_TRUE(model.ok());
+      EXPECT_EQ((*model)->activation_bytes(), chunked);
+      model->reset();
+      auto got = RunMicroBatch(**cpu, cfg, seq, batch, initial->layouts, initial->params, dtype,
+                               batches[0], options, {}, more);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_NEAR(got->loss, want->loss, 1e-6 * std::abs(want->loss));
+      ASSERT_EQ(got->more_losses.size(), 1u);
+      EXPECT_NEAR(got->more_losses[0], want->more_losses[0], 1e-6 * std::abs(want->loss));
+      ASSERT_EQ(got->grads.size(), want->grads.size());
+      for (size_t u = 0; u < got->grads.size(); ++u) {
+        float largest = 0;
+        for (float g : want->grads[u]) largest = std::max(largest, std::abs(g));
+        ASSERT_GT(largest, 0.0f) << initial->layouts[u].name;
+        for (size_t i = 0; i < got->grads[u].size(); ++i) {
+          ASSERT_NEAR(got->grads[u][i], want->grads[u][i], 1e-5f * largest)
+              << initial->layouts[u].name << "[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+// Llama 3's vocabulary at 4 x 2048 tokens: no [T, V] logits (4 GiB); chunks of 523 tokens
+// (256 MiB of logits) instead, and whole below that.
+TEST(LlamaModelTest, LargeVocabulariesTakeTheHeadInChunks) {
+  LlamaConfig cfg = TinyConfig();
+  cfg.vocab_size = 128256;
+  EXPECT_EQ(LlamaHeadChunkTokens(cfg, 4 * 2048), 523);
+  EXPECT_EQ(LlamaHeadChunkTokens(cfg, 4 * 2048, /*vocab_split=*/true), 4 * 2048);
+  EXPECT_EQ(LlamaHeadChunkTokens(cfg, 500), 500);
+  // Every activation together takes less than the whole logits alone would.
+  EXPECT_LT(LlamaActivationBytes(cfg, 2048, 4), uint64_t{4} * 2048 * 128256 * 4);
+  cfg.vocab_size = 32000;
+  EXPECT_EQ(LlamaHeadChunkTokens(cfg, 2048), 2048);  // 250 MiB of logits: whole
+}
+
 // strata.offload_checkpoints: every block input but the last two goes to host memory on the
 // model's copy stream in forward and comes back in backward, through a ring of two device slots.
 // The same loss and gradients, bit for bit, as checkpoints on the device: whole blocks and split
