@@ -1188,28 +1188,52 @@ OpError Widen(OpsContext* context, const void* x, size_t n, DType dtype, float* 
   return LaunchResult(op);
 }
 
+// The 16-bit copies a cuDNN call works on (SdpaCopiesBytes) and cuDNN's own workspace after
+// them, carved from the context's workspace.
+struct SdpaBuffers {
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  void *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;  // the backward's
+  void* scratch = nullptr;
+};
+
+OpError TakeSdpaBuffers(OpsContext* context, const OpsContext::SdpaPlan& plan,
+                        const AttentionShape& s, bool backward, const char* op, SdpaBuffers* b) {
+  const size_t qn = s.batch * s.seq * s.q_stride, kvn = s.batch * s.seq * s.kv_stride;
+  const size_t cudnn = backward ? plan.backward_bytes : plan.forward_bytes;
+  OpError error = Reserve(context, SdpaCopiesBytes(s, backward) + AlignUp(cudnn), op);
+  if (!error.ok()) return error;
+  WorkspaceCarver carver(context);
+  b->q = carver.Take<uint16_t>(qn);
+  b->k = carver.Take<uint16_t>(kvn);
+  b->v = carver.Take<uint16_t>(kvn);
+  b->o = carver.Take<uint16_t>(qn);
+  if (backward) {
+    b->dout = carver.Take<uint16_t>(qn);
+    b->dq = carver.Take<uint16_t>(qn);
+    b->dk = carver.Take<uint16_t>(kvn);
+    b->dv = carver.Take<uint16_t>(kvn);
+  }
+  b->scratch = cudnn > 0 ? carver.Take<char>(cudnn) : nullptr;
+  return OpError{};
+}
+
 OpError CudnnAttentionForward(OpsContext* context, const OpsContext::SdpaPlan& plan,
                               const AttentionShape& s, const float* q, const float* k,
                               const float* v, float* out, float* lse) {
   constexpr const char* kOp = "AttentionForward";
   const size_t qn = s.batch * s.seq * s.q_stride, kvn = s.batch * s.seq * s.kv_stride;
-  OpError error = Reserve(context, SdpaCopiesBytes(s, false) + AlignUp(plan.forward_bytes), kOp);
+  SdpaBuffers b;
+  OpError error = TakeSdpaBuffers(context, plan, s, false, kOp, &b);
   if (!error.ok()) return error;
-  WorkspaceCarver carver(context);
-  void* q16 = carver.Take<uint16_t>(qn);
-  void* k16 = carver.Take<uint16_t>(kvn);
-  void* v16 = carver.Take<uint16_t>(kvn);
-  void* o16 = carver.Take<uint16_t>(qn);
-  void* scratch = plan.forward_bytes > 0 ? carver.Take<char>(plan.forward_bytes) : nullptr;
   const DType t = plan.shape.dtype;
   for (auto [x, n, y] :
-       {std::tuple{q, qn, q16}, std::tuple{k, kvn, k16}, std::tuple{v, kvn, v16}}) {
+       {std::tuple{q, qn, b.q}, std::tuple{k, kvn, b.k}, std::tuple{v, kvn, b.v}}) {
     error = RoundActivations(context, x, n, t, y, kOp);
     if (!error.ok()) return error;
   }
-  error = detail::CudnnSdpaForward(context->sdpa, plan.shape, q16, k16, v16, o16, lse, scratch);
+  error = detail::CudnnSdpaForward(context->sdpa, plan.shape, b.q, b.k, b.v, b.o, lse, b.scratch);
   if (!error.ok()) return error;
-  return Widen(context, o16, qn, t, out, kOp);
+  return Widen(context, b.o, qn, t, out, kOp);
 }
 
 OpError CudnnAttentionBackward(OpsContext* context, const OpsContext::SdpaPlan& plan,
@@ -1218,29 +1242,20 @@ OpError CudnnAttentionBackward(OpsContext* context, const OpsContext::SdpaPlan& 
                                const float* dout, float* dq, float* dk, float* dv) {
   constexpr const char* kOp = "AttentionBackward";
   const size_t qn = s.batch * s.seq * s.q_stride, kvn = s.batch * s.seq * s.kv_stride;
-  OpError error = Reserve(context, SdpaCopiesBytes(s, true) + AlignUp(plan.backward_bytes), kOp);
+  SdpaBuffers b;
+  OpError error = TakeSdpaBuffers(context, plan, s, true, kOp, &b);
   if (!error.ok()) return error;
-  WorkspaceCarver carver(context);
-  void* q16 = carver.Take<uint16_t>(qn);
-  void* k16 = carver.Take<uint16_t>(kvn);
-  void* v16 = carver.Take<uint16_t>(kvn);
-  void* o16 = carver.Take<uint16_t>(qn);
-  void* do16 = carver.Take<uint16_t>(qn);
-  void* dq16 = carver.Take<uint16_t>(qn);
-  void* dk16 = carver.Take<uint16_t>(kvn);
-  void* dv16 = carver.Take<uint16_t>(kvn);
-  void* scratch = plan.backward_bytes > 0 ? carver.Take<char>(plan.backward_bytes) : nullptr;
   const DType t = plan.shape.dtype;
-  for (auto [x, n, y] : {std::tuple{q, qn, q16}, std::tuple{k, kvn, k16}, std::tuple{v, kvn, v16},
-                         std::tuple{out, qn, o16}, std::tuple{dout, qn, do16}}) {
+  for (auto [x, n, y] : {std::tuple{q, qn, b.q}, std::tuple{k, kvn, b.k}, std::tuple{v, kvn, b.v},
+                         std::tuple{out, qn, b.o}, std::tuple{dout, qn, b.dout}}) {
     error = RoundActivations(context, x, n, t, y, kOp);
     if (!error.ok()) return error;
   }
-  error = detail::CudnnSdpaBackward(context->sdpa, plan.shape, q16, k16, v16, o16, do16, lse, dq16,
-                                    dk16, dv16, scratch);
+  error = detail::CudnnSdpaBackward(context->sdpa, plan.shape, b.q, b.k, b.v, b.o, b.dout, lse,
+                                    b.dq, b.dk, b.dv, b.scratch);
   if (!error.ok()) return error;
   for (auto [x, n, y] :
-       {std::tuple{dq16, qn, dq}, std::tuple{dk16, kvn, dk}, std::tuple{dv16, kvn, dv}}) {
+       {std::tuple{b.dq, qn, dq}, std::tuple{b.dk, kvn, dk}, std::tuple{b.dv, kvn, dv}}) {
     error = Widen(context, x, n, t, y, kOp);
     if (!error.ok()) return error;
   }
