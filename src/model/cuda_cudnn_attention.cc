@@ -32,11 +32,6 @@ namespace {
 // The graphs' tensors, by uid.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDOut, kDQ, kDK, kDV };
 
-bool SameShape(const SdpaShape& a, const SdpaShape& b) {
-  return a.batch == b.batch && a.seq == b.seq && a.heads == b.heads && a.kv_heads == b.kv_heads &&
-         a.head_dim == b.head_dim && a.dtype == b.dtype && a.scale == b.scale;
-}
-
 std::string ShapeName(const SdpaShape& s) {
   return fmt::format("batch {}, seq {}, {}/{} heads, head_dim {}, {}", s.batch, s.seq, s.heads,
                      s.kv_heads, s.head_dim, s.dtype == DType::kBF16 ? "bf16" : "fp16");
@@ -117,7 +112,7 @@ class CudnnSdpa {
 
   Graphs* Find(const SdpaShape& s) {
     for (Graphs& g : graphs) {
-      if (SameShape(g.shape, s)) return &g;
+      if (g.shape == s) return &g;
     }
     return nullptr;
   }

@@ -33,6 +33,11 @@ struct SdpaShape {
   float scale = 0;             // 1 / sqrt(head_dim)
 };
 
+inline bool operator==(const SdpaShape& a, const SdpaShape& b) {
+  return a.batch == b.batch && a.seq == b.seq && a.heads == b.heads && a.kv_heads == b.kv_heads &&
+         a.head_dim == b.head_dim && a.dtype == b.dtype && a.scale == b.scale;
+}
+
 class CudnnSdpa;
 
 // Whether this build has the cuDNN path at all.

@@ -1120,17 +1120,9 @@ detail::SdpaShape SdpaShapeOf(DType precision, const AttentionShape& s) {
   return out;
 }
 
-bool SameSdpaShape(const detail::SdpaShape& a, const detail::SdpaShape& b) {
-  return a.batch == b.batch && a.seq == b.seq && a.heads == b.heads && a.kv_heads == b.kv_heads &&
-         a.head_dim == b.head_dim && a.dtype == b.dtype && a.scale == b.scale;
-}
-
-// The 16-bit copies a cuDNN call works on, in the workspace before cuDNN's own: q, k, v and out
-// for the forward; and dout, dq, dk, dv too for the backward.
+// The 16-bit copies a cuDNN call works on, in the workspace before cuDNN's own.
 size_t SdpaCopiesBytes(const AttentionShape& s, bool backward) {
-  const size_t q = AlignUp(s.batch * s.seq * s.q_stride * 2);
-  const size_t kv = AlignUp(s.batch * s.seq * s.kv_stride * 2);
-  return backward ? 4 * q + 4 * kv : 2 * q + 2 * kv;
+  return AttentionCopiesBytes(s.batch * s.seq, s.q_stride, s.kv_stride, backward);
 }
 
 // cuDNN's plan for this call, or null when the context's own kernels run it: cuDNN not wanted
@@ -1149,7 +1141,7 @@ const OpsContext::SdpaPlan* SdpaPlanFor(OpsContext* context, DType precision,
   if (context->sdpa == nullptr) return nullptr;
   const detail::SdpaShape shape = SdpaShapeOf(precision, s);
   for (const OpsContext::SdpaPlan& p : context->sdpa_plans) {
-    if (SameSdpaShape(p.shape, shape)) return p.ok ? &p : nullptr;
+    if (p.shape == shape) return p.ok ? &p : nullptr;
   }
   OpsContext::SdpaPlan plan;
   plan.shape = shape;

@@ -127,6 +127,9 @@ struct WorkspaceShape {
 // weight dtype: a caller that gives the context this much (UseWorkspace) never sees it grow.
 // Host arithmetic (ops_workspace.cc), in every build: `strata estimate` sizes GPU runs anywhere.
 size_t WorkspaceBytes(const WorkspaceShape& shape);
+// The part of it a cuDNN attention call takes for its 16-bit copies (cuda_ops.cu): q, k, v and
+// out in the forward; dout, dq, dk and dv as well in the backward. `tokens` = batch * seq.
+size_t AttentionCopiesBytes(size_t tokens, size_t q_dim, size_t kv_dim, bool backward);
 // Makes the caller's device memory [workspace, workspace + bytes) the context's workspace (the
 // caller allocates it under its own budget and keeps it until the context is destroyed). From
 // then on the context never allocates: a call needing more fails with kArgument ("the workspace

@@ -71,12 +71,10 @@ std::string DlError() {
   return e != nullptr ? std::string(e) : std::string("unknown dlopen error");
 }
 
-std::string LoadedPath(void* handle, void* symbol, const std::string& fallback) {
+// The file `symbol` was loaded from (a bare name resolves to the loader's choice).
+std::string LoadedPath(void* symbol, const std::string& fallback) {
   Dl_info info{};
-  if (symbol != nullptr && ::dladdr(symbol, &info) != 0 && info.dli_fname != nullptr) {
-    return RealPath(info.dli_fname);
-  }
-  (void)handle;
+  if (::dladdr(symbol, &info) != 0 && info.dli_fname != nullptr) return RealPath(info.dli_fname);
   return fallback;
 }
 
@@ -169,7 +167,7 @@ Result<Library> LoadFirst(const std::vector<Candidate>& candidates) {
       continue;
     }
     const size_t version = reinterpret_cast<GetVersion>(symbol)();
-    const std::string path = LoadedPath(handle, symbol, c.path);
+    const std::string path = LoadedPath(symbol, c.path);
     if (version < kMinimumVersion) {
       failures.push_back(fmt::format("{} ({}): cuDNN {}, older than the 9.0 Strata needs", path,
                                      c.source, VersionString(version)));

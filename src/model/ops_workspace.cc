@@ -15,6 +15,11 @@ size_t AlignUp(size_t n) {
 
 }  // namespace
 
+size_t AttentionCopiesBytes(size_t tokens, size_t q_dim, size_t kv_dim, bool backward) {
+  const size_t copies = 2 * AlignUp(tokens * q_dim * 2) + 2 * AlignUp(tokens * kv_dim * 2);
+  return backward ? 2 * copies : copies;
+}
+
 size_t WorkspaceBytes(const WorkspaceShape& s) {
   const size_t t = s.batch * s.seq;
   // RMSNorm backward's per-chunk partial sums.
@@ -40,7 +45,7 @@ size_t WorkspaceBytes(const WorkspaceShape& s) {
   // the log says so.
   if (s.head_dim == 64 || s.head_dim == 128) {
     const size_t rows = s.batch * s.num_heads * s.seq;
-    const size_t copies = 4 * AlignUp(t * q * 2) + 4 * AlignUp(t * s.kv_dim * 2);
+    const size_t copies = AttentionCopiesBytes(t, q, s.kv_dim, true);
     const size_t cudnn = 2 * (AlignUp(t * q * sizeof(float)) + 2 * AlignUp(rows * sizeof(float))) +
                          (size_t{16} << 20);
     most = std::max(most, copies + cudnn);

@@ -174,20 +174,6 @@ Status AgreeOnPlacement(RunPlan* plan, Run* run, const MachineFacts& machine) {
   return Status::Ok();
 }
 
-// The dtype the model's attention computes in: that of the weights in compute (strata.bf16 /
-// fp16), for which the CUDA ops prepare their attention at set-up.
-device::DType AttentionDType(const Config& config) {
-  switch (config.precision()) {
-    case Precision::kBf16:
-      return device::DType::kBF16;
-    case Precision::kFp16:
-      return device::DType::kF16;
-    case Precision::kFp32:
-      break;
-  }
-  return device::DType::kF32;
-}
-
 Status BuildModel(const RunPlan& plan, Run* run) {
   const MemoryChoice& memory = run->memory;
   STRATA_ASSIGN_OR_RETURN(
@@ -203,7 +189,7 @@ Status BuildModel(const RunPlan& plan, Run* run) {
                                  .tensor_parallel = {.rank = run->runtime.tensor_parallel_rank(),
                                                      .size = plan.tensor_parallel(),
                                                      .group = run->runtime.tensor_parallel.get()},
-                                 .attention_dtype = AttentionDType(plan.config)}));
+                                 .attention_dtype = zero::ComputeDType(plan.config)}));
   run->parts = TensorParts::Of(*run->model);
   // Frozen parameters (strata.freeze / strata.trainable), whole units.
   const Config& config = plan.config;

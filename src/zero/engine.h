@@ -59,6 +59,20 @@ class PinnedPool;
 
 namespace strata::zero {
 
+// The dtype of the parameters in compute (strata.bf16 / fp16 / fp32): what the engine gathers
+// them in, and what the model's matmuls and attention take.
+inline device::DType ComputeDType(const Config& config) {
+  switch (config.precision()) {
+    case Precision::kFp16:
+      return device::DType::kF16;
+    case Precision::kBf16:
+      return device::DType::kBF16;
+    case Precision::kFp32:
+      break;
+  }
+  return device::DType::kF32;
+}
+
 // The states a checkpoint holds per parameter: the parameters in the compute dtype, and the
 // optimizer's fp32 master weights and Adam moments.
 enum class StateKind : uint8_t { kParams, kMaster, kExpAvg, kExpAvgSq };

@@ -32,18 +32,6 @@ using offload::Tier;
 
 inline double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
 
-inline DType ComputeDType(const Config& config) {
-  switch (config.precision()) {
-    case Precision::kFp16:
-      return DType::kF16;
-    case Precision::kBf16:
-      return DType::kBF16;
-    case Precision::kFp32:
-      break;
-  }
-  return DType::kF32;
-}
-
 // Device bytes the parameter tier manager may hold for offloaded shards: the prefetch lookahead
 // plus the unit in use and the one being gathered, at least four of the largest shard, and never
 // more than every shard plus one in replacement (beyond that a budget cannot bind; a model of a
