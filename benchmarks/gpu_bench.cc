@@ -23,7 +23,9 @@
 //   attention  the decoder's causal grouped-query attention (the model's ops: on CUDA, the
 //          tensor-core kernels for bf16/fp16 and head_dim 64 or 128, else the exact ones),
 //          forward alone, then forward + backward, on fp32 activations in the model's
-//          [batch, seq, heads, head_dim] layout with --dtype as the precision. TFLOP/s count
+//          [batch, seq, heads, head_dim] layout with --dtype as the precision (--activations
+//          bf16/fp16: q, k, v, out and the gradients in --dtype, as the model keeps them with
+//          16-bit activations; cuDNN then needs no copies). TFLOP/s count
 //          the causal pairs only: 4 b h d s(s+1)/2 for the forward, 3.5 times that for
 //          forward + backward (the backward's five products against two). The output and dq
 //          must be finite.
@@ -120,6 +122,7 @@ struct AdamArgs {
 struct AttentionArgs {
   int64_t batch = 1, seq = 2048, heads = 16, kv_heads = 8, head_dim = 128;
   std::string dtype = "bf16";
+  std::string activations = "fp32";  // or --dtype's 16-bit dtype (CUDA)
 };
 
 Status CheckCommon(const CommonArgs& a) {
@@ -185,6 +188,11 @@ Status CheckAttentionArgs(const AttentionArgs& a) {
     if (value < 1 || value > (int64_t{1} << 20)) {
       return InvalidArgumentError(fmt::format("{} {}: expected 1 to 2^20", name, value));
     }
+  }
+  if (a.activations != "fp32" && a.activations != a.dtype) {
+    return InvalidArgumentError(
+        fmt::format("--activations {}: 16-bit activations must be in the precision (--dtype {})",
+                    a.activations, a.dtype));
   }
   const double q_bytes = 4.0 * static_cast<double>(a.batch) * static_cast<double>(a.seq) *
                         static_cast<double>(a.heads) * static_cast<double>(a.head_dim);
@@ -940,6 +948,8 @@ Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
   const device::DType dtype = args.dtype == "fp32"   ? device::DType::kF32
                               : args.dtype == "fp16" ? device::DType::kF16
                                                      : device::DType::kBF16;
+  const device::DType act = args.activations == "fp32" ? device::DType::kF32 : dtype;
+  const size_t act_size = device::DTypeSize(act);
   const auto b = static_cast<size_t>(args.batch), sq = static_cast<size_t>(args.seq);
   const auto h = static_cast<size_t>(args.heads), kvh = static_cast<size_t>(args.kv_heads);
   const auto d = static_cast<size_t>(args.head_dim);
@@ -957,6 +967,10 @@ Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
   shape.head_dim = d;
   std::unique_ptr<model::LlamaOps> ops;
   if (dev->type() == device::DeviceType::kCpu) {
+    if (act != device::DType::kF32) {
+      return InvalidArgumentError(fmt::format(
+          "--activations {}: the CPU device's ops take fp32 activations only", args.activations));
+    }
     ops = model::CreateCpuLlamaOps();  // runs on this thread
   } else {
     STRATA_ASSIGN_OR_RETURN(ops, model::CreateCudaLlamaOps(*dev, *stream, shape));
@@ -971,25 +985,32 @@ Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
                             {"dv", kv_n}};
   std::vector<DeviceBuffer> buffers;
   for (const Tensor& t : tensors) {
-    STRATA_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(*dev, t.count * 4, t.name));
+    const size_t width = std::string_view(t.name) == "lse" ? 4 : act_size;  // lse stays fp32
+    STRATA_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                            DeviceBuffer::Allocate(*dev, t.count * width, t.name));
     buffers.push_back(std::move(buffer));
   }
-  auto at = [&](int i) { return reinterpret_cast<float*>(buffers[static_cast<size_t>(i)].data()); };
-  float *q = at(0), *k = at(1), *v = at(2), *dout = at(3), *out = at(4), *lse = at(5), *dq = at(6),
-        *dk = at(7), *dv = at(8);
+  auto at = [&](int i) { return buffers[static_cast<size_t>(i)].data(); };
+  const model::Act q(at(0), act), k(at(1), act), v(at(2), act), dout(at(3), act), out(at(4), act),
+      dq(at(6), act), dk(at(7), act), dv(at(8), act);
+  auto* lse = reinterpret_cast<float*>(at(5));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<PinnedPool> pool, CreatePool(*dev, PoolBytesFor({q_n * 4})));
   STRATA_ASSIGN_OR_RETURN(PoolBlock stage, PoolBlock::Allocate(*pool, q_n * 4, "staging"));
   const StreamDrain drain(*dev, {stream.get()});
 
-  // Inputs uniform in [-1, 1), from the element's index.
+  // Inputs uniform in [-1, 1), from the element's index (rounded to 16-bit activations).
   auto* host = reinterpret_cast<float*>(stage.data());
+  std::vector<float> values;
   for (int i = 0; i < 4; ++i) {
     const size_t n = tensors[i].count;
+    values.resize(n);
     for (size_t j = 0; j < n; ++j) {
       const uint64_t bits = Mix((static_cast<uint64_t>(i) << 40) + j) >> 40;  // 24 bits
-      host[j] = static_cast<float>(bits) / static_cast<float>(1u << 23) - 1.0f;
+      values[j] = static_cast<float>(bits) / static_cast<float>(1u << 23) - 1.0f;
     }
-    STRATA_RETURN_IF_ERROR(dev->CopyAsync(at(i), host, n * 4, CopyKind::kHostToDevice, *stream));
+    device::ConvertHost(values.data(), device::DType::kF32, host, act, n);
+    STRATA_RETURN_IF_ERROR(
+        dev->CopyAsync(at(i), host, n * act_size, CopyKind::kHostToDevice, *stream));
     STRATA_RETURN_IF_ERROR(dev->Synchronize(*stream));  // the staging block is reused
   }
 
@@ -1018,12 +1039,15 @@ Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
   STRATA_RETURN_IF_ERROR(ops->CheckDataErrors());
 
   // The output and dq of the last run must be finite.
-  for (const auto& [name, ptr] : {std::pair<const char*, float*>{"out", out}, {"dq", dq}}) {
-    STRATA_RETURN_IF_ERROR(dev->CopyAsync(host, ptr, q_n * 4, CopyKind::kDeviceToHost, *stream));
+  for (const auto& [name, ptr] : {std::pair<const char*, model::Act>{"out", out}, {"dq", dq}}) {
+    STRATA_RETURN_IF_ERROR(
+        dev->CopyAsync(host, ptr.data, q_n * act_size, CopyKind::kDeviceToHost, *stream));
     STRATA_RETURN_IF_ERROR(dev->Synchronize(*stream));
+    values.resize(q_n);
+    device::ConvertHost(host, act, values.data(), device::DType::kF32, q_n);
     for (size_t j = 0; j < q_n; ++j) {
-      if (!std::isfinite(host[j])) {
-        return InternalError(fmt::format("attention check: {}[{}] is {}", name, j, host[j]));
+      if (!std::isfinite(values[j])) {
+        return InternalError(fmt::format("attention check: {}[{}] is {}", name, j, values[j]));
       }
     }
   }
@@ -1033,9 +1057,10 @@ Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
   const double f_ms = Median(fwd) * 1e3, fb_ms = Median(fwd_bwd) * 1e3;
   const double f_tf = flops / (f_ms * 1e-3) / 1e12, fb_tf = 3.5 * flops / (fb_ms * 1e-3) / 1e12;
   Say(common.json_output,
-      "strata_gpu_bench attention: device {}, {} precision, batch {}, seq {}, heads {}/{}, "
-      "head_dim {}; attention: {}; median of {} after {} warm-up\n",
-      Described(*dev, label), args.dtype, b, sq, h, kvh, d, backend, common.reps, common.warmup);
+      "strata_gpu_bench attention: device {}, {} precision, {} activations, batch {}, seq {}, "
+      "heads {}/{}, head_dim {}; attention: {}; median of {} after {} warm-up\n",
+      Described(*dev, label), args.dtype, args.activations, b, sq, h, kvh, d, backend, common.reps,
+      common.warmup);
   Say(common.json_output, "{:<18}{:>11}{:>11}{:>10}\n", "pass", "median ms", "min ms", "TFLOP/s");
   Say(common.json_output, "{:<18}{:>11.3f}{:>11.3f}{:>10.1f}\n", "forward", f_ms, Min(fwd) * 1e3,
       f_tf);
@@ -1049,6 +1074,7 @@ Status RunAttention(const CommonArgs& common, const AttentionArgs& args) {
         {"device", label},
         {"shape", {{"batch", b}, {"seq", sq}, {"heads", h}, {"kv_heads", kvh}, {"head_dim", d}}},
         {"dtype", args.dtype},
+        {"activations", args.activations},
         {"reps", common.reps},
         {"warmup", common.warmup},
         {"forward_flops", flops},
@@ -1128,6 +1154,12 @@ int main(int argc, char** argv) {
   attention_cmd
       ->add_option("--dtype", attention.dtype,
                    "Precision: bf16 or fp16 (tensor cores, head_dim 64 or 128), fp32 (exact)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
+      ->capture_default_str();
+  attention_cmd
+      ->add_option("--activations", attention.activations,
+                   "Activations' dtype: fp32, or --dtype's 16-bit dtype (as the model's with "
+                   "16-bit activations; CUDA only)")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
       ->capture_default_str();
 

@@ -120,8 +120,9 @@ class CudaUnitCompute final : public UnitCompute {
       const model::cuda::Weight weight{w, model::cuda::DType::kF32};
       for (int r = 0; r < shape_->reps; ++r) {
         STRATA_RETURN_IF_ERROR(model::cuda::ToStatus(model::cuda::LinearForward(
-            ops_.get(), x_, weight, static_cast<size_t>(shape_->m), static_cast<size_t>(shape_->n),
-            static_cast<size_t>(kGemmK), y_)));
+            ops_.get(), model::cuda::CAct(x_, model::cuda::DType::kF32), weight,
+            static_cast<size_t>(shape_->m), static_cast<size_t>(shape_->n),
+            static_cast<size_t>(kGemmK), model::cuda::Act{y_, model::cuda::DType::kF32})));
       }
       STRATA_RETURN_IF_ERROR(Cuda(cudaEventRecord(s.end, native_), "cudaEventRecord"));
       s.timed = true;

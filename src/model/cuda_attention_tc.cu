@@ -5,8 +5,12 @@
 // (dK, dV), four warps of 16 rows each, and streams the other side through shared memory in
 // tiles of 64 rows. Products run on WMMA 16x16x16 fragments with fp32 accumulation; the inputs
 // (q, k, v, dO, and the probabilities P and dS that feed the second product) are rounded to the
-// 16-bit dtype as they enter shared memory. Softmax statistics, the output and every gradient
-// stay fp32. No [seq, seq] matrix exists: each warp holds a [16, 64] score tile at a time.
+// 16-bit dtype as they enter shared memory. Softmax statistics and every accumulator stay fp32.
+// No [seq, seq] matrix exists: each warp holds a [16, 64] score tile at a time.
+//
+// Activations (q, k, v, out, dO and the gradients) are fp32 or 16-bit in the attention's dtype
+// (the kernels' A: float, or T itself). 16-bit ones enter shared memory as they are (the rounding
+// is the identity); the output and the gradients are stored in A, rounded once from fp32.
 //
 // WMMA's fragment layout is opaque, so each score tile goes through the warp's shared memory
 // (store, element-wise work, reload): simpler than register-level mma.sync and independent of
@@ -94,10 +98,10 @@ struct Smem {
 };
 
 // dst[r, c] = src[(first + r) * stride + c] rounded, for r < 64 and c < D; zero rows past seq.
-// Each thread takes kTile * D / 4 / kThreads groups of four consecutive floats (coalesced across
-// the block) and loads 8 groups before it stores any (one memory latency per 8 groups, where a
-// load-convert-store loop waits once per load), as 16-byte loads where the source rows allow
-// (every Llama shape: rows of whole heads).
+// From fp32: each thread takes kTile * D / 4 / kThreads groups of four consecutive floats
+// (coalesced across the block) and loads 8 groups before it stores any (one memory latency per 8
+// groups, where a load-convert-store loop waits once per load), as 16-byte loads where the
+// source rows allow (every Llama shape: rows of whole heads).
 template <typename T, int D>
 __device__ inline void LoadTile(const float* __restrict__ src, size_t stride, size_t first,
                                 size_t seq, T* __restrict__ dst) {
@@ -142,6 +146,47 @@ __device__ inline void LoadTile(const float* __restrict__ src, size_t stride, si
   }
 }
 
+// The same from 16-bit activations already in the tile's dtype (the rounding is the identity):
+// groups of eight elements (16 bytes) copied as they are, every group of the thread loaded before
+// any is stored; element by element where the source rows are not 16-byte aligned.
+template <typename T, int D>
+__device__ inline void LoadTile(const T* __restrict__ src, size_t stride, size_t first, size_t seq,
+                                T* __restrict__ dst) {
+  constexpr int kLd = Smem<T, D>::kLd;
+  constexpr int kOcts = D / 8;  // groups of eight elements per row
+  constexpr int kPerThread = kTile * kOcts / kThreads;
+  static_assert(kTile * kOcts % kThreads == 0, "the tile divides among the threads");
+  static_assert(kPerThread <= 8, "at most 32 registers of loads in flight");
+  static_assert(sizeof(T) == 2 && (kLd * sizeof(T)) % sizeof(uint4) == 0,
+                "every group of a shared row is 16-byte aligned");
+  const bool vector =
+      ((reinterpret_cast<uintptr_t>(src) | (stride * sizeof(T))) % sizeof(uint4)) == 0;
+  if (vector) {
+    uint4 vals[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int r = idx / kOcts, c = (idx % kOcts) * 8;
+      const size_t row = first + static_cast<size_t>(r);
+      vals[i] = make_uint4(0u, 0u, 0u, 0u);  // +0 in either 16-bit format
+      if (row < seq) vals[i] = *reinterpret_cast<const uint4*>(src + row * stride + c);
+    }
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int r = idx / kOcts, c = (idx % kOcts) * 8;
+      *reinterpret_cast<uint4*>(dst + r * kLd + c) = vals[i];
+    }
+    return;
+  }
+  const T zero = Round<T>(0.0f);
+  for (int idx = static_cast<int>(threadIdx.x); idx < kTile * D; idx += kThreads) {
+    const int r = idx / D, c = idx % D;
+    const size_t row = first + static_cast<size_t>(r);
+    dst[r * kLd + c] = row < seq ? src[row * stride + c] : zero;
+  }
+}
+
 // out[16, 64] (fp32, ld OutLd) = A[16, D] B[64, D]^T, A and B row-major with ld kLd.
 template <typename T, int D, int OutLd = kScoreLd>
 __device__ inline void ScoreTile(const T* a, const T* b, float* out) {
@@ -179,11 +224,11 @@ __device__ inline void AccumulateProduct(const T* a, const T* b, FragAcc (&acc)[
   }
 }
 
-// Writes a warp's [16, D] result: dst row `first + r` (stride `stride`) = scale * acc row r, for
-// the rows below seq. `stage` is the warp's fp32 shared scratch of 16 x kLd.
-template <typename T, int D>
+// Writes a warp's [16, D] result: dst row `first + r` (stride `stride`) = scale * acc row r,
+// rounded to A, for the rows below seq. `stage` is the warp's fp32 shared scratch of 16 x kLd.
+template <typename T, int D, typename A>
 __device__ inline void StoreRows(FragAcc (&acc)[D / kFrag], float* stage, float scale,
-                                 float* __restrict__ dst, size_t stride, size_t first, size_t seq,
+                                 A* __restrict__ dst, size_t stride, size_t first, size_t seq,
                                  unsigned lane) {
   constexpr int kLd = Smem<T, D>::kLd;
   __syncwarp();
@@ -195,7 +240,7 @@ __device__ inline void StoreRows(FragAcc (&acc)[D / kFrag], float* stage, float 
     const size_t row = first + static_cast<size_t>(r);
     if (row >= seq) break;
     for (int c = static_cast<int>(lane); c < D; c += 32)
-      dst[row * stride + c] = scale * stage[r * kLd + c];
+      dst[row * stride + c] = ActStore<A>(scale * stage[r * kLd + c]);
   }
   __syncwarp();
 }
@@ -203,11 +248,10 @@ __device__ inline void StoreRows(FragAcc (&acc)[D / kFrag], float* stage, float 
 // ---- forward ------------------------------------------------------------------------------------
 
 // Block (b * num_heads + h, reversed query tile): O and lse of 64 query rows.
-template <typename T, int D>
+template <typename T, int D, typename A>
 __global__ void __launch_bounds__(kThreads)
-    TcForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
-                    const float* __restrict__ v, AttentionShape s, float* __restrict__ out,
-                    float* __restrict__ lse) {
+    TcForwardKernel(const A* __restrict__ q, const A* __restrict__ k, const A* __restrict__ v,
+                    AttentionShape s, A* __restrict__ out, float* __restrict__ lse) {
   using L = Smem<T, D>;
   constexpr int kLd = L::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -225,8 +269,8 @@ __global__ void __launch_bounds__(kThreads)
   const size_t qt = tiles - 1 - blockIdx.y;  // the longest rows start first
   const size_t q0 = qt * kTile;
   const size_t w0 = q0 + warp * kWarpRows;  // the warp's first query row
-  const float* kb = k + b * s.seq * s.kv_stride + g * D;
-  const float* vb = v + b * s.seq * s.kv_stride + g * D;
+  const A* kb = k + b * s.seq * s.kv_stride + g * D;
+  const A* vb = v + b * s.seq * s.kv_stride + g * D;
 
   LoadTile<T, D>(q + b * s.seq * s.q_stride + h * D, s.q_stride, q0, s.seq, qs);
   for (int i = static_cast<int>(lane); i < kWarpRows * kLd; i += 32)
@@ -301,7 +345,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
   }
 
-  float* ob = out + b * s.seq * s.q_stride + h * D;
+  A* ob = out + b * s.seq * s.q_stride + h * D;
   float* lb = lse + (b * s.num_heads + h) * s.seq;
   const float inv = 1.0f / l;
   if (parity == 0 && row < s.seq) lb[row] = m + logf(l);
@@ -311,7 +355,7 @@ __global__ void __launch_bounds__(kThreads)
     const size_t out_row = w0 + static_cast<size_t>(r);
     if (out_row >= s.seq) break;  // uniform
     for (int c = static_cast<int>(lane); c < D; c += 32)
-      ob[out_row * s.q_stride + c] = o[r * kLd + c] * inv_r;
+      ob[out_row * s.q_stride + c] = ActStore<A>(o[r * kLd + c] * inv_r);
   }
 }
 
@@ -319,10 +363,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // Warp per query row (b, h, i): delta = dO_i . O_i in fp32 (FlashAttention-2's D), with dO
 // rounded as the other kernels see it, so that delta matches rowsum(P o dP) as they compute it.
-template <typename T, int D>
+template <typename T, int D, typename A>
 __global__ void __launch_bounds__(kThreads)
-    TcDeltaKernel(const float* __restrict__ out, const float* __restrict__ dout,
-                  AttentionShape s, float* __restrict__ delta) {
+    TcDeltaKernel(const A* __restrict__ out, const A* __restrict__ dout, AttentionShape s,
+                  float* __restrict__ delta) {
   const size_t row = static_cast<size_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= s.batch * s.num_heads * s.seq) return;  // the whole warp
   const unsigned lane = threadIdx.x % 32;
@@ -331,7 +375,7 @@ __global__ void __launch_bounds__(kThreads)
   const size_t off = (b * s.seq + i) * s.q_stride + h * D;
   float part = 0.0f;
   for (int c = static_cast<int>(lane); c < D; c += 32)
-    part += out[off + c] * static_cast<float>(Round<T>(dout[off + c]));
+    part += ActLoad(out[off + c]) * static_cast<float>(Round<T>(ActLoad(dout[off + c])));
   part = WarpSum(part);
   if (lane == 0) delta[row] = part;  // row = (b * num_heads + h) * seq + i
 }
@@ -382,12 +426,12 @@ __device__ inline void LoadStats(const float* __restrict__ lse, const float* __r
 
 // Block (b * num_kv_heads + g, key tile): dK and dV of 64 key rows, over the query heads of
 // group g and the query tiles at or after the key tile. Overwrites dk and dv.
-template <typename T, int D>
+template <typename T, int D, typename A>
 __global__ void __launch_bounds__(kThreads)
-    TcBackwardKeyKernel(const float* __restrict__ q, const float* __restrict__ k,
-                        const float* __restrict__ v, const float* __restrict__ lse,
-                        const float* __restrict__ delta, const float* __restrict__ dout,
-                        AttentionShape s, float* __restrict__ dk, float* __restrict__ dv) {
+    TcBackwardKeyKernel(const A* __restrict__ q, const A* __restrict__ k, const A* __restrict__ v,
+                        const float* __restrict__ lse, const float* __restrict__ delta,
+                        const A* __restrict__ dout, AttentionShape s, A* __restrict__ dk,
+                        A* __restrict__ dv) {
   constexpr int kLd = Smem<T, D>::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -456,18 +500,17 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  StoreRows<T, D>(dv_acc, st, 1.0f, dv + kv_base, s.kv_stride, w0, s.seq, lane);
-  StoreRows<T, D>(dk_acc, st, s.scale, dk + kv_base, s.kv_stride, w0, s.seq, lane);
+  StoreRows<T, D, A>(dv_acc, st, 1.0f, dv + kv_base, s.kv_stride, w0, s.seq, lane);
+  StoreRows<T, D, A>(dk_acc, st, s.scale, dk + kv_base, s.kv_stride, w0, s.seq, lane);
 }
 
 // Block (b * num_heads + h, reversed query tile): dQ of 64 query rows over the key tiles at or
 // before it.
-template <typename T, int D>
+template <typename T, int D, typename A>
 __global__ void __launch_bounds__(kThreads)
-    TcBackwardQueryKernel(const float* __restrict__ q, const float* __restrict__ k,
-                          const float* __restrict__ v, const float* __restrict__ lse,
-                          const float* __restrict__ delta, const float* __restrict__ dout,
-                          AttentionShape s, float* __restrict__ dq) {
+    TcBackwardQueryKernel(const A* __restrict__ q, const A* __restrict__ k, const A* __restrict__ v,
+                          const float* __restrict__ lse, const float* __restrict__ delta,
+                          const A* __restrict__ dout, AttentionShape s, A* __restrict__ dq) {
   constexpr int kLd = Smem<T, D>::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -527,7 +570,7 @@ __global__ void __launch_bounds__(kThreads)
     AccumulateProduct<T, D>(ds, ks, dq_acc);  // dQ_w += dS K
   }
 
-  StoreRows<T, D>(dq_acc, sc, s.scale, dq + q_base, s.q_stride, w0, s.seq, lane);
+  StoreRows<T, D, A>(dq_acc, sc, s.scale, dq + q_base, s.q_stride, w0, s.seq, lane);
 }
 
 // ---- launches -----------------------------------------------------------------------------------
@@ -545,58 +588,86 @@ bool TensorCoreAttentionSupports(DType dtype, const AttentionShape& s) {
   return tiles <= 65535 && s.batch * s.num_heads <= static_cast<size_t>(INT_MAX);
 }
 
-OpError TensorCoreAttentionForward(cudaStream_t stream, DType dtype, const AttentionShape& s,
-                                   const float* q, const float* k, const float* v, float* out,
-                                   float* lse) {
-  constexpr const char* kOp = "AttentionForward";
-  OpError error{};
-  const bool taken = DispatchAttention16(dtype, s.head_dim, [&](auto tag, auto dim) {
-    using T = decltype(tag);
-    constexpr int D = decltype(dim)::value;
-    constexpr size_t bytes = Smem<T, D>::kForward;
-    error = AllowSharedMemory(TcForwardKernel<T, D>, bytes, kOp);
-    if (!error.ok()) return;
-    const dim3 grid(static_cast<unsigned>(s.batch * s.num_heads), static_cast<unsigned>(Tiles(s)));
-    TcForwardKernel<T, D><<<grid, kThreads, bytes, stream>>>(q, k, v, s, out, lse);
-    error = LaunchResult(kOp);
+namespace {
+
+// Calls fn(T{}, D, A{}) for the tiles' dtype T and head_dim D (DispatchAttention16) and the
+// activations' element type A (float, or T itself); false (and no call) for any other case.
+template <typename Fn>
+bool DispatchTensorCores(DType dtype, DType act, size_t head_dim, Fn&& fn) {
+  if (act != DType::kF32 && act != dtype) return false;
+  return DispatchAttention16(dtype, head_dim, [&](auto tag, auto dim) {
+    if (act == DType::kF32) {
+      fn(tag, dim, float{});
+    } else {
+      fn(tag, dim, tag);
+    }
   });
-  return taken ? error : ArgumentError("the tensor-core attention takes head_dim 64 or 128 in bf16 "
-                                       "or fp16", kOp);
 }
 
-OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
-                                    const AttentionShape& s, const float* q, const float* k,
-                                    const float* v, const float* out, const float* lse,
-                                    const float* dout, float* delta, float* dq, float* dk,
-                                    float* dv) {
-  constexpr const char* kOp = "AttentionBackward";
+constexpr const char* kNotTaken =
+    "the tensor-core attention takes head_dim 64 or 128 in bf16 or fp16, with fp32 activations "
+    "or activations of that dtype";
+
+}  // namespace
+
+OpError TensorCoreAttentionForward(cudaStream_t stream, DType dtype, DType act,
+                                   const AttentionShape& s, const void* q, const void* k,
+                                   const void* v, void* out, float* lse) {
+  constexpr const char* kOp = "AttentionForward";
   OpError error{};
-  const bool taken = DispatchAttention16(dtype, s.head_dim, [&](auto tag, auto dim) {
+  const bool taken = DispatchTensorCores(dtype, act, s.head_dim, [&](auto tag, auto dim, auto a) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
+    using A = decltype(a);
+    constexpr size_t bytes = Smem<T, D>::kForward;
+    error = AllowSharedMemory(TcForwardKernel<T, D, A>, bytes, kOp);
+    if (!error.ok()) return;
+    const dim3 grid(static_cast<unsigned>(s.batch * s.num_heads), static_cast<unsigned>(Tiles(s)));
+    TcForwardKernel<T, D, A>
+        <<<grid, kThreads, bytes, stream>>>(static_cast<const A*>(q), static_cast<const A*>(k),
+                                            static_cast<const A*>(v), s, static_cast<A*>(out), lse);
+    error = LaunchResult(kOp);
+  });
+  return taken ? error : ArgumentError(kNotTaken, kOp);
+}
+
+OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype, DType act,
+                                    const AttentionShape& s, const void* q, const void* k,
+                                    const void* v, const void* out, const float* lse,
+                                    const void* dout, float* delta, void* dq, void* dk, void* dv) {
+  constexpr const char* kOp = "AttentionBackward";
+  OpError error{};
+  const bool taken = DispatchTensorCores(dtype, act, s.head_dim, [&](auto tag, auto dim, auto a) {
+    using T = decltype(tag);
+    constexpr int D = decltype(dim)::value;
+    using A = decltype(a);
+    const A* q_a = static_cast<const A*>(q);
+    const A* k_a = static_cast<const A*>(k);
+    const A* v_a = static_cast<const A*>(v);
+    const A* dout_a = static_cast<const A*>(dout);
     const size_t rows = s.batch * s.num_heads * s.seq;
-    TcDeltaKernel<T, D><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
-        out, dout, s, delta);
+    TcDeltaKernel<T, D, A>
+        <<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+            static_cast<const A*>(out), dout_a, s, delta);
     error = LaunchResult(kOp);
     if (!error.ok()) return;
     constexpr size_t bytes = Smem<T, D>::kBackward;
-    error = AllowSharedMemory(TcBackwardKeyKernel<T, D>, bytes, kOp);
+    error = AllowSharedMemory(TcBackwardKeyKernel<T, D, A>, bytes, kOp);
     if (!error.ok()) return;
-    error = AllowSharedMemory(TcBackwardQueryKernel<T, D>, bytes, kOp);
+    error = AllowSharedMemory(TcBackwardQueryKernel<T, D, A>, bytes, kOp);
     if (!error.ok()) return;
     const unsigned tiles = static_cast<unsigned>(Tiles(s));
-    TcBackwardKeyKernel<T, D>
-        <<<dim3(static_cast<unsigned>(s.batch * s.num_kv_heads), tiles), kThreads, bytes,
-           stream>>>(q, k, v, lse, delta, dout, s, dk, dv);
+    TcBackwardKeyKernel<T, D, A>
+        <<<dim3(static_cast<unsigned>(s.batch * s.num_kv_heads), tiles), kThreads, bytes, stream>>>(
+            q_a, k_a, v_a, lse, delta, dout_a, s, static_cast<A*>(dk), static_cast<A*>(dv));
     error = LaunchResult(kOp);
     if (!error.ok()) return;
-    TcBackwardQueryKernel<T, D>
+    TcBackwardQueryKernel<T, D, A>
         <<<dim3(static_cast<unsigned>(s.batch * s.num_heads), tiles), kThreads, bytes, stream>>>(
-            q, k, v, lse, delta, dout, s, dq);
+            q_a, k_a, v_a, lse, delta, dout_a, s, static_cast<A*>(dq));
     error = LaunchResult(kOp);
   });
-  return taken ? error : ArgumentError("the tensor-core attention takes head_dim 64 or 128 in bf16 "
-                                       "or fp16", kOp);
+  return taken ? error : ArgumentError(kNotTaken, kOp);
 }
 
 }  // namespace strata::model::cuda::detail

@@ -14,6 +14,14 @@ cuda::Accumulate ToCuda(cpu::Accumulate a) {
   return a == cpu::Accumulate::kAdd ? cuda::Accumulate::kAdd : cuda::Accumulate::kOverwrite;
 }
 
+// The same activation views for cuda_ops.h (the dtypes are numbered alike).
+cuda::Act ToCuda(Act a) {
+  return cuda::Act{a.data, cuda::ToCudaDType(a.dtype)};
+}
+cuda::CAct ToCuda(CAct a) {
+  return cuda::CAct(a.data, cuda::ToCudaDType(a.dtype));
+}
+
 class CudaLlamaOps final : public LlamaOps {
  public:
   CudaLlamaOps(device::Device& device, cuda::OpsContextPtr context, void* workspace)
@@ -24,120 +32,131 @@ class CudaLlamaOps final : public LlamaOps {
   }
 
   Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight, size_t vocab,
-                          size_t hidden, float* out) override {
-    return cuda::ToStatus(cuda::EmbeddingForward(ctx(), tokens, num_tokens,
-                                                 cuda::ToCudaWeight(weight), vocab, hidden, out));
+                          size_t hidden, Act out) override {
+    return cuda::ToStatus(cuda::EmbeddingForward(
+        ctx(), tokens, num_tokens, cuda::ToCudaWeight(weight), vocab, hidden, ToCuda(out)));
   }
-  Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
-                           size_t vocab, size_t hidden, float* dweight,
-                           int32_t skip_token) override {
-    return cuda::ToStatus(cuda::EmbeddingBackward(ctx(), tokens, num_tokens, dout, vocab, hidden,
-                                                  dweight, skip_token));
+  Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, CAct dout, size_t vocab,
+                           size_t hidden, float* dweight, int32_t skip_token) override {
+    return cuda::ToStatus(cuda::EmbeddingBackward(ctx(), tokens, num_tokens, ToCuda(dout), vocab,
+                                                  hidden, dweight, skip_token));
   }
-  Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden, float eps,
-                        float* y, float* rstd) override {
-    return cuda::ToStatus(cuda::RmsNormForward(ctx(), x, cuda::ToCudaWeight(weight), num_tokens,
-                                               hidden, eps, y, rstd));
+  Status RmsNormForward(CAct x, Weight weight, size_t num_tokens, size_t hidden, float eps, Act y,
+                        float* rstd) override {
+    return cuda::ToStatus(cuda::RmsNormForward(ctx(), ToCuda(x), cuda::ToCudaWeight(weight),
+                                               num_tokens, hidden, eps, ToCuda(y), rstd));
   }
-  Status RmsNormBackward(const float* x, Weight weight, const float* rstd, const float* dy,
-                         size_t num_tokens, size_t hidden, float* dx, float* dweight) override {
-    return cuda::ToStatus(cuda::RmsNormBackward(ctx(), x, cuda::ToCudaWeight(weight), rstd, dy,
-                                                num_tokens, hidden, dx, dweight));
+  Status RmsNormBackward(CAct x, Weight weight, const float* rstd, CAct dy, size_t num_tokens,
+                         size_t hidden, Act dx, float* dweight) override {
+    return cuda::ToStatus(cuda::RmsNormBackward(ctx(), ToCuda(x), cuda::ToCudaWeight(weight), rstd,
+                                                ToCuda(dy), num_tokens, hidden, ToCuda(dx),
+                                                dweight));
   }
-  Status LinearForward(const float* x, Weight weight, size_t num_tokens, size_t in_features,
-                       size_t out_features, float* y) override {
-    return cuda::ToStatus(cuda::LinearForward(ctx(), x, cuda::ToCudaWeight(weight), num_tokens,
-                                              in_features, out_features, y));
+  Status ResidualRmsNormForward(CAct a, CAct b, Weight weight, size_t num_tokens, size_t hidden,
+                                float eps, Act sum, Act y, float* rstd) override {
+    return cuda::ToStatus(cuda::ResidualRmsNormForward(ctx(), ToCuda(a), ToCuda(b),
+                                                       cuda::ToCudaWeight(weight), num_tokens,
+                                                       hidden, eps, ToCuda(sum), ToCuda(y), rstd));
   }
-  Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
-                        size_t in_features, size_t out_features, float* dx, Accumulate dx_mode,
-                        float* dweight) override {
-    return cuda::ToStatus(cuda::LinearBackward(ctx(), x, cuda::ToCudaWeight(weight), dy,
-                                               num_tokens, in_features, out_features, dx,
-                                               ToCuda(dx_mode), dweight));
+  Status RmsNormResidualBackward(CAct x, Weight weight, const float* rstd, CAct dy, CAct residual,
+                                 size_t num_tokens, size_t hidden, Act dx,
+                                 float* dweight) override {
+    return cuda::ToStatus(cuda::RmsNormResidualBackward(
+        ctx(), ToCuda(x), cuda::ToCudaWeight(weight), rstd, ToCuda(dy), ToCuda(residual),
+        num_tokens, hidden, ToCuda(dx), dweight));
   }
-  Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) override {
-    return cuda::ToStatus(cuda::BiasForward(ctx(), y, cuda::ToCudaWeight(bias), rows, cols));
+  Status LinearForward(CAct x, Weight weight, size_t num_tokens, size_t in_features,
+                       size_t out_features, Act y) override {
+    return cuda::ToStatus(cuda::LinearForward(ctx(), ToCuda(x), cuda::ToCudaWeight(weight),
+                                              num_tokens, in_features, out_features, ToCuda(y)));
   }
-  Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) override {
-    return cuda::ToStatus(cuda::BiasBackward(ctx(), dy, rows, cols, dbias));
+  Status LinearBackward(CAct x, Weight weight, CAct dy, size_t num_tokens, size_t in_features,
+                        size_t out_features, Act dx, Accumulate dx_mode, float* dweight) override {
+    return cuda::ToStatus(cuda::LinearBackward(ctx(), ToCuda(x), cuda::ToCudaWeight(weight),
+                                               ToCuda(dy), num_tokens, in_features, out_features,
+                                               ToCuda(dx), ToCuda(dx_mode), dweight));
   }
-  Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                     float theta, const RopeScaling& scaling, const int32_t* positions) override {
+  Status BiasForward(Act y, Weight bias, size_t rows, size_t cols) override {
     return cuda::ToStatus(
-        cuda::RopeForward(ctx(), x, batch, seq, heads, head_dim, theta, scaling, positions));
+        cuda::BiasForward(ctx(), ToCuda(y), cuda::ToCudaWeight(bias), rows, cols));
   }
-  Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                      float theta, const RopeScaling& scaling,
-                      const int32_t* positions) override {
-    return cuda::ToStatus(
-        cuda::RopeBackward(ctx(), dx, batch, seq, heads, head_dim, theta, scaling, positions));
+  Status BiasBackward(CAct dy, size_t rows, size_t cols, float* dbias) override {
+    return cuda::ToStatus(cuda::BiasBackward(ctx(), ToCuda(dy), rows, cols, dbias));
   }
-  Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
-                          size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* out, float* lse, device::DType precision,
-                          const int32_t* key_start) override {
-    return cuda::ToStatus(cuda::AttentionForward(ctx(), q, k, v, batch, seq, num_heads,
-                                                 num_kv_heads, head_dim, out, lse,
-                                                 cuda::ToCudaDType(precision), key_start));
+  Status RopeForward(Act x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                     const RopeScaling& scaling, const int32_t* positions) override {
+    return cuda::ToStatus(cuda::RopeForward(ctx(), ToCuda(x), batch, seq, heads, head_dim, theta,
+                                            scaling, positions));
   }
-  Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
-                           const float* lse, const float* dout, size_t batch, size_t seq,
-                           size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
-                           float* dk, float* dv, device::DType precision,
+  Status RopeBackward(Act dx, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                      const RopeScaling& scaling, const int32_t* positions) override {
+    return cuda::ToStatus(cuda::RopeBackward(ctx(), ToCuda(dx), batch, seq, heads, head_dim, theta,
+                                             scaling, positions));
+  }
+  Status AttentionForward(CAct q, CAct k, CAct v, size_t batch, size_t seq, size_t num_heads,
+                          size_t num_kv_heads, size_t head_dim, Act out, float* lse,
+                          device::DType precision, const int32_t* key_start) override {
+    return cuda::ToStatus(cuda::AttentionForward(ctx(), ToCuda(q), ToCuda(k), ToCuda(v), batch, seq,
+                                                 num_heads, num_kv_heads, head_dim, ToCuda(out),
+                                                 lse, cuda::ToCudaDType(precision), key_start));
+  }
+  Status AttentionBackward(CAct q, CAct k, CAct v, CAct out, const float* lse, CAct dout,
+                           size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
+                           size_t head_dim, Act dq, Act dk, Act dv, device::DType precision,
                            const int32_t* key_start) override {
-    return cuda::ToStatus(cuda::AttentionBackward(ctx(), q, k, v, out, lse, dout, batch, seq,
-                                                  num_heads, num_kv_heads, head_dim, dq, dk, dv,
-                                                  cuda::ToCudaDType(precision), key_start));
+    return cuda::ToStatus(cuda::AttentionBackward(
+        ctx(), ToCuda(q), ToCuda(k), ToCuda(v), ToCuda(out), lse, ToCuda(dout), batch, seq,
+        num_heads, num_kv_heads, head_dim, ToCuda(dq), ToCuda(dk), ToCuda(dv),
+        cuda::ToCudaDType(precision), key_start));
   }
-  Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) override {
-    return cuda::ToStatus(cuda::SiluMulForward(ctx(), gate, up, n, h));
+  Status SiluMulForward(CAct gate, CAct up, size_t n, Act h) override {
+    return cuda::ToStatus(cuda::SiluMulForward(ctx(), ToCuda(gate), ToCuda(up), n, ToCuda(h)));
   }
-  Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
-                         float* dgate, float* dup) override {
-    return cuda::ToStatus(cuda::SiluMulBackward(ctx(), gate, up, dh, n, dgate, dup));
+  Status SiluMulBackward(CAct gate, CAct up, CAct dh, size_t n, Act dgate, Act dup) override {
+    return cuda::ToStatus(cuda::SiluMulBackward(ctx(), ToCuda(gate), ToCuda(up), ToCuda(dh), n,
+                                                ToCuda(dgate), ToCuda(dup)));
   }
-  Status ResidualAdd(const float* a, const float* b, size_t n, float* y) override {
-    return cuda::ToStatus(cuda::ResidualAdd(ctx(), a, b, n, y));
+  Status ResidualAdd(CAct a, CAct b, size_t n, Act y) override {
+    return cuda::ToStatus(cuda::ResidualAdd(ctx(), ToCuda(a), ToCuda(b), n, ToCuda(y)));
   }
-  Status AccumulateGradient(const float* dy, size_t n, float* dx) override {
-    return cuda::ToStatus(cuda::AccumulateGradient(ctx(), dy, n, dx));
+  Status AccumulateGradient(CAct dy, size_t n, Act dx) override {
+    return cuda::ToStatus(cuda::AccumulateGradient(ctx(), ToCuda(dy), n, ToCuda(dx)));
   }
-  Status Scale(float* x, size_t n, float s) override {
-    return cuda::ToStatus(cuda::Scale(ctx(), x, n, s));
+  Status Scale(Act x, size_t n, float s) override {
+    return cuda::ToStatus(cuda::Scale(ctx(), ToCuda(x), n, s));
   }
-  Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
-                             size_t vocab, int32_t ignore_index, float* lse,
-                             float* loss) override {
-    return cuda::ToStatus(cuda::CrossEntropyForward(ctx(), logits, targets, num_tokens, vocab,
-                                                    ignore_index, lse, loss));
+  Status CrossEntropyForward(CAct logits, const int32_t* targets, size_t num_tokens, size_t vocab,
+                             int32_t ignore_index, float* lse, float* loss) override {
+    return cuda::ToStatus(cuda::CrossEntropyForward(ctx(), ToCuda(logits), targets, num_tokens,
+                                                    vocab, ignore_index, lse, loss));
   }
-  Status CrossEntropyBackward(const float* logits, const int32_t* targets, const float* lse,
+  Status CrossEntropyBackward(CAct logits, const int32_t* targets, const float* lse,
                               size_t num_tokens, size_t vocab, int32_t ignore_index, float dloss,
-                              float* dlogits) override {
-    return cuda::ToStatus(cuda::CrossEntropyBackward(ctx(), logits, targets, lse, num_tokens,
-                                                     vocab, ignore_index, dloss, dlogits));
+                              Act dlogits) override {
+    return cuda::ToStatus(cuda::CrossEntropyBackward(ctx(), ToCuda(logits), targets, lse,
+                                                     num_tokens, vocab, ignore_index, dloss,
+                                                     ToCuda(dlogits)));
   }
   Status ShardEmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
-                               size_t vocab_begin, size_t vocab, size_t hidden,
-                               float* out) override {
-    return cuda::ToStatus(cuda::ShardEmbeddingForward(
-        ctx(), tokens, num_tokens, cuda::ToCudaWeight(weight), vocab_begin, vocab, hidden, out));
+                               size_t vocab_begin, size_t vocab, size_t hidden, Act out) override {
+    return cuda::ToStatus(cuda::ShardEmbeddingForward(ctx(), tokens, num_tokens,
+                                                      cuda::ToCudaWeight(weight), vocab_begin,
+                                                      vocab, hidden, ToCuda(out)));
   }
-  Status ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+  Status ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, CAct dout,
                                 size_t vocab_begin, size_t vocab, size_t hidden, float* dweight,
                                 int32_t skip_token) override {
-    return cuda::ToStatus(cuda::ShardEmbeddingBackward(ctx(), tokens, num_tokens, dout, vocab_begin,
-                                                       vocab, hidden, dweight, skip_token));
+    return cuda::ToStatus(cuda::ShardEmbeddingBackward(
+        ctx(), tokens, num_tokens, ToCuda(dout), vocab_begin, vocab, hidden, dweight, skip_token));
   }
-  Status CrossEntropyShardMax(const float* logits, size_t num_tokens, size_t vocab,
-                              float* max) override {
-    return cuda::ToStatus(cuda::CrossEntropyShardMax(ctx(), logits, num_tokens, vocab, max));
+  Status CrossEntropyShardMax(CAct logits, size_t num_tokens, size_t vocab, float* max) override {
+    return cuda::ToStatus(
+        cuda::CrossEntropyShardMax(ctx(), ToCuda(logits), num_tokens, vocab, max));
   }
-  Status CrossEntropyShardSums(const float* logits, const int32_t* targets, size_t num_tokens,
+  Status CrossEntropyShardSums(CAct logits, const int32_t* targets, size_t num_tokens,
                                size_t vocab_begin, size_t vocab, int32_t ignore_index,
                                const float* max, float* sums) override {
-    return cuda::ToStatus(cuda::CrossEntropyShardSums(ctx(), logits, targets, num_tokens,
+    return cuda::ToStatus(cuda::CrossEntropyShardSums(ctx(), ToCuda(logits), targets, num_tokens,
                                                       vocab_begin, vocab, ignore_index, max, sums));
   }
   Status CrossEntropyShardFinish(const int32_t* targets, size_t num_tokens, int32_t ignore_index,
@@ -146,11 +165,12 @@ class CudaLlamaOps final : public LlamaOps {
     return cuda::ToStatus(cuda::CrossEntropyShardFinish(ctx(), targets, num_tokens, ignore_index,
                                                         max, sums, lse, loss));
   }
-  Status CrossEntropyShardBackward(const float* logits, const int32_t* targets, const float* lse,
+  Status CrossEntropyShardBackward(CAct logits, const int32_t* targets, const float* lse,
                                    size_t num_tokens, size_t vocab_begin, size_t vocab,
-                                   int32_t ignore_index, float dloss, float* dlogits) override {
-    return cuda::ToStatus(cuda::CrossEntropyShardBackward(
-        ctx(), logits, targets, lse, num_tokens, vocab_begin, vocab, ignore_index, dloss, dlogits));
+                                   int32_t ignore_index, float dloss, Act dlogits) override {
+    return cuda::ToStatus(cuda::CrossEntropyShardBackward(ctx(), ToCuda(logits), targets, lse,
+                                                          num_tokens, vocab_begin, vocab,
+                                                          ignore_index, dloss, ToCuda(dlogits)));
   }
   bool HasShardOps() const override { return true; }
   const char* PrepareAttention(size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,

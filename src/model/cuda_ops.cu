@@ -5,6 +5,12 @@
 // fp32, sums included (block-tree reductions); only the per-call RoPE angle table is computed in
 // double. Where the CPU op rounds every fp32 operation of an element-wise op, the kernel does too
 // (__fmul_rn and friends: nvcc would otherwise fuse a * b + c), so those agree to the last bit.
+//
+// Activations: each kernel is a template on the activations' element type A (float,
+// __nv_bfloat16, __half; cuda_ops_internal.cuh), launched for the call's dtype (DispatchAct). It
+// widens what it loads (ActLoad), computes in fp32 as above and rounds what it stores once
+// (ActStore); with A = float both are the identity, so the fp32 kernels do what they did before
+// activations had a dtype.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -14,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -86,6 +93,34 @@ OpError ForWeightDType(DType dtype, const char* op, Fn&& fn) {
       return LaunchResult(op);
   }
   return ArgumentError("unknown weight dtype", op);
+}
+
+// ---- activation dtypes --------------------------------------------------------------------------
+
+using detail::ActLoad;
+using detail::ActStore;
+using detail::DispatchAct;
+
+size_t ActSize(DType dtype) {
+  return dtype == DType::kF32 ? sizeof(float) : 2;
+}
+
+// The one dtype of a call's activations, in *dtype; kArgument when one is unknown or they differ.
+OpError CommonActDType(std::initializer_list<DType> dtypes, const char* op, DType* dtype) {
+  *dtype = *dtypes.begin();
+  for (const DType d : dtypes) {
+    if (!IsKnown(d)) return ArgumentError("unknown activation dtype", op);
+    if (d != *dtype) return ArgumentError("activations of mixed dtypes", op);
+  }
+  return OpError{};
+}
+
+// Calls fn(A{}) with the element type of activation dtype `dtype`, then returns the launch error
+// of what fn enqueued.
+template <typename Fn>
+OpError ForActDType(DType dtype, const char* op, Fn&& fn) {
+  if (!DispatchAct(dtype, fn)) return ArgumentError("unknown activation dtype", op);
+  return LaunchResult(op);
 }
 
 // ---- device helpers -----------------------------------------------------------------------------
@@ -358,11 +393,11 @@ namespace {
 
 // The weight holds rows [vocab_begin, vocab_begin + vocab). With `shard` (tensor parallelism)
 // a token outside them is another rank's: a zero row, not an error.
-template <typename E>
+template <typename E, typename A>
 __global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, size_t num_tokens,
                                        const typename E::T* __restrict__ weight, size_t vocab_begin,
-                                       size_t vocab, size_t hidden, float* __restrict__ out,
-                                       bool shard, DeviceDataError* record) {
+                                       size_t vocab, size_t hidden, A* __restrict__ out, bool shard,
+                                       DeviceDataError* record) {
   const size_t n = num_tokens * hidden;
   for (size_t idx = FirstIndex(); idx < n; idx += GridStride()) {
     const size_t t = idx / hidden;
@@ -370,10 +405,10 @@ __global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, size_
     const int64_t row = static_cast<int64_t>(tokens[t]) - static_cast<int64_t>(vocab_begin);
     if (row < 0 || static_cast<size_t>(row) >= vocab) {
       if (i == 0 && !shard) RecordDataError(record, DataErrorKind::kToken, t, tokens[t], vocab);
-      out[idx] = 0.0f;
+      out[idx] = ActStore<A>(0.0f);
       continue;
     }
-    out[idx] = E::Load(weight[static_cast<size_t>(row) * hidden + i]);
+    out[idx] = ActStore<A>(E::Load(weight[static_cast<size_t>(row) * hidden + i]));
   }
 }
 
@@ -384,8 +419,9 @@ __global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, size_
 // write one row and no atomics are needed.
 // dweight holds rows [vocab_begin, vocab_begin + vocab); with `shard` a token outside them is
 // another rank's and adds nothing here.
+template <typename A>
 __global__ void EmbeddingBackwardKernel(const int32_t* __restrict__ tokens, size_t num_tokens,
-                                        const float* __restrict__ dout, size_t vocab_begin,
+                                        const A* __restrict__ dout, size_t vocab_begin,
                                         size_t vocab, size_t hidden, float* __restrict__ dweight,
                                         int32_t skip_token, bool shard, DeviceDataError* record) {
   __shared__ size_t matches[kBlockThreads];
@@ -423,7 +459,7 @@ __global__ void EmbeddingBackwardKernel(const int32_t* __restrict__ tokens, size
       for (size_t i = threadIdx.x; i < hidden; i += blockDim.x) {
         float acc = row[i];
         for (unsigned m = 0; m < total; ++m)
-          acc = __fadd_rn(acc, dout[matches[m] * hidden + i]);
+          acc = __fadd_rn(acc, ActLoad(dout[matches[m] * hidden + i]));
         row[i] = acc;
       }
     }
@@ -431,54 +467,66 @@ __global__ void EmbeddingBackwardKernel(const int32_t* __restrict__ tokens, size
   }
 }
 
+// Both embedding forwards (shard: EmbeddingForwardKernel's).
+OpError LaunchEmbeddingForward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
+                               Weight weight, size_t vocab_begin, size_t vocab, size_t hidden,
+                               Act out, bool shard, const char* op) {
+  if (!IsKnown(out.dtype)) return ArgumentError("unknown activation dtype", op);
+  if (num_tokens == 0 || hidden == 0) return OpError{};
+  return ForWeightDType(weight.dtype, op, [&](auto tag) {
+    using E = decltype(tag);
+    DispatchAct(out.dtype, [&](auto a) {
+      using A = decltype(a);
+      EmbeddingForwardKernel<E, A>
+          <<<GridFor(num_tokens * hidden), kBlockThreads, 0, context->stream>>>(
+              tokens, num_tokens, static_cast<const typename E::T*>(weight.data), vocab_begin,
+              vocab, hidden, static_cast<A*>(out.data), shard, context->data_error);
+    });
+  });
+}
+
+// Both embedding backwards (shard: EmbeddingBackwardKernel's).
+OpError LaunchEmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
+                                CAct dout, size_t vocab_begin, size_t vocab, size_t hidden,
+                                float* dweight, int32_t skip_token, bool shard, const char* op) {
+  if (!IsKnown(dout.dtype)) return ArgumentError("unknown activation dtype", op);
+  if (num_tokens == 0 || hidden == 0) return OpError{};
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", op);
+  return ForActDType(dout.dtype, op, [&](auto a) {
+    using A = decltype(a);
+    EmbeddingBackwardKernel<A>
+        <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+            tokens, num_tokens, static_cast<const A*>(dout.data), vocab_begin, vocab, hidden,
+            dweight, skip_token, shard, context->data_error);
+  });
+}
+
 }  // namespace
 
 OpError EmbeddingForward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
-                         Weight weight, size_t vocab, size_t hidden, float* out) {
-  constexpr const char* kOp = "EmbeddingForward";
-  if (num_tokens == 0 || hidden == 0) return OpError{};
-  return ForWeightDType(weight.dtype, kOp, [&](auto tag) {
-    using E = decltype(tag);
-    EmbeddingForwardKernel<E><<<GridFor(num_tokens * hidden), kBlockThreads, 0, context->stream>>>(
-        tokens, num_tokens, static_cast<const typename E::T*>(weight.data), 0, vocab, hidden, out,
-        false, context->data_error);
-  });
+                         Weight weight, size_t vocab, size_t hidden, Act out) {
+  return LaunchEmbeddingForward(context, tokens, num_tokens, weight, 0, vocab, hidden, out, false,
+                                "EmbeddingForward");
 }
 
 OpError ShardEmbeddingForward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
                               Weight weight, size_t vocab_begin, size_t vocab, size_t hidden,
-                              float* out) {
-  constexpr const char* kOp = "ShardEmbeddingForward";
-  if (num_tokens == 0 || hidden == 0) return OpError{};
-  return ForWeightDType(weight.dtype, kOp, [&](auto tag) {
-    using E = decltype(tag);
-    EmbeddingForwardKernel<E><<<GridFor(num_tokens * hidden), kBlockThreads, 0, context->stream>>>(
-        tokens, num_tokens, static_cast<const typename E::T*>(weight.data), vocab_begin, vocab,
-        hidden, out, true, context->data_error);
-  });
+                              Act out) {
+  return LaunchEmbeddingForward(context, tokens, num_tokens, weight, vocab_begin, vocab, hidden,
+                                out, true, "ShardEmbeddingForward");
 }
 
-OpError EmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
-                          const float* dout, size_t vocab, size_t hidden, float* dweight,
-                          int32_t skip_token) {
-  constexpr const char* kOp = "EmbeddingBackward";
-  if (num_tokens == 0 || hidden == 0) return OpError{};
-  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
-  EmbeddingBackwardKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
-      tokens, num_tokens, dout, 0, vocab, hidden, dweight, skip_token, false, context->data_error);
-  return LaunchResult(kOp);
+OpError EmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num_tokens, CAct dout,
+                          size_t vocab, size_t hidden, float* dweight, int32_t skip_token) {
+  return LaunchEmbeddingBackward(context, tokens, num_tokens, dout, 0, vocab, hidden, dweight,
+                                 skip_token, false, "EmbeddingBackward");
 }
 
 OpError ShardEmbeddingBackward(OpsContext* context, const int32_t* tokens, size_t num_tokens,
-                               const float* dout, size_t vocab_begin, size_t vocab, size_t hidden,
+                               CAct dout, size_t vocab_begin, size_t vocab, size_t hidden,
                                float* dweight, int32_t skip_token) {
-  constexpr const char* kOp = "ShardEmbeddingBackward";
-  if (num_tokens == 0 || hidden == 0) return OpError{};
-  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
-  EmbeddingBackwardKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
-      tokens, num_tokens, dout, vocab_begin, vocab, hidden, dweight, skip_token, true,
-      context->data_error);
-  return LaunchResult(kOp);
+  return LaunchEmbeddingBackward(context, tokens, num_tokens, dout, vocab_begin, vocab, hidden,
+                                 dweight, skip_token, true, "ShardEmbeddingBackward");
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------------------
@@ -486,53 +534,83 @@ OpError ShardEmbeddingBackward(OpsContext* context, const int32_t* tokens, size_
 namespace {
 
 // One block per token row. y may alias x: each element is read, then written, by one thread.
-template <typename E>
-__global__ void RmsNormForwardKernel(const float* x, const typename E::T* __restrict__ weight,
-                                     size_t hidden, float eps, float* y, float* __restrict__ rstd) {
+template <typename E, typename A>
+__global__ void RmsNormForwardKernel(const A* x, const typename E::T* __restrict__ weight,
+                                     size_t hidden, float eps, A* y, float* __restrict__ rstd) {
   __shared__ float scratch[kWarpsPerBlock];
   const size_t t = blockIdx.x;
-  const float* xr = x + t * hidden;
+  const A* xr = x + t * hidden;
   float sum_sq = 0.0f;
   for (size_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    const float v = xr[i];
+    const float v = ActLoad(xr[i]);
     sum_sq += v * v;
   }
   sum_sq = BlockSum(sum_sq, scratch);
   const float r = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
   if (threadIdx.x == 0) rstd[t] = r;
-  float* yr = y + t * hidden;
+  A* yr = y + t * hidden;
   for (size_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    yr[i] = __fmul_rn(__fmul_rn(xr[i], r), E::Load(weight[i]));
+    yr[i] = ActStore<A>(__fmul_rn(__fmul_rn(ActLoad(xr[i]), r), E::Load(weight[i])));
 }
 
-// dx_j = r w_j dy_j - x_j r^3 / H * sum_i dy_i w_i x_i, one block per row (dx may alias dy: the
-// sum is complete before any dx is written).
-template <typename E>
-__global__ void RmsNormBackwardKernel(const float* __restrict__ x,
-                                      const typename E::T* __restrict__ weight,
-                                      const float* __restrict__ rstd, const float* dy,
-                                      size_t hidden, float* dx) {
+// sum = a + b, then RmsNormForwardKernel's work on sum as stored; one block per row. sum may
+// alias a or b: each element is read, then written, by one thread, which reads it back later.
+template <typename E, typename A>
+__global__ void ResidualRmsNormForwardKernel(const A* a, const A* b,
+                                             const typename E::T* __restrict__ weight,
+                                             size_t hidden, float eps, A* sum, A* __restrict__ y,
+                                             float* __restrict__ rstd) {
   __shared__ float scratch[kWarpsPerBlock];
   const size_t t = blockIdx.x;
-  const float* xr = x + t * hidden;
-  const float* dyr = dy + t * hidden;
+  const A* ar = a + t * hidden;
+  const A* br = b + t * hidden;
+  A* sr = sum + t * hidden;
+  float sum_sq = 0.0f;
+  for (size_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const A stored = ActStore<A>(__fadd_rn(ActLoad(ar[i]), ActLoad(br[i])));
+    sr[i] = stored;
+    const float v = ActLoad(stored);
+    sum_sq += v * v;
+  }
+  sum_sq = BlockSum(sum_sq, scratch);
+  const float r = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
+  if (threadIdx.x == 0) rstd[t] = r;
+  A* yr = y + t * hidden;
+  for (size_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    yr[i] = ActStore<A>(__fmul_rn(__fmul_rn(ActLoad(sr[i]), r), E::Load(weight[i])));
+}
+
+// dx_j = r w_j dy_j - x_j r^3 / H * sum_i dy_i w_i x_i (+ residual_j with kResidual), one block
+// per row (dx may alias dy: the sum is complete before any dx is written).
+template <typename E, typename A, bool kResidual>
+__global__ void RmsNormBackwardKernel(const A* __restrict__ x,
+                                      const typename E::T* __restrict__ weight,
+                                      const float* __restrict__ rstd, const A* dy, size_t hidden,
+                                      A* dx, const A* __restrict__ residual) {
+  __shared__ float scratch[kWarpsPerBlock];
+  const size_t t = blockIdx.x;
+  const A* xr = x + t * hidden;
+  const A* dyr = dy + t * hidden;
   const float r = rstd[t];
   float dot = 0.0f;
   for (size_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    dot += dyr[i] * E::Load(weight[i]) * xr[i];
+    dot += ActLoad(dyr[i]) * E::Load(weight[i]) * ActLoad(xr[i]);
   dot = BlockSum(dot, scratch);
   const float coef = dot * r * r * r / static_cast<float>(hidden);
-  float* dxr = dx + t * hidden;
+  A* dxr = dx + t * hidden;
   for (size_t i = threadIdx.x; i < hidden; i += blockDim.x) {
     const float w = E::Load(weight[i]);
-    dxr[i] = __fsub_rn(__fmul_rn(__fmul_rn(r, w), dyr[i]), __fmul_rn(xr[i], coef));
+    float g =
+        __fsub_rn(__fmul_rn(__fmul_rn(r, w), ActLoad(dyr[i])), __fmul_rn(ActLoad(xr[i]), coef));
+    if constexpr (kResidual) g = __fadd_rn(g, ActLoad(residual[t * hidden + i]));
+    dxr[i] = ActStore<A>(g);
   }
 }
 
 // partial[c, i] = sum over rows t of chunk c of dy[t, i] x[t, i] rstd[t].
-__global__ void RmsNormWeightPartialKernel(const float* __restrict__ x,
-                                           const float* __restrict__ rstd,
-                                           const float* __restrict__ dy, size_t num_tokens,
+template <typename A>
+__global__ void RmsNormWeightPartialKernel(const A* __restrict__ x, const float* __restrict__ rstd,
+                                           const A* __restrict__ dy, size_t num_tokens,
                                            size_t hidden, float* __restrict__ partial) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= hidden) return;
@@ -541,8 +619,11 @@ __global__ void RmsNormWeightPartialKernel(const float* __restrict__ x,
   const size_t end =
       num_tokens - begin < kRmsNormRowsPerPartial ? num_tokens : begin + kRmsNormRowsPerPartial;
   float acc = 0.0f;
-  for (size_t t = begin; t < end; ++t)
-    acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(dy[t * hidden + i], x[t * hidden + i]), rstd[t]));
+  for (size_t t = begin; t < end; ++t) {
+    acc = __fadd_rn(
+        acc,
+        __fmul_rn(__fmul_rn(ActLoad(dy[t * hidden + i]), ActLoad(x[t * hidden + i])), rstd[t]));
+  }
   partial[chunk * hidden + i] = acc;
 }
 
@@ -559,50 +640,116 @@ __global__ void RmsNormWeightReduceKernel(const float* __restrict__ partial, siz
 
 }  // namespace
 
-OpError RmsNormForward(OpsContext* context, const float* x, Weight weight, size_t num_tokens,
-                       size_t hidden, float eps, float* y, float* rstd) {
+OpError RmsNormForward(OpsContext* context, CAct x, Weight weight, size_t num_tokens, size_t hidden,
+                       float eps, Act y, float* rstd) {
   constexpr const char* kOp = "RmsNormForward";
+  DType act = DType::kF32;
+  OpError error = CommonActDType({x.dtype, y.dtype}, kOp, &act);
+  if (!error.ok()) return error;
   if (num_tokens == 0) return OpError{};
   if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
   return ForWeightDType(weight.dtype, kOp, [&](auto tag) {
     using E = decltype(tag);
-    RmsNormForwardKernel<E>
-        <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
-            x, static_cast<const typename E::T*>(weight.data), hidden, eps, y, rstd);
+    DispatchAct(act, [&](auto a) {
+      using A = decltype(a);
+      RmsNormForwardKernel<E, A>
+          <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+              static_cast<const A*>(x.data), static_cast<const typename E::T*>(weight.data), hidden,
+              eps, static_cast<A*>(y.data), rstd);
+    });
   });
 }
 
-OpError RmsNormBackward(OpsContext* context, const float* x, Weight weight, const float* rstd,
-                        const float* dy, size_t num_tokens, size_t hidden, float* dx,
-                        float* dweight) {
-  constexpr const char* kOp = "RmsNormBackward";
-  if (!IsKnown(weight.dtype)) return ArgumentError("unknown weight dtype", kOp);
-  if (num_tokens == 0 || hidden == 0) return OpError{};
+OpError ResidualRmsNormForward(OpsContext* context, CAct a, CAct b, Weight weight,
+                               size_t num_tokens, size_t hidden, float eps, Act sum, Act y,
+                               float* rstd) {
+  constexpr const char* kOp = "ResidualRmsNormForward";
+  DType act = DType::kF32;
+  OpError error = CommonActDType({a.dtype, b.dtype, sum.dtype, y.dtype}, kOp, &act);
+  if (!error.ok()) return error;
+  if (num_tokens == 0) return OpError{};
   if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
+  return ForWeightDType(weight.dtype, kOp, [&](auto tag) {
+    using E = decltype(tag);
+    DispatchAct(act, [&](auto z) {
+      using A = decltype(z);
+      ResidualRmsNormForwardKernel<E, A>
+          <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+              static_cast<const A*>(a.data), static_cast<const A*>(b.data),
+              static_cast<const typename E::T*>(weight.data), hidden, eps,
+              static_cast<A*>(sum.data), static_cast<A*>(y.data), rstd);
+    });
+  });
+}
+
+namespace {
+
+// RmsNormBackward, and with a residual RmsNormResidualBackward.
+OpError RmsNormBackwardOf(OpsContext* context, CAct x, Weight weight, const float* rstd, CAct dy,
+                          const CAct* residual, size_t num_tokens, size_t hidden, Act dx,
+                          float* dweight, const char* op) {
+  if (!IsKnown(weight.dtype)) return ArgumentError("unknown weight dtype", op);
+  DType act = DType::kF32;
+  OpError error = residual != nullptr
+                      ? CommonActDType({x.dtype, dy.dtype, residual->dtype, dx.dtype}, op, &act)
+                      : CommonActDType({x.dtype, dy.dtype, dx.dtype}, op, &act);
+  if (!error.ok()) return error;
+  if (num_tokens == 0 || hidden == 0) return OpError{};
+  if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", op);
   // The weight gradient first: dx may alias dy.
   if (dweight != nullptr) {
     const size_t chunks = (num_tokens + kRmsNormRowsPerPartial - 1) / kRmsNormRowsPerPartial;
-    if (chunks > 65535) return ArgumentError("too many tokens for one call", kOp);
-    OpError error = Reserve(context, chunks * hidden * sizeof(float), kOp);
+    if (chunks > 65535) return ArgumentError("too many tokens for one call", op);
+    error = Reserve(context, chunks * hidden * sizeof(float), op);
     if (!error.ok()) return error;
     float* partial = WorkspaceCarver(context).Take<float>(chunks * hidden);
     const dim3 grid(static_cast<unsigned>((hidden + kBlockThreads - 1) / kBlockThreads),
                     static_cast<unsigned>(chunks));
-    RmsNormWeightPartialKernel<<<grid, kBlockThreads, 0, context->stream>>>(x, rstd, dy, num_tokens,
-                                                                            hidden, partial);
-    error = LaunchResult(kOp);
+    error = ForActDType(act, op, [&](auto a) {
+      using A = decltype(a);
+      RmsNormWeightPartialKernel<A><<<grid, kBlockThreads, 0, context->stream>>>(
+          static_cast<const A*>(x.data), rstd, static_cast<const A*>(dy.data), num_tokens, hidden,
+          partial);
+    });
     if (!error.ok()) return error;
     RmsNormWeightReduceKernel<<<GridFor(hidden), kBlockThreads, 0, context->stream>>>(
         partial, chunks, hidden, dweight);
-    error = LaunchResult(kOp);
+    error = LaunchResult(op);
     if (!error.ok()) return error;
   }
-  return ForWeightDType(weight.dtype, kOp, [&](auto tag) {
+  return ForWeightDType(weight.dtype, op, [&](auto tag) {
     using E = decltype(tag);
-    RmsNormBackwardKernel<E>
-        <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
-            x, static_cast<const typename E::T*>(weight.data), rstd, dy, hidden, dx);
+    DispatchAct(act, [&](auto a) {
+      using A = decltype(a);
+      const dim3 grid(static_cast<unsigned>(num_tokens));
+      const auto* x_a = static_cast<const A*>(x.data);
+      const auto* w = static_cast<const typename E::T*>(weight.data);
+      const auto* dy_a = static_cast<const A*>(dy.data);
+      if (residual != nullptr) {
+        RmsNormBackwardKernel<E, A, true><<<grid, kBlockThreads, 0, context->stream>>>(
+            x_a, w, rstd, dy_a, hidden, static_cast<A*>(dx.data),
+            static_cast<const A*>(residual->data));
+      } else {
+        RmsNormBackwardKernel<E, A, false><<<grid, kBlockThreads, 0, context->stream>>>(
+            x_a, w, rstd, dy_a, hidden, static_cast<A*>(dx.data), nullptr);
+      }
+    });
   });
+}
+
+}  // namespace
+
+OpError RmsNormBackward(OpsContext* context, CAct x, Weight weight, const float* rstd, CAct dy,
+                        size_t num_tokens, size_t hidden, Act dx, float* dweight) {
+  return RmsNormBackwardOf(context, x, weight, rstd, dy, nullptr, num_tokens, hidden, dx, dweight,
+                           "RmsNormBackward");
+}
+
+OpError RmsNormResidualBackward(OpsContext* context, CAct x, Weight weight, const float* rstd,
+                                CAct dy, CAct residual, size_t num_tokens, size_t hidden, Act dx,
+                                float* dweight) {
+  return RmsNormBackwardOf(context, x, weight, rstd, dy, &residual, num_tokens, hidden, dx, dweight,
+                           "RmsNormResidualBackward");
 }
 
 // ---- Linear -------------------------------------------------------------------------------------
@@ -628,109 +775,187 @@ cudaDataType CudaTypeOf(DType dtype) {
   return CUDA_R_32F;
 }
 
-template <typename D>
-__global__ void RoundActivationsKernel(const float* __restrict__ x, typename D::T* __restrict__ y,
-                                       size_t n) {
+// y[i] = x[i] in y's element type: widened exactly, or rounded once.
+template <typename S, typename D>
+__global__ void ConvertActivationsKernel(const S* __restrict__ x, D* __restrict__ y, size_t n) {
   for (size_t i = FirstIndex(); i < n; i += GridStride())
-    y[i] = D::Store(x[i]);
+    y[i] = ActStore<D>(ActLoad(x[i]));
 }
 
-// y[0, n) = x rounded to `dtype` (bf16 or fp16), enqueued on the context's stream.
-OpError RoundActivations(OpsContext* context, const float* x, size_t n, DType dtype, void* y,
-                         const char* op) {
-  if (dtype == DType::kBF16) {
-    RoundActivationsKernel<BF16>
-        <<<GridFor(n), kBlockThreads, 0, context->stream>>>(x, static_cast<uint16_t*>(y), n);
-  } else {
-    RoundActivationsKernel<F16>
-        <<<GridFor(n), kBlockThreads, 0, context->stream>>>(x, static_cast<uint16_t*>(y), n);
-  }
+// y[0, n) = x converted to `dtype` (rounded to a 16-bit dtype, or widened to fp32), enqueued on
+// the context's stream. From fp32 to 16 bits this is the rounding of RoundActivations before
+// activations had a dtype, bit for bit (dtype_convert.h's).
+OpError ConvertActivations(OpsContext* context, CAct x, size_t n, DType dtype, void* y,
+                           const char* op) {
+  if (n == 0) return OpError{};
+  const bool known = DispatchAct(x.dtype, [&](auto s) {
+    using S = decltype(s);
+    DispatchAct(dtype, [&](auto d) {
+      using D = decltype(d);
+      ConvertActivationsKernel<S, D><<<GridFor(n), kBlockThreads, 0, context->stream>>>(
+          static_cast<const S*>(x.data), static_cast<D*>(y), n);
+    });
+  });
+  if (!known || !IsKnown(dtype)) return ArgumentError("unknown activation dtype", op);
   return LaunchResult(op);
 }
 
-// C[m, n] (column-major, fp32) = op_a(A) op_b(B) + beta C, inputs of `type`, fp32 accumulation.
+// The bytes of x [n] converted to `dtype` in the workspace: none when it is in that dtype.
+size_t ConvertedBytes(DType from, DType to, size_t n) {
+  return from == to ? 0 : AlignUp(n * ActSize(to));
+}
+
+// A GEMM input of dtype `type` from activation x [n]: x itself when it is in that dtype (no copy),
+// else x converted into `scratch` (ConvertedBytes of the workspace).
+OpError GemmInput(OpsContext* context, CAct x, size_t n, DType type, void* scratch, const char* op,
+                  const void** input) {
+  if (x.dtype == type) {
+    *input = x.data;
+    return OpError{};
+  }
+  *input = scratch;
+  return ConvertActivations(context, x, n, type, scratch, op);
+}
+
+// Whether a GEMM whose inputs are of dtype `type` writes an output of dtype `out` through an fp32
+// staging buffer: cuBLAS's CUBLAS_COMPUTE_32F takes C in fp32 or in the inputs' 16-bit dtype
+// only, so a 16-bit output of fp32 inputs (or bf16 of fp16 ones) is staged and rounded once.
+bool StagesOutput(DType out, DType type) {
+  return out != DType::kF32 && out != type;
+}
+
+// y[i] = c[i], or y[i] + c[i] with `add`, rounded once to y's dtype.
+template <typename A>
+__global__ void StoreStagedKernel(const float* __restrict__ c, size_t n, bool add,
+                                  A* __restrict__ y) {
+  for (size_t i = FirstIndex(); i < n; i += GridStride())
+    y[i] = ActStore<A>(add ? __fadd_rn(ActLoad(y[i]), c[i]) : c[i]);
+}
+
+OpError StoreStaged(OpsContext* context, const float* c, size_t n, bool add, Act y,
+                    const char* op) {
+  return ForActDType(y.dtype, op, [&](auto a) {
+    using A = decltype(a);
+    StoreStagedKernel<A>
+        <<<GridFor(n), kBlockThreads, 0, context->stream>>>(c, n, add, static_cast<A*>(y.data));
+  });
+}
+
+// C[m, n] (column-major, of c_type) = op_a(A) op_b(B) + beta C, inputs of `type`, fp32
+// accumulation (alpha and beta fp32).
 OpError Gemm(OpsContext* context, cublasOperation_t op_a, cublasOperation_t op_b, size_t m,
              size_t n, size_t k, const void* a, size_t lda, const void* b, size_t ldb,
-             cudaDataType type, float beta, float* c, size_t ldc, const char* op) {
+             cudaDataType type, float beta, void* c, cudaDataType c_type, size_t ldc,
+             const char* op) {
   const float alpha = 1.0f;
   return CublasResult(
       cublasGemmEx(context->cublas.get(), op_a, op_b, static_cast<int>(m), static_cast<int>(n),
                    static_cast<int>(k), &alpha, a, type, static_cast<int>(lda), b, type,
-                   static_cast<int>(ldb), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                   static_cast<int>(ldb), &beta, c, c_type, static_cast<int>(ldc),
                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx", op);
 }
 
 }  // namespace
 
-OpError LinearForward(OpsContext* context, const float* x, Weight weight, size_t num_tokens,
-                      size_t in_features, size_t out_features, float* y) {
+OpError LinearForward(OpsContext* context, CAct x, Weight weight, size_t num_tokens,
+                      size_t in_features, size_t out_features, Act y) {
   constexpr const char* kOp = "LinearForward";
   if (!IsKnown(weight.dtype)) return ArgumentError("unknown weight dtype", kOp);
+  if (!IsKnown(x.dtype) || !IsKnown(y.dtype)) return ArgumentError("unknown activation dtype", kOp);
   if (num_tokens == 0 || out_features == 0) return OpError{};
   if (!FitsInt(num_tokens) || !FitsInt(in_features) || !FitsInt(out_features)) {
     return ArgumentError("a dimension is 2^31 or more", kOp);
   }
+  const size_t y_n = num_tokens * out_features;
   if (in_features == 0) {  // an empty sum: y = 0, as cblas_sgemm gives
-    return CudaResult(
-        cudaMemsetAsync(y, 0, num_tokens * out_features * sizeof(float), context->stream),
-        "cudaMemsetAsync", kOp);
+    return CudaResult(cudaMemsetAsync(y.data, 0, y_n * ActSize(y.dtype), context->stream),
+                      "cudaMemsetAsync", kOp);
   }
-  const void* input = x;
-  if (weight.dtype != DType::kF32) {
-    const size_t n = num_tokens * in_features;
-    OpError error = Reserve(context, AlignUp(n * 2), kOp);
-    if (!error.ok()) return error;
-    void* rounded = WorkspaceCarver(context).Take<uint16_t>(n);
-    error = RoundActivations(context, x, n, weight.dtype, rounded, kOp);
-    if (!error.ok()) return error;
-    input = rounded;
-  }
-  return Gemm(context, CUBLAS_OP_T, CUBLAS_OP_N, out_features, num_tokens, in_features, weight.data,
-              in_features, input, in_features, CudaTypeOf(weight.dtype), 0.0f, y, out_features,
-              kOp);
+  // The GEMM's inputs are of the weight's dtype: x as it is or converted (the workspace's first
+  // piece), the output written by cuBLAS or staged in fp32 (the second).
+  const DType type = weight.dtype;
+  const size_t x_n = num_tokens * in_features;
+  const bool staged = StagesOutput(y.dtype, type);
+  const size_t x_bytes = ConvertedBytes(x.dtype, type, x_n);
+  OpError error = Reserve(context, x_bytes + (staged ? AlignUp(y_n * sizeof(float)) : 0), kOp);
+  if (!error.ok()) return error;
+  WorkspaceCarver carver(context);
+  void* x_scratch = carver.Take<char>(x_bytes);
+  const void* input = nullptr;
+  error = GemmInput(context, x, x_n, type, x_scratch, kOp, &input);
+  if (!error.ok()) return error;
+  float* stage = staged ? carver.Take<float>(y_n) : nullptr;
+  error = Gemm(context, CUBLAS_OP_T, CUBLAS_OP_N, out_features, num_tokens, in_features,
+               weight.data, in_features, input, in_features, CudaTypeOf(type), 0.0f,
+               staged ? static_cast<void*>(stage) : y.data,
+               staged ? CUDA_R_32F : CudaTypeOf(y.dtype), out_features, kOp);
+  if (!error.ok() || !staged) return error;
+  return StoreStaged(context, stage, y_n, false, y, kOp);
 }
 
-OpError LinearBackward(OpsContext* context, const float* x, Weight weight, const float* dy,
-                       size_t num_tokens, size_t in_features, size_t out_features, float* dx,
-                       Accumulate dx_mode, float* dweight) {
+OpError LinearBackward(OpsContext* context, CAct x, Weight weight, CAct dy, size_t num_tokens,
+                       size_t in_features, size_t out_features, Act dx, Accumulate dx_mode,
+                       float* dweight) {
   constexpr const char* kOp = "LinearBackward";
   if (!IsKnown(weight.dtype)) return ArgumentError("unknown weight dtype", kOp);
+  const bool want_dx = dx.data != nullptr;
+  if (!IsKnown(x.dtype) || !IsKnown(dy.dtype) || (want_dx && !IsKnown(dx.dtype))) {
+    return ArgumentError("unknown activation dtype", kOp);
+  }
   if (num_tokens == 0 || in_features == 0 || out_features == 0) return OpError{};
-  if (dx == nullptr && dweight == nullptr) return OpError{};
+  if (!want_dx && dweight == nullptr) return OpError{};
   if (!FitsInt(num_tokens) || !FitsInt(in_features) || !FitsInt(out_features)) {
     return ArgumentError("a dimension is 2^31 or more", kOp);
   }
-  const cudaDataType type = CudaTypeOf(weight.dtype);
-  const void* dy_in = dy;
-  const void* x_in = x;
-  if (weight.dtype != DType::kF32) {
-    const size_t dy_n = num_tokens * out_features;
-    const size_t x_n = dweight != nullptr ? num_tokens * in_features : 0;
-    OpError error = Reserve(context, AlignUp(dy_n * 2) + AlignUp(x_n * 2), kOp);
+  // The GEMMs' inputs are of the weight's dtype. The workspace holds dy's copy (when dy is not in
+  // that dtype), then x's (for the weight gradient). When dx is staged in fp32, the staging comes
+  // first and x's copy reuses its bytes after dx is stored; otherwise x is converted before the
+  // dx GEMM runs.
+  const DType type = weight.dtype;
+  const cudaDataType cuda_type = CudaTypeOf(type);
+  const size_t x_n = num_tokens * in_features, dy_n = num_tokens * out_features;
+  const bool staged = want_dx && StagesOutput(dx.dtype, type);
+  const size_t dy_bytes = ConvertedBytes(dy.dtype, type, dy_n);
+  const size_t x_bytes = dweight != nullptr ? ConvertedBytes(x.dtype, type, x_n) : 0;
+  const size_t rest = std::max(x_bytes, staged ? AlignUp(x_n * sizeof(float)) : size_t{0});
+  OpError error = Reserve(context, dy_bytes + rest, kOp);
+  if (!error.ok()) return error;
+  WorkspaceCarver carver(context);
+  void* dy_scratch = carver.Take<char>(dy_bytes);
+  void* rest_scratch = carver.Take<char>(rest);
+  const void* dy_in = nullptr;
+  error = GemmInput(context, dy, dy_n, type, dy_scratch, kOp, &dy_in);
+  if (!error.ok()) return error;
+  const void* x_in = nullptr;
+  if (dweight != nullptr && !staged) {
+    error = GemmInput(context, x, x_n, type, rest_scratch, kOp, &x_in);
     if (!error.ok()) return error;
-    WorkspaceCarver carver(context);
-    void* dy16 = carver.Take<uint16_t>(dy_n);
-    error = RoundActivations(context, dy, dy_n, weight.dtype, dy16, kOp);
-    if (!error.ok()) return error;
-    dy_in = dy16;
-    if (x_n > 0) {
-      void* x16 = carver.Take<uint16_t>(x_n);
-      error = RoundActivations(context, x, x_n, weight.dtype, x16, kOp);
-      if (!error.ok()) return error;
-      x_in = x16;
-    }
   }
-  if (dx != nullptr) {
-    const float beta = dx_mode == Accumulate::kAdd ? 1.0f : 0.0f;
-    OpError error =
-        Gemm(context, CUBLAS_OP_N, CUBLAS_OP_N, in_features, num_tokens, out_features, weight.data,
-             in_features, dy_in, out_features, type, beta, dx, in_features, kOp);
+  if (want_dx) {
+    const bool add = dx_mode == Accumulate::kAdd;
+    if (staged) {
+      float* stage = static_cast<float*>(rest_scratch);
+      error = Gemm(context, CUBLAS_OP_N, CUBLAS_OP_N, in_features, num_tokens, out_features,
+                   weight.data, in_features, dy_in, out_features, cuda_type, 0.0f, stage,
+                   CUDA_R_32F, in_features, kOp);
+      if (!error.ok()) return error;
+      error = StoreStaged(context, stage, x_n, add, dx, kOp);
+    } else {
+      error = Gemm(context, CUBLAS_OP_N, CUBLAS_OP_N, in_features, num_tokens, out_features,
+                   weight.data, in_features, dy_in, out_features, cuda_type, add ? 1.0f : 0.0f,
+                   dx.data, CudaTypeOf(dx.dtype), in_features, kOp);
+    }
     if (!error.ok()) return error;
   }
   if (dweight != nullptr) {
+    if (staged) {  // the staging's bytes are free now (stream order)
+      error = GemmInput(context, x, x_n, type, rest_scratch, kOp, &x_in);
+      if (!error.ok()) return error;
+    }
     return Gemm(context, CUBLAS_OP_N, CUBLAS_OP_T, in_features, out_features, num_tokens, x_in,
-                in_features, dy_in, out_features, type, 1.0f, dweight, in_features, kOp);
+                in_features, dy_in, out_features, cuda_type, 1.0f, dweight, CUDA_R_32F, in_features,
+                kOp);
   }
   return OpError{};
 }
@@ -755,7 +980,8 @@ __global__ void RopeTableKernel(size_t seq, size_t head_dim, float theta, RopeSc
 }
 
 // Rotates every head of x by +angle (sign = 1) or -angle (sign = -1), one thread per pair.
-__global__ void RopeRotateKernel(float* x, size_t tokens, size_t seq, size_t heads, size_t head_dim,
+template <typename A>
+__global__ void RopeRotateKernel(A* x, size_t tokens, size_t seq, size_t heads, size_t head_dim,
                                  const float* __restrict__ cos_table,
                                  const float* __restrict__ sin_table,
                                  const int32_t* __restrict__ positions, float sign) {
@@ -766,19 +992,20 @@ __global__ void RopeRotateKernel(float* x, size_t tokens, size_t seq, size_t hea
     const size_t i = idx - pair_row * half;
     const size_t t = pair_row / heads;
     const size_t p = positions != nullptr ? static_cast<size_t>(positions[t]) : t % seq;
-    float* row = x + pair_row * head_dim;
+    A* row = x + pair_row * head_dim;
     const float c = cos_table[p * half + i];
     const float s = sign * sin_table[p * half + i];
-    const float a = row[i];
-    const float b = row[i + half];
-    row[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    row[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    const float a = ActLoad(row[i]);
+    const float b = ActLoad(row[i + half]);
+    row[i] = ActStore<A>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    row[i + half] = ActStore<A>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
   }
 }
 
-OpError Rotate(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
-               size_t head_dim, float theta, const RopeScaling& scaling,
-               const int32_t* positions, float sign, const char* op) {
+OpError Rotate(OpsContext* context, Act x, size_t batch, size_t seq, size_t heads, size_t head_dim,
+               float theta, const RopeScaling& scaling, const int32_t* positions, float sign,
+               const char* op) {
+  if (!IsKnown(x.dtype)) return ArgumentError("unknown activation dtype", op);
   if (head_dim % 2 != 0) return ArgumentError("head_dim must be even", op);
   const size_t half = head_dim / 2;
   if (batch == 0 || seq == 0 || heads == 0 || half == 0) return OpError{};
@@ -791,21 +1018,24 @@ OpError Rotate(OpsContext* context, float* x, size_t batch, size_t seq, size_t h
       seq, head_dim, theta, scaling, cos_table, sin_table);
   error = LaunchResult(op);
   if (!error.ok()) return error;
-  RopeRotateKernel<<<GridFor(batch * seq * heads * half), kBlockThreads, 0, context->stream>>>(
-      x, batch * seq, seq, heads, head_dim, cos_table, sin_table, positions, sign);
-  return LaunchResult(op);
+  return ForActDType(x.dtype, op, [&](auto a) {
+    using A = decltype(a);
+    RopeRotateKernel<A><<<GridFor(batch * seq * heads * half), kBlockThreads, 0, context->stream>>>(
+        static_cast<A*>(x.data), batch * seq, seq, heads, head_dim, cos_table, sin_table, positions,
+        sign);
+  });
 }
 
 }  // namespace
 
-OpError RopeForward(OpsContext* context, float* x, size_t batch, size_t seq, size_t heads,
+OpError RopeForward(OpsContext* context, Act x, size_t batch, size_t seq, size_t heads,
                     size_t head_dim, float theta, const RopeScaling& scaling,
                     const int32_t* positions) {
   return Rotate(context, x, batch, seq, heads, head_dim, theta, scaling, positions, 1.0f,
                 "RopeForward");
 }
 
-OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, size_t heads,
+OpError RopeBackward(OpsContext* context, Act dx, size_t batch, size_t seq, size_t heads,
                      size_t head_dim, float theta, const RopeScaling& scaling,
                      const int32_t* positions) {
   // The rotation is orthogonal: its transpose is the rotation by -angle.
@@ -817,42 +1047,52 @@ OpError RopeBackward(OpsContext* context, float* dx, size_t batch, size_t seq, s
 
 namespace {
 
-template <typename E>
-__global__ void BiasForwardKernel(float* y, const typename E::T* __restrict__ bias, size_t rows,
+template <typename E, typename A>
+__global__ void BiasForwardKernel(A* y, const typename E::T* __restrict__ bias, size_t rows,
                                   size_t cols) {
   const size_t n = rows * cols;
   for (size_t idx = FirstIndex(); idx < n; idx += GridStride()) {
-    y[idx] = __fadd_rn(y[idx], E::Load(bias[idx % cols]));
+    y[idx] = ActStore<A>(__fadd_rn(ActLoad(y[idx]), E::Load(bias[idx % cols])));
   }
 }
 
 // One thread per column, rows added in order (deterministic).
-__global__ void BiasBackwardKernel(const float* __restrict__ dy, size_t rows, size_t cols,
+template <typename A>
+__global__ void BiasBackwardKernel(const A* __restrict__ dy, size_t rows, size_t cols,
                                    float* __restrict__ dbias) {
   for (size_t c = FirstIndex(); c < cols; c += GridStride()) {
     float acc = 0.0f;
-    for (size_t t = 0; t < rows; ++t) acc = __fadd_rn(acc, dy[t * cols + c]);
+    for (size_t t = 0; t < rows; ++t)
+      acc = __fadd_rn(acc, ActLoad(dy[t * cols + c]));
     dbias[c] = __fadd_rn(dbias[c], acc);
   }
 }
 
 }  // namespace
 
-OpError BiasForward(OpsContext* context, float* y, Weight bias, size_t rows, size_t cols) {
+OpError BiasForward(OpsContext* context, Act y, Weight bias, size_t rows, size_t cols) {
   constexpr const char* kOp = "BiasForward";
+  if (!IsKnown(y.dtype)) return ArgumentError("unknown activation dtype", kOp);
   if (rows == 0 || cols == 0) return OpError{};
   return ForWeightDType(bias.dtype, kOp, [&](auto tag) {
     using E = decltype(tag);
-    BiasForwardKernel<E><<<GridFor(rows * cols), kBlockThreads, 0, context->stream>>>(
-        y, static_cast<const typename E::T*>(bias.data), rows, cols);
+    DispatchAct(y.dtype, [&](auto a) {
+      using A = decltype(a);
+      BiasForwardKernel<E, A><<<GridFor(rows * cols), kBlockThreads, 0, context->stream>>>(
+          static_cast<A*>(y.data), static_cast<const typename E::T*>(bias.data), rows, cols);
+    });
   });
 }
 
-OpError BiasBackward(OpsContext* context, const float* dy, size_t rows, size_t cols,
-                     float* dbias) {
+OpError BiasBackward(OpsContext* context, CAct dy, size_t rows, size_t cols, float* dbias) {
+  constexpr const char* kOp = "BiasBackward";
+  if (!IsKnown(dy.dtype)) return ArgumentError("unknown activation dtype", kOp);
   if (rows == 0 || cols == 0) return OpError{};
-  BiasBackwardKernel<<<GridFor(cols), kBlockThreads, 0, context->stream>>>(dy, rows, cols, dbias);
-  return LaunchResult("BiasBackward");
+  return ForActDType(dy.dtype, kOp, [&](auto a) {
+    using A = decltype(a);
+    BiasBackwardKernel<A><<<GridFor(cols), kBlockThreads, 0, context->stream>>>(
+        static_cast<const A*>(dy.data), rows, cols, dbias);
+  });
 }
 
 // ---- Attention ----------------------------------------------------------------------------------
@@ -885,41 +1125,40 @@ __device__ inline bool WarpQueryRow(const AttentionShape& shape, QueryRow* r) {
   return true;
 }
 
-template <int R>
-__device__ inline void LoadHeadVector(const float* src, size_t head_dim, unsigned lane,
+template <int R, typename A>
+__device__ inline void LoadHeadVector(const A* src, size_t head_dim, unsigned lane,
                                       float (&dst)[R]) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const size_t c = lane + 32 * r;
-    dst[r] = c < head_dim ? src[c] : 0.0f;
+    dst[r] = c < head_dim ? ActLoad(src[c]) : 0.0f;
   }
 }
 
-template <int R>
-__device__ inline float WarpDot(const float (&a)[R], const float* b, size_t head_dim,
-                                unsigned lane) {
+template <int R, typename A>
+__device__ inline float WarpDot(const float (&a)[R], const A* b, size_t head_dim, unsigned lane) {
   float part = 0.0f;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const size_t c = lane + 32 * r;
-    if (c < head_dim) part += a[r] * b[c];
+    if (c < head_dim) part += a[r] * ActLoad(b[c]);
   }
   return WarpSum(part);
 }
 
 // Warp per query row (b, h, i).
-template <int R>
-__global__ void AttentionForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
-                                       const float* __restrict__ v, AttentionShape shape,
-                                       const int32_t* __restrict__ key_start,
-                                       float* __restrict__ out, float* __restrict__ lse) {
+template <int R, typename A>
+__global__ void AttentionForwardKernel(const A* __restrict__ q, const A* __restrict__ k,
+                                       const A* __restrict__ v, AttentionShape shape,
+                                       const int32_t* __restrict__ key_start, A* __restrict__ out,
+                                       float* __restrict__ lse) {
   QueryRow row;
   if (!WarpQueryRow(shape, &row)) return;  // the whole warp
   const unsigned lane = threadIdx.x & 31;
   const size_t b = row.b, h = row.h, i = row.i;
   const size_t d = shape.head_dim;
-  const float* kg = k + row.kv_off;
-  const float* vg = v + row.kv_off;
+  const A* kg = k + row.kv_off;
+  const A* vg = v + row.kv_off;
   float qi[R], acc[R];
   LoadHeadVector<R>(q + row.q_off, d, lane, qi);
 #pragma unroll
@@ -940,19 +1179,19 @@ __global__ void AttentionForwardKernel(const float* __restrict__ q, const float*
     }
     const float p = expf(s - m);
     l += p;
-    const float* vj = vg + j * shape.kv_stride;
+    const A* vj = vg + j * shape.kv_stride;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const size_t c = lane + 32 * r;
-      if (c < d) acc[r] += p * vj[c];
+      if (c < d) acc[r] += p * ActLoad(vj[c]);
     }
   }
   const float inv = 1.0f / l;
-  float* oi = out + row.q_off;
+  A* oi = out + row.q_off;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const size_t c = lane + 32 * r;
-    if (c < d) oi[c] = acc[r] * inv;
+    if (c < d) oi[c] = ActStore<A>(acc[r] * inv);
   }
   if (lane == 0) {
     lse[(b * shape.num_heads + h) * shape.seq + i] = m + logf(l);
@@ -961,20 +1200,21 @@ __global__ void AttentionForwardKernel(const float* __restrict__ q, const float*
 
 // Warp per query row (b, h, i): delta_i = dO_i . O_i (saved for the key kernel) and
 // dQ_i = scale * sum_{j<=i} dS_ij K_j with dS_ij = P_ij (dO_i . V_j - delta_i).
-template <int R>
-__global__ void AttentionBackwardQueryKernel(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ out, const float* __restrict__ lse, const float* __restrict__ dout,
-    AttentionShape shape, const int32_t* __restrict__ key_start, float* __restrict__ dq,
-    float* __restrict__ delta) {
+template <int R, typename A>
+__global__ void AttentionBackwardQueryKernel(const A* __restrict__ q, const A* __restrict__ k,
+                                             const A* __restrict__ v, const A* __restrict__ out,
+                                             const float* __restrict__ lse,
+                                             const A* __restrict__ dout, AttentionShape shape,
+                                             const int32_t* __restrict__ key_start,
+                                             A* __restrict__ dq, float* __restrict__ delta) {
   QueryRow row;
   if (!WarpQueryRow(shape, &row)) return;  // the whole warp
   const unsigned lane = threadIdx.x & 31;
   const size_t b = row.b, h = row.h, i = row.i;
   const size_t d = shape.head_dim;
   const size_t q_off = row.q_off;
-  const float* kg = k + row.kv_off;
-  const float* vg = v + row.kv_off;
+  const A* kg = k + row.kv_off;
+  const A* vg = v + row.kv_off;
   float qi[R], doi[R], dqi[R];
   LoadHeadVector<R>(q + q_off, d, lane, qi);
   LoadHeadVector<R>(dout + q_off, d, lane, doi);
@@ -982,7 +1222,7 @@ __global__ void AttentionBackwardQueryKernel(
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const size_t c = lane + 32 * r;
-    if (c < d) dot += out[q_off + c] * doi[r];
+    if (c < d) dot += ActLoad(out[q_off + c]) * doi[r];
     dqi[r] = 0.0f;
   }
   const size_t stat = (b * shape.num_heads + h) * shape.seq + i;
@@ -991,7 +1231,7 @@ __global__ void AttentionBackwardQueryKernel(
   const float lse_i = lse[stat];
   const size_t first = key_start != nullptr ? static_cast<size_t>(key_start[b * shape.seq + i]) : 0;
   for (size_t j = first; j <= i; ++j) {
-    const float* kj = kg + j * shape.kv_stride;
+    const A* kj = kg + j * shape.kv_stride;
     const float s = WarpDot<R>(qi, kj, d, lane) * shape.scale;
     const float p = expf(s - lse_i);
     const float dp = WarpDot<R>(doi, vg + j * shape.kv_stride, d, lane);
@@ -999,27 +1239,26 @@ __global__ void AttentionBackwardQueryKernel(
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const size_t c = lane + 32 * r;
-      if (c < d) dqi[r] += ds * kj[c];
+      if (c < d) dqi[r] += ds * ActLoad(kj[c]);
     }
   }
-  float* dq_row = dq + q_off;
+  A* dq_row = dq + q_off;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const size_t c = lane + 32 * r;
-    if (c < d) dq_row[c] = shape.scale * dqi[r];
+    if (c < d) dq_row[c] = ActStore<A>(shape.scale * dqi[r]);
   }
 }
 
 // Warp per key row (b, g, j): over the query heads h of group g and the rows i >= j,
 // dV_j = sum P_ij dO_i and dK_j = scale * sum dS_ij Q_i. Overwrites dk and dv.
-template <int R>
-__global__ void AttentionBackwardKeyKernel(const float* __restrict__ q, const float* __restrict__ k,
-                                           const float* __restrict__ v,
-                                           const float* __restrict__ lse,
+template <int R, typename A>
+__global__ void AttentionBackwardKeyKernel(const A* __restrict__ q, const A* __restrict__ k,
+                                           const A* __restrict__ v, const float* __restrict__ lse,
                                            const float* __restrict__ delta,
-                                           const float* __restrict__ dout, AttentionShape shape,
+                                           const A* __restrict__ dout, AttentionShape shape,
                                            const int32_t* __restrict__ key_start,
-                                           float* __restrict__ dk, float* __restrict__ dv) {
+                                           A* __restrict__ dk, A* __restrict__ dv) {
   const size_t row = static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= shape.batch * shape.num_kv_heads * shape.seq) return;
   const unsigned lane = threadIdx.x & 31;
@@ -1043,8 +1282,8 @@ __global__ void AttentionBackwardKeyKernel(const float* __restrict__ q, const fl
       // (key starts do not decrease along a sequence).
       if (key_start != nullptr && static_cast<size_t>(key_start[b * shape.seq + i]) > j) break;
       const size_t q_off = (b * shape.seq + i) * shape.q_stride + h * d;
-      const float* qi = q + q_off;
-      const float* doi = dout + q_off;
+      const A* qi = q + q_off;
+      const A* doi = dout + q_off;
       const float s = WarpDot<R>(kj, qi, d, lane) * shape.scale;
       const float p = expf(s - lse[stat_base + i]);
       const float dp = WarpDot<R>(vj, doi, d, lane);
@@ -1053,8 +1292,8 @@ __global__ void AttentionBackwardKeyKernel(const float* __restrict__ q, const fl
       for (int r = 0; r < R; ++r) {
         const size_t c = lane + 32 * r;
         if (c < d) {
-          dvj[r] += p * doi[c];
-          dkj[r] += ds * qi[c];
+          dvj[r] += p * ActLoad(doi[c]);
+          dkj[r] += ds * ActLoad(qi[c]);
         }
       }
     }
@@ -1063,8 +1302,8 @@ __global__ void AttentionBackwardKeyKernel(const float* __restrict__ q, const fl
   for (int r = 0; r < R; ++r) {
     const size_t c = lane + 32 * r;
     if (c < d) {
-      dk[kv_off + c] = shape.scale * dkj[r];
-      dv[kv_off + c] = dvj[r];
+      dk[kv_off + c] = ActStore<A>(shape.scale * dkj[r]);
+      dv[kv_off + c] = ActStore<A>(dvj[r]);
     }
   }
 }
@@ -1162,26 +1401,9 @@ const OpsContext::SdpaPlan* SdpaPlanFor(OpsContext* context, DType precision,
   return context->sdpa_plans.back().ok ? &context->sdpa_plans.back() : nullptr;
 }
 
-template <typename D>
-__global__ void WidenKernel(const typename D::T* __restrict__ x, float* __restrict__ y, size_t n) {
-  for (size_t i = FirstIndex(); i < n; i += GridStride())
-    y[i] = D::Load(x[i]);
-}
-
-// y[0, n) = x (bf16 or fp16) as fp32.
-OpError Widen(OpsContext* context, const void* x, size_t n, DType dtype, float* y, const char* op) {
-  if (dtype == DType::kBF16) {
-    WidenKernel<BF16>
-        <<<GridFor(n), kBlockThreads, 0, context->stream>>>(static_cast<const uint16_t*>(x), y, n);
-  } else {
-    WidenKernel<F16>
-        <<<GridFor(n), kBlockThreads, 0, context->stream>>>(static_cast<const uint16_t*>(x), y, n);
-  }
-  return LaunchResult(op);
-}
-
-// The 16-bit copies a cuDNN call works on (SdpaCopiesBytes) and cuDNN's own workspace after
-// them, carved from the context's workspace.
+// The 16-bit copies a cuDNN call works on with fp32 activations (SdpaCopiesBytes) and cuDNN's
+// own workspace after them, carved from the context's workspace. With 16-bit activations there
+// are no copies: only the scratch.
 struct SdpaBuffers {
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
   void *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;  // the backward's
@@ -1189,58 +1411,84 @@ struct SdpaBuffers {
 };
 
 OpError TakeSdpaBuffers(OpsContext* context, const OpsContext::SdpaPlan& plan,
-                        const AttentionShape& s, bool backward, const char* op, SdpaBuffers* b) {
+                        const AttentionShape& s, bool backward, bool copies, const char* op,
+                        SdpaBuffers* b) {
   const size_t qn = s.batch * s.seq * s.q_stride, kvn = s.batch * s.seq * s.kv_stride;
   const size_t cudnn = backward ? plan.backward_bytes : plan.forward_bytes;
-  OpError error = Reserve(context, SdpaCopiesBytes(s, backward) + AlignUp(cudnn), op);
+  OpError error =
+      Reserve(context, (copies ? SdpaCopiesBytes(s, backward) : 0) + AlignUp(cudnn), op);
   if (!error.ok()) return error;
   WorkspaceCarver carver(context);
-  b->q = carver.Take<uint16_t>(qn);
-  b->k = carver.Take<uint16_t>(kvn);
-  b->v = carver.Take<uint16_t>(kvn);
-  b->o = carver.Take<uint16_t>(qn);
-  if (backward) {
-    b->dout = carver.Take<uint16_t>(qn);
-    b->dq = carver.Take<uint16_t>(qn);
-    b->dk = carver.Take<uint16_t>(kvn);
-    b->dv = carver.Take<uint16_t>(kvn);
+  if (copies) {
+    b->q = carver.Take<uint16_t>(qn);
+    b->k = carver.Take<uint16_t>(kvn);
+    b->v = carver.Take<uint16_t>(kvn);
+    b->o = carver.Take<uint16_t>(qn);
+    if (backward) {
+      b->dout = carver.Take<uint16_t>(qn);
+      b->dq = carver.Take<uint16_t>(qn);
+      b->dk = carver.Take<uint16_t>(kvn);
+      b->dv = carver.Take<uint16_t>(kvn);
+    }
   }
   b->scratch = cudnn > 0 ? carver.Take<char>(cudnn) : nullptr;
   return OpError{};
 }
 
+// cuDNN reads and writes 16-bit activations where they are; its kernels load whole 16-byte
+// vectors (TMA on Hopper), so each tensor must start 16-byte aligned (otherwise the context's own
+// kernels run the call). The copies of fp32 activations are (the workspace's pieces are).
+bool CudnnTakesInPlace(std::initializer_list<const void*> tensors) {
+  for (const void* p : tensors) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// cuDNN's forward. 16-bit activations (the plan's dtype) go to cuDNN as they are; fp32 ones are
+// rounded to 16-bit copies first, and its output widened back.
 OpError CudnnAttentionForward(OpsContext* context, const OpsContext::SdpaPlan& plan,
-                              const AttentionShape& s, const float* q, const float* k,
-                              const float* v, float* out, float* lse) {
+                              const AttentionShape& s, CAct q, CAct k, CAct v, Act out,
+                              float* lse) {
   constexpr const char* kOp = "AttentionForward";
   const size_t qn = s.batch * s.seq * s.q_stride, kvn = s.batch * s.seq * s.kv_stride;
+  const bool copies = q.dtype == DType::kF32;
   SdpaBuffers b;
-  OpError error = TakeSdpaBuffers(context, plan, s, false, kOp, &b);
+  OpError error = TakeSdpaBuffers(context, plan, s, false, copies, kOp, &b);
   if (!error.ok()) return error;
+  if (!copies) {
+    return detail::CudnnSdpaForward(context->sdpa, plan.shape, q.data, k.data, v.data, out.data,
+                                    lse, b.scratch);
+  }
   const DType t = plan.shape.dtype;
   for (auto [x, n, y] :
        {std::tuple{q, qn, b.q}, std::tuple{k, kvn, b.k}, std::tuple{v, kvn, b.v}}) {
-    error = RoundActivations(context, x, n, t, y, kOp);
+    error = ConvertActivations(context, x, n, t, y, kOp);
     if (!error.ok()) return error;
   }
   error = detail::CudnnSdpaForward(context->sdpa, plan.shape, b.q, b.k, b.v, b.o, lse, b.scratch);
   if (!error.ok()) return error;
-  return Widen(context, b.o, qn, t, out, kOp);
+  return ConvertActivations(context, CAct(b.o, t), qn, DType::kF32, out.data, kOp);
 }
 
+// cuDNN's backward, with the forward's treatment of the activations.
 OpError CudnnAttentionBackward(OpsContext* context, const OpsContext::SdpaPlan& plan,
-                               const AttentionShape& s, const float* q, const float* k,
-                               const float* v, const float* out, const float* lse,
-                               const float* dout, float* dq, float* dk, float* dv) {
+                               const AttentionShape& s, CAct q, CAct k, CAct v, CAct out,
+                               const float* lse, CAct dout, Act dq, Act dk, Act dv) {
   constexpr const char* kOp = "AttentionBackward";
   const size_t qn = s.batch * s.seq * s.q_stride, kvn = s.batch * s.seq * s.kv_stride;
+  const bool copies = q.dtype == DType::kF32;
   SdpaBuffers b;
-  OpError error = TakeSdpaBuffers(context, plan, s, true, kOp, &b);
+  OpError error = TakeSdpaBuffers(context, plan, s, true, copies, kOp, &b);
   if (!error.ok()) return error;
+  if (!copies) {
+    return detail::CudnnSdpaBackward(context->sdpa, plan.shape, q.data, k.data, v.data, out.data,
+                                     dout.data, lse, dq.data, dk.data, dv.data, b.scratch);
+  }
   const DType t = plan.shape.dtype;
   for (auto [x, n, y] : {std::tuple{q, qn, b.q}, std::tuple{k, kvn, b.k}, std::tuple{v, kvn, b.v},
                          std::tuple{out, qn, b.o}, std::tuple{dout, qn, b.dout}}) {
-    error = RoundActivations(context, x, n, t, y, kOp);
+    error = ConvertActivations(context, x, n, t, y, kOp);
     if (!error.ok()) return error;
   }
   error = detail::CudnnSdpaBackward(context->sdpa, plan.shape, b.q, b.k, b.v, b.o, b.dout, lse,
@@ -1248,7 +1496,7 @@ OpError CudnnAttentionBackward(OpsContext* context, const OpsContext::SdpaPlan& 
   if (!error.ok()) return error;
   for (auto [x, n, y] :
        {std::tuple{b.dq, qn, dq}, std::tuple{b.dk, kvn, dk}, std::tuple{b.dv, kvn, dv}}) {
-    error = Widen(context, x, n, t, y, kOp);
+    error = ConvertActivations(context, CAct(x, t), n, DType::kF32, y.data, kOp);
     if (!error.ok()) return error;
   }
   return OpError{};
@@ -1293,80 +1541,122 @@ const char* PrepareAttention(OpsContext* context, size_t batch, size_t seq, size
   return "exact";
 }
 
-OpError AttentionForward(OpsContext* context, const float* q, const float* k, const float* v,
-                         size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
-                         size_t head_dim, float* out, float* lse, DType precision,
-                         const int32_t* key_start) {
+namespace {
+
+// The one dtype of an attention call's activations, in *act; kArgument unless they share one and
+// it is fp32 or `precision` (16-bit activations are in the attention's dtype).
+OpError AttentionActDType(std::initializer_list<DType> dtypes, DType precision, const char* op,
+                          DType* act) {
+  OpError error = CommonActDType(dtypes, op, act);
+  if (!error.ok()) return error;
+  if (*act != DType::kF32 && *act != precision) {
+    return ArgumentError("16-bit activations must be in the attention's precision", op);
+  }
+  return OpError{};
+}
+
+}  // namespace
+
+OpError AttentionForward(OpsContext* context, CAct q, CAct k, CAct v, size_t batch, size_t seq,
+                         size_t num_heads, size_t num_kv_heads, size_t head_dim, Act out,
+                         float* lse, DType precision, const int32_t* key_start) {
   constexpr const char* kOp = "AttentionForward";
   OpError error = CheckAttentionShape(num_heads, num_kv_heads, head_dim, kOp);
   if (!error.ok()) return error;
   if (!IsKnown(precision)) return ArgumentError("unknown attention precision", kOp);
+  DType act = DType::kF32;
+  error = AttentionActDType({q.dtype, k.dtype, v.dtype, out.dtype}, precision, kOp, &act);
+  if (!error.ok()) return error;
   const size_t rows = batch * num_heads * seq;
   if (rows == 0) return OpError{};
   if (rows / kAttentionWarps >= static_cast<size_t>(INT_MAX)) {
     return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
   }
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
-  if (const OpsContext::SdpaPlan* plan = SdpaPlanFor(context, precision, shape, key_start)) {
-    return CudnnAttentionForward(context, *plan, shape, q, k, v, out, lse);
+  if (act == DType::kF32 || CudnnTakesInPlace({q.data, k.data, v.data, out.data})) {
+    if (const OpsContext::SdpaPlan* plan = SdpaPlanFor(context, precision, shape, key_start)) {
+      return CudnnAttentionForward(context, *plan, shape, q, k, v, out, lse);
+    }
   }
   // Packed documents take the exact kernels (the tiled ones mask causally only).
   if (key_start == nullptr && TensorCoresAllowed() &&
       detail::TensorCoreAttentionSupports(precision, shape)) {
-    return detail::TensorCoreAttentionForward(context->stream, precision, shape, q, k, v, out,
-                                              lse);
+    return detail::TensorCoreAttentionForward(context->stream, precision, act, shape, q.data,
+                                              k.data, v.data, out.data, lse);
   }
-  ForLanesPerHead(head_dim, [&](auto lanes) {
-    constexpr int R = decltype(lanes)::value;
-    AttentionForwardKernel<R><<<AttentionBlocks(rows), kAttentionWarps * 32, 0, context->stream>>>(
-        q, k, v, shape, key_start, out, lse);
+  return ForActDType(act, kOp, [&](auto a) {
+    using A = decltype(a);
+    ForLanesPerHead(head_dim, [&](auto lanes) {
+      constexpr int R = decltype(lanes)::value;
+      AttentionForwardKernel<R, A>
+          <<<AttentionBlocks(rows), kAttentionWarps * 32, 0, context->stream>>>(
+              static_cast<const A*>(q.data), static_cast<const A*>(k.data),
+              static_cast<const A*>(v.data), shape, key_start, static_cast<A*>(out.data), lse);
+    });
   });
-  return LaunchResult(kOp);
 }
 
-OpError AttentionBackward(OpsContext* context, const float* q, const float* k, const float* v,
-                          const float* out, const float* lse, const float* dout, size_t batch,
-                          size_t seq, size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                          float* dq, float* dk, float* dv, DType precision,
-                          const int32_t* key_start) {
+OpError AttentionBackward(OpsContext* context, CAct q, CAct k, CAct v, CAct out, const float* lse,
+                          CAct dout, size_t batch, size_t seq, size_t num_heads,
+                          size_t num_kv_heads, size_t head_dim, Act dq, Act dk, Act dv,
+                          DType precision, const int32_t* key_start) {
   constexpr const char* kOp = "AttentionBackward";
   OpError error = CheckAttentionShape(num_heads, num_kv_heads, head_dim, kOp);
   if (!error.ok()) return error;
   if (!IsKnown(precision)) return ArgumentError("unknown attention precision", kOp);
+  DType act = DType::kF32;
+  error = AttentionActDType(
+      {q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, dq.dtype, dk.dtype, dv.dtype}, precision,
+      kOp, &act);
+  if (!error.ok()) return error;
   const size_t rows = batch * num_heads * seq;
   if (rows == 0) {  // the CPU op still zeroes dk and dv
-    const size_t kv_bytes = batch * seq * num_kv_heads * head_dim * sizeof(float);
+    const size_t kv_bytes = batch * seq * num_kv_heads * head_dim * ActSize(act);
     if (kv_bytes == 0) return OpError{};
-    error = CudaResult(cudaMemsetAsync(dk, 0, kv_bytes, context->stream), "cudaMemsetAsync", kOp);
+    error =
+        CudaResult(cudaMemsetAsync(dk.data, 0, kv_bytes, context->stream), "cudaMemsetAsync", kOp);
     if (!error.ok()) return error;
-    return CudaResult(cudaMemsetAsync(dv, 0, kv_bytes, context->stream), "cudaMemsetAsync", kOp);
+    return CudaResult(cudaMemsetAsync(dv.data, 0, kv_bytes, context->stream), "cudaMemsetAsync",
+                      kOp);
   }
   if (rows / kAttentionWarps >= static_cast<size_t>(INT_MAX)) {
     return ArgumentError("too many rows", kOp);  // gridDim.x is below 2^31
   }
   const AttentionShape shape = MakeShape(batch, seq, num_heads, num_kv_heads, head_dim);
-  if (const OpsContext::SdpaPlan* plan = SdpaPlanFor(context, precision, shape, key_start)) {
-    return CudnnAttentionBackward(context, *plan, shape, q, k, v, out, lse, dout, dq, dk, dv);
+  if (act == DType::kF32 ||
+      CudnnTakesInPlace({q.data, k.data, v.data, out.data, dout.data, dq.data, dk.data, dv.data})) {
+    if (const OpsContext::SdpaPlan* plan = SdpaPlanFor(context, precision, shape, key_start)) {
+      return CudnnAttentionBackward(context, *plan, shape, q, k, v, out, lse, dout, dq, dk, dv);
+    }
   }
   error = Reserve(context, rows * sizeof(float), kOp);
   if (!error.ok()) return error;
   float* delta = WorkspaceCarver(context).Take<float>(rows);
   if (key_start == nullptr && TensorCoresAllowed() &&
       detail::TensorCoreAttentionSupports(precision, shape)) {
-    return detail::TensorCoreAttentionBackward(context->stream, precision, shape, q, k, v, out,
-                                               lse, dout, delta, dq, dk, dv);
+    return detail::TensorCoreAttentionBackward(context->stream, precision, act, shape, q.data,
+                                               k.data, v.data, out.data, lse, dout.data, delta,
+                                               dq.data, dk.data, dv.data);
   }
   const size_t kv_rows = batch * num_kv_heads * seq;
-  ForLanesPerHead(head_dim, [&](auto lanes) {
-    constexpr int R = decltype(lanes)::value;
-    AttentionBackwardQueryKernel<R>
-        <<<AttentionBlocks(rows), kAttentionWarps * 32, 0, context->stream>>>(
-            q, k, v, out, lse, dout, shape, key_start, dq, delta);
-    AttentionBackwardKeyKernel<R>
-        <<<AttentionBlocks(kv_rows), kAttentionWarps * 32, 0, context->stream>>>(
-            q, k, v, lse, delta, dout, shape, key_start, dk, dv);
+  return ForActDType(act, kOp, [&](auto a) {
+    using A = decltype(a);
+    const A* q_a = static_cast<const A*>(q.data);
+    const A* k_a = static_cast<const A*>(k.data);
+    const A* v_a = static_cast<const A*>(v.data);
+    const A* dout_a = static_cast<const A*>(dout.data);
+    ForLanesPerHead(head_dim, [&](auto lanes) {
+      constexpr int R = decltype(lanes)::value;
+      AttentionBackwardQueryKernel<R, A>
+          <<<AttentionBlocks(rows), kAttentionWarps * 32, 0, context->stream>>>(
+              q_a, k_a, v_a, static_cast<const A*>(out.data), lse, dout_a, shape, key_start,
+              static_cast<A*>(dq.data), delta);
+      AttentionBackwardKeyKernel<R, A>
+          <<<AttentionBlocks(kv_rows), kAttentionWarps * 32, 0, context->stream>>>(
+              q_a, k_a, v_a, lse, delta, dout_a, shape, key_start, static_cast<A*>(dk.data),
+              static_cast<A*>(dv.data));
+    });
   });
-  return LaunchResult(kOp);
 }
 
 // ---- SwiGLU -------------------------------------------------------------------------------------
@@ -1377,76 +1667,109 @@ __device__ inline float Sigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
 
-__global__ void SiluMulForwardKernel(const float* gate, const float* up, size_t n, float* h) {
+template <typename A>
+__global__ void SiluMulForwardKernel(const A* gate, const A* up, size_t n, A* h) {
   for (size_t i = FirstIndex(); i < n; i += GridStride()) {
-    const float g = gate[i];
-    h[i] = g * Sigmoid(g) * up[i];
+    const float g = ActLoad(gate[i]);
+    h[i] = ActStore<A>(g * Sigmoid(g) * ActLoad(up[i]));
   }
 }
 
 // dgate and dup may alias dh: each element is read, then written, by one thread.
-__global__ void SiluMulBackwardKernel(const float* gate, const float* up, const float* dh, size_t n,
-                                      float* dgate, float* dup) {
+template <typename A>
+__global__ void SiluMulBackwardKernel(const A* gate, const A* up, const A* dh, size_t n, A* dgate,
+                                      A* dup) {
   for (size_t i = FirstIndex(); i < n; i += GridStride()) {
-    const float g = gate[i];
+    const float g = ActLoad(gate[i]);
     const float s = Sigmoid(g);
-    const float d = dh[i];
-    const float u = up[i];
+    const float d = ActLoad(dh[i]);
+    const float u = ActLoad(up[i]);
     const float dsilu = s * (1.0f + g * (1.0f - s));  // silu'(g)
-    dgate[i] = d * u * dsilu;
-    dup[i] = d * g * s;
+    dgate[i] = ActStore<A>(d * u * dsilu);
+    dup[i] = ActStore<A>(d * g * s);
   }
 }
 
 }  // namespace
 
-OpError SiluMulForward(OpsContext* context, const float* gate, const float* up, size_t n,
-                       float* h) {
+OpError SiluMulForward(OpsContext* context, CAct gate, CAct up, size_t n, Act h) {
+  constexpr const char* kOp = "SiluMulForward";
+  DType act = DType::kF32;
+  OpError error = CommonActDType({gate.dtype, up.dtype, h.dtype}, kOp, &act);
+  if (!error.ok()) return error;
   if (n == 0) return OpError{};
-  SiluMulForwardKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(gate, up, n, h);
-  return LaunchResult("SiluMulForward");
+  return ForActDType(act, kOp, [&](auto a) {
+    using A = decltype(a);
+    SiluMulForwardKernel<A><<<GridFor(n), kBlockThreads, 0, context->stream>>>(
+        static_cast<const A*>(gate.data), static_cast<const A*>(up.data), n,
+        static_cast<A*>(h.data));
+  });
 }
 
-OpError SiluMulBackward(OpsContext* context, const float* gate, const float* up, const float* dh,
-                        size_t n, float* dgate, float* dup) {
+OpError SiluMulBackward(OpsContext* context, CAct gate, CAct up, CAct dh, size_t n, Act dgate,
+                        Act dup) {
+  constexpr const char* kOp = "SiluMulBackward";
+  DType act = DType::kF32;
+  OpError error =
+      CommonActDType({gate.dtype, up.dtype, dh.dtype, dgate.dtype, dup.dtype}, kOp, &act);
+  if (!error.ok()) return error;
   if (n == 0) return OpError{};
-  SiluMulBackwardKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(gate, up, dh, n, dgate,
-                                                                           dup);
-  return LaunchResult("SiluMulBackward");
+  return ForActDType(act, kOp, [&](auto a) {
+    using A = decltype(a);
+    SiluMulBackwardKernel<A><<<GridFor(n), kBlockThreads, 0, context->stream>>>(
+        static_cast<const A*>(gate.data), static_cast<const A*>(up.data),
+        static_cast<const A*>(dh.data), n, static_cast<A*>(dgate.data), static_cast<A*>(dup.data));
+  });
 }
 
 // ---- Residual -----------------------------------------------------------------------------------
 
 namespace {
 
-__global__ void AddKernel(const float* a, const float* b, size_t n, float* y) {
+template <typename A>
+__global__ void AddKernel(const A* a, const A* b, size_t n, A* y) {
   for (size_t i = FirstIndex(); i < n; i += GridStride())
-    y[i] = __fadd_rn(a[i], b[i]);
+    y[i] = ActStore<A>(__fadd_rn(ActLoad(a[i]), ActLoad(b[i])));
 }
 
-__global__ void ScaleKernel(float* x, size_t n, float s) {
+template <typename A>
+__global__ void ScaleKernel(A* x, size_t n, float s) {
   for (size_t i = FirstIndex(); i < n; i += GridStride())
-    x[i] = __fmul_rn(x[i], s);
+    x[i] = ActStore<A>(__fmul_rn(ActLoad(x[i]), s));
+}
+
+// y = a + b (y may alias a or b).
+OpError Add(OpsContext* context, CAct a, CAct b, size_t n, Act y, const char* op) {
+  DType act = DType::kF32;
+  OpError error = CommonActDType({a.dtype, b.dtype, y.dtype}, op, &act);
+  if (!error.ok()) return error;
+  if (n == 0) return OpError{};
+  return ForActDType(act, op, [&](auto tag) {
+    using A = decltype(tag);
+    AddKernel<A><<<GridFor(n), kBlockThreads, 0, context->stream>>>(
+        static_cast<const A*>(a.data), static_cast<const A*>(b.data), n, static_cast<A*>(y.data));
+  });
 }
 
 }  // namespace
 
-OpError ResidualAdd(OpsContext* context, const float* a, const float* b, size_t n, float* y) {
-  if (n == 0) return OpError{};
-  AddKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(a, b, n, y);
-  return LaunchResult("ResidualAdd");
+OpError ResidualAdd(OpsContext* context, CAct a, CAct b, size_t n, Act y) {
+  return Add(context, a, b, n, y, "ResidualAdd");
 }
 
-OpError AccumulateGradient(OpsContext* context, const float* dy, size_t n, float* dx) {
-  if (n == 0) return OpError{};
-  AddKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(dx, dy, n, dx);
-  return LaunchResult("AccumulateGradient");
+OpError AccumulateGradient(OpsContext* context, CAct dy, size_t n, Act dx) {
+  return Add(context, dx, dy, n, dx, "AccumulateGradient");
 }
 
-OpError Scale(OpsContext* context, float* x, size_t n, float s) {
+OpError Scale(OpsContext* context, Act x, size_t n, float s) {
+  constexpr const char* kOp = "Scale";
+  if (!IsKnown(x.dtype)) return ArgumentError("unknown activation dtype", kOp);
   if (n == 0) return OpError{};
-  ScaleKernel<<<GridFor(n), kBlockThreads, 0, context->stream>>>(x, n, s);
-  return LaunchResult("Scale");
+  return ForActDType(x.dtype, kOp, [&](auto a) {
+    using A = decltype(a);
+    ScaleKernel<A>
+        <<<GridFor(n), kBlockThreads, 0, context->stream>>>(static_cast<A*>(x.data), n, s);
+  });
 }
 
 // ---- Cross-entropy ------------------------------------------------------------------------------
@@ -1458,21 +1781,22 @@ __device__ inline bool IsBadTarget(int32_t target, size_t vocab, int32_t ignore_
 }
 
 // One block per row: lse[t] and the row's loss (0 for ignored and bad targets).
-__global__ void CrossEntropyRowKernel(const float* __restrict__ logits,
+template <typename A>
+__global__ void CrossEntropyRowKernel(const A* __restrict__ logits,
                                       const int32_t* __restrict__ targets, size_t vocab,
                                       int32_t ignore_index, float* __restrict__ lse,
                                       float* __restrict__ row_loss, DeviceDataError* record) {
   __shared__ float max_scratch[kWarpsPerBlock];
   __shared__ float sum_scratch[kWarpsPerBlock];
   const size_t t = blockIdx.x;
-  const float* row = logits + t * vocab;
+  const A* row = logits + t * vocab;
   float max = -INFINITY;
   for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
-    max = fmaxf(max, row[j]);
+    max = fmaxf(max, ActLoad(row[j]));
   max = BlockMax(max, max_scratch);
   float sum = 0.0f;
   for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
-    sum += expf(row[j] - max);
+    sum += expf(ActLoad(row[j]) - max);
   sum = BlockSum(sum, sum_scratch);
   if (threadIdx.x != 0) return;
   const float row_lse = max + logf(sum);
@@ -1482,7 +1806,7 @@ __global__ void CrossEntropyRowKernel(const float* __restrict__ logits,
     RecordDataError(record, DataErrorKind::kTarget, t, target, vocab);
     row_loss[t] = 0.0f;
   } else {
-    row_loss[t] = target == ignore_index ? 0.0f : row_lse - row[target];
+    row_loss[t] = target == ignore_index ? 0.0f : row_lse - ActLoad(row[target]);
   }
 }
 
@@ -1526,34 +1850,36 @@ __global__ void CrossEntropyScaleKernel(const int32_t* __restrict__ targets, siz
 
 // One block per row: dlogits = (softmax - onehot) * scale, 0 for ignored (and bad) rows.
 // dlogits may alias logits: each element is read, then written, by one thread.
-__global__ void CrossEntropyGradKernel(const float* logits, const int32_t* __restrict__ targets,
+template <typename A>
+__global__ void CrossEntropyGradKernel(const A* logits, const int32_t* __restrict__ targets,
                                        const float* __restrict__ lse, size_t vocab,
                                        int32_t ignore_index, const float* __restrict__ scale_ptr,
-                                       float* dlogits) {
+                                       A* dlogits) {
   const size_t t = blockIdx.x;
   const int32_t target = targets[t];
-  const float* row = logits + t * vocab;
-  float* drow = dlogits + t * vocab;
+  const A* row = logits + t * vocab;
+  A* drow = dlogits + t * vocab;
   if (target == ignore_index || IsBadTarget(target, vocab, ignore_index)) {
     for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
-      drow[j] = 0.0f;
+      drow[j] = ActStore<A>(0.0f);
     return;
   }
   const float scale = *scale_ptr;
   const float row_lse = lse[t];
   for (size_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    float g = __fmul_rn(expf(__fsub_rn(row[j], row_lse)), scale);
+    float g = __fmul_rn(expf(__fsub_rn(ActLoad(row[j]), row_lse)), scale);
     if (j == static_cast<size_t>(target)) g = __fsub_rn(g, scale);
-    drow[j] = g;
+    drow[j] = ActStore<A>(g);
   }
 }
 
 }  // namespace
 
-OpError CrossEntropyForward(OpsContext* context, const float* logits, const int32_t* targets,
+OpError CrossEntropyForward(OpsContext* context, CAct logits, const int32_t* targets,
                             size_t num_tokens, size_t vocab, int32_t ignore_index, float* lse,
                             float* loss) {
   constexpr const char* kOp = "CrossEntropyForward";
+  if (!IsKnown(logits.dtype)) return ArgumentError("unknown activation dtype", kOp);
   if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
   if (num_tokens == 0) {
     return CudaResult(cudaMemsetAsync(loss, 0, sizeof(float), context->stream), "cudaMemsetAsync",
@@ -1563,31 +1889,42 @@ OpError CrossEntropyForward(OpsContext* context, const float* logits, const int3
   OpError error = Reserve(context, num_tokens * sizeof(float), kOp);
   if (!error.ok()) return error;
   float* row_loss = WorkspaceCarver(context).Take<float>(num_tokens);
-  CrossEntropyRowKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
-      logits, targets, vocab, ignore_index, lse, row_loss, context->data_error);
-  error = LaunchResult(kOp);
+  error = ForActDType(logits.dtype, kOp, [&](auto a) {
+    using A = decltype(a);
+    CrossEntropyRowKernel<A>
+        <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+            static_cast<const A*>(logits.data), targets, vocab, ignore_index, lse, row_loss,
+            context->data_error);
+  });
   if (!error.ok()) return error;
   CrossEntropyMeanKernel<<<1, kBlockThreads, 0, context->stream>>>(row_loss, targets, num_tokens,
                                                                    vocab, ignore_index, loss);
   return LaunchResult(kOp);
 }
 
-OpError CrossEntropyBackward(OpsContext* context, const float* logits, const int32_t* targets,
+OpError CrossEntropyBackward(OpsContext* context, CAct logits, const int32_t* targets,
                              const float* lse, size_t num_tokens, size_t vocab,
-                             int32_t ignore_index, float dloss, float* dlogits) {
+                             int32_t ignore_index, float dloss, Act dlogits) {
   constexpr const char* kOp = "CrossEntropyBackward";
+  DType act = DType::kF32;
+  OpError error = CommonActDType({logits.dtype, dlogits.dtype}, kOp, &act);
+  if (!error.ok()) return error;
   if (num_tokens == 0 || vocab == 0) return OpError{};
   if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
-  OpError error = Reserve(context, sizeof(float), kOp);
+  error = Reserve(context, sizeof(float), kOp);
   if (!error.ok()) return error;
   float* scale = WorkspaceCarver(context).Take<float>(1);
   CrossEntropyScaleKernel<<<1, kBlockThreads, 0, context->stream>>>(
       targets, num_tokens, vocab, ignore_index, dloss, scale, context->data_error);
   error = LaunchResult(kOp);
   if (!error.ok()) return error;
-  CrossEntropyGradKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
-      logits, targets, lse, vocab, ignore_index, scale, dlogits);
-  return LaunchResult(kOp);
+  return ForActDType(act, kOp, [&](auto a) {
+    using A = decltype(a);
+    CrossEntropyGradKernel<A>
+        <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+            static_cast<const A*>(logits.data), targets, lse, vocab, ignore_index, scale,
+            static_cast<A*>(dlogits.data));
+  });
 }
 
 // ---- Cross-entropy over the vocabulary split (tensor parallelism) -------------------------------
@@ -1603,36 +1940,38 @@ __device__ inline int64_t OwnColumn(int32_t target, int32_t ignore_index, size_t
 }
 
 // One block per row: max[t] = the largest of the rank's logits of row t.
-__global__ void CrossEntropyShardMaxKernel(const float* __restrict__ logits, size_t vocab,
+template <typename A>
+__global__ void CrossEntropyShardMaxKernel(const A* __restrict__ logits, size_t vocab,
                                            float* __restrict__ max) {
   __shared__ float scratch[kWarpsPerBlock];
-  const float* row = logits + blockIdx.x * vocab;
+  const A* row = logits + blockIdx.x * vocab;
   float m = -INFINITY;
   for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
-    m = fmaxf(m, row[j]);
+    m = fmaxf(m, ActLoad(row[j]));
   m = BlockMax(m, scratch);
   if (threadIdx.x == 0) max[blockIdx.x] = m;
 }
 
 // One block per row: sums[t] = sum_j exp(logits[t, j] - max[t]); sums[T + t] = the target's
 // logit where the rank holds it, else 0.
-__global__ void CrossEntropyShardSumsKernel(const float* __restrict__ logits,
+template <typename A>
+__global__ void CrossEntropyShardSumsKernel(const A* __restrict__ logits,
                                             const int32_t* __restrict__ targets, size_t num_tokens,
                                             size_t vocab_begin, size_t vocab, int32_t ignore_index,
                                             const float* __restrict__ max,
                                             float* __restrict__ sums) {
   __shared__ float scratch[kWarpsPerBlock];
   const size_t t = blockIdx.x;
-  const float* row = logits + t * vocab;
+  const A* row = logits + t * vocab;
   const float m = max[t];
   float sum = 0.0f;
   for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
-    sum += expf(row[j] - m);
+    sum += expf(ActLoad(row[j]) - m);
   sum = BlockSum(sum, scratch);
   if (threadIdx.x != 0) return;
   sums[t] = sum;
   const int64_t own = OwnColumn(targets[t], ignore_index, vocab_begin, vocab);
-  sums[num_tokens + t] = own < 0 ? 0.0f : row[own];
+  sums[num_tokens + t] = own < 0 ? 0.0f : ActLoad(row[own]);
 }
 
 // One block: lse[t] = max[t] + log(sums[t]); *loss = the mean of lse[t] - sums[T + t] over the
@@ -1671,54 +2010,62 @@ __global__ void CrossEntropyShardScaleKernel(const int32_t* __restrict__ targets
 
 // One block per row: the rank's columns of (softmax - onehot) * scale; 0 for ignored rows.
 // dlogits may alias logits: each element is read, then written, by one thread.
-__global__ void CrossEntropyShardGradKernel(const float* logits,
-                                            const int32_t* __restrict__ targets,
+template <typename A>
+__global__ void CrossEntropyShardGradKernel(const A* logits, const int32_t* __restrict__ targets,
                                             const float* __restrict__ lse, size_t vocab_begin,
                                             size_t vocab, int32_t ignore_index,
-                                            const float* __restrict__ scale_ptr, float* dlogits) {
+                                            const float* __restrict__ scale_ptr, A* dlogits) {
   const size_t t = blockIdx.x;
   const int32_t target = targets[t];
-  const float* row = logits + t * vocab;
-  float* drow = dlogits + t * vocab;
+  const A* row = logits + t * vocab;
+  A* drow = dlogits + t * vocab;
   if (target == ignore_index) {
     for (size_t j = threadIdx.x; j < vocab; j += blockDim.x)
-      drow[j] = 0.0f;
+      drow[j] = ActStore<A>(0.0f);
     return;
   }
   const float scale = *scale_ptr;
   const float row_lse = lse[t];
   const int64_t own = OwnColumn(target, ignore_index, vocab_begin, vocab);
   for (size_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    float g = __fmul_rn(expf(__fsub_rn(row[j], row_lse)), scale);
+    float g = __fmul_rn(expf(__fsub_rn(ActLoad(row[j]), row_lse)), scale);
     if (static_cast<int64_t>(j) == own) g = __fsub_rn(g, scale);
-    drow[j] = g;
+    drow[j] = ActStore<A>(g);
   }
 }
 
 }  // namespace
 
-OpError CrossEntropyShardMax(OpsContext* context, const float* logits, size_t num_tokens,
-                             size_t vocab, float* max) {
+OpError CrossEntropyShardMax(OpsContext* context, CAct logits, size_t num_tokens, size_t vocab,
+                             float* max) {
   constexpr const char* kOp = "CrossEntropyShardMax";
+  if (!IsKnown(logits.dtype)) return ArgumentError("unknown activation dtype", kOp);
   if (num_tokens == 0) return OpError{};
   if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
   if (vocab == 0) return ArgumentError("vocab is 0", kOp);
-  CrossEntropyShardMaxKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0,
-                               context->stream>>>(logits, vocab, max);
-  return LaunchResult(kOp);
+  return ForActDType(logits.dtype, kOp, [&](auto a) {
+    using A = decltype(a);
+    CrossEntropyShardMaxKernel<A>
+        <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+            static_cast<const A*>(logits.data), vocab, max);
+  });
 }
 
-OpError CrossEntropyShardSums(OpsContext* context, const float* logits, const int32_t* targets,
+OpError CrossEntropyShardSums(OpsContext* context, CAct logits, const int32_t* targets,
                               size_t num_tokens, size_t vocab_begin, size_t vocab,
                               int32_t ignore_index, const float* max, float* sums) {
   constexpr const char* kOp = "CrossEntropyShardSums";
+  if (!IsKnown(logits.dtype)) return ArgumentError("unknown activation dtype", kOp);
   if (num_tokens == 0) return OpError{};
   if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
   if (vocab == 0) return ArgumentError("vocab is 0", kOp);
-  CrossEntropyShardSumsKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0,
-                                context->stream>>>(logits, targets, num_tokens, vocab_begin, vocab,
-                                                   ignore_index, max, sums);
-  return LaunchResult(kOp);
+  return ForActDType(logits.dtype, kOp, [&](auto a) {
+    using A = decltype(a);
+    CrossEntropyShardSumsKernel<A>
+        <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+            static_cast<const A*>(logits.data), targets, num_tokens, vocab_begin, vocab,
+            ignore_index, max, sums);
+  });
 }
 
 OpError CrossEntropyShardFinish(OpsContext* context, const int32_t* targets, size_t num_tokens,
@@ -1734,23 +2081,29 @@ OpError CrossEntropyShardFinish(OpsContext* context, const int32_t* targets, siz
   return LaunchResult(kOp);
 }
 
-OpError CrossEntropyShardBackward(OpsContext* context, const float* logits, const int32_t* targets,
+OpError CrossEntropyShardBackward(OpsContext* context, CAct logits, const int32_t* targets,
                                   const float* lse, size_t num_tokens, size_t vocab_begin,
-                                  size_t vocab, int32_t ignore_index, float dloss, float* dlogits) {
+                                  size_t vocab, int32_t ignore_index, float dloss, Act dlogits) {
   constexpr const char* kOp = "CrossEntropyShardBackward";
+  DType act = DType::kF32;
+  OpError error = CommonActDType({logits.dtype, dlogits.dtype}, kOp, &act);
+  if (!error.ok()) return error;
   if (num_tokens == 0 || vocab == 0) return OpError{};
   if (!FitsInt(num_tokens)) return ArgumentError("more than 2^31 - 1 tokens", kOp);
-  OpError error = Reserve(context, sizeof(float), kOp);
+  error = Reserve(context, sizeof(float), kOp);
   if (!error.ok()) return error;
   float* scale = WorkspaceCarver(context).Take<float>(1);
   CrossEntropyShardScaleKernel<<<1, kBlockThreads, 0, context->stream>>>(
       targets, num_tokens, ignore_index, dloss, scale);
   error = LaunchResult(kOp);
   if (!error.ok()) return error;
-  CrossEntropyShardGradKernel<<<static_cast<unsigned>(num_tokens), kBlockThreads, 0,
-                                context->stream>>>(logits, targets, lse, vocab_begin, vocab,
-                                                   ignore_index, scale, dlogits);
-  return LaunchResult(kOp);
+  return ForActDType(act, kOp, [&](auto a) {
+    using A = decltype(a);
+    CrossEntropyShardGradKernel<A>
+        <<<static_cast<unsigned>(num_tokens), kBlockThreads, 0, context->stream>>>(
+            static_cast<const A*>(logits.data), targets, lse, vocab_begin, vocab, ignore_index,
+            scale, static_cast<A*>(dlogits.data));
+  });
 }
 
 }  // namespace strata::model::cuda

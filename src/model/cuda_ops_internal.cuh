@@ -1,6 +1,6 @@
 // What the CUDA op files share (cuda_ops.cu, cuda_attention_tc.cu): error
-// helpers, warp reductions, the 16-bit attention kernels' dispatch and rounding, and their entry
-// points. Included only by .cu files (nvcc, C++17).
+// helpers, activation element types, warp reductions, the 16-bit attention kernels' dispatch and
+// rounding, and their entry points. Included only by .cu files (nvcc, C++17).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "device/dtype_convert.h"
 #include "model/cuda_ops.h"
 
 namespace strata::model::cuda::detail {
@@ -36,6 +37,54 @@ OpError AllowSharedMemory(Kernel kernel, size_t bytes, const char* op) {
   return CudaResult(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(bytes)),
                     "cudaFuncSetAttribute", op);
+}
+
+// ---- activations --------------------------------------------------------------------------------
+
+// An activation's element type in a kernel: float, __nv_bfloat16 or __half (cuda_ops.h: Act).
+// ActLoad widens exactly; ActStore rounds to nearest, ties to even. Both use
+// device/dtype_convert.h's conversions, bit for bit those of the CPU device (NaN included) and
+// of the weights' tags (device/cuda_dtype_tags.h); for float both are the identity.
+__device__ inline float ActLoad(float x) {
+  return x;
+}
+__device__ inline float ActLoad(__nv_bfloat16 x) {
+  return ::strata::device::convert::Bf16ToFloat(__bfloat16_as_ushort(x));
+}
+__device__ inline float ActLoad(__half x) {
+  return ::strata::device::convert::F16ToFloat(__half_as_ushort(x));
+}
+template <typename A>
+__device__ inline A ActStore(float x);
+template <>
+__device__ inline float ActStore<float>(float x) {
+  return x;
+}
+template <>
+__device__ inline __nv_bfloat16 ActStore<__nv_bfloat16>(float x) {
+  return __ushort_as_bfloat16(::strata::device::convert::FloatToBf16(x));
+}
+template <>
+__device__ inline __half ActStore<__half>(float x) {
+  return __ushort_as_half(::strata::device::convert::FloatToF16(x));
+}
+
+// Calls fn(A{}) with the element type A of an activation dtype; false (and no call) for a dtype
+// that is none of them.
+template <typename Fn>
+bool DispatchAct(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      fn(float{});
+      return true;
+    case DType::kBF16:
+      fn(__nv_bfloat16{});
+      return true;
+    case DType::kF16:
+      fn(__half{});
+      return true;
+  }
+  return false;
 }
 
 // ---- warp reductions ----------------------------------------------------------------------------
@@ -103,15 +152,16 @@ struct AttentionShape {
 // a grid that fits CUDA's limits.
 bool TensorCoreAttentionSupports(DType dtype, const AttentionShape& shape);
 
-// As AttentionForward / AttentionBackward, with q, k, v, dout (and the probabilities and dS) rounded
-// to `dtype` for the tensor cores. `delta` is device scratch of batch * num_heads * seq floats.
-OpError TensorCoreAttentionForward(cudaStream_t stream, DType dtype, const AttentionShape& shape,
-                                   const float* q, const float* k, const float* v, float* out,
-                                   float* lse);
-OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype,
-                                    const AttentionShape& shape, const float* q, const float* k,
-                                    const float* v, const float* out, const float* lse,
-                                    const float* dout, float* delta, float* dq, float* dk,
-                                    float* dv);
+// As AttentionForward / AttentionBackward, with q, k, v, dout (and the probabilities and dS)
+// rounded to `dtype` for the tensor cores. The activations (q, k, v, out, dout, dq, dk, dv) are of
+// dtype `act`: kF32, or `dtype` itself (kArgument otherwise); outputs are stored in it, rounded
+// once. lse is fp32; `delta` is device scratch of batch * num_heads * seq floats.
+OpError TensorCoreAttentionForward(cudaStream_t stream, DType dtype, DType act,
+                                   const AttentionShape& shape, const void* q, const void* k,
+                                   const void* v, void* out, float* lse);
+OpError TensorCoreAttentionBackward(cudaStream_t stream, DType dtype, DType act,
+                                    const AttentionShape& shape, const void* q, const void* k,
+                                    const void* v, const void* out, const float* lse,
+                                    const void* dout, float* delta, void* dq, void* dk, void* dv);
 
 }  // namespace strata::model::cuda::detail

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numbers>
+#include <string_view>
 #include <thread>
 #include <tuple>
 
@@ -404,6 +406,14 @@ class Carver {
                device::kDeviceAlignment;
     return p;
   }
+  // `count` activations of `dtype`.
+  Act TakeAct(size_t count, device::DType dtype) {
+    void* p = base_ == nullptr ? nullptr : base_ + offset_;
+    const size_t bytes = std::max<size_t>(count * device::DTypeSize(dtype), 1);
+    offset_ += (bytes + device::kDeviceAlignment - 1) / device::kDeviceAlignment *
+               device::kDeviceAlignment;
+    return Act(p, dtype);
+  }
   size_t bytes() const { return offset_; }
 
  private:
@@ -426,39 +436,43 @@ struct LlamaActivations {
   // offloaded checkpoints three slots: blocks 0 .. L - 1 alternate between the first two (the
   // inputs of blocks 0 .. L - 3 also go to host memory, and come back for backward), block L's
   // is the third.
-  float* block_in = nullptr;
+  Act block_in;
   int64_t offloaded = 0;  // LlamaOffloadedCheckpoints
   int num_layers = 0;
   size_t th = 0;  // T H
-  float* In(int layer) const {
+  // Every activation's dtype (LlamaModelOptions::activation_dtype); statistics are fp32.
+  device::DType act = device::DType::kF32;
+  Act In(int layer) const {
     const size_t slot = offloaded == 0        ? static_cast<size_t>(layer)
                         : layer == num_layers ? 2
                                               : static_cast<size_t>(layer % 2);
-    return block_in + slot * th;
+    return block_in.At(slot * th);
   }
   // A block's internals: what its backward reads besides its input. With activation
   // checkpointing one set, recomputed from the input in backward; without, one set per block,
   // kept from its forward.
   struct Internals {
-    float *h1 = nullptr, *rstd1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr;
+    Act h1, q, k, v;
+    float* rstd1 = nullptr;
     // Qwen3's q/k norms: the projections' outputs before them [T, q], [T, kv], and each head's
     // rstd [T * heads], [T * kv heads] (null without).
-    float *q_pre = nullptr, *k_pre = nullptr, *q_rstd = nullptr, *k_rstd = nullptr;
-    float *attn = nullptr, *attn_lse = nullptr, *x2 = nullptr, *h2 = nullptr, *rstd2 = nullptr;
-    float *gate = nullptr, *up = nullptr, *hm = nullptr;
+    Act q_pre, k_pre;
+    float *q_rstd = nullptr, *k_rstd = nullptr;
+    Act attn, x2, h2, gate, up, hm;
+    float *attn_lse = nullptr, *rstd2 = nullptr;
     // LoRA: per projection, x A^T scaled [T, r] (what the adapter's backward needs).
-    std::array<float*, kLlamaProjections> lora_x{};
+    std::array<Act, kLlamaProjections> lora_x{};
   };
   std::vector<Internals> blocks;  // 1 (checkpointing) or L
   Internals& Of(int layer) { return blocks[blocks.size() == 1 ? 0 : static_cast<size_t>(layer)]; }
   // Backward temporaries (dgate shares dhm's buffer).
-  float *dhm = nullptr, *dup = nullptr, *dh2 = nullptr, *dx2 = nullptr, *dattn = nullptr;
-  float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dh1 = nullptr;
+  Act dhm, dup, dh2, dx2, dattn, dq, dk, dv, dh1;
   // The residual stream's gradient and the next one (swapped after each block).
-  float *dres = nullptr, *dres_next = nullptr;
+  Act dres, dres_next;
   // The head: normalised input, its rstd, logits [chunk, V] (their gradient in place),
   // log-sum-exp, loss; with chunks (LlamaHeadChunkTokens) a chunk's loss beside it.
-  float *head_x = nullptr, *head_rstd = nullptr, *logits = nullptr, *lse = nullptr;
+  Act head_x, logits;
+  float *head_rstd = nullptr, *lse = nullptr;
   float* loss = nullptr;        // one float
   float* chunk_loss = nullptr;  // one float (chunks only)
   size_t head_chunk = 0;        // tokens per chunk of the head (t_: one chunk)
@@ -466,12 +480,12 @@ struct LlamaActivations {
   float *ce_max = nullptr, *ce_sums = nullptr;
   // LoRA: the gradient of x A^T [T, r], and the adapter's output [T, out] before it is added
   // (the MLP's dup buffer, free during a block's forward, when it is large enough).
-  float* lora_dx = nullptr;
-  float* lora_out = nullptr;
+  Act lora_dx, lora_out;
 
   // Lays the buffers out from `base` (nullptr: only measures); returns the bytes used.
   size_t Layout(char* base, const LlamaConfig& c, size_t batch, size_t seq, const LlamaLora& lora,
-                bool keep, bool offload, bool vocab_split, int64_t chunk_tokens) {
+                bool keep, bool offload, bool vocab_split, int64_t chunk_tokens,
+                device::DType dtype) {
     const size_t t = batch * seq, h = static_cast<size_t>(c.hidden_size);
     const size_t kv = static_cast<size_t>(c.kv_dim()), inter = static_cast<size_t>(c.intermediate_size);
     const size_t vocab = static_cast<size_t>(c.vocab_size);
@@ -481,55 +495,57 @@ struct LlamaActivations {
     const size_t q = static_cast<size_t>(c.q_dim());
     Carver m(base);
     tokens = m.Take<int32_t>(4 * t);
+    act = dtype;
+    auto take = [&](size_t n) { return m.TakeAct(n, dtype); };
     t_ = t;
     offloaded = LlamaOffloadedCheckpoints(c, keep, offload);
     num_layers = c.num_hidden_layers;
     th = t * h;
-    block_in = m.Take<float>((layers + 1 - static_cast<size_t>(offloaded)) * t * h);
+    block_in = take((layers + 1 - static_cast<size_t>(offloaded)) * t * h);
     blocks.assign(keep ? layers : 1, Internals{});
     for (Internals& i : blocks) {
-      i.h1 = m.Take<float>(t * h);
+      i.h1 = take(t * h);
       i.rstd1 = m.Take<float>(t);
-      i.q = m.Take<float>(t * q);
-      i.k = m.Take<float>(t * kv);
-      i.v = m.Take<float>(t * kv);
+      i.q = take(t * q);
+      i.k = take(t * kv);
+      i.v = take(t * kv);
       if (c.qk_norm) {
-        i.q_pre = m.Take<float>(t * q);
-        i.k_pre = m.Take<float>(t * kv);
+        i.q_pre = take(t * q);
+        i.k_pre = take(t * kv);
         i.q_rstd = m.Take<float>(t * nh);
         i.k_rstd = m.Take<float>(t * nkv);
       }
-      i.attn = m.Take<float>(t * q);
+      i.attn = take(t * q);
       i.attn_lse = m.Take<float>(batch * nh * seq);
-      i.x2 = m.Take<float>(t * h);
-      i.h2 = m.Take<float>(t * h);
+      i.x2 = take(t * h);
+      i.h2 = take(t * h);
       i.rstd2 = m.Take<float>(t);
-      i.gate = m.Take<float>(t * inter);
-      i.up = m.Take<float>(t * inter);
-      i.hm = m.Take<float>(t * inter);
+      i.gate = take(t * inter);
+      i.up = take(t * inter);
+      i.hm = take(t * inter);
       for (int p = 0; p < kLlamaProjections && lora.enabled(); ++p) {
         if (lora.targets[static_cast<size_t>(p)]) {
-          i.lora_x[static_cast<size_t>(p)] = m.Take<float>(t * static_cast<size_t>(lora.rank));
+          i.lora_x[static_cast<size_t>(p)] = take(t * static_cast<size_t>(lora.rank));
         }
       }
     }
-    dhm = m.Take<float>(t * inter);
-    dup = m.Take<float>(t * inter);
-    dh2 = m.Take<float>(t * h);
-    dx2 = m.Take<float>(t * h);
-    dattn = m.Take<float>(t * q);
-    dq = m.Take<float>(t * q);
-    dk = m.Take<float>(t * kv);
-    dv = m.Take<float>(t * kv);
-    dh1 = m.Take<float>(t * h);
-    dres = m.Take<float>(t * h);
-    dres_next = m.Take<float>(t * h);
-    head_x = m.Take<float>(t * h);
+    dhm = take(t * inter);
+    dup = take(t * inter);
+    dh2 = take(t * h);
+    dx2 = take(t * h);
+    dattn = take(t * q);
+    dq = take(t * q);
+    dk = take(t * kv);
+    dv = take(t * kv);
+    dh1 = take(t * h);
+    dres = take(t * h);
+    dres_next = take(t * h);
+    head_x = take(t * h);
     head_rstd = m.Take<float>(t);
     head_chunk = static_cast<size_t>(
         chunk_tokens > 0 ? std::min<int64_t>(chunk_tokens, static_cast<int64_t>(t))
                          : LlamaHeadChunkTokens(c, static_cast<int64_t>(t), vocab_split));
-    logits = m.Take<float>(head_chunk * vocab);
+    logits = take(head_chunk * vocab);
     lse = m.Take<float>(t);
     loss = m.Take<float>(1);
     if (head_chunk < t) chunk_loss = m.Take<float>(1);
@@ -538,10 +554,10 @@ struct LlamaActivations {
       ce_sums = m.Take<float>(2 * t);
     }
     if (lora.enabled()) {
-      lora_dx = m.Take<float>(t * static_cast<size_t>(lora.rank));
+      lora_dx = take(t * static_cast<size_t>(lora.rank));
       // The adapter's output of any projection: h, q, kv or inter columns.
       const size_t widest = std::max({h, q, inter});
-      lora_out = inter >= widest ? dup : m.Take<float>(t * widest);
+      lora_out = inter >= widest ? dup : take(t * widest);
     }
     return m.bytes();
   }
@@ -619,11 +635,19 @@ LlamaModel::~LlamaModel() {
 
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
                               const LlamaLora& lora, bool keep_activations,
-                              bool offload_checkpoints, bool vocab_split,
-                              int64_t head_chunk_tokens) {
+                              bool offload_checkpoints, bool vocab_split, int64_t head_chunk_tokens,
+                              device::DType activation_dtype) {
   LlamaActivations a;
   return a.Layout(nullptr, config, static_cast<size_t>(micro_batch), static_cast<size_t>(seq_len),
-                  lora, keep_activations, offload_checkpoints, vocab_split, head_chunk_tokens);
+                  lora, keep_activations, offload_checkpoints, vocab_split, head_chunk_tokens,
+                  activation_dtype);
+}
+
+device::DType LlamaActivationDType(device::DeviceType device, device::DType compute) {
+  if (device != device::DeviceType::kCuda) return device::DType::kF32;
+  const char* forced = std::getenv("STRATA_ACTIVATIONS");
+  if (forced != nullptr && std::string_view(forced) == "fp32") return device::DType::kF32;
+  return compute;
 }
 
 int64_t LlamaHeadChunkTokens(const LlamaConfig& config, int64_t tokens, bool vocab_split) {
@@ -639,11 +663,12 @@ int64_t LlamaOffloadedCheckpoints(const LlamaConfig& config, bool keep_activatio
 }
 
 uint64_t LlamaCheckpointHostBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
-                                  bool keep_activations, bool offload_checkpoints) {
+                                  bool keep_activations, bool offload_checkpoints,
+                                  device::DType activation_dtype) {
   return static_cast<uint64_t>(
              LlamaOffloadedCheckpoints(config, keep_activations, offload_checkpoints)) *
          static_cast<uint64_t>(seq_len) * static_cast<uint64_t>(micro_batch) *
-         static_cast<uint64_t>(config.hidden_size) * sizeof(float);
+         static_cast<uint64_t>(config.hidden_size) * device::DTypeSize(activation_dtype);
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
@@ -689,6 +714,13 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Create(device::Device& device,
     return InvalidArgumentError(
         "split blocks (strata.split_blocks) and LoRA adapters cannot be combined");
   }
+  if (options.activation_dtype != device::DType::kF32 &&
+      device.type() != device::DeviceType::kCuda) {
+    return InvalidArgumentError(fmt::format(
+        "{} activations: the {} device computes activations in fp32 only (16-bit activations "
+        "are a CUDA device's)",
+        device::DTypeName(options.activation_dtype), device::DeviceTypeName(device.type())));
+  }
   if (options.offload_checkpoints && options.keep_activations) {
     return InvalidArgumentError(
         "offloaded activation checkpoints (strata.offload_checkpoints) need activation "
@@ -704,20 +736,21 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   State& st = *state_;
   const size_t b = static_cast<size_t>(micro_batch_), s = static_cast<size_t>(seq_len_);
   st.tokens = b * s;
-  st.block_bytes = st.a.Layout(nullptr, config_, b, s, lora_, options.keep_activations,
-                               options.offload_checkpoints, tp_.enabled(),
-                               options.head_chunk_tokens);
+  const device::DType act = options.activation_dtype;
+  st.block_bytes =
+      st.a.Layout(nullptr, config_, b, s, lora_, options.keep_activations,
+                  options.offload_checkpoints, tp_.enabled(), options.head_chunk_tokens, act);
   Result<void*> block = device_.Alloc(st.block_bytes);
   if (!block.ok()) {
     return block.status().WithContext(fmt::format(
         "model '{}': activations for a micro-batch of {} x {} tokens ({} bytes, of which the "
         "logits take {})",
         config_.name, micro_batch_, seq_len_, st.block_bytes,
-        st.a.head_chunk * static_cast<size_t>(config_.vocab_size) * sizeof(float)));
+        st.a.head_chunk * static_cast<size_t>(config_.vocab_size) * device::DTypeSize(act)));
   }
   st.block = *block;
   st.a.Layout(static_cast<char*>(st.block), config_, b, s, lora_, options.keep_activations,
-              options.offload_checkpoints, tp_.enabled(), options.head_chunk_tokens);
+              options.offload_checkpoints, tp_.enabled(), options.head_chunk_tokens, act);
 
   STRATA_ASSIGN_OR_RETURN(
       st.host, HostRegion::Allocate(4 * st.tokens * sizeof(int32_t) + sizeof(float),
@@ -762,7 +795,7 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
   STRATA_ASSIGN_OR_RETURN(st.stream, device_.CreateStream("llama"));
   STRATA_ASSIGN_OR_RETURN(st.caller_ready, device_.CreateEvent());
   STRATA_ASSIGN_OR_RETURN(st.model_done, device_.CreateEvent());
-  LlamaOpsShape shape = LlamaOpsShapeFor(config_, seq_len_, micro_batch_, tp_.enabled());
+  LlamaOpsShape shape = LlamaOpsShapeFor(config_, seq_len_, micro_batch_, tp_.enabled(), act);
   shape.head_tokens = st.a.head_chunk;  // LlamaModelOptions::head_chunk_tokens may set it
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<LlamaOps> cuda_ops,
                           CreateCudaLlamaOps(device_, *st.stream, shape, options.allow_tf32));
@@ -772,20 +805,27 @@ Status LlamaModel::SetUp(const LlamaModelOptions& options) {
         "vocabulary-parallel embedding and cross-entropy",
         tp_.size, device::DeviceTypeName(device_.type())));
   }
-  if (options.attention_dtype != device::DType::kF32) {
+  const device::DType attention_dtype = AttentionDType(options.attention_dtype);
+  if (attention_dtype != device::DType::kF32) {
     const LlamaConfig& c = config_;
     const char* attention = cuda_ops->PrepareAttention(
         static_cast<size_t>(micro_batch_), static_cast<size_t>(seq_len_),
         static_cast<size_t>(c.num_attention_heads), static_cast<size_t>(c.num_key_value_heads),
-        static_cast<size_t>(c.head_dim()), options.attention_dtype);
+        static_cast<size_t>(c.head_dim()), attention_dtype);
     STRATA_LOG(info, model,
-               "model '{}': attention on {} ({} x {} tokens, {}/{} heads, head_dim {})", c.name,
-               attention, micro_batch_, seq_len_, c.num_attention_heads, c.num_key_value_heads,
-               c.head_dim());
+               "model '{}': attention on {} ({} x {} tokens, {}/{} heads, head_dim {}), "
+               "{} activations",
+               c.name, attention, micro_batch_, seq_len_, c.num_attention_heads,
+               c.num_key_value_heads, c.head_dim(), device::DTypeName(act));
   }
   st.cuda_ops = profiled(std::move(cuda_ops));
   st.workspace_bytes = CudaLlamaOpsWorkspaceBytes(shape);
   return Status::Ok();
+}
+
+device::DType LlamaModel::AttentionDType(device::DType weights) const {
+  const device::DType act = state_->a.act;
+  return act != device::DType::kF32 ? act : weights;
 }
 
 Status LlamaModel::SetUpTensorParallel() {
@@ -799,7 +839,7 @@ Status LlamaModel::SetUpTensorParallel() {
   return Status::Ok();
 }
 
-Status LlamaModel::TpAllReduce(float* buf, size_t n, comm::ReduceOp op, comm::Collective* group) {
+Status LlamaModel::TpAllReduce(Act buf, size_t n, comm::ReduceOp op, comm::Collective* group) {
   if (!tp_.enabled()) return Status::Ok();
   State& st = *state_;
   comm::Collective& over = group != nullptr ? *group : *tp_.group;
@@ -807,9 +847,9 @@ Status LlamaModel::TpAllReduce(float* buf, size_t n, comm::ReduceOp op, comm::Co
     // The ops recorded so far go first; the all-reduce follows them on the caller's stream.
     if (st.run_stream == nullptr) return InternalError("llama: an all-reduce outside Run");
     STRATA_RETURN_IF_ERROR(st.deferred->Flush(device_, *st.run_stream, "llama"));
-    return over.AllReduce(buf, buf, n, device::DType::kF32, op, *st.run_stream);
+    return over.AllReduce(buf.data, buf.data, n, buf.dtype, op, *st.run_stream);
   }
-  return over.AllReduce(buf, buf, n, device::DType::kF32, op, *st.stream);
+  return over.AllReduce(buf.data, buf.data, n, buf.dtype, op, *st.stream);
 }
 
 std::vector<OpTime> LlamaModel::op_profile() const {
@@ -825,7 +865,8 @@ uint64_t LlamaModel::activation_bytes() const { return state_->block_bytes; }
 uint64_t LlamaModel::workspace_bytes() const { return state_->workspace_bytes; }
 
 uint64_t LlamaModel::checkpoint_host_bytes() const {
-  return static_cast<uint64_t>(state_->a.offloaded) * state_->a.th * sizeof(float);
+  return static_cast<uint64_t>(state_->a.offloaded) * state_->a.th *
+         device::DTypeSize(state_->a.act);
 }
 
 Status LlamaModel::Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn,
@@ -1212,9 +1253,10 @@ Status LlamaModel::Recompute(int unit, const zero::UnitView& params, device::Str
   return Run(
       stream,
       [this, where, p](LlamaOps& ops) {
-        const float* x = state_->a.In(where.layer);
-        return BlockPartForward(ops, where.layer, where.part, BlockWeights::Of(config_, where.part, p, nullptr),
-                                nullptr, x, nullptr);
+        const CAct x = state_->a.In(where.layer);
+        return BlockPartForward(ops, where.layer, where.part,
+                                BlockWeights::Of(config_, where.part, p, nullptr), nullptr, x,
+                                Act());
       },
       "llama recompute");
 }
@@ -1298,12 +1340,11 @@ Status LlamaModel::CopyCheckpoint(int layer, bool to_host, device::Stream& strea
   const size_t slot = static_cast<size_t>(layer % 2);
   STRATA_RETURN_IF_ERROR(device_.Record(*st.ckpt_ready, stream));
   STRATA_RETURN_IF_ERROR(device_.Wait(*st.ckpt_stream, *st.ckpt_ready));
-  float* host =
-      reinterpret_cast<float*>(st.ckpt_host.data()) + static_cast<size_t>(layer) * st.a.th;
-  float* dev = st.a.In(layer);
+  const size_t bytes = st.a.th * device::DTypeSize(st.a.act);
+  void* host = static_cast<char*>(st.ckpt_host.data()) + static_cast<size_t>(layer) * bytes;
+  void* dev = st.a.In(layer).data;
   STRATA_RETURN_IF_ERROR(
-      device_.CopyAsync(to_host ? static_cast<void*>(host) : dev,
-                        to_host ? static_cast<void*>(dev) : host, st.a.th * sizeof(float),
+      device_.CopyAsync(to_host ? host : dev, to_host ? dev : host, bytes,
                         to_host ? device::CopyKind::kDeviceToHost : device::CopyKind::kHostToDevice,
                         *st.ckpt_stream));
   return device_.Record(to_host ? *st.ckpt_saved[slot] : *st.ckpt_loaded[slot], *st.ckpt_stream);
@@ -1352,8 +1393,8 @@ Status LlamaModel::AfterBackward(const LlamaUnit& where, device::Stream& stream)
 // lora_x (the block's recompute of the down projection, whose output backward does not need).
 // Projection `proj` (0..6) is block parameter proj + 1 (after the input norm) for q, k, v, o and
 // proj + 2 (after the post-attention norm) for gate, up, down.
-Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int proj,
-                           const float* x, const BlockWeights& w, size_t in, size_t out, float* y) {
+Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int proj, CAct x,
+                           const BlockWeights& w, size_t in, size_t out, Act y) {
   const size_t t = state_->tokens;
   const int slot = proj < 4 ? proj + 1 : proj + 2;
   const int bias = kQBias + proj;
@@ -1361,7 +1402,7 @@ Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int pro
   // (and the adapter's x A^T) are partial sums, summed over the group before the bias and the
   // adapter's output are added once.
   const bool split_input = tp_.enabled() && (proj == 3 || proj == 6);
-  if (y != nullptr) {
+  if (y) {
     STRATA_RETURN_IF_ERROR(ops.LinearForward(x, w.W(slot), t, in, out, y));
     if (split_input) STRATA_RETURN_IF_ERROR(TpAllReduce(y, t * out));
     if (w.Has(bias)) STRATA_RETURN_IF_ERROR(ops.BiasForward(y, w.W(bias), t, out));
@@ -1374,7 +1415,7 @@ Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int pro
   STRATA_RETURN_IF_ERROR(ops.LinearForward(x, Weight{ad->a[k], ad->dtype}, t, in, r, bi.lora_x[k]));
   if (split_input) STRATA_RETURN_IF_ERROR(TpAllReduce(bi.lora_x[k], t * r));
   STRATA_RETURN_IF_ERROR(ops.Scale(bi.lora_x[k], t * r, lora_.scale));
-  if (y == nullptr) return Status::Ok();
+  if (!y) return Status::Ok();
   STRATA_RETURN_IF_ERROR(
       ops.LinearForward(bi.lora_x[k], Weight{ad->b[k], ad->dtype}, t, r, out, a.lora_out));
   return ops.AccumulateGradient(a.lora_out, t * out, y);  // y += the adapter's output
@@ -1382,9 +1423,9 @@ Status LlamaModel::Project(LlamaOps& ops, int layer, const Adapters* ad, int pro
 
 // The base projection's backward (its weight gradient null: frozen), then the adapter's:
 // dB += dy^T (s x A^T), d(x A^T) = s dy B, dA += d(x A^T)^T x, dx += d(x A^T) A.
-Status LlamaModel::ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad, int proj,
-                                   const float* x, const BlockWeights& w, const float* dy,
-                                   size_t in, size_t out, float* dx, bool dx_add) {
+Status LlamaModel::ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad, int proj, CAct x,
+                                   const BlockWeights& w, CAct dy, size_t in, size_t out, Act dx,
+                                   bool dx_add) {
   const size_t t = state_->tokens;
   const int slot = proj < 4 ? proj + 1 : proj + 2;
   const int bias = kQBias + proj;
@@ -1409,13 +1450,13 @@ Status LlamaModel::ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad,
 // One part of a block's forward from the block input x into the activation buffers; kMlpDown
 // also writes the block's output to `out` (null: only what backward needs).
 //   attention: h1 = norm(x), q k v (with Qwen3's norm of each head of q and k), rope,
-//              attention, x2 = x + attn o^T
-//   gate:      h2 = norm(x2), gate = h2 Wgate^T
+//              attention, x2 = x + attn o^T (with a whole block's weights, h2 = norm(x2) in
+//              the same pass)
+//   gate:      h2 = norm(x2) (unless the attention part did), gate = h2 Wgate^T
 //   up:        up = h2 Wup^T, hm = silu(gate) * up
 //   down:      out = x2 + hm Wdown^T
 Status LlamaModel::BlockPartForward(LlamaOps& ops, int layer, LlamaUnit::Part part,
-                                    const BlockWeights& w, const Adapters* ad, const float* x,
-                                    float* out) {
+                                    const BlockWeights& w, const Adapters* ad, CAct x, Act out) {
   LlamaActivations::Internals& bi = state_->a.Of(layer);
   const LlamaConfig& c = config_;
   const size_t t = state_->tokens, h = static_cast<size_t>(c.hidden_size);
@@ -1453,18 +1494,27 @@ Status LlamaModel::BlockPartForward(LlamaOps& ops, int layer, LlamaUnit::Part pa
       STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.q, b, s, nh, d, theta, rope, positions));
       STRATA_RETURN_IF_ERROR(ops.RopeForward(bi.k, b, s, nkv, d, theta, rope, positions));
       STRATA_RETURN_IF_ERROR(ops.AttentionForward(bi.q, bi.k, bi.v, b, s, nh, nkv, d, bi.attn,
-                                                  bi.attn_lse, w.dtype, key_start));
+                                                  bi.attn_lse, AttentionDType(w.dtype), key_start));
       STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 3, bi.attn, w, q, h, bi.x2));
+      // A whole block's weights hold the post-attention norm's: the residual add and that norm
+      // in one pass (the gate part then has its input).
+      if (w.Has(kPostNorm)) {
+        return ops.ResidualRmsNormForward(x, bi.x2, w.W(kPostNorm), t, h, eps, bi.x2, bi.h2,
+                                          bi.rstd2);
+      }
       return ops.ResidualAdd(x, bi.x2, t * h, bi.x2);
     case LlamaUnit::kMlpGate:
-      STRATA_RETURN_IF_ERROR(ops.RmsNormForward(bi.x2, w.W(kPostNorm), t, h, eps, bi.h2, bi.rstd2));
+      if (!w.Has(kInNorm)) {  // the attention part's unit of a split block stopped at the add
+        STRATA_RETURN_IF_ERROR(
+            ops.RmsNormForward(bi.x2, w.W(kPostNorm), t, h, eps, bi.h2, bi.rstd2));
+      }
       return Project(ops, layer, ad, 4, bi.h2, w, h, inter, bi.gate);
     case LlamaUnit::kMlpUp:
       STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 5, bi.h2, w, h, inter, bi.up));
       return ops.SiluMulForward(bi.gate, bi.up, t * inter, bi.hm);
     case LlamaUnit::kMlpDown:
       STRATA_RETURN_IF_ERROR(Project(ops, layer, ad, 6, bi.hm, w, inter, h, out));
-      if (out != nullptr) STRATA_RETURN_IF_ERROR(ops.ResidualAdd(bi.x2, out, t * h, out));
+      if (out) STRATA_RETURN_IF_ERROR(ops.ResidualAdd(bi.x2, out, t * h, out));
       return Status::Ok();
   }
   return Status::Ok();
@@ -1483,7 +1533,7 @@ Status LlamaModel::BlockForward(LlamaOps& ops, int layer, LlamaUnit::Part part,
 //   gate:      dh2 += dgate Wgate; dx2 = norm backward + dres
 //   attention: the rest, to dres_next (x's gradient), then swaps dres and dres_next
 Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part part,
-                                     const BlockWeights& w, const Adapters* ad, const float* x) {
+                                     const BlockWeights& w, const Adapters* ad, CAct x) {
   State& st = *state_;
   LlamaActivations& a = st.a;
   const LlamaConfig& c = config_;
@@ -1498,8 +1548,8 @@ Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part p
   const int32_t* positions = st.packed ? a.positions() : nullptr;
   const int32_t* key_start = st.packed ? a.key_start() : nullptr;
   LlamaActivations::Internals& bi = a.Of(layer);
-  const float* dres = a.dres;  // d out, [T, H]
-  float* dgate = a.dhm;
+  const CAct dres = a.dres;  // d out, [T, H]
+  const Act dgate = a.dhm;
   switch (part) {
     case LlamaUnit::kWhole:
       for (LlamaUnit::Part p : {LlamaUnit::kMlpDown, LlamaUnit::kMlpUp, LlamaUnit::kMlpGate,
@@ -1519,16 +1569,16 @@ Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part p
                                              true));
       // Tensor parallelism: each rank's gate and up rows gave part of h2's gradient.
       STRATA_RETURN_IF_ERROR(TpAllReduce(a.dh2, t * h));
-      STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(bi.x2, w.W(kPostNorm), bi.rstd2, a.dh2, t, h,
-                                                 a.dx2, w.G(kPostNorm)));
-      STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(dres, t * h, a.dx2));  // the residual path
+      // The norm's input gradient plus the residual path's.
+      STRATA_RETURN_IF_ERROR(ops.RmsNormResidualBackward(bi.x2, w.W(kPostNorm), bi.rstd2, a.dh2,
+                                                         dres, t, h, a.dx2, w.G(kPostNorm)));
       return ReducePartialGradients(part, w, ad);
     case LlamaUnit::kAttn:
       STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 3, bi.attn, w, a.dx2, q, h, a.dattn,
                                              false));
       STRATA_RETURN_IF_ERROR(ops.AttentionBackward(bi.q, bi.k, bi.v, bi.attn, bi.attn_lse, a.dattn,
-                                                   b, s, nh, nkv, d, a.dq, a.dk, a.dv, w.dtype,
-                                                   key_start));
+                                                   b, s, nh, nkv, d, a.dq, a.dk, a.dv,
+                                                   AttentionDType(w.dtype), key_start));
       STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dq, b, s, nh, d, theta, rope, positions));
       STRATA_RETURN_IF_ERROR(ops.RopeBackward(a.dk, b, s, nkv, d, theta, rope, positions));
       if (c.qk_norm) {  // in place: dq, dk become the projections' output gradients
@@ -1542,9 +1592,8 @@ Status LlamaModel::BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part p
       STRATA_RETURN_IF_ERROR(ProjectBackward(ops, layer, ad, 2, bi.h1, w, a.dv, h, kv, a.dh1, true));
       // Tensor parallelism: each rank's heads gave part of h1's gradient.
       STRATA_RETURN_IF_ERROR(TpAllReduce(a.dh1, t * h));
-      STRATA_RETURN_IF_ERROR(ops.RmsNormBackward(x, w.W(kInNorm), bi.rstd1, a.dh1, t, h,
-                                                 a.dres_next, w.G(kInNorm)));
-      STRATA_RETURN_IF_ERROR(ops.AccumulateGradient(a.dx2, t * h, a.dres_next));
+      STRATA_RETURN_IF_ERROR(ops.RmsNormResidualBackward(x, w.W(kInNorm), bi.rstd1, a.dh1, a.dx2, t,
+                                                         h, a.dres_next, w.G(kInNorm)));
       std::swap(a.dres, a.dres_next);
       return ReducePartialGradients(part, w, ad);
   }
@@ -1555,11 +1604,11 @@ Status LlamaModel::BlockBackward(LlamaOps& ops, int layer, LlamaUnit::Part part,
                                  const BlockWeights& w, const Adapters* ad) {
   State& st = *state_;
   LlamaActivations& a = st.a;
-  const float* x = a.In(layer);
+  const CAct x = a.In(layer);
   // Activation checkpointing (whole blocks only): one set of internals, holding the last block's
   // from forward (the first backward), the others' recomputed from their inputs.
   if (part == LlamaUnit::kWhole && a.blocks.size() == 1 && layer != config_.num_hidden_layers - 1) {
-    STRATA_RETURN_IF_ERROR(BlockPartForward(ops, layer, LlamaUnit::kWhole, w, ad, x, nullptr));
+    STRATA_RETURN_IF_ERROR(BlockPartForward(ops, layer, LlamaUnit::kWhole, w, ad, x, Act()));
   }
   return BlockPartBackward(ops, layer, part, w, ad, x);
 }
@@ -1569,7 +1618,7 @@ Status LlamaModel::HeadForward(LlamaOps& ops, const zero::UnitView& p, const voi
   LlamaActivations& a = st.a;
   const size_t t = st.tokens, h = static_cast<size_t>(config_.hidden_size);
   const size_t v = static_cast<size_t>(config_.vocab_size);
-  const float* x = a.In(config_.num_hidden_layers);
+  const CAct x = a.In(config_.num_hidden_layers);
   STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, W(p, 0), t, h,
                                             static_cast<float>(config_.rms_norm_eps), a.head_x,
                                             a.head_rstd));
@@ -1580,7 +1629,7 @@ Status LlamaModel::HeadForward(LlamaOps& ops, const zero::UnitView& p, const voi
     for (size_t c0 = 0, i = 0; c0 < t; c0 += a.head_chunk, ++i) {
       const size_t n = std::min(a.head_chunk, t - c0);
       float* loss = i == 0 ? a.loss : a.chunk_loss;
-      STRATA_RETURN_IF_ERROR(ops.LinearForward(a.head_x + c0 * h, head, n, h, v, a.logits));
+      STRATA_RETURN_IF_ERROR(ops.LinearForward(a.head_x.At(c0 * h), head, n, h, v, a.logits));
       STRATA_RETURN_IF_ERROR(ops.CrossEntropyForward(a.logits, a.tokens + t + c0, n, v,
                                                      cpu::kIgnoreIndex, a.lse + c0, loss));
       STRATA_RETURN_IF_ERROR(ops.Scale(loss, 1, st.chunk_share[i]));
@@ -1609,8 +1658,8 @@ Status LlamaModel::HeadBackward(LlamaOps& ops, const zero::UnitView& p, const ze
   LlamaActivations& a = st.a;
   const size_t t = st.tokens, h = static_cast<size_t>(config_.hidden_size);
   const size_t v = static_cast<size_t>(config_.vocab_size);
-  float* dlogits = a.logits;  // in place
-  float* dxn = a.dh1;         // free until the next block's backward
+  const Act dlogits = a.logits;  // in place
+  const Act dxn = a.dh1;         // free until the next block's backward
   const cpu::Weight head{lm, p.dtype};
   if (a.head_chunk < t) {
     // Chunk by chunk: the chunk's logits again, then its gradient, scaled by its share of the
@@ -1618,14 +1667,14 @@ Status LlamaModel::HeadBackward(LlamaOps& ops, const zero::UnitView& p, const ze
     // the input's gradient and its part of the head's.
     for (size_t c0 = 0, i = 0; c0 < t; c0 += a.head_chunk, ++i) {
       const size_t n = std::min(a.head_chunk, t - c0);
-      STRATA_RETURN_IF_ERROR(ops.LinearForward(a.head_x + c0 * h, head, n, h, v, a.logits));
+      STRATA_RETURN_IF_ERROR(ops.LinearForward(a.head_x.At(c0 * h), head, n, h, v, a.logits));
       STRATA_RETURN_IF_ERROR(ops.CrossEntropyBackward(a.logits, a.tokens + t + c0, a.lse + c0, n,
                                                       v, cpu::kIgnoreIndex,
                                                       st.loss_scale * st.chunk_share[i], dlogits));
-      STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.head_x + c0 * h, head, dlogits, n, h, v,
-                                                dxn + c0 * h, Accumulate::kOverwrite, dlm));
+      STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.head_x.At(c0 * h), head, dlogits, n, h, v,
+                                                dxn.At(c0 * h), Accumulate::kOverwrite, dlm));
     }
-    const float* x = a.In(config_.num_hidden_layers);
+    const CAct x = a.In(config_.num_hidden_layers);
     return ops.RmsNormBackward(x, W(p, 0), a.head_rstd, dxn, t, h, a.dres, G(g, 0));
   }
   if (tp_.enabled()) {
@@ -1640,7 +1689,7 @@ Status LlamaModel::HeadBackward(LlamaOps& ops, const zero::UnitView& p, const ze
       ops.LinearBackward(a.head_x, head, dlogits, t, h, v, dxn, Accumulate::kOverwrite, dlm));
   // Tensor parallelism: each rank's vocabulary rows gave part of the input's gradient.
   STRATA_RETURN_IF_ERROR(TpAllReduce(dxn, t * h));
-  const float* x = a.In(config_.num_hidden_layers);
+  const CAct x = a.In(config_.num_hidden_layers);
   return ops.RmsNormBackward(x, W(p, 0), a.head_rstd, dxn, t, h, a.dres, G(g, 0));
 }
 

@@ -75,6 +75,8 @@ struct LlamaBatch : zero::Batch {
 };
 
 class LlamaOps;
+struct Act;  // llama_ops.h
+struct CAct;
 
 // The seven projections of a decoder block, in their order in a unit (and in an adapter unit).
 inline constexpr int kLlamaProjections = 7;
@@ -133,10 +135,18 @@ std::vector<int> LlamaRecomputeUnits(const LlamaConfig& config, int unit, bool s
 // With `vocab_split` (tensor parallelism; `config` the rank's LlamaTensorParallelConfig) the
 // cross-entropy's per-token pieces besides.
 // `head_chunk_tokens`: LlamaModelOptions::head_chunk_tokens (0: LlamaHeadChunkTokens).
+// `activation_dtype`: LlamaModelOptions::activation_dtype (16-bit activations take half the
+// bytes; row statistics, the loss and the chunk's logits' fp32 pieces stay fp32).
 uint64_t LlamaActivationBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
                               const LlamaLora& lora = {}, bool keep_activations = false,
                               bool offload_checkpoints = false, bool vocab_split = false,
-                              int64_t head_chunk_tokens = 0);
+                              int64_t head_chunk_tokens = 0,
+                              device::DType activation_dtype = device::DType::kF32);
+// The activations' dtype of a run on `device` computing in `compute` (the engine's compute dtype,
+// zero::ComputeDType): `compute` on a CUDA device, fp32 on the CPU device (its only path).
+// STRATA_ACTIVATIONS=fp32 in the environment keeps a CUDA run's activations fp32 (to compare).
+// `strata train` and `strata estimate` both take it from here, so the estimate is the run's.
+device::DType LlamaActivationDType(device::DeviceType device, device::DType compute);
 // The head's logits are computed for this many tokens at a time: all `tokens` when their fp32
 // logits [tokens, V] take at most kLlamaLogitsBytes, else as many as fit (at least one). With
 // fewer than all, the cross-entropy runs chunk by chunk: each chunk's logits, loss and
@@ -150,11 +160,13 @@ int64_t LlamaHeadChunkTokens(const LlamaConfig& config, int64_t tokens, bool voc
 // Activation checkpoints offloaded to host memory (LlamaModelOptions::offload_checkpoints, with
 // checkpointing): the inputs of blocks 0 .. L - 3, as many as this returns (0 for L <= 2 or
 // without checkpointing). The last two blocks' inputs stay on the device: backward starts with
-// them. LlamaCheckpointHostBytes: the registered host memory that holds them (fp32).
+// them. LlamaCheckpointHostBytes: the registered host memory that holds them (in the
+// activations' dtype).
 int64_t LlamaOffloadedCheckpoints(const LlamaConfig& config, bool keep_activations,
                                   bool offload_checkpoints);
 uint64_t LlamaCheckpointHostBytes(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
-                                  bool keep_activations, bool offload_checkpoints);
+                                  bool keep_activations, bool offload_checkpoints,
+                                  device::DType activation_dtype = device::DType::kF32);
 
 // Tensor parallelism within a node (tensor_parallel.autotp_size; docs/zero.md "Tensor
 // parallelism"), Megatron's layers: q, k, v, gate and up (and their biases) are split by output
@@ -223,6 +235,13 @@ struct LlamaModelOptions {
   // Tokens per chunk of the head's cross-entropy (LlamaHeadChunkTokens; 0: that function's
   // choice). Tests set it to check chunked against whole.
   int64_t head_chunk_tokens = 0;
+  // The dtype of activations and their gradients in device memory (docs/model.md "16-bit
+  // activations"): fp32, or on the CUDA device the compute dtype (bf16, fp16), which halves
+  // their bytes and memory traffic and feeds the tensor cores and cuDNN without copies. Row
+  // statistics, the loss, and weight gradients stay fp32, and every op accumulates in fp32.
+  // The CPU device computes in fp32 only (Create refuses 16 bits there). With 16 bits the
+  // attention runs at this dtype whatever the weights'.
+  device::DType activation_dtype = device::DType::kF32;
 };
 
 class LlamaModel final : public zero::Model {
@@ -288,6 +307,10 @@ class LlamaModel final : public zero::Model {
              bool split_blocks, const LlamaTensorParallel& tp);
   Status SetUp(const LlamaModelOptions& options);
   Status SetUpTensorParallel();
+  // The attention's arithmetic: the activations' dtype when it is 16-bit (cuDNN and the tensor
+  // cores read them as they are), else `weights` (the weights' dtype: 16-bit attention on fp32
+  // activations rounds them first).
+  device::DType AttentionDType(device::DType weights) const;
   // Runs `fn` with the device's ops in the order of `stream` (see the header comment).
   Status Run(device::Stream& stream, std::function<Status(LlamaOps&)> fn, std::string_view label);
   // `w`: the block's parameters and gradients, from its whole unit or one part's
@@ -297,21 +320,21 @@ class LlamaModel final : public zero::Model {
   // The block's four parts, forward in this order and backward in the reverse; the whole block
   // runs all four.
   Status BlockPartForward(LlamaOps& ops, int layer, LlamaUnit::Part part, const BlockWeights& w,
-                          const Adapters* ad, const float* x, float* out);
+                          const Adapters* ad, CAct x, Act out);
   Status BlockPartBackward(LlamaOps& ops, int layer, LlamaUnit::Part part, const BlockWeights& w,
-                           const Adapters* ad, const float* x);
+                           const Adapters* ad, CAct x);
   Status BlockForward(LlamaOps& ops, int layer, LlamaUnit::Part part, const BlockWeights& w,
                       const Adapters* ad);
   Status BlockBackward(LlamaOps& ops, int layer, LlamaUnit::Part part, const BlockWeights& w,
                        const Adapters* ad);
   // y = x W^T (+ the adapter's scale (x A^T) B^T); y null: only the adapter's x A^T (kept for
   // backward).
-  Status Project(LlamaOps& ops, int layer, const Adapters* ad, int proj, const float* x,
-                 const BlockWeights& w, size_t in, size_t out, float* y);
+  Status Project(LlamaOps& ops, int layer, const Adapters* ad, int proj, CAct x,
+                 const BlockWeights& w, size_t in, size_t out, Act y);
   // dx (= or, with dx_add, +=) and the weight gradient (null: frozen) of the base projection and
   // its adapter's.
-  Status ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad, int proj, const float* x,
-                         const BlockWeights& w, const float* dy, size_t in, size_t out, float* dx,
+  Status ProjectBackward(LlamaOps& ops, int layer, const Adapters* ad, int proj, CAct x,
+                         const BlockWeights& w, CAct dy, size_t in, size_t out, Act dx,
                          bool dx_add);
   // The head: final norm (params.param(0)) and the LM head matrix `lm` with its gradient `dlm`
   // (the head unit's second parameter, or the tied embedding matrix).
@@ -321,7 +344,8 @@ class LlamaModel final : public zero::Model {
   // Tensor parallelism: buf[0, n) summed (or the max) over the group, in the ops' order (called
   // by the ops' code; on the CPU device it waits for the result). Nothing without.
   // `group`: null for the tensor-parallel group.
-  Status TpAllReduce(float* buf, size_t n, comm::ReduceOp op = comm::ReduceOp::kSum,
+  // buf: activations in their dtype, or fp32 statistics.
+  Status TpAllReduce(Act buf, size_t n, comm::ReduceOp op = comm::ReduceOp::kSum,
                      comm::Collective* group = nullptr);
   // The first vocabulary row this rank holds (0 without tensor parallelism).
   size_t VocabBegin() const {

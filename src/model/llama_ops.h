@@ -30,14 +30,50 @@
 
 namespace strata::model {
 
+// An activation (or an activation's gradient) in the model's device memory, in its dtype: fp32
+// everywhere, or the compute dtype (bf16, fp16) on the CUDA device with 16-bit activations
+// (LlamaModelOptions::activation_dtype). CAct is the read-only view. Row statistics (rstd, lse),
+// the loss, and weight and bias gradients are always fp32, and are plain float pointers.
+struct Act {
+  void* data = nullptr;
+  device::DType dtype = device::DType::kF32;
+
+  Act() = default;
+  Act(void* d, device::DType t) : data(d), dtype(t) {}
+  Act(float* d) : data(d) {}  // NOLINT: fp32 memory reads as an fp32 activation
+  // The tensor from element `n` on.
+  Act At(size_t n) const {
+    return {data == nullptr ? nullptr : static_cast<char*>(data) + n * device::DTypeSize(dtype),
+            dtype};
+  }
+  explicit operator bool() const { return data != nullptr; }
+};
+struct CAct {
+  const void* data = nullptr;
+  device::DType dtype = device::DType::kF32;
+
+  CAct() = default;
+  CAct(const void* d, device::DType t) : data(d), dtype(t) {}
+  CAct(const float* d) : data(d) {}              // NOLINT: as Act's
+  CAct(float* d) : data(d) {}                    // NOLINT
+  CAct(Act a) : data(a.data), dtype(a.dtype) {}  // NOLINT: an Act reads as a CAct
+  CAct At(size_t n) const {
+    return {
+        data == nullptr ? nullptr : static_cast<const char*>(data) + n * device::DTypeSize(dtype),
+        dtype};
+  }
+};
+
 // The sizes the ops are used with, for the CUDA workspace (the CUDA ops' own shape type).
 using LlamaOpsShape = cuda::WorkspaceShape;
 
 struct LlamaConfig;
 // The shape of `config` at micro_batch x seq_len tokens.
 // `vocab_split`: tensor parallelism (the LM head then takes every token at once).
+// `activations`: their dtype (LlamaModelOptions::activation_dtype).
 LlamaOpsShape LlamaOpsShapeFor(const LlamaConfig& config, int64_t seq_len, int64_t micro_batch,
-                               bool vocab_split = false);
+                               bool vocab_split = false,
+                               device::DType activations = device::DType::kF32);
 
 class LlamaOps {
  public:
@@ -46,73 +82,83 @@ class LlamaOps {
   virtual ~LlamaOps() = default;
 
   virtual Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
-                                  size_t vocab, size_t hidden, float* out) = 0;
+                                  size_t vocab, size_t hidden, Act out) = 0;
   // `skip_token` (-1: none) adds nothing: the padding_idx of the model's pad_token_id.
-  virtual Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+  virtual Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, CAct dout,
                                    size_t vocab, size_t hidden, float* dweight,
                                    int32_t skip_token) = 0;
-  virtual Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden,
-                                float eps, float* y, float* rstd) = 0;
-  virtual Status RmsNormBackward(const float* x, Weight weight, const float* rstd, const float* dy,
-                                 size_t num_tokens, size_t hidden, float* dx, float* dweight) = 0;
-  virtual Status LinearForward(const float* x, Weight weight, size_t num_tokens, size_t in_features,
-                               size_t out_features, float* y) = 0;
-  virtual Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
-                                size_t in_features, size_t out_features, float* dx,
-                                Accumulate dx_mode, float* dweight) = 0;
-  virtual Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) = 0;
-  virtual Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) = 0;
+  virtual Status RmsNormForward(CAct x, Weight weight, size_t num_tokens, size_t hidden, float eps,
+                                Act y, float* rstd) = 0;
+  virtual Status RmsNormBackward(CAct x, Weight weight, const float* rstd, CAct dy,
+                                 size_t num_tokens, size_t hidden, Act dx, float* dweight) = 0;
+  // The residual add and the norm after it in one pass: sum = a + b ([T, H]; may alias a or b),
+  // y = RMSNorm(sum) as RmsNormForward computes it from sum as stored (in its dtype), so the
+  // backward, which reads sum, sees what the forward normalised. The CPU ops run ResidualAdd and
+  // RmsNormForward (the same bits).
+  virtual Status ResidualRmsNormForward(CAct a, CAct b, Weight weight, size_t num_tokens,
+                                        size_t hidden, float eps, Act sum, Act y, float* rstd) = 0;
+  // RmsNormBackward with the residual path's gradient added in the same pass: dx = the norm's
+  // input gradient + residual ([T, H]; dx may alias dy, not residual). The CPU ops run
+  // RmsNormBackward and AccumulateGradient (the same bits).
+  virtual Status RmsNormResidualBackward(CAct x, Weight weight, const float* rstd, CAct dy,
+                                         CAct residual, size_t num_tokens, size_t hidden, Act dx,
+                                         float* dweight) = 0;
+  virtual Status LinearForward(CAct x, Weight weight, size_t num_tokens, size_t in_features,
+                               size_t out_features, Act y) = 0;
+  virtual Status LinearBackward(CAct x, Weight weight, CAct dy, size_t num_tokens,
+                                size_t in_features, size_t out_features, Act dx, Accumulate dx_mode,
+                                float* dweight) = 0;
+  virtual Status BiasForward(Act y, Weight bias, size_t rows, size_t cols) = 0;
+  virtual Status BiasBackward(CAct dy, size_t rows, size_t cols, float* dbias) = 0;
   // `positions` (device memory, [batch * seq]; null: t mod seq): packed documents' positions.
-  virtual Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim,
+  virtual Status RopeForward(Act x, size_t batch, size_t seq, size_t heads, size_t head_dim,
                              float theta, const RopeScaling& scaling, const int32_t* positions) = 0;
-  virtual Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
+  virtual Status RopeBackward(Act dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
                               float theta, const RopeScaling& scaling,
                               const int32_t* positions) = 0;
   // `precision`: the weights' dtype. The CUDA ops run 16-bit attention on the tensor cores
   // (cuda::AttentionForward); the CPU ops compute in fp32 whatever it is.
-  virtual Status AttentionForward(const float* q, const float* k, const float* v, size_t batch,
-                                  size_t seq, size_t num_heads, size_t num_kv_heads,
-                                  size_t head_dim, float* out, float* lse, device::DType precision,
+  virtual Status AttentionForward(CAct q, CAct k, CAct v, size_t batch, size_t seq,
+                                  size_t num_heads, size_t num_kv_heads, size_t head_dim, Act out,
+                                  float* lse, device::DType precision,
                                   const int32_t* key_start) = 0;
-  virtual Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
-                                   const float* lse, const float* dout, size_t batch, size_t seq,
-                                   size_t num_heads, size_t num_kv_heads, size_t head_dim,
-                                   float* dq, float* dk, float* dv, device::DType precision,
+  virtual Status AttentionBackward(CAct q, CAct k, CAct v, CAct out, const float* lse, CAct dout,
+                                   size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
+                                   size_t head_dim, Act dq, Act dk, Act dv, device::DType precision,
                                    const int32_t* key_start) = 0;
-  virtual Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) = 0;
-  virtual Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
-                                 float* dgate, float* dup) = 0;
-  virtual Status ResidualAdd(const float* a, const float* b, size_t n, float* y) = 0;
-  virtual Status AccumulateGradient(const float* dy, size_t n, float* dx) = 0;
+  virtual Status SiluMulForward(CAct gate, CAct up, size_t n, Act h) = 0;
+  virtual Status SiluMulBackward(CAct gate, CAct up, CAct dh, size_t n, Act dgate, Act dup) = 0;
+  virtual Status ResidualAdd(CAct a, CAct b, size_t n, Act y) = 0;
+  virtual Status AccumulateGradient(CAct dy, size_t n, Act dx) = 0;
   // x *= s in place (LoRA's scale).
-  virtual Status Scale(float* x, size_t n, float s) = 0;
+  virtual Status Scale(Act x, size_t n, float s) = 0;
   // *loss (one float of device memory) = the mean cross-entropy (cpu::CrossEntropyForward).
-  virtual Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
+  virtual Status CrossEntropyForward(CAct logits, const int32_t* targets, size_t num_tokens,
                                      size_t vocab, int32_t ignore_index, float* lse,
                                      float* loss) = 0;
-  virtual Status CrossEntropyBackward(const float* logits, const int32_t* targets, const float* lse,
+  virtual Status CrossEntropyBackward(CAct logits, const int32_t* targets, const float* lse,
                                       size_t num_tokens, size_t vocab, int32_t ignore_index,
-                                      float dloss, float* dlogits) = 0;
+                                      float dloss, Act dlogits) = 0;
   // The vocabulary split over tensor-parallel ranks (cpu_ops.h: ShardEmbeddingForward and the
   // others): tokens and targets are ids of the whole vocabulary, checked by the caller. The CPU
   // and CUDA ops have them; elsewhere they are Unimplemented (LlamaModel refuses tensor
   // parallelism on such a device at Create, before any of them is called).
   virtual Status ShardEmbeddingForward(const int32_t* /*tokens*/, size_t /*num_tokens*/,
                                        Weight /*weight*/, size_t /*vocab_begin*/, size_t /*vocab*/,
-                                       size_t /*hidden*/, float* /*out*/) {
+                                       size_t /*hidden*/, Act /*out*/) {
     return ShardOpsMissing();
   }
   virtual Status ShardEmbeddingBackward(const int32_t* /*tokens*/, size_t /*num_tokens*/,
-                                        const float* /*dout*/, size_t /*vocab_begin*/,
-                                        size_t /*vocab*/, size_t /*hidden*/, float* /*dweight*/,
+                                        CAct /*dout*/, size_t /*vocab_begin*/, size_t /*vocab*/,
+                                        size_t /*hidden*/, float* /*dweight*/,
                                         int32_t /*skip_token*/) {
     return ShardOpsMissing();
   }
-  virtual Status CrossEntropyShardMax(const float* /*logits*/, size_t /*num_tokens*/,
-                                      size_t /*vocab*/, float* /*max*/) {
+  virtual Status CrossEntropyShardMax(CAct /*logits*/, size_t /*num_tokens*/, size_t /*vocab*/,
+                                      float* /*max*/) {
     return ShardOpsMissing();
   }
-  virtual Status CrossEntropyShardSums(const float* /*logits*/, const int32_t* /*targets*/,
+  virtual Status CrossEntropyShardSums(CAct /*logits*/, const int32_t* /*targets*/,
                                        size_t /*num_tokens*/, size_t /*vocab_begin*/,
                                        size_t /*vocab*/, int32_t /*ignore_index*/,
                                        const float* /*max*/, float* /*sums*/) {
@@ -124,11 +170,11 @@ class LlamaOps {
                                          const float* /*sums*/, float* /*lse*/, float* /*loss*/) {
     return ShardOpsMissing();
   }
-  virtual Status CrossEntropyShardBackward(const float* /*logits*/, const int32_t* /*targets*/,
+  virtual Status CrossEntropyShardBackward(CAct /*logits*/, const int32_t* /*targets*/,
                                            const float* /*lse*/, size_t /*num_tokens*/,
                                            size_t /*vocab_begin*/, size_t /*vocab*/,
                                            int32_t /*ignore_index*/, float /*dloss*/,
-                                           float* /*dlogits*/) {
+                                           Act /*dlogits*/) {
     return ShardOpsMissing();
   }
   // Gets the attention ready for calls of this shape at `precision` (CUDA: cuDNN's graphs, built
@@ -172,61 +218,59 @@ class OpProfiler final : public LlamaOps {
   void Reset();
 
   Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight, size_t vocab,
-                          size_t hidden, float* out) override;
-  Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
-                           size_t vocab, size_t hidden, float* dweight,
-                           int32_t skip_token) override;
-  Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden, float eps,
-                        float* y, float* rstd) override;
-  Status RmsNormBackward(const float* x, Weight weight, const float* rstd, const float* dy,
-                         size_t num_tokens, size_t hidden, float* dx, float* dweight) override;
-  Status LinearForward(const float* x, Weight weight, size_t num_tokens, size_t in_features,
-                       size_t out_features, float* y) override;
-  Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
-                        size_t in_features, size_t out_features, float* dx, Accumulate dx_mode,
-                        float* dweight) override;
-  Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) override;
-  Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) override;
-  Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                          size_t hidden, Act out) override;
+  Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, CAct dout, size_t vocab,
+                           size_t hidden, float* dweight, int32_t skip_token) override;
+  Status RmsNormForward(CAct x, Weight weight, size_t num_tokens, size_t hidden, float eps, Act y,
+                        float* rstd) override;
+  Status RmsNormBackward(CAct x, Weight weight, const float* rstd, CAct dy, size_t num_tokens,
+                         size_t hidden, Act dx, float* dweight) override;
+  Status ResidualRmsNormForward(CAct a, CAct b, Weight weight, size_t num_tokens, size_t hidden,
+                                float eps, Act sum, Act y, float* rstd) override;
+  Status RmsNormResidualBackward(CAct x, Weight weight, const float* rstd, CAct dy, CAct residual,
+                                 size_t num_tokens, size_t hidden, Act dx, float* dweight) override;
+  Status LinearForward(CAct x, Weight weight, size_t num_tokens, size_t in_features,
+                       size_t out_features, Act y) override;
+  Status LinearBackward(CAct x, Weight weight, CAct dy, size_t num_tokens, size_t in_features,
+                        size_t out_features, Act dx, Accumulate dx_mode, float* dweight) override;
+  Status BiasForward(Act y, Weight bias, size_t rows, size_t cols) override;
+  Status BiasBackward(CAct dy, size_t rows, size_t cols, float* dbias) override;
+  Status RopeForward(Act x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
                      const RopeScaling& scaling, const int32_t* positions) override;
-  Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                      float theta, const RopeScaling& scaling, const int32_t* positions) override;
-  Status AttentionForward(const float* q, const float* k, const float* v, size_t batch, size_t seq,
-                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out,
-                          float* lse, device::DType precision, const int32_t* key_start) override;
-  Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
-                           const float* lse, const float* dout, size_t batch, size_t seq,
-                           size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
-                           float* dk, float* dv, device::DType precision,
+  Status RopeBackward(Act dx, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                      const RopeScaling& scaling, const int32_t* positions) override;
+  Status AttentionForward(CAct q, CAct k, CAct v, size_t batch, size_t seq, size_t num_heads,
+                          size_t num_kv_heads, size_t head_dim, Act out, float* lse,
+                          device::DType precision, const int32_t* key_start) override;
+  Status AttentionBackward(CAct q, CAct k, CAct v, CAct out, const float* lse, CAct dout,
+                           size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
+                           size_t head_dim, Act dq, Act dk, Act dv, device::DType precision,
                            const int32_t* key_start) override;
-  Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) override;
-  Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
-                         float* dgate, float* dup) override;
-  Status ResidualAdd(const float* a, const float* b, size_t n, float* y) override;
-  Status AccumulateGradient(const float* dy, size_t n, float* dx) override;
-  Status Scale(float* x, size_t n, float s) override;
-  Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
-                             size_t vocab, int32_t ignore_index, float* lse, float* loss) override;
-  Status CrossEntropyBackward(const float* logits, const int32_t* targets, const float* lse,
+  Status SiluMulForward(CAct gate, CAct up, size_t n, Act h) override;
+  Status SiluMulBackward(CAct gate, CAct up, CAct dh, size_t n, Act dgate, Act dup) override;
+  Status ResidualAdd(CAct a, CAct b, size_t n, Act y) override;
+  Status AccumulateGradient(CAct dy, size_t n, Act dx) override;
+  Status Scale(Act x, size_t n, float s) override;
+  Status CrossEntropyForward(CAct logits, const int32_t* targets, size_t num_tokens, size_t vocab,
+                             int32_t ignore_index, float* lse, float* loss) override;
+  Status CrossEntropyBackward(CAct logits, const int32_t* targets, const float* lse,
                               size_t num_tokens, size_t vocab, int32_t ignore_index, float dloss,
-                              float* dlogits) override;
+                              Act dlogits) override;
   Status ShardEmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
-                               size_t vocab_begin, size_t vocab, size_t hidden,
-                               float* out) override;
-  Status ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                               size_t vocab_begin, size_t vocab, size_t hidden, Act out) override;
+  Status ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, CAct dout,
                                 size_t vocab_begin, size_t vocab, size_t hidden, float* dweight,
                                 int32_t skip_token) override;
-  Status CrossEntropyShardMax(const float* logits, size_t num_tokens, size_t vocab,
-                              float* max) override;
-  Status CrossEntropyShardSums(const float* logits, const int32_t* targets, size_t num_tokens,
+  Status CrossEntropyShardMax(CAct logits, size_t num_tokens, size_t vocab, float* max) override;
+  Status CrossEntropyShardSums(CAct logits, const int32_t* targets, size_t num_tokens,
                                size_t vocab_begin, size_t vocab, int32_t ignore_index,
                                const float* max, float* sums) override;
   Status CrossEntropyShardFinish(const int32_t* targets, size_t num_tokens, int32_t ignore_index,
                                  const float* max, const float* sums, float* lse,
                                  float* loss) override;
-  Status CrossEntropyShardBackward(const float* logits, const int32_t* targets, const float* lse,
+  Status CrossEntropyShardBackward(CAct logits, const int32_t* targets, const float* lse,
                                    size_t num_tokens, size_t vocab_begin, size_t vocab,
-                                   int32_t ignore_index, float dloss, float* dlogits) override;
+                                   int32_t ignore_index, float dloss, Act dlogits) override;
   bool HasShardOps() const override { return inner_->HasShardOps(); }
   const char* PrepareAttention(size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
                                size_t head_dim, device::DType precision) override {
@@ -261,61 +305,59 @@ class DeferredOps final : public LlamaOps {
   void Discard() { calls_.clear(); }
 
   Status EmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight, size_t vocab,
-                          size_t hidden, float* out) override;
-  Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
-                           size_t vocab, size_t hidden, float* dweight,
-                           int32_t skip_token) override;
-  Status RmsNormForward(const float* x, Weight weight, size_t num_tokens, size_t hidden, float eps,
-                        float* y, float* rstd) override;
-  Status RmsNormBackward(const float* x, Weight weight, const float* rstd, const float* dy,
-                         size_t num_tokens, size_t hidden, float* dx, float* dweight) override;
-  Status LinearForward(const float* x, Weight weight, size_t num_tokens, size_t in_features,
-                       size_t out_features, float* y) override;
-  Status LinearBackward(const float* x, Weight weight, const float* dy, size_t num_tokens,
-                        size_t in_features, size_t out_features, float* dx, Accumulate dx_mode,
-                        float* dweight) override;
-  Status BiasForward(float* y, Weight bias, size_t rows, size_t cols) override;
-  Status BiasBackward(const float* dy, size_t rows, size_t cols, float* dbias) override;
-  Status RopeForward(float* x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                          size_t hidden, Act out) override;
+  Status EmbeddingBackward(const int32_t* tokens, size_t num_tokens, CAct dout, size_t vocab,
+                           size_t hidden, float* dweight, int32_t skip_token) override;
+  Status RmsNormForward(CAct x, Weight weight, size_t num_tokens, size_t hidden, float eps, Act y,
+                        float* rstd) override;
+  Status RmsNormBackward(CAct x, Weight weight, const float* rstd, CAct dy, size_t num_tokens,
+                         size_t hidden, Act dx, float* dweight) override;
+  Status ResidualRmsNormForward(CAct a, CAct b, Weight weight, size_t num_tokens, size_t hidden,
+                                float eps, Act sum, Act y, float* rstd) override;
+  Status RmsNormResidualBackward(CAct x, Weight weight, const float* rstd, CAct dy, CAct residual,
+                                 size_t num_tokens, size_t hidden, Act dx, float* dweight) override;
+  Status LinearForward(CAct x, Weight weight, size_t num_tokens, size_t in_features,
+                       size_t out_features, Act y) override;
+  Status LinearBackward(CAct x, Weight weight, CAct dy, size_t num_tokens, size_t in_features,
+                        size_t out_features, Act dx, Accumulate dx_mode, float* dweight) override;
+  Status BiasForward(Act y, Weight bias, size_t rows, size_t cols) override;
+  Status BiasBackward(CAct dy, size_t rows, size_t cols, float* dbias) override;
+  Status RopeForward(Act x, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
                      const RopeScaling& scaling, const int32_t* positions) override;
-  Status RopeBackward(float* dx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                      float theta, const RopeScaling& scaling, const int32_t* positions) override;
-  Status AttentionForward(const float* q, const float* k, const float* v, size_t batch, size_t seq,
-                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out,
-                          float* lse, device::DType precision, const int32_t* key_start) override;
-  Status AttentionBackward(const float* q, const float* k, const float* v, const float* out,
-                           const float* lse, const float* dout, size_t batch, size_t seq,
-                           size_t num_heads, size_t num_kv_heads, size_t head_dim, float* dq,
-                           float* dk, float* dv, device::DType precision,
+  Status RopeBackward(Act dx, size_t batch, size_t seq, size_t heads, size_t head_dim, float theta,
+                      const RopeScaling& scaling, const int32_t* positions) override;
+  Status AttentionForward(CAct q, CAct k, CAct v, size_t batch, size_t seq, size_t num_heads,
+                          size_t num_kv_heads, size_t head_dim, Act out, float* lse,
+                          device::DType precision, const int32_t* key_start) override;
+  Status AttentionBackward(CAct q, CAct k, CAct v, CAct out, const float* lse, CAct dout,
+                           size_t batch, size_t seq, size_t num_heads, size_t num_kv_heads,
+                           size_t head_dim, Act dq, Act dk, Act dv, device::DType precision,
                            const int32_t* key_start) override;
-  Status SiluMulForward(const float* gate, const float* up, size_t n, float* h) override;
-  Status SiluMulBackward(const float* gate, const float* up, const float* dh, size_t n,
-                         float* dgate, float* dup) override;
-  Status ResidualAdd(const float* a, const float* b, size_t n, float* y) override;
-  Status AccumulateGradient(const float* dy, size_t n, float* dx) override;
-  Status Scale(float* x, size_t n, float s) override;
-  Status CrossEntropyForward(const float* logits, const int32_t* targets, size_t num_tokens,
-                             size_t vocab, int32_t ignore_index, float* lse, float* loss) override;
-  Status CrossEntropyBackward(const float* logits, const int32_t* targets, const float* lse,
+  Status SiluMulForward(CAct gate, CAct up, size_t n, Act h) override;
+  Status SiluMulBackward(CAct gate, CAct up, CAct dh, size_t n, Act dgate, Act dup) override;
+  Status ResidualAdd(CAct a, CAct b, size_t n, Act y) override;
+  Status AccumulateGradient(CAct dy, size_t n, Act dx) override;
+  Status Scale(Act x, size_t n, float s) override;
+  Status CrossEntropyForward(CAct logits, const int32_t* targets, size_t num_tokens, size_t vocab,
+                             int32_t ignore_index, float* lse, float* loss) override;
+  Status CrossEntropyBackward(CAct logits, const int32_t* targets, const float* lse,
                               size_t num_tokens, size_t vocab, int32_t ignore_index, float dloss,
-                              float* dlogits) override;
+                              Act dlogits) override;
   Status ShardEmbeddingForward(const int32_t* tokens, size_t num_tokens, Weight weight,
-                               size_t vocab_begin, size_t vocab, size_t hidden,
-                               float* out) override;
-  Status ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, const float* dout,
+                               size_t vocab_begin, size_t vocab, size_t hidden, Act out) override;
+  Status ShardEmbeddingBackward(const int32_t* tokens, size_t num_tokens, CAct dout,
                                 size_t vocab_begin, size_t vocab, size_t hidden, float* dweight,
                                 int32_t skip_token) override;
-  Status CrossEntropyShardMax(const float* logits, size_t num_tokens, size_t vocab,
-                              float* max) override;
-  Status CrossEntropyShardSums(const float* logits, const int32_t* targets, size_t num_tokens,
+  Status CrossEntropyShardMax(CAct logits, size_t num_tokens, size_t vocab, float* max) override;
+  Status CrossEntropyShardSums(CAct logits, const int32_t* targets, size_t num_tokens,
                                size_t vocab_begin, size_t vocab, int32_t ignore_index,
                                const float* max, float* sums) override;
   Status CrossEntropyShardFinish(const int32_t* targets, size_t num_tokens, int32_t ignore_index,
                                  const float* max, const float* sums, float* lse,
                                  float* loss) override;
-  Status CrossEntropyShardBackward(const float* logits, const int32_t* targets, const float* lse,
+  Status CrossEntropyShardBackward(CAct logits, const int32_t* targets, const float* lse,
                                    size_t num_tokens, size_t vocab_begin, size_t vocab,
-                                   int32_t ignore_index, float dloss, float* dlogits) override;
+                                   int32_t ignore_index, float dloss, Act dlogits) override;
   Status CheckDataErrors() override { return Status::Ok(); }
   Status Mark() override;
   Result<std::vector<double>> TakeMarks() override { return inner_.TakeMarks(); }

@@ -54,15 +54,15 @@ Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
   STRATA_ASSIGN_OR_RETURN(const model::LlamaLora lora, model::ResolveLlamaLora(in.config.strata.lora));
   Config config = in.config;
   AddLoraTrainablePatterns(&config);
-  e.activations_checkpointed =
-      charged(model::LlamaActivationBytes(part, e.seq_len, e.micro_batch, lora, false, false,
-                                          tp > 1));
-  e.activations_kept =
-      charged(model::LlamaActivationBytes(part, e.seq_len, e.micro_batch, lora, true, false,
-                                          tp > 1));
+  // Activations in the run's dtype: 16 bits on CUDA with bf16 or fp16 compute.
+  e.activation_dtype = model::LlamaActivationDType(in.device, zero::ComputeDType(config));
+  e.activations_checkpointed = charged(model::LlamaActivationBytes(
+      part, e.seq_len, e.micro_batch, lora, false, false, tp > 1, 0, e.activation_dtype));
+  e.activations_kept = charged(model::LlamaActivationBytes(
+      part, e.seq_len, e.micro_batch, lora, true, false, tp > 1, 0, e.activation_dtype));
   if (in.device == device::DeviceType::kCuda) {
     e.workspace = charged(model::CudaLlamaOpsWorkspaceBytes(
-        model::LlamaOpsShapeFor(part, e.seq_len, e.micro_batch, tp > 1)));
+        model::LlamaOpsShapeFor(part, e.seq_len, e.micro_batch, tp > 1, e.activation_dtype)));
   }
   // The trainer's stop agreement (RankGather), on several ranks.
   if (in.world_size > 1) e.rank_agreement = charged(static_cast<uint64_t>(in.world_size) * 4);
@@ -145,11 +145,10 @@ Result<MemoryEstimate> EstimateMemoryAs(const EstimateInput& in, bool split) {
       (offload == Toggle::kOn ||
        (offload == Toggle::kAuto && in.device_budget > 0 && e.device_peak() > in.device_budget));
   if (e.offload_checkpoints) {
-    e.activations =
-        charged(model::LlamaActivationBytes(part, e.seq_len, e.micro_batch, lora, false, true,
-                                            tp > 1));
-    e.checkpoint_host_bytes =
-        model::LlamaCheckpointHostBytes(part, e.seq_len, e.micro_batch, false, true);
+    e.activations = charged(model::LlamaActivationBytes(part, e.seq_len, e.micro_batch, lora, false,
+                                                        true, tp > 1, 0, e.activation_dtype));
+    e.checkpoint_host_bytes = model::LlamaCheckpointHostBytes(part, e.seq_len, e.micro_batch, false,
+                                                              true, e.activation_dtype);
   }
   return e;
 }
@@ -252,6 +251,10 @@ std::string FormatMemoryEstimate(const MemoryEstimate& e) {
                     e.activations)
              : Line("activations (one micro-batch; every block's kept, none recomputed)",
                     e.activations);
+  if (e.activation_dtype != device::DType::kF32) {
+    out += fmt::format("  (activations in {}; their statistics and the loss in fp32)\n",
+                       device::DTypeName(e.activation_dtype));
+  }
   out += e.checkpointing
              ? Line("  (without checkpointing they would take)", e.activations_kept)
              : Line("  (with checkpointing they would take)", e.activations_checkpointed);
@@ -294,6 +297,7 @@ nlohmann::json MemoryEstimateJson(const MemoryEstimate& e) {
           {"device",
            {{"peak_bytes", e.device_peak()},
             {"activations_bytes", e.activations},
+            {"activation_dtype", std::string(device::DTypeName(e.activation_dtype))},
             {"activation_checkpointing", e.checkpointing},
             {"split_blocks", e.split_blocks},
             {"offload_checkpoints", e.offload_checkpoints},

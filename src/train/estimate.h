@@ -49,6 +49,8 @@ struct MemoryEstimate {
   bool from_weights = false;          // EstimateInput::from_weights
   bool with_moments = false;          // EstimateInput::with_moments
   uint64_t activations = 0;     // LlamaActivationBytes (device), as the run allocates them
+  // Their dtype (model::LlamaActivationDType): the compute dtype on CUDA, fp32 on the CPU.
+  device::DType activation_dtype = device::DType::kF32;
   // Activation checkpointing, resolved (strata.activation_checkpointing), and the activations
   // with it and without (every block's internals kept).
   bool checkpointing = true;

@@ -189,7 +189,9 @@ Status BuildModel(const RunPlan& plan, Run* run) {
                                  .tensor_parallel = {.rank = run->runtime.tensor_parallel_rank(),
                                                      .size = plan.tensor_parallel(),
                                                      .group = run->runtime.tensor_parallel.get()},
-                                 .attention_dtype = zero::ComputeDType(plan.config)}));
+                                 .attention_dtype = zero::ComputeDType(plan.config),
+                                 .activation_dtype = model::LlamaActivationDType(
+                                     run->device().type(), zero::ComputeDType(plan.config))}));
   run->parts = TensorParts::Of(*run->model);
   // Frozen parameters (strata.freeze / strata.trainable), whole units.
   const Config& config = plan.config;

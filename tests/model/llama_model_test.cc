@@ -7,10 +7,12 @@
 // gradient (STRATA_ORACLE_VERBOSE=1 prints them).
 #include "model/llama_model.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,11 +20,10 @@
 #include <random>
 #include <thread>
 
-#include <fmt/format.h>
-
 #include "comm/in_process_collective.h"
 #include "comm/single_collective.h"
 #include "device/pinned_pool.h"
+#include "model/llama_ops.h"
 #include "strata/block_store.h"
 #include "test_support.h"
 #include "train/runtime.h"
@@ -651,6 +652,7 @@ struct GpuCase {
   const char* name;
   bool wide_heads = false;
   bool lora = false;  // LoRA adapters (random, B non-zero) on every projection
+  bool act16 = false;  // activations in `dtype` on the GPU (LlamaModelOptions::activation_dtype)
 };
 
 // Parameters of a model (layouts from LayoutModel), by name: unit, offset and shape.
@@ -1141,6 +1143,62 @@ TEST(LlamaModelTest, LargeVocabulariesTakeTheHeadInChunks) {
   EXPECT_EQ(LlamaHeadChunkTokens(cfg, 2048), 2048);  // 250 MiB of logits: whole
 }
 
+// 16-bit activations (LlamaModelOptions::activation_dtype) are a CUDA device's: the CPU device
+// refuses them at Create and its ops refuse a 16-bit tensor, naming the op; runs take them from
+// LlamaActivationDType; they halve the activations' bytes but for the fp32 statistics, and the
+// offloaded checkpoints' host bytes exactly.
+TEST(LlamaModelTest, SixteenBitActivationsAreTheCudaDevicesOnly) {
+  auto cpu = device::CreateDevice({});
+  ASSERT_TRUE(cpu.ok());
+  const LlamaConfig cfg = TinyConfig();
+  LlamaModelOptions bf16;
+  bf16.activation_dtype = device::DType::kBF16;
+  auto refused = LlamaModel::Create(**cpu, cfg, 16, 2, 7, bf16);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("bf16 activations: the cpu device computes "
+                                            "activations in fp32 only"),
+            std::string::npos)
+      << refused.status().ToString();
+
+  std::unique_ptr<LlamaOps> ops = CreateCpuLlamaOps();
+  std::vector<float> x(64, 1.0f), y(64), rstd(2);
+  const std::vector<float> w(32, 1.0f);
+  const LlamaOps::Weight weight{w.data(), device::DType::kF32};
+  EXPECT_TRUE(ops->RmsNormForward(x.data(), weight, 2, 32, 1e-5f, y.data(), rstd.data()).ok());
+  const Status st = ops->RmsNormForward(CAct(x.data(), device::DType::kBF16), weight, 2, 32, 1e-5f,
+                                        y.data(), rstd.data());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("RmsNormForward: the CPU ops take fp32 activations, not bf16"),
+            std::string::npos)
+      << st.ToString();
+
+  EXPECT_EQ(LlamaActivationDType(device::DeviceType::kCpu, device::DType::kBF16),
+            device::DType::kF32);
+  EXPECT_EQ(LlamaActivationDType(device::DeviceType::kCuda, device::DType::kBF16),
+            device::DType::kBF16);
+  EXPECT_EQ(LlamaActivationDType(device::DeviceType::kCuda, device::DType::kF32),
+            device::DType::kF32);
+  ::setenv("STRATA_ACTIVATIONS", "fp32", 1);
+  EXPECT_EQ(LlamaActivationDType(device::DeviceType::kCuda, device::DType::kF16),
+            device::DType::kF32);
+  ::unsetenv("STRATA_ACTIVATIONS");
+
+  LlamaConfig big = TinyConfig();
+  big.hidden_size = 256;
+  big.intermediate_size = 512;
+  big.num_hidden_layers = 4;
+  for (bool keep : {false, true}) {
+    const uint64_t f32 = LlamaActivationBytes(big, 128, 2, {}, keep);
+    const uint64_t b16 =
+        LlamaActivationBytes(big, 128, 2, {}, keep, false, false, 0, device::DType::kBF16);
+    EXPECT_GT(b16, f32 / 2) << keep;
+    EXPECT_LT(b16, f32 * 53 / 100) << keep;
+  }
+  EXPECT_EQ(2 * LlamaCheckpointHostBytes(big, 128, 2, false, true, device::DType::kBF16),
+            LlamaCheckpointHostBytes(big, 128, 2, false, true));
+}
+
 // strata.offload_checkpoints: every block input but the last two goes to host memory on the
 // model's copy stream in forward and comes back in backward, through a ring of two device slots.
 // The same loss and gradients, bit for bit, as checkpoints on the device: whole blocks and split
@@ -1390,6 +1448,7 @@ TEST_P(LlamaModelGpuTest, MicroBatchMatchesTheCpuDevice) {
   auto cpu = device::CreateDevice({});
   ASSERT_TRUE(cpu.ok());
   LlamaModelOptions options{.allow_tf32 = GetParam().tf32, .profile_ops = false, .lora = {}};
+  if (GetParam().act16) options.activation_dtype = dtype;
   if (GetParam().lora) {
     options.lora.rank = 4;
     options.lora.alpha = 8;
@@ -1483,7 +1542,15 @@ INSTANTIATE_TEST_SUITE_P(
                       GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16"},
                       GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16_head_dim_64", true},
                       GpuCase{device::DType::kF32, false, 1e-4, 1e-5, "fp32_lora", false, true},
-                      GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16_lora", false, true}),
+                      GpuCase{device::DType::kBF16, false, 3e-2, 1e-2, "bf16_lora", false, true},
+                      // 16-bit activations: every activation and activation gradient is rounded
+                      // to bf16 once more per op (2^-8 relative), against the CPU's fp32 ones.
+                      GpuCase{device::DType::kBF16, false, 6e-2, 2e-2, "bf16_activations", false,
+                              false, true},
+                      GpuCase{device::DType::kBF16, false, 6e-2, 2e-2,
+                              "bf16_activations_head_dim_64", true, false, true},
+                      GpuCase{device::DType::kBF16, false, 6e-2, 2e-2, "bf16_activations_lora",
+                              false, true, true}),
     [](const auto& p) { return std::string(p.param.name); });
 
 // Packed documents on a GPU (positions into RoPE, key starts into attention: the exact

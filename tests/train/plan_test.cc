@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "model/llama_config.h"
 #include "model/llama_model.h"
@@ -103,6 +105,39 @@ TEST(TimeModelTest, SplitBlocksGatherTheRecomputedPartsAgain) {
               extra + 2.0 * (2 * 2 + 4) * static_cast<double>(ms->padded_elems - mw->padded_elems) / 2,
               8.0);
   EXPECT_DOUBLE_EQ(ts.exec_flops, tw.exec_flops);
+}
+
+// Activations in the run's dtype (model::LlamaActivationDType): bf16 on a CUDA device with bf16
+// compute, so the estimate charges what the model allocates; fp32 on the CPU device, and on
+// CUDA with STRATA_ACTIVATIONS=fp32.
+TEST(EstimateTest, ActivationsTakeTheComputeDTypeOnCuda) {
+  const EstimateInput cuda = Input(R"({"stage": 3})");
+  EstimateInput cpu = cuda;
+  cpu.device = device::DeviceType::kCpu;
+  Result<MemoryEstimate> g = EstimateMemory(cuda), c = EstimateMemory(cpu);
+  ASSERT_TRUE(g.ok() && c.ok()) << g.status().ToString() << c.status().ToString();
+  EXPECT_EQ(g->activation_dtype, device::DType::kBF16);
+  EXPECT_EQ(c->activation_dtype, device::DType::kF32);
+  auto charged = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const model::LlamaConfig m = SmallModel();
+  for (const auto& [e, dtype] :
+       {std::pair{&*g, device::DType::kBF16}, std::pair{&*c, device::DType::kF32}}) {
+    EXPECT_EQ(e->activations_checkpointed,
+              charged(model::LlamaActivationBytes(m, 128, 2, {}, false, false, false, 0, dtype)));
+    EXPECT_EQ(e->activations_kept,
+              charged(model::LlamaActivationBytes(m, 128, 2, {}, true, false, false, 0, dtype)));
+  }
+  // Half the bytes, less the fp32 statistics and the token ids.
+  EXPECT_LT(g->activations_kept, c->activations_kept * 55 / 100);
+  EXPECT_GT(g->activations_kept, c->activations_kept / 2);
+  EXPECT_EQ(MemoryEstimateJson(*g)["device"]["activation_dtype"], "bf16");
+  EXPECT_THAT(FormatMemoryEstimate(*g), HasSubstr("activations in bf16"));
+  ::setenv("STRATA_ACTIVATIONS", "fp32", 1);
+  Result<MemoryEstimate> forced = EstimateMemory(cuda);
+  ::unsetenv("STRATA_ACTIVATIONS");
+  ASSERT_TRUE(forced.ok());
+  EXPECT_EQ(forced->activation_dtype, device::DType::kF32);
+  EXPECT_EQ(forced->activations_kept, c->activations_kept);
 }
 
 // strata.split_blocks "auto": whole blocks while their plan fits the device budget; split blocks
