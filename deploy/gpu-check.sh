@@ -620,7 +620,7 @@ run_check() {
       attention_args "$shape"
       tag="${shape%%:*}"
       step_json "attention_strata_$tag" 60 10 "$WORK/steps/attention_strata_$tag.json" "${S[@]}" \
-        "$bin/strata_gpu_bench" attention "${ATT_ARGS[@]}" --json
+        "$bin/strata_gpu_bench" attention "${ATT_ARGS[@]}" --activations bf16 --json
       step_json "attention_pytorch_$tag" 60 10 "$WORK/steps/attention_pytorch_$tag.json" \
         python3 "$peers" attention "${ATT_ARGS[@]}" --json
     done
@@ -628,7 +628,8 @@ run_check() {
       attention_args "$shape"
       tag="${shape%%:*}"
       step_json "attention_strata_kernels_$tag" 60 10 "$WORK/steps/attention_strata_kernels_$tag.json" \
-        "${S[@]}" STRATA_ATTENTION=kernels "$bin/strata_gpu_bench" attention "${ATT_ARGS[@]}" --json
+        "${S[@]}" STRATA_ATTENTION=kernels "$bin/strata_gpu_bench" attention "${ATT_ARGS[@]}" \
+        --activations bf16 --json
     done
   fi
 
@@ -732,7 +733,8 @@ EOF
     cat <<EOF
  3. attention_strata_d64, attention_pytorch_d64, attention_strata_d128, attention_pytorch_d128:
     strata_gpu_bench attention --batch 4 --seq 2048 --heads 32 --kv-heads 4 --head-dim 64, then
-    --kv-heads 8 --head-dim 128 (bf16; forward, forward + backward), and python3
+    --kv-heads 8 --head-dim 128 (bf16, on bf16 activations as the model keeps them; forward,
+    forward + backward), and python3
     benchmarks/gpu_peers.py attention at the same shapes (scaled_dot_product_attention)
     attention_strata_kernels_d64, attention_strata_kernels_d128: STRATA_ATTENTION=kernels
     strata_gpu_bench attention at the same shapes (Strata's own kernels, no cuDNN)
