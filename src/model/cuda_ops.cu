@@ -533,6 +533,18 @@ OpError ShardEmbeddingBackward(OpsContext* context, const int32_t* tokens, size_
 
 namespace {
 
+// The rest of a row's RMSNorm once its sum of squares is known (every thread has it): its rstd
+// (stored by thread 0) and y = x * rstd * w, each element read, then written, by one thread.
+template <typename E, typename A>
+__device__ __forceinline__ void NormalizeRow(const A* xr, float sum_sq,
+                                             const typename E::T* __restrict__ weight,
+                                             size_t hidden, float eps, A* yr, float* rstd) {
+  const float r = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
+  if (threadIdx.x == 0) *rstd = r;
+  for (size_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    yr[i] = ActStore<A>(__fmul_rn(__fmul_rn(ActLoad(xr[i]), r), E::Load(weight[i])));
+}
+
 // One block per token row. y may alias x: each element is read, then written, by one thread.
 template <typename E, typename A>
 __global__ void RmsNormForwardKernel(const A* x, const typename E::T* __restrict__ weight,
@@ -545,12 +557,7 @@ __global__ void RmsNormForwardKernel(const A* x, const typename E::T* __restrict
     const float v = ActLoad(xr[i]);
     sum_sq += v * v;
   }
-  sum_sq = BlockSum(sum_sq, scratch);
-  const float r = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
-  if (threadIdx.x == 0) rstd[t] = r;
-  A* yr = y + t * hidden;
-  for (size_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    yr[i] = ActStore<A>(__fmul_rn(__fmul_rn(ActLoad(xr[i]), r), E::Load(weight[i])));
+  NormalizeRow<E>(xr, BlockSum(sum_sq, scratch), weight, hidden, eps, y + t * hidden, rstd + t);
 }
 
 // sum = a + b, then RmsNormForwardKernel's work on sum as stored; one block per row. sum may
@@ -572,12 +579,7 @@ __global__ void ResidualRmsNormForwardKernel(const A* a, const A* b,
     const float v = ActLoad(stored);
     sum_sq += v * v;
   }
-  sum_sq = BlockSum(sum_sq, scratch);
-  const float r = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
-  if (threadIdx.x == 0) rstd[t] = r;
-  A* yr = y + t * hidden;
-  for (size_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    yr[i] = ActStore<A>(__fmul_rn(__fmul_rn(ActLoad(sr[i]), r), E::Load(weight[i])));
+  NormalizeRow<E>(sr, BlockSum(sum_sq, scratch), weight, hidden, eps, y + t * hidden, rstd + t);
 }
 
 // dx_j = r w_j dy_j - x_j r^3 / H * sum_i dy_i w_i x_i (+ residual_j with kResidual), one block

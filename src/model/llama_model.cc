@@ -400,23 +400,23 @@ class Carver {
   explicit Carver(char* base) : base_(base) {}
   template <typename T>
   T* Take(size_t count) {
-    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset_);
-    const size_t bytes = std::max<size_t>(count * sizeof(T), 1);
-    offset_ += (bytes + device::kDeviceAlignment - 1) / device::kDeviceAlignment *
-               device::kDeviceAlignment;
-    return p;
+    return reinterpret_cast<T*>(TakeBytes(count * sizeof(T)));
   }
   // `count` activations of `dtype`.
   Act TakeAct(size_t count, device::DType dtype) {
-    void* p = base_ == nullptr ? nullptr : base_ + offset_;
-    const size_t bytes = std::max<size_t>(count * device::DTypeSize(dtype), 1);
-    offset_ += (bytes + device::kDeviceAlignment - 1) / device::kDeviceAlignment *
-               device::kDeviceAlignment;
-    return Act(p, dtype);
+    return Act(TakeBytes(count * device::DTypeSize(dtype)), dtype);
   }
   size_t bytes() const { return offset_; }
 
  private:
+  // The next piece of `bytes` (at least one), aligned to kDeviceAlignment.
+  char* TakeBytes(size_t bytes) {
+    char* p = base_ == nullptr ? nullptr : base_ + offset_;
+    offset_ += (std::max<size_t>(bytes, 1) + device::kDeviceAlignment - 1) /
+               device::kDeviceAlignment * device::kDeviceAlignment;
+    return p;
+  }
+
   char* base_;
   size_t offset_ = 0;
 };

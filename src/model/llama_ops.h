@@ -57,11 +57,6 @@ struct CAct {
   CAct(const float* d) : data(d) {}              // NOLINT: as Act's
   CAct(float* d) : data(d) {}                    // NOLINT
   CAct(Act a) : data(a.data), dtype(a.dtype) {}  // NOLINT: an Act reads as a CAct
-  CAct At(size_t n) const {
-    return {
-        data == nullptr ? nullptr : static_cast<const char*>(data) + n * device::DTypeSize(dtype),
-        dtype};
-  }
 };
 
 // The sizes the ops are used with, for the CUDA workspace (the CUDA ops' own shape type).
